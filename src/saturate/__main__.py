@@ -1,0 +1,5 @@
+import sys
+
+from saturate.cli import main
+
+sys.exit(main())

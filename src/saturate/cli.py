@@ -1,0 +1,118 @@
+"""The one command-line entry point; each subcommand is a thin function over the public API."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+EXIT_ERROR = 2
+EXIT_OOM = 3
+EXIT_INTERRUPTED = 130
+
+
+def _add_workload_args(p: argparse.ArgumentParser) -> None:
+    from saturate.workload import preset_names
+
+    p.add_argument("--preset", default="gpt-tiny", metavar="NAME",
+                   help=f"model preset: {', '.join(preset_names())} (default: gpt-tiny)")
+    p.add_argument("--data", action="append", metavar="PATH",
+                   help="text files, folders or globs of .txt/.md/.py/.jsonl; repeatable "
+                        "(default: the Python standard library's source, always on the machine)")
+    p.add_argument("--text-field", default="text", help="the JSONL field holding the text (default: text)")
+    p.add_argument("--tokenizer", default="byte", help="byte (default), bpe or bpe:VOCAB, trained locally")
+    p.add_argument("--device", help="cuda, mps or cpu (default: the best one found)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="saturate", description=__doc__)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("probe", help="what this machine has, with measured matmul peaks")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.add_argument("--device", help="cuda, mps or cpu (default: the best one found)")
+    p.add_argument("--no-peaks", action="store_true", help="skip the matmul peak measurement")
+    p.set_defaults(func=cmd_probe)
+
+    p = sub.add_parser("train", help="train a preset with a plan; checkpoints, metrics, exact resume")
+    _add_workload_args(p)
+    p.add_argument("--plan", metavar="FILE|NAME",
+                   help="a plan.toml, or a reference plan (naive, a6000-after, …); default: a seed plan")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, help="optimizer steps (default: the preset's)")
+    length.add_argument("--minutes", type=float, help="train for this long; sizes the schedule to fit")
+    p.add_argument("--resume", action="store_true", help="continue the newest checkpoint in --run-dir")
+    p.add_argument("--run-dir", type=Path, help="default: runs/<preset>-<time>; with --resume, the newest run")
+    p.add_argument("--log-every", type=int, default=10, metavar="N", help="steps between metric reads")
+    p.add_argument("--eval-every", type=int, metavar="N", help="steps between validations")
+    p.add_argument("--ckpt-every", type=int, metavar="N", help="steps between checkpoints")
+    p.add_argument("--keep", type=int, default=3, metavar="K", help="checkpoints kept (default 3)")
+    p.add_argument("--no-progress", action="store_true", help="no console output while training")
+    p.set_defaults(func=cmd_train)
+    return parser
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from saturate.hardware import probe, render_hardware
+
+    hw = probe(measure_peaks=not args.no_peaks, device=args.device)
+    if args.json:
+        print(json.dumps(hw.to_dict(), indent=2))
+    else:
+        render_hardware(hw, Console())
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from saturate.engine.trainer import RunConfig, train
+    from saturate.hardware import probe
+    from saturate.plan import default_plan, resolve_plan
+    from saturate.workload import build_workload
+
+    config = RunConfig(
+        steps=args.steps, minutes=args.minutes, run_dir=args.run_dir, resume=args.resume, seed=args.seed,
+        device=args.device, log_every=args.log_every, eval_every=args.eval_every,
+        ckpt_every=args.ckpt_every, keep_checkpoints=args.keep, progress=not args.no_progress,
+    )
+    plan = resolve_plan(args.plan) if args.plan else None
+    hw = probe(measure_peaks=False, device=args.device)
+    workload = build_workload(args.preset, data=args.data, tokenizer=args.tokenizer,
+                              text_field=args.text_field, seed=args.seed)
+    if plan is None:
+        plan = default_plan(workload.optim.effective_batch, hw.device_type, hw.supports)
+    result = train(workload, plan, config, hardware=hw)
+    return EXIT_INTERRUPTED if result.interrupted else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from saturate.errors import SaturateError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # `saturate` alone runs the main job on the embedded default
+        args = parser.parse_args([*(argv or []), "train"])
+    try:
+        return args.func(args)
+    except SaturateError as e:
+        if args.debug:
+            raise
+        print(f"saturate: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as e:
+        import torch
+
+        if isinstance(e, torch.OutOfMemoryError) and not args.debug:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
+            print(f"saturate: error: out of memory ({first}); lower plan.micro_batch and raise "
+                  "plan.grad_accum, or enable activation_checkpointing", file=sys.stderr)
+            return EXIT_OOM
+        raise
+    except KeyboardInterrupt:
+        print("saturate: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -1,0 +1,449 @@
+"""Token shards on disk: a validated header, then tokens memory-mapped straight into NumPy.
+
+Layout of a shard::
+
+    b"SATTOK\\x00\\x01"            8-byte magic (the last two bytes are the format generation)
+    uint32 little-endian H        header length
+    H bytes of UTF-8 JSON         metadata, space-padded so the tokens start on a 64-byte boundary
+    n_tokens x uint16|uint32 LE   the token ids
+
+``prepare_corpus`` turns text into a train shard and a validation shard once, and caches them under
+a key derived from the corpus content, so every later run (and every torchrun rank) maps the same
+files instead of tokenising again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import secrets
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from saturate.data.corpus import content_hash, default_corpus, iter_documents, resolve_paths
+from saturate.data.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, parse_tokenizer_spec
+from saturate.errors import ConfigError, DataError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks, but temp file + os.replace still keeps files whole
+    fcntl = None
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"SATTOK\x00\x01"
+FORMAT_VERSION = 1
+REQUIRED_KEYS = ("version", "dtype", "n_tokens", "vocab_size", "tokenizer", "source_hash")
+_PREFIX = len(MAGIC) + 4
+_ALIGN = 64  # a cache line, and a multiple of every token dtype's size
+_MAX_HEADER = 1 << 20  # a real header is a few hundred bytes; a bigger one means a foreign or corrupt file
+_WRITE_CHUNK = 1 << 24  # tokens converted and written at a time, so writing never copies the whole array
+_ENCODE_BATCH_CHARS = 1 << 22
+_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+
+
+def shard_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest token dtype for ``vocab_size``: uint16 up to 65536 ids, else uint32."""
+    return _DTYPES["uint16"] if vocab_size <= 1 << 16 else _DTYPES["uint32"]
+
+
+def write_shard(path: Path, tokens: np.ndarray, meta: dict) -> None:
+    """Write ``tokens`` with ``meta`` (which must hold ``vocab_size``) to ``path`` atomically."""
+    path = Path(path)
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"tokens must be a 1-D integer array, got {tokens.dtype} with shape {tokens.shape}")
+    if "vocab_size" not in meta:
+        raise ValueError("shard metadata needs 'vocab_size'")
+    vocab_size = int(meta["vocab_size"])
+    dtype = shard_dtype(vocab_size)
+    if tokens.size:
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= vocab_size:
+            raise DataError(f"cannot write {path}: token ids span {lo}..{hi}, outside [0, {vocab_size})")
+    header = {
+        **meta,
+        "version": FORMAT_VERSION,
+        "dtype": dtype.name,
+        "n_tokens": int(tokens.size),
+        "vocab_size": vocab_size,
+    }
+    raw = json.dumps(header, sort_keys=True).encode("utf-8")
+    raw += b" " * (-(_PREFIX + len(raw)) % _ALIGN)
+
+    # The pid and a random suffix keep concurrent writers (torchrun ranks, threads) off each other's
+    # temp files; os.replace then swaps in a complete file, so `path` is never seen half-written.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(MAGIC)
+            f.write(struct.pack("<I", len(raw)))
+            f.write(raw)
+            for start in range(0, tokens.size, _WRITE_CHUNK):
+                f.write(np.ascontiguousarray(tokens[start : start + _WRITE_CHUNK], dtype=dtype).data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise DataError(f"cannot write token shard {path}: {err.strerror or err}") from None
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    # Makes the rename itself durable on POSIX; not possible (nor needed) everywhere, so best effort.
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class TokenShard:
+    path: Path
+    tokens: np.ndarray  # read-only np.memmap of n_tokens ids
+    meta: dict
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def open_shard(path: Path) -> TokenShard:
+    """Map a shard read-only after checking its magic, header and size against each other."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            prefix = f.read(_PREFIX)
+            if len(prefix) < _PREFIX or prefix[:6] != MAGIC[:6]:
+                raise DataError(f"{path} is not a saturate token shard")
+            if prefix[: len(MAGIC)] != MAGIC:
+                raise DataError(f"{path} is a saturate token shard of an unknown format generation")
+            (header_len,) = struct.unpack("<I", prefix[len(MAGIC) :])
+            if header_len > _MAX_HEADER:
+                raise DataError(f"{path} has a corrupt header (length {header_len})")
+            if size < _PREFIX + header_len:
+                raise DataError(
+                    f"{path} is truncated: its {header_len}-byte header is cut short at {size} bytes"
+                )
+            raw = f.read(header_len)
+    except FileNotFoundError:
+        raise DataError(f"token shard {path} does not exist") from None
+    except IsADirectoryError:
+        raise DataError(f"{path} is not a saturate token shard") from None
+    except OSError as err:
+        raise DataError(f"cannot read token shard {path}: {err.strerror or err}") from None
+
+    meta = _parse_header(path, raw)
+    dtype = _DTYPES[meta["dtype"]]
+    n_tokens = meta["n_tokens"]
+    offset = _PREFIX + header_len
+    expected = offset + n_tokens * dtype.itemsize
+    if size < expected:
+        held = (size - offset) // dtype.itemsize
+        raise DataError(f"{path} is truncated: header says {n_tokens} tokens, file holds {held}")
+    if size > expected:
+        raise DataError(f"{path} is corrupt: {size - expected} bytes follow its {n_tokens} tokens")
+    if n_tokens == 0:
+        # mmap cannot map zero bytes; an empty read-only array stands in.
+        tokens = np.zeros(0, dtype=dtype)
+        tokens.flags.writeable = False
+    else:
+        tokens = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(n_tokens,))
+    return TokenShard(path=path, tokens=tokens, meta=meta)
+
+
+def _parse_header(path: Path, raw: bytes) -> dict:
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DataError(f"{path} has a corrupt header: {err}") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{path} has a corrupt header: not a JSON object")
+    missing = [k for k in REQUIRED_KEYS if k not in meta]
+    if missing:
+        raise DataError(f"{path} has a corrupt header: missing {', '.join(missing)}")
+    if meta["version"] != FORMAT_VERSION:
+        raise DataError(
+            f"{path} has shard format version {meta['version']!r}; this saturate reads {FORMAT_VERSION}"
+        )
+    if meta["dtype"] not in _DTYPES:
+        raise DataError(f"{path} has unknown token dtype {meta['dtype']!r}")
+    for key in ("n_tokens", "vocab_size"):
+        if not isinstance(meta[key], int) or isinstance(meta[key], bool) or meta[key] < 0:
+            raise DataError(f"{path} has a corrupt header: {key} is {meta[key]!r}")
+    if _DTYPES[meta["dtype"]] != shard_dtype(meta["vocab_size"]):
+        raise DataError(
+            f"{path} has a corrupt header: dtype {meta['dtype']} for vocab_size {meta['vocab_size']}"
+        )
+    return meta
+
+
+@dataclass
+class TokenCorpus:
+    train: np.ndarray = field(repr=False)  # memmap of the training tokens
+    val: np.ndarray = field(repr=False)  # memmap of the validation tokens (the end of the stream)
+    tokenizer: Tokenizer
+    vocab_size: int
+    fingerprint: str  # identifies the data exactly, for resume checks
+    n_files: int
+    n_tokens: int  # train + val, end-of-text separators included
+    cache_dir: Path  # folder holding train.bin, val.bin (and tokenizer.json for BPE)
+    cached: bool  # True when the shards were already there and nothing was tokenised
+
+
+def cache_root() -> Path:
+    """``$SATURATE_CACHE``, else ``$XDG_CACHE_HOME/saturate``, else ``~/.cache/saturate``."""
+    if os.environ.get("SATURATE_CACHE"):
+        return Path(os.environ["SATURATE_CACHE"]).expanduser()
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "saturate"
+    return Path.home() / ".cache" / "saturate"
+
+
+def prepare_corpus(
+    paths: Sequence[str] | None,
+    *,
+    tokenizer: str = "byte",
+    seq_len: int,
+    val_fraction: float = 0.1,
+    text_field: str = "text",
+    cache_dir: Path | None = None,
+) -> TokenCorpus:
+    """Tokenise ``paths`` (default: the standard library's source) once into cached train/val shards.
+
+    ``cache_dir`` replaces :func:`cache_root`; shards live in ``<cache_dir>/tokens/<key>/`` where the
+    key hashes the file contents, the tokenizer spec, ``val_fraction`` and the shard format.
+    """
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ConfigError(f"seq_len must be a positive integer, got {seq_len!r}")
+    if not 0.0 < val_fraction < 1.0:
+        raise ConfigError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction!r}")
+    kind, vocab = parse_tokenizer_spec(tokenizer)
+    spec = kind if vocab is None else f"{kind}:{vocab}"
+    if paths is None:
+        files, described = default_corpus(), "(the Python standard library)"
+    else:
+        files = resolve_paths(paths)
+        described = repr(", ".join(map(str, paths)))
+    if not files:
+        raise DataError("corpus is empty: no data paths were given")
+
+    source_hash = content_hash(files, text_field)
+    key = _sha256_json(
+        {"source": source_hash, "tokenizer": spec, "val_fraction": val_fraction, "format": FORMAT_VERSION}
+    )
+    folder = (Path(cache_dir) if cache_dir is not None else cache_root()) / "tokens" / key[:16]
+    want = _CacheKey(
+        kind=kind, spec=spec, source_hash=source_hash, seq_len=seq_len, val_fraction=val_fraction
+    )
+
+    found, _ = _open_cached(folder, want)
+    cached = found is not None
+    if not cached:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise DataError(f"cache folder {folder} is not writable: {err.strerror or err}") from None
+        with _build_lock(folder):
+            # Another process (a torchrun rank) may have built it while we waited for the lock.
+            found, reason = _open_cached(folder, want)
+            cached = found is not None
+            if not cached:
+                if reason:
+                    log.warning("rebuilding token cache %s: %s", folder, reason)
+                _build(folder, files, text_field, want, vocab, described)
+                found, reason = _open_cached(folder, want)
+                if found is None:
+                    raise DataError(f"token cache {folder} cannot be read back after writing: {reason}")
+
+    train, val, tok = found
+    n_train, n_val = len(train), len(val)
+    fingerprint = _sha256_json(
+        {
+            "source": source_hash,
+            "tokenizer": tok.name,
+            "val_fraction": val_fraction,
+            "format": FORMAT_VERSION,
+            "split": [n_train, n_val],
+        }
+    )
+    return TokenCorpus(
+        train=train.tokens,
+        val=val.tokens,
+        tokenizer=tok,
+        vocab_size=tok.vocab_size,
+        fingerprint=fingerprint,
+        n_files=len(files),
+        n_tokens=n_train + n_val,
+        cache_dir=folder,
+        cached=cached,
+    )
+
+
+@dataclass(frozen=True)
+class _CacheKey:
+    kind: str
+    spec: str
+    source_hash: str
+    seq_len: int
+    val_fraction: float
+
+    def split(self, n_tokens: int) -> tuple[int, int]:
+        """(n_train, n_val): the last val_fraction of the stream, and at least seq_len + 1 tokens."""
+        # The epsilon keeps float noise (0.7 * 10 = 7.000000000000001) from taking an extra token.
+        n_val = max(math.ceil(n_tokens * self.val_fraction - 1e-9), self.seq_len + 1)
+        return n_tokens - n_val, n_val
+
+    def min_tokens(self) -> int:
+        need = self.seq_len + 1
+        n = max(2 * need, int(need / (1.0 - self.val_fraction)))
+        while self.split(n)[0] < need:
+            n += 1
+        return n
+
+
+_Cached = tuple[TokenShard, TokenShard, Tokenizer]
+
+
+def _open_cached(folder: Path, want: _CacheKey) -> tuple[_Cached | None, str]:
+    """The cached shards and tokenizer if they are whole and belong together, else (None, why not)."""
+    train_path, val_path = folder / "train.bin", folder / "val.bin"
+    if not (train_path.exists() and val_path.exists()):
+        return None, ""
+    try:
+        train, val = open_shard(train_path), open_shard(val_path)
+        tok = BPETokenizer.load(folder / "tokenizer.json") if want.kind == "bpe" else ByteTokenizer()
+    except DataError as err:
+        return None, str(err)
+    tm, vm = train.meta, val.meta
+    # The build id ties the two shards to one build: a reader racing a rebuild must not pair an old
+    # val.bin with a new train.bin, nor shards with a tokenizer.json from another training run.
+    belongs = (
+        tm.get("build_id") is not None
+        and tm.get("build_id") == vm.get("build_id")
+        and tm.get("split") == "train"
+        and vm.get("split") == "val"
+        and tm["source_hash"] == vm["source_hash"] == want.source_hash
+        and tm.get("tokenizer_spec") == vm.get("tokenizer_spec") == want.spec
+        and tm["tokenizer"] == vm["tokenizer"] == tok.name
+        and tm["vocab_size"] == vm["vocab_size"] == tok.vocab_size
+    )
+    if not belongs:
+        return None, "its shards and tokenizer do not belong to one build of this corpus"
+    # Only a corpus so small that seq_len + 1 outweighs val_fraction splits differently per seq_len.
+    if want.split(len(train) + len(val)) != (len(train), len(val)):
+        return None, ""
+    return (train, val, tok), ""
+
+
+@contextlib.contextmanager
+def _build_lock(folder: Path) -> Iterator[None]:
+    """Serialise builders of one cache folder, so concurrent ranks tokenise once, not once each."""
+    try:
+        fd = os.open(folder / ".lock", os.O_WRONLY | os.O_CREAT, 0o666)
+    except OSError as err:
+        raise DataError(f"cache folder {folder} is not writable: {err.strerror or err}") from None
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released when the descriptor closes, even on a crash
+        yield
+    finally:
+        os.close(fd)
+
+
+def _build(
+    folder: Path, files: Sequence[Path], text_field: str, want: _CacheKey, vocab: int | None, described: str
+) -> None:
+    if want.kind == "bpe":
+        tok: Tokenizer = BPETokenizer.train(iter_documents(files, text_field), vocab)
+    else:
+        tok = ByteTokenizer()
+    stream = _tokenize(files, text_field, tok)
+    if stream.size == 0:
+        raise DataError(f"corpus {described} is empty: its {len(files)} file(s) hold no text")
+    n_train, n_val = want.split(stream.size)
+    if n_train < want.seq_len + 1:
+        raise DataError(
+            f"corpus has {stream.size} tokens; need at least {want.min_tokens()} for a train split and a "
+            f"validation split of seq_len+1 ({want.seq_len + 1}) tokens each"
+        )
+    if isinstance(tok, BPETokenizer):
+        tok.save(folder / "tokenizer.json")  # before the shards: a reader checks shards against it
+    meta = {
+        "tokenizer": tok.name,
+        "tokenizer_spec": want.spec,
+        "vocab_size": tok.vocab_size,
+        "eot_id": tok.eot_id,
+        "source_hash": want.source_hash,
+        "val_fraction": want.val_fraction,
+        "n_files": len(files),
+        "build_id": secrets.token_hex(8),
+    }
+    write_shard(folder / "train.bin", stream[:n_train], {**meta, "split": "train"})
+    write_shard(folder / "val.bin", stream[n_train:], {**meta, "split": "val"})
+
+
+def _tokenize(files: Sequence[Path], text_field: str, tok: Tokenizer) -> np.ndarray:
+    """All documents encoded and joined with end-of-text between them, in the shard dtype.
+
+    Peak memory is two copies of the stream: the per-document pieces and the joined array.
+    """
+    dtype = shard_dtype(tok.vocab_size)
+    parts: list[np.ndarray] = []
+
+    def keep(ids: np.ndarray) -> None:
+        ids = np.asarray(ids)
+        # Check before narrowing: a cast to uint16 would wrap a bad id silently.
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= tok.vocab_size):
+            raise DataError(f"tokenizer {tok.name} produced ids outside [0, {tok.vocab_size})")
+        parts.append(ids.astype(dtype, copy=False))
+
+    encode_batch = getattr(tok, "encode_batch", None)
+    batch: list[str] = []
+    batch_chars = 0
+    for doc in iter_documents(files, text_field):
+        if encode_batch is None:
+            keep(tok.encode(doc))
+            continue
+        # Batches let a Rust tokenizer use every core, and bound the text held at once.
+        batch.append(doc)
+        batch_chars += len(doc)
+        if batch_chars >= _ENCODE_BATCH_CHARS:
+            for ids in encode_batch(batch):
+                keep(ids)
+            batch, batch_chars = [], 0
+    if batch:
+        for ids in encode_batch(batch):
+            keep(ids)
+
+    parts = [p for p in parts if p.size]
+    total = sum(p.size for p in parts) + max(len(parts) - 1, 0)
+    stream = np.empty(total, dtype=dtype)
+    pos = 0
+    for i, part in enumerate(parts):
+        if i:
+            stream[pos] = tok.eot_id
+            pos += 1
+        stream[pos : pos + part.size] = part
+        pos += part.size
+    return stream
+
+
+def _sha256_json(obj: dict) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()

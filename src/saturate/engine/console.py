@@ -1,0 +1,101 @@
+"""What the user sees while training: a rich progress bar on a terminal, plain lines otherwise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+
+def _fmt_rate(x: float) -> str:
+    return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
+
+
+class ConsoleSink:
+    """A metrics sink that renders step, loss, tokens/s, MFU, memory and ETA."""
+
+    def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True,
+                 console: Console | None = None) -> None:
+        self.enabled = enabled
+        self.console = console or Console(highlight=False)
+        self.total = total_steps
+        self.start_step = start_step
+        self._progress: Progress | None = None
+        self._task: Any = None
+
+    def note(self, text: str) -> None:
+        if self.enabled:
+            self.console.print(f"[yellow]note:[/] {text}")
+
+    def start(self, workload: Any, plan: Any, hw: Any, effective: int, total_steps: int,
+              resumed_from: int | None) -> None:
+        self.total = total_steps
+        if not self.enabled:
+            return
+        info = ", ".join(f"{k} {v}" for k, v in workload.info.items())
+        where = f"resuming at step {resumed_from}" if resumed_from is not None else "starting"
+        self.console.print(f"[bold]{workload.name}[/] on {hw.torch_device} ({info}); {where}, "
+                           f"{total_steps} steps of {effective} samples = {plan.micro_batch} × "
+                           f"{plan.grad_accum} accumulation; precision {plan.precision}, "
+                           f"workers {plan.num_workers}, compile {plan.compile}")
+        if self.console.is_terminal:
+            self._progress = Progress(
+                TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
+                TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=False,
+            )
+            self._task = self._progress.add_task("", total=total_steps, completed=self.start_step)
+            self._progress.start()
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        if "train/loss" not in metrics:  # validation
+            text = f"step {step}: val loss {metrics['val/loss']:.4f}"
+            (self._progress.console if self._progress else self.console).print(text)
+            return
+        parts = [f"loss {metrics['train/loss']:.4f}",
+                 f"{_fmt_rate(metrics['throughput/tokens_per_s'])} tok/s"]
+        if "throughput/mfu" in metrics:
+            parts.append(f"MFU {100 * metrics['throughput/mfu']:.1f}%")
+        if "memory/peak_gib" in metrics:
+            parts.append(f"mem {metrics['memory/peak_gib']:.2f} GiB")
+        else:
+            parts.append(f"host RSS {metrics['memory/host_peak_rss_gib']:.2f} GiB")
+        text = "  ".join(parts)
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, total=self.total, description=text)
+        else:
+            self.console.print(f"step {step}/{self.total}  {text}")
+
+    def finish(self, result: Any) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        if not self.enabled:
+            return
+        t = Table(title="run summary (measured in this run)", show_header=False)
+        t.add_row("steps", f"{result.steps} / {result.total_steps}" + (" (stopped early)" if result.stopped_early else ""))
+        t.add_row("time in steps", f"{result.train_seconds:.1f} s (this session)")
+        if result.tokens_per_s is not None:
+            t.add_row("throughput", f"{_fmt_rate(result.tokens_per_s)} tokens/s, {result.samples_per_s:.1f} samples/s")
+        if result.mfu is not None:
+            t.add_row("MFU", f"{100 * result.mfu:.1f}% of {result.peak_label}")
+        if result.peak_memory_bytes is not None:
+            t.add_row(f"peak memory ({result.memory_kind})", f"{result.peak_memory_bytes / 2**30:.2f} GiB")
+        if result.train_loss is not None:
+            t.add_row("train loss (last window)", f"{result.train_loss:.4f}")
+        if result.val_loss is not None:
+            t.add_row("validation loss", f"{result.val_loss:.4f}")
+        t.add_row("run folder", str(result.run_dir))
+        if result.checkpoint:
+            t.add_row("checkpoint", str(result.checkpoint))
+        if result.weights:
+            t.add_row("weights", str(result.weights))
+        self.console.print(t)
+        if result.stopped_early:
+            self.console.print(f"resume with: saturate train --resume --run-dir {result.run_dir}")
+
+    def close(self) -> None:
+        pass

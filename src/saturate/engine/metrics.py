@@ -1,0 +1,70 @@
+"""Metrics are computed once in the trainer and sent to sinks: JSONL, TensorBoard, the console."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class Sink(Protocol):
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+    def close(self) -> None: ...
+
+
+class JsonlSink:
+    """One JSON object per line: {"step": N, "train/loss": ..., ...}."""
+
+    def __init__(self, path: Path, resume_step: int | None = None) -> None:
+        self.path = path
+        if resume_step is not None and path.exists():
+            self._truncate_after(resume_step)
+        self._f = open(path, "a", buffering=1)
+
+    def _truncate_after(self, step: int) -> None:
+        # A killed run may have logged steps past its last checkpoint; the resumed run logs
+        # them again, so drop them to keep one record per step.
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                if json.loads(line).get("step", 0) <= step:
+                    kept.append(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by the kill
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(k + "\n" for k in kept))
+        os.replace(tmp, self.path)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self._f.write(json.dumps({"step": step, **metrics}) + "\n")
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class TensorBoardSink:
+    def __init__(self, folder: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+
+        self._w = SummaryWriter(log_dir=str(folder))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)):
+                self._w.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self._w.close()
+
+
+def tensorboard_sink(folder: Path) -> TensorBoardSink | None:
+    """A TensorBoard sink when tensorboard is installed, else None (JSONL is always written)."""
+    try:
+        return TensorBoardSink(folder)
+    except ImportError:
+        return None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
