@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Token caches go to a per-session temp folder, never ~/.cache."""
+    monkeypatch.setenv("SATURATE_CACHE", str(tmp_path_factory.getbasetemp() / "saturate-cache"))
+
+
+def make_small_corpus(parent: Path) -> Path:
+    """~100 KB of real text (two standard-library modules), enough for many 129-token windows."""
+    folder = parent / "corpus"
+    folder.mkdir()
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for name in ("textwrap.py", "difflib.py"):
+        (folder / name).write_text((stdlib / name).read_text())
+    return folder
+
+
+@pytest.fixture
+def small_corpus(tmp_path: Path) -> Path:
+    return make_small_corpus(tmp_path)
+
+
+def cli_env() -> dict[str, str]:
+    """Environment for running `python -m saturate` in a subprocess against this checkout."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def saturate_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "saturate", *args]

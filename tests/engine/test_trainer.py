@@ -1,0 +1,129 @@
+"""The training engine in-process: accumulation maths, learning, checkpoints, refusals."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+import torch
+
+from saturate.engine import checkpoint as ckpt_module
+from saturate.engine.checkpoint import CheckpointManager, load_checkpoint
+from saturate.engine.metrics import read_jsonl
+from saturate.engine.trainer import RunConfig, train
+from saturate.errors import CheckpointError
+from saturate.hardware import probe
+from saturate.plan import Plan
+from saturate.workload import build_workload
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return probe(measure_peaks=False, device="cpu")
+
+
+def run(tmp_path: Path, corpus: Path, plan: Plan, hw, name: str = "run", **cfg):
+    workload = build_workload("gpt-tiny", data=[str(corpus)], effective_batch=8, warmup_steps=2)
+    cfg.setdefault("steps", 4)
+    config = RunConfig(run_dir=tmp_path / name, progress=False, tensorboard=False, log_every=1, **cfg)
+    return workload, train(workload, plan, config, hardware=hw)
+
+
+def final_weights(result) -> dict[str, torch.Tensor]:
+    return load_checkpoint(result.checkpoint)["model"]
+
+
+def test_accumulation_matches_one_big_batch(tmp_path, small_corpus, cpu):
+    """4 × 2 accumulation gives the same update as 8 × 1: same samples, loss divided by accum."""
+    _, a = run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=2), cpu, "a", steps=2)
+    _, b = run(tmp_path, small_corpus, Plan(micro_batch=8, grad_accum=1), cpu, "b", steps=2)
+    wa, wb = final_weights(a), final_weights(b)
+    assert wa.keys() == wb.keys()
+    # Adam turns an update into about ±lr per element (2e-3 here) and amplifies rounding on
+    # near-zero gradients, so "the same update within float tolerance" is 1 % of one update.
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=2e-5, msg=k)
+    la = [r["train/loss"] for r in read_jsonl(a.run_dir / "metrics.jsonl") if "train/loss" in r]
+    lb = [r["train/loss"] for r in read_jsonl(b.run_dir / "metrics.jsonl") if "train/loss" in r]
+    assert la == pytest.approx(lb, rel=1e-5)
+    # and a different split really is a different computation path, not the same code twice
+    assert a.plan.micro_batch != b.plan.micro_batch
+
+
+def test_loss_falls_on_gpt_tiny(tmp_path, small_corpus, cpu):
+    _, result = run(tmp_path, small_corpus, Plan(micro_batch=8, grad_accum=1), cpu, steps=40, eval_every=20)
+    losses = [r["train/loss"] for r in read_jsonl(result.run_dir / "metrics.jsonl") if "train/loss" in r]
+    assert len(losses) == 40
+    assert losses[0] > 5.0  # ~ln(257) at initialisation
+    assert sum(losses[-5:]) / 5 < losses[0] - 2.0
+    assert result.val_loss is not None and result.val_loss < losses[0] - 2.0
+    assert result.weights is not None and result.weights.exists()
+    assert result.tokens_per_s and result.tokens_per_s > 0
+    assert result.mfu is not None and 0 < result.mfu < 1.5  # against a measured peak; sanity only
+
+
+def test_lr_scaled_when_effective_batch_differs(tmp_path, small_corpus, cpu):
+    workload, result = run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=1), cpu, steps=3)
+    assert any("scaled linearly" in n for n in result.notes)
+    base = workload.optim.lr
+    lrs = [r["train/lr"] for r in read_jsonl(result.run_dir / "metrics.jsonl") if "train/lr" in r]
+    assert max(lrs) == pytest.approx(base * 4 / 8)  # warm-up of 2 reaches the scaled peak
+
+
+def test_checkpoints_keep_last_k_and_hold_every_piece(tmp_path, small_corpus, cpu):
+    _, result = run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=2), cpu, steps=6,
+                    ckpt_every=1, keep_checkpoints=2)
+    steps = [s for s, _ in CheckpointManager(result.run_dir / "checkpoints").checkpoints()]
+    assert steps == [5, 6]
+    state = load_checkpoint(result.checkpoint)
+    assert state["step"] == 6
+    for key in ("model", "optimizer", "schedule", "rng", "plan", "fingerprint", "train_seconds"):
+        assert key in state
+    assert state["plan"]["micro_batch"] == 4
+    assert not list((result.run_dir / "checkpoints").glob(".*tmp*"))
+
+
+def test_full_disk_during_checkpoint_keeps_previous(tmp_path, small_corpus, cpu, monkeypatch):
+    real_save = torch.save
+    calls = {"n": 0}
+
+    def failing_save(obj, f, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            f.write(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt_module.torch, "save", failing_save)
+    with pytest.raises(CheckpointError, match=r"disk is full.*step 2\) is kept"):
+        run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=2), cpu, steps=6, ckpt_every=2)
+    monkeypatch.setattr(ckpt_module.torch, "save", real_save)
+    folder = tmp_path / "run" / "checkpoints"
+    assert [s for s, _ in CheckpointManager(folder).checkpoints()] == [2]
+    assert load_checkpoint(folder / "ckpt-00000002.pt")["step"] == 2
+    assert not list(folder.glob(".*tmp*"))  # the partial file was removed
+
+
+def test_resume_refuses_other_data_or_effective_batch(tmp_path, small_corpus, cpu):
+    run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=2), cpu, steps=2)
+    with pytest.raises(CheckpointError, match=r"effective batch 8 -> 4"):
+        run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=1), cpu, steps=4, resume=True)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "a.txt").write_text((small_corpus / "difflib.py").read_text()[:30000])
+    with pytest.raises(CheckpointError, match=r"the data differ"):
+        run(tmp_path, other, Plan(micro_batch=4, grad_accum=2), cpu, steps=4, resume=True)
+
+
+def test_resume_allows_another_split_of_the_same_effective_batch(tmp_path, small_corpus, cpu):
+    run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=2), cpu, steps=2)
+    _, resumed = run(tmp_path, small_corpus, Plan(micro_batch=2, grad_accum=4), cpu, steps=4, resume=True)
+    assert resumed.steps == 4
+    assert any("different plan" in n for n in resumed.notes)
+
+
+def test_run_dir_with_checkpoints_needs_resume(tmp_path, small_corpus, cpu):
+    run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=2), cpu, steps=1)
+    with pytest.raises(CheckpointError, match="already holds checkpoints"):
+        run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=2), cpu, steps=1)
