@@ -309,3 +309,20 @@ def test_config_error_messages_are_single_lines():
         with pytest.raises(ConfigError) as err:
             Plan(**bad)
         assert re.fullmatch(r"[^\n]+", str(err.value))
+
+
+def test_reference_plan_copies_never_share_provenance():
+    from saturate.plan import REFERENCE_PLANS, reference_plan
+
+    copy_ = reference_plan("naive")
+    copy_.provenance["tuned_on"] = "x"
+    assert "tuned_on" not in REFERENCE_PLANS["naive"].provenance
+    again = copy_.replace(micro_batch=2)
+    assert again.provenance == {"tuned_on": "x"} and again.provenance is not copy_.provenance
+
+
+def test_unserialisable_provenance_is_a_config_error(tmp_path):
+    plan = Plan(provenance={"note": None})
+    with pytest.raises(ConfigError, match="provenance"):
+        plan.save(tmp_path / "p.toml")
+    assert not list(tmp_path.iterdir())

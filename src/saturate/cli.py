@@ -94,9 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from saturate.errors import SaturateError
 
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.command is None:  # `saturate` alone runs the main job on the embedded default
-        args = parser.parse_args([*(argv or []), "train"])
+        args = parser.parse_args([*argv, "train"])
     try:
         return args.func(args)
     except SaturateError as e:

@@ -7,6 +7,7 @@ numerical precision, which the tuner only accepts after comparing losses against
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import sys
@@ -16,6 +17,7 @@ from typing import Any
 
 import tomli_w
 
+from saturate.atomic import atomic_write_bytes
 from saturate.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -71,6 +73,8 @@ class Plan:
         return self.micro_batch * self.grad_accum * world_size
 
     def replace(self, **changes: Any) -> Plan:
+        """A copy with `changes`; the copy never shares its provenance dict with this plan."""
+        changes.setdefault("provenance", copy.deepcopy(self.provenance))
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -89,10 +93,11 @@ class Plan:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the plan as TOML atomically (temporary name, then rename)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(tomli_w.dumps(self.to_dict()).encode())
-        os.replace(tmp, path)
+        try:
+            text = tomli_w.dumps(self.to_dict())
+        except TypeError as e:  # only provenance is free-form enough to hold a non-TOML value
+            raise ConfigError(f"plan.provenance cannot be written as TOML: {e}") from None
+        atomic_write_bytes(path, text.encode())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import cli_env, make_small_corpus, saturate_cmd
 from safetensors.torch import load_file
 
+from conftest import cli_env, make_small_corpus, saturate_cmd
 from saturate.engine.checkpoint import CheckpointManager
 from saturate.engine.metrics import read_jsonl
 

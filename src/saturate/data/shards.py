@@ -25,9 +25,11 @@ import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
+from saturate.atomic import atomic_write
 from saturate.data.corpus import content_hash, default_corpus, iter_documents, resolve_paths
 from saturate.data.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, parse_tokenizer_spec
 from saturate.errors import ConfigError, DataError
@@ -79,38 +81,17 @@ def write_shard(path: Path, tokens: np.ndarray, meta: dict) -> None:
     raw = json.dumps(header, sort_keys=True).encode("utf-8")
     raw += b" " * (-(_PREFIX + len(raw)) % _ALIGN)
 
-    # The pid and a random suffix keep concurrent writers (torchrun ranks, threads) off each other's
-    # temp files; os.replace then swaps in a complete file, so `path` is never seen half-written.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    def write(f: BinaryIO) -> None:
+        f.write(MAGIC)
+        f.write(struct.pack("<I", len(raw)))
+        f.write(raw)
+        for start in range(0, tokens.size, _WRITE_CHUNK):
+            f.write(np.ascontiguousarray(tokens[start : start + _WRITE_CHUNK], dtype=dtype).data)
+
     try:
-        with open(tmp, "wb") as f:
-            f.write(MAGIC)
-            f.write(struct.pack("<I", len(raw)))
-            f.write(raw)
-            for start in range(0, tokens.size, _WRITE_CHUNK):
-                f.write(np.ascontiguousarray(tokens[start : start + _WRITE_CHUNK], dtype=dtype).data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write(path, write)  # `path` is never seen half-written, even by a concurrent rank
     except OSError as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         raise DataError(f"cannot write token shard {path}: {err.strerror or err}") from None
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    # Makes the rename itself durable on POSIX; not possible (nor needed) everywhere, so best effort.
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 @dataclass
@@ -380,7 +361,7 @@ def _build(
     n_train, n_val = want.split(stream.size)
     if n_train < want.seq_len + 1:
         raise DataError(
-            f"corpus has {stream.size} tokens; need at least {want.min_tokens()} for a train split and a "
+            f"corpus {described} has {stream.size} tokens; need at least {want.min_tokens()} for a train split and a "
             f"validation split of seq_len+1 ({want.seq_len + 1}) tokens each"
         )
     if isinstance(tok, BPETokenizer):

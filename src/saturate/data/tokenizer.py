@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import secrets
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from saturate.atomic import atomic_write_bytes
 from saturate.errors import ConfigError, DataError
 
 EOT_TOKEN = "<|endoftext|>"
@@ -110,16 +110,9 @@ class BPETokenizer:
         return cls(hf, json_text, source=str(path))
 
     def save(self, path: str | os.PathLike) -> None:
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(self._json)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            atomic_write_bytes(path, self._json.encode("utf-8"))
         except OSError as err:
-            tmp.unlink(missing_ok=True)
             raise DataError(f"cannot write tokenizer file {path}: {err}") from None
 
     def encode(self, text: str) -> np.ndarray:

@@ -7,45 +7,16 @@ half-written checkpoint under a real name, so the newest `ckpt-*.pt` is always c
 from __future__ import annotations
 
 import errno
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from saturate.atomic import atomic_write
 from saturate.errors import CheckpointError
 
 _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
-
-
-def atomic_write(path: Path, write: Any) -> None:
-    """Call write(fileobj) on a temporary file beside `path`, fsync it, then rename onto `path`."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    # The rename is durable only once the directory entry is on disk.
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class CheckpointManager:
@@ -71,7 +42,8 @@ class CheckpointManager:
             previous = [s for s, _ in self.checkpoints() if s != step]
             kept = f"the previous checkpoint (step {previous[-1]}) is kept" if previous else "no earlier checkpoint"
             reason = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else (e.strerror or str(e))
-            raise CheckpointError(f"could not write checkpoint for step {step} in {self.folder}: {reason}; {kept}") from e
+            raise CheckpointError(
+                f"could not write checkpoint for step {step} in {self.folder}: {reason}; {kept}") from e
         for _, old in self.checkpoints()[: -self.keep]:
             old.unlink(missing_ok=True)
         return path

@@ -76,7 +76,8 @@ class ConsoleSink:
         if not self.enabled:
             return
         t = Table(title="run summary (measured in this run)", show_header=False)
-        t.add_row("steps", f"{result.steps} / {result.total_steps}" + (" (stopped early)" if result.stopped_early else ""))
+        early = " (stopped early)" if result.stopped_early else ""
+        t.add_row("steps", f"{result.steps} / {result.total_steps}{early}")
         t.add_row("time in steps", f"{result.train_seconds:.1f} s (this session)")
         if result.tokens_per_s is not None:
             t.add_row("throughput", f"{_fmt_rate(result.tokens_per_s)} tokens/s, {result.samples_per_s:.1f} samples/s")

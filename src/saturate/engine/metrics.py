@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Protocol
+
+from saturate.atomic import atomic_write_bytes
 
 
 class Sink(Protocol):
@@ -20,7 +21,7 @@ class JsonlSink:
         self.path = path
         if resume_step is not None and path.exists():
             self._truncate_after(resume_step)
-        self._f = open(path, "a", buffering=1)
+        self._f = open(path, "a", buffering=1)  # noqa: SIM115 - held open for the run, closed by close()
 
     def _truncate_after(self, step: int) -> None:
         # A killed run may have logged steps past its last checkpoint; the resumed run logs
@@ -32,9 +33,7 @@ class JsonlSink:
                     kept.append(line)
             except json.JSONDecodeError:
                 continue  # a line cut short by the kill
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(k + "\n" for k in kept))
-        os.replace(tmp, self.path)
+        atomic_write_bytes(self.path, "".join(k + "\n" for k in kept).encode())
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self._f.write(json.dumps({"step": step, **metrics}) + "\n")

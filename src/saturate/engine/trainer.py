@@ -26,8 +26,9 @@ import torch
 import torch.nn as nn
 from torch.utils.data import default_collate
 
+from saturate.atomic import atomic_path, atomic_write_bytes
 from saturate.data.windows import eval_loader, make_loader
-from saturate.engine.checkpoint import CheckpointManager, atomic_write
+from saturate.engine.checkpoint import CheckpointManager
 from saturate.engine.console import ConsoleSink
 from saturate.engine.distributed import dist_info
 from saturate.engine.metrics import JsonlSink, Sink, tensorboard_sink
@@ -480,18 +481,16 @@ def _export_weights(model: nn.Module, run_dir: Path) -> Path:
     from safetensors.torch import save_model
 
     path = run_dir / "model.safetensors"
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        save_model(model, str(tmp))  # save_model de-duplicates the tied embedding/head weight
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            save_model(model, str(tmp))  # save_model de-duplicates the tied embedding/head weight
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise CheckpointError(f"could not export weights to {path}: {e.strerror or e}") from None
     return path
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    atomic_write(path, lambda f: f.write((json.dumps(data, indent=2, default=str) + "\n").encode()))
+    atomic_write_bytes(path, (json.dumps(data, indent=2, default=str) + "\n").encode())
 
 
 def _fill_summary(result: RunResult, workload: Workload, effective: int, steps_this_session: int,
