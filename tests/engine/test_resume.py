@@ -144,3 +144,22 @@ def test_sigkill_during_checkpoint_write_keeps_previous(tmp_path, corpus, plan_f
     assert "resuming at step 4" in done.stdout
     assert not list(folder.glob(".*tmp*"))  # the stray temporary was cleaned on resume
     assert_same_run(run_dir, reference)
+
+
+def test_ctrl_c_checkpoints_at_a_step_boundary_and_resumes_exactly(tmp_path, corpus, plan_file, reference):
+    run_dir = tmp_path / "interrupted"
+    proc = subprocess.Popen(saturate_cmd(*train_args(corpus, plan_file, run_dir)), env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: (run_dir / "metrics.jsonl").exists() and bool(losses(run_dir)), proc)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    stopped_at = CheckpointManager(run_dir / "checkpoints").checkpoints()[-1][0]
+    assert stopped_at < STEPS
+    assert max(losses(run_dir)) == stopped_at  # the steps it ran were logged and saved
+    assert "resume with: saturate train --resume" in out
+
+    done = subprocess.run(saturate_cmd(*train_args(corpus, plan_file, run_dir, "--resume")), env=cli_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert_same_run(run_dir, reference)

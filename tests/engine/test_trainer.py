@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import time
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,79 @@ def test_run_dir_with_checkpoints_needs_resume(tmp_path, small_corpus, cpu):
     run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=2), cpu, steps=1)
     with pytest.raises(CheckpointError, match="already holds checkpoints"):
         run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=2), cpu, steps=1)
+
+
+def test_compile_failure_falls_back_to_eager(tmp_path, small_corpus, cpu, monkeypatch):
+    def broken_compile(model, **kwargs):
+        def call(*args, **kw):
+            raise RuntimeError("backend exploded\nwith details")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    _, result = run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=2, compile="default"), cpu, steps=2)
+    assert result.steps == 2
+    assert any("torch.compile(mode='default') failed (RuntimeError: backend exploded)" in n for n in result.notes)
+
+
+def test_compile_probe_leaves_the_run_unchanged(tmp_path, small_corpus, cpu):
+    """A real torch.compile on the CPU: same losses as eager (the trial step leaves no trace)."""
+    _, eager = run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=1), cpu, "eager", steps=2)
+    _, compiled = run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=1, compile="default"), cpu,
+                      "compiled", steps=2)
+    assert not any("failed" in n for n in compiled.notes), compiled.notes
+    le = [r["train/loss"] for r in read_jsonl(eager.run_dir / "metrics.jsonl") if "train/loss" in r]
+    lc = [r["train/loss"] for r in read_jsonl(compiled.run_dir / "metrics.jsonl") if "train/loss" in r]
+    assert lc == pytest.approx(le, rel=1e-4)
+
+
+def test_time_budget_stops_the_run_and_checkpoints(tmp_path, small_corpus, cpu):
+    started = time.monotonic()
+    _, result = run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=1), cpu, steps=None, minutes=0.15)
+    assert time.monotonic() - started < 0.15 * 60 + 30  # stops near the budget (validation, saving on top)
+    state = load_checkpoint(result.checkpoint)
+    assert state["step"] == result.steps >= 1
+    assert state["schedule"]["total_steps"] == result.total_steps
+    assert not result.interrupted
+    if result.steps > 5:  # after 5 measured steps the schedule is sized to the budget (a prediction)
+        assert result.total_steps != 300
+
+
+def test_steps_for_budget_predicts_from_measured_step_time():
+    from saturate.engine.trainer import _steps_for_budget
+
+    class Quiet:
+        def note(self, text):
+            self.text = text
+
+    console = Quiet()
+    total = _steps_for_budget(5, 0.5, time.monotonic() + 10.0, console)
+    assert 5 + 18 <= total <= 5 + 20
+    assert "prediction" in console.text
+
+
+def test_bf16_autocast_trains(tmp_path, small_corpus, cpu):
+    _, result = run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=1, precision="bf16"), cpu, steps=3)
+    assert result.train_loss is not None and result.train_loss < 6.0
+    assert "bf16" in result.peak_label or "measured" in result.peak_label
+
+
+def test_fp16_uses_a_grad_scaler_whose_state_is_checkpointed(tmp_path, small_corpus, cpu):
+    _, result = run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=1, precision="fp16"), cpu, steps=2)
+    scaler = load_checkpoint(result.checkpoint)["scaler"]
+    assert scaler is not None and scaler["scale"] > 0
+
+
+def test_non_finite_loss_stops_with_a_clear_error(tmp_path, small_corpus, cpu):
+    workload = build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=4, warmup_steps=1, lr=1e6)
+    with pytest.raises(Exception, match=r"loss became (nan|inf)"):
+        train(workload, Plan(micro_batch=4, grad_accum=1), RunConfig(run_dir=tmp_path / "r", progress=False,
+              tensorboard=False, log_every=1, steps=30, ckpt_every=1000), hardware=cpu)
+
+
+def test_tensorboard_events_are_written(tmp_path, small_corpus, cpu):
+    pytest.importorskip("tensorboard")
+    workload = build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=4, warmup_steps=1)
+    result = train(workload, Plan(micro_batch=4, grad_accum=1), RunConfig(run_dir=tmp_path / "tb", progress=False,
+                   log_every=1, steps=2), hardware=cpu)
+    events = list((result.run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
