@@ -72,7 +72,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from saturate.engine.trainer import RunConfig, train
     from saturate.hardware import probe
-    from saturate.plan import default_plan, resolve_plan
+    from saturate.plan import resolve_plan
     from saturate.workload import build_workload
 
     config = RunConfig(
@@ -80,12 +80,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         device=args.device, log_every=args.log_every, eval_every=args.eval_every,
         ckpt_every=args.ckpt_every, keep_checkpoints=args.keep, progress=not args.no_progress,
     )
-    plan = resolve_plan(args.plan) if args.plan else None
+    plan = resolve_plan(args.plan) if args.plan else None  # None: the checkpoint's, or the seed plan
     hw = probe(measure_peaks=False, device=args.device)
     workload = build_workload(args.preset, data=args.data, tokenizer=args.tokenizer,
                               text_field=args.text_field, seed=args.seed)
-    if plan is None:
-        plan = default_plan(workload.optim.effective_batch, hw.device_type, hw.supports)
     result = train(workload, plan, config, hardware=hw)
     return EXIT_INTERRUPTED if result.interrupted else 0
 

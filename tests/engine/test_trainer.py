@@ -204,3 +204,21 @@ def test_tensorboard_events_are_written(tmp_path, small_corpus, cpu):
                    log_every=1, steps=2), hardware=cpu)
     events = list((result.run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
+
+
+def test_resume_without_a_plan_takes_the_checkpoints(tmp_path, small_corpus, cpu):
+    run(tmp_path, small_corpus, Plan(micro_batch=2, grad_accum=2, name="mine"), cpu, steps=2)
+    workload = build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=8, warmup_steps=2)
+    resumed = train(workload, None, RunConfig(run_dir=tmp_path / "run", resume=True, steps=3, progress=False,
+                                              tensorboard=False), hardware=cpu)
+    assert resumed.steps == 3
+    assert (resumed.plan.name, resumed.plan.micro_batch, resumed.plan.grad_accum) == ("mine", 2, 2)
+
+
+def test_without_a_plan_a_fresh_run_keeps_the_workloads_effective_batch(tmp_path, small_corpus, cpu):
+    workload = build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=12, warmup_steps=1)
+    result = train(workload, None, RunConfig(run_dir=tmp_path / "d", steps=1, progress=False, tensorboard=False),
+                   hardware=cpu)
+    assert result.plan.name == "default"
+    assert result.plan.micro_batch * result.plan.grad_accum == 12
+    assert not any("scaled" in n for n in result.notes)

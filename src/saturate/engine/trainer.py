@@ -35,7 +35,7 @@ from saturate.engine.metrics import JsonlSink, Sink, tensorboard_sink
 from saturate.engine.precision import Precision, make_precision, set_tf32
 from saturate.engine.schedule import WarmupCosine, scaled_lr
 from saturate.errors import CheckpointError, ConfigError, SaturateError
-from saturate.plan import Plan
+from saturate.plan import Plan, default_plan
 from saturate.workload import Workload
 
 CHECKPOINT_FORMAT = 1
@@ -90,15 +90,16 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
 
 
-def train(workload: Workload, plan: Plan, config: RunConfig | None = None, hardware: Any = None) -> RunResult:
-    """Train `workload` with `plan`; resume from the run folder when config.resume is set."""
+def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None = None,
+          hardware: Any = None) -> RunResult:
+    """Train `workload` with `plan`; resume from the run folder when config.resume is set.
+
+    plan=None means the checkpoint's plan when resuming, else the seed plan (`default_plan`).
+    """
     from saturate.hardware import measure_matmul_peak, probe
 
     cfg = config or RunConfig()
     dist = dist_info()
-    if dist.world_size > 1 or plan.strategy != "single":
-        raise ConfigError(f"plan.strategy {plan.strategy!r} with {dist.world_size} process(es): only "
-                          "single-process training is available in this version")
     hw = hardware or probe(measure_peaks=False, device=cfg.device)
     device = torch.device(hw.torch_device)
     notes: list[str] = []
@@ -108,12 +109,20 @@ def train(workload: Workload, plan: Plan, config: RunConfig | None = None, hardw
 
     run_dir = _prepare_run_dir(cfg, workload)
     ckpts = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
-    effective = plan.samples_per_step(dist.world_size)
-    fingerprint = {**workload.fingerprint(), "effective_batch": str(effective)}
-    state = _load_resume_state(ckpts, fingerprint) if cfg.resume else None
+    state = _load_resume_state(ckpts) if cfg.resume else None
     if state is None and ckpts.checkpoints():
         raise CheckpointError(f"run folder {run_dir} already holds checkpoints; pass --resume to continue "
                               "it or choose another --run-dir")
+    if plan is None:
+        plan = (Plan.from_dict(state["plan"], source="the checkpoint's plan") if state is not None
+                else default_plan(optim_cfg.effective_batch, hw.device_type, hw.supports))
+    if dist.world_size > 1 or plan.strategy != "single":
+        raise ConfigError(f"plan.strategy {plan.strategy!r} with {dist.world_size} process(es): only "
+                          "single-process training is available in this version")
+    effective = plan.samples_per_step(dist.world_size)
+    fingerprint = {**workload.fingerprint(), "effective_batch": str(effective)}
+    if state is not None:
+        _check_fingerprint(state, fingerprint)
 
     # Build everything before the loop.
     torch.manual_seed(cfg.seed)
@@ -171,6 +180,8 @@ def train(workload: Workload, plan: Plan, config: RunConfig | None = None, hardw
     console.start(workload, plan, hw, effective, total_steps, resumed_from=step if state else None)
 
     loader = make_loader(workload.train_data, plan, start_step=step, pin_memory=pin)
+    # Built once, so persistent workers really persist between validations.
+    val_loader = eval_loader(workload.val_data, plan, pin) if workload.val_data is not None else None
     batches: Iterator[Any] = iter(loader)
     accum = plan.grad_accum
     loss_sum = torch.zeros((), device=device)  # sum over the log window of per-step mean losses
@@ -226,8 +237,8 @@ def train(workload: Workload, plan: Plan, config: RunConfig | None = None, hardw
                 if step == size_schedule_at:
                     total_steps = _steps_for_budget(step, seconds / 5, deadline, console)
                     schedule.total_steps = total_steps
-            if workload.val_data is not None and (step % eval_every == 0 or step == total_steps):
-                val_loss = _evaluate(model, workload, plan, precision, device, pin)  # eager: no recompile
+            if val_loader is not None and (step % eval_every == 0 or step == total_steps):
+                val_loss = _evaluate(model, val_loader, workload, plan, precision, device)  # eager: no recompile
                 for s in sinks:
                     s.log(step, {"val/loss": val_loss})
                 window_start = _now(device)  # validation time is not training throughput
@@ -290,7 +301,7 @@ def latest_run_dir(workload_name: str, root: Path = Path("runs")) -> Path | None
     return max(candidates)[1] if candidates else None
 
 
-def _load_resume_state(ckpts: CheckpointManager, fingerprint: dict[str, str]) -> dict[str, Any]:
+def _load_resume_state(ckpts: CheckpointManager) -> dict[str, Any]:
     ckpts.remove_stale_temporaries()
     loaded = ckpts.load_latest()
     if loaded is None:
@@ -299,14 +310,19 @@ def _load_resume_state(ckpts: CheckpointManager, fingerprint: dict[str, str]) ->
     state, path = loaded
     if state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} has checkpoint format {state.get('format')}, expected {CHECKPOINT_FORMAT}")
+    state["path"] = str(path)
+    return state
+
+
+def _check_fingerprint(state: dict[str, Any], fingerprint: dict[str, str]) -> None:
+    """Refuse to resume another model, other data or another effective batch, naming which."""
     theirs = state["fingerprint"]
     differ = [k for k in sorted(set(theirs) | set(fingerprint)) if theirs.get(k) != fingerprint.get(k)]
     if differ:
         what = ", ".join(
             f"effective batch {theirs.get(k)} -> {fingerprint.get(k)}" if k == "effective_batch" else k
             for k in differ)
-        raise CheckpointError(f"cannot resume from {path}: the {what} differ(s) from the checkpoint's run")
-    return state
+        raise CheckpointError(f"cannot resume from {state['path']}: the {what} differ(s) from the checkpoint's run")
 
 
 def _enable_activation_checkpointing(model: nn.Module) -> None:
@@ -427,12 +443,12 @@ def _host_peak_rss() -> int:
 
 
 @torch.no_grad()
-def _evaluate(model: nn.Module, workload: Workload, plan: Plan, precision: Precision,
-              device: torch.device, pin: bool) -> float:
+def _evaluate(model: nn.Module, loader: Any, workload: Workload, plan: Plan, precision: Precision,
+              device: torch.device) -> float:
     model.eval()
     total = torch.zeros((), device=device)
     count = 0
-    for batch in eval_loader(workload.val_data, plan, pin):
+    for batch in loader:
         n = len(batch[0]) if isinstance(batch, (list, tuple)) else plan.micro_batch
         with precision.autocast():
             total += workload.loss_fn(model, _to_device(batch, device, plan.non_blocking)).float() * n
