@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import cli_env
 from saturate.data.shards import open_shard, write_shard
 from saturate.engine.checkpoint import load_checkpoint
 from saturate.errors import DataError
@@ -24,14 +24,11 @@ from saturate.models.gpt import GPT, GPTConfig
 from saturate.plan import Plan
 from saturate.workload import PRESETS
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 TEXT = "The quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs.\n" * 60
 
 
 def _env(cache: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
-    env["SATURATE_CACHE"] = str(cache)
+    env = {**cli_env(), "SATURATE_CACHE": str(cache)}
     env.pop("XDG_CACHE_HOME", None)
     return env
 

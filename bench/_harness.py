@@ -1,0 +1,177 @@
+"""What the benchmarks share: timing a train() run after its warm-up, interleaved rounds, summaries.
+
+Not a benchmark itself (the leading underscore). Each bench/*.py script imports it by name, which
+works because Python puts the script's own folder first on sys.path.
+
+How a train() run is timed: ``RunConfig(log_every=warmup)`` makes the trainer synchronise the
+device and read the clock at the end of the warm-up (step ``warmup``) and at the last step, and
+write each window's ``time/step_s`` to metrics.jsonl. The windows after the first are the timed
+steps, measured by the trainer's own clock (the one behind ``RunResult.train_seconds``, which
+leaves out validation and checkpointing). One run gives the figure, with no subtraction of two
+noisy runs; with ``warmup >= steps`` there is exactly one timed window, so no extra host sync
+falls inside it.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import platform
+import shutil
+import statistics
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from saturate.engine.trainer import RunConfig, RunResult, train
+from saturate.plan import Plan
+from saturate.workload import Workload
+
+NEVER = 10**9  # an eval/checkpoint interval no benchmark reaches (the last step still checkpoints)
+
+
+@dataclass
+class Timed:
+    """One measurement: `steps` optimizer steps after the warm-up, and what they cost."""
+
+    steps: int
+    seconds: float
+    tokens_per_s: float
+    loss: float  # mean training loss over the timed steps (a check that both sides did the same work)
+    peak_memory_bytes: int | None = None
+    notes: tuple[str, ...] = ()
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work, so that a clock read afterwards counts it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def release_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def timed_train(workload: Workload, plan: Plan, *, warmup: int, steps: int, hardware: Any, run_dir: Path,
+                seed: int = 0) -> tuple[Timed, RunResult]:
+    """Run saturate's train() for warmup + steps optimizer steps; time the last `steps` (see module doc)."""
+    if warmup < 1 or steps < 1:
+        raise ValueError(f"warmup and steps must be >= 1, got {warmup} and {steps}")
+    config = RunConfig(
+        steps=warmup + steps, run_dir=run_dir, seed=seed, device=hardware.torch_device, log_every=warmup,
+        eval_every=NEVER, ckpt_every=NEVER, keep_checkpoints=1, progress=False, tensorboard=False,
+        export_weights=False,
+    )
+    device = torch.device(hardware.torch_device)
+    release_memory(device)
+    try:
+        result = train(workload, plan, config, hardware=hardware)
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)  # checkpoints of gpt-small are ~1 GB each
+    if result.steps != warmup + steps:
+        raise RuntimeError(f"train() stopped at step {result.steps} of {warmup + steps}")
+    windows = [r for r in records if "time/step_s" in r]
+    seconds = loss = 0.0
+    timed, previous = 0, 0
+    for r in windows:
+        n = r["step"] - previous
+        previous = r["step"]
+        if r["step"] > warmup:
+            seconds += r["time/step_s"] * n
+            loss += r["train/loss"] * n
+            timed += n
+    if timed != steps or not any(r["step"] == warmup for r in windows):
+        logged = [r["step"] for r in windows]
+        raise RuntimeError(f"metrics.jsonl windows end at steps {logged}, not split at step {warmup}")
+    tokens = steps * plan.samples_per_step() * workload.tokens_per_sample
+    return Timed(steps, seconds, tokens / seconds, loss / steps, result.peak_memory_bytes,
+                 tuple(result.notes)), result
+
+
+def interleaved(names: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
+    """(round, name) for every competitor in every round; odd rounds run in reverse order.
+
+    A, B | B, A | A, B ... keeps the competitors side by side, and the reversal stops a slow drift
+    of the machine (thermal, another job starting) from always favouring whoever runs first.
+    """
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else list(reversed(names)):
+            yield r, name
+
+
+@dataclass
+class Spread:
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        if not values:
+            return cls(math.nan, math.nan, math.nan)
+        return cls(statistics.median(values), min(values), max(values))
+
+    def fmt(self, spec: str, scale: float = 1.0, unit: str = "") -> str:
+        """'median (low..high)' with each figure multiplied by `scale`."""
+        m, lo, hi = (format(v * scale, spec) for v in (self.median, self.low, self.high))
+        return f"{m}{unit} ({lo}..{hi})"
+
+    def to_dict(self) -> dict[str, float]:
+        return {"median": self.median, "min": self.low, "max": self.high}
+
+
+def device_label(hardware: Any) -> str:
+    """'cuda:0 (NVIDIA H200)' or 'cpu (AMD EPYC ...)'."""
+    if not hardware.devices:
+        return f"{hardware.torch_device} ({hardware.cpu_name})"
+    index = torch.device(hardware.torch_device).index or 0
+    return f"{hardware.torch_device} ({hardware.devices[index].name})"
+
+
+def environment(hardware: Any) -> dict[str, Any]:
+    """What the numbers were measured on, for the JSON result."""
+    return {
+        "device": hardware.torch_device,
+        "device_names": [d.name for d in hardware.devices],
+        "cpu": hardware.cpu_name,
+        "cpu_cores": hardware.cpu_cores,
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def write_json(path: str | None, data: dict[str, Any]) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
+                footer: Sequence[str] = ()) -> None:
+    # A fixed width: these run over ssh and in CI, where rich would otherwise assume 80 columns.
+    console = Console(width=120, highlight=False)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for i, c in enumerate(columns):
+        table.add_column(c, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    for line in footer:
+        console.print(line, markup=False)

@@ -1,0 +1,154 @@
+"""gpt-small (GPT-2 124M shape, seq 1024) on one CUDA GPU: tokens/s, MFU and peak memory.
+
+Goal: 45 % MFU or more on an H100/H200-class GPU with bf16 autocast, torch.compile(mode="default"),
+fused AdamW and TF32, through saturate's train() (what a user gets). The same plan in eager mode
+runs beside it, so the table also shows what compile buys.
+
+MFU = tokens/s x model FLOPs per token (6N + attention, saturate.models.gpt.flops_per_token) over
+a peak, given against both denominators:
+
+* measured: the bf16 matmul peak from measure_matmul_peak, taken before and after the rounds (the
+  higher is used: a cold or busy GPU only lowers it);
+* datasheet: probe().peak_flops("bf16"), the dense datasheet figure when the GPU matched a row.
+
+Timing: each run is warm-up W + N steps (default 10 + 30) with log_every=W; the steps after W are
+timed by the trainer's own synchronised clock (metrics.jsonl windows; compilation, validation and
+checkpoints fall outside them). The few log reads inside the timed steps are what a user's run
+does too. Compiled and eager runs are interleaved in one process over rounds (order reversed every
+other round); the speed-up of compile is taken per round. Peak memory is
+torch.cuda.max_memory_allocated, reset before each run.
+
+On a machine without CUDA it prints "no CUDA device: skipped" and exits 0.
+
+    PYTHONPATH=src python3 bench/gpu_small.py                   # a few minutes on an H200
+    PYTHONPATH=src python3 bench/gpu_small.py --micro 32 --steps 50 --json gpu_small.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from _harness import (
+    Spread,
+    Timed,
+    device_label,
+    environment,
+    interleaved,
+    print_table,
+    timed_train,
+    write_json,
+)
+from saturate.hardware import measure_matmul_peak, probe
+from saturate.plan import Plan
+from saturate.workload import build_workload
+
+GOAL_MFU = 0.45
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", help="cuda or cuda:N (default: cuda)")
+    ap.add_argument("--micro", type=int, default=16, help="micro-batch; accumulation makes 128 (default: 16)")
+    ap.add_argument("--steps", type=int, default=30, help="timed optimizer steps per run (default: 30)")
+    ap.add_argument("--warmup", type=int, default=10, help="excluded steps per run (default: 10)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: 3)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", metavar="PATH", help="write the results as JSON here")
+    args = ap.parse_args(argv)
+    if min(args.micro, args.steps, args.warmup, args.rounds) < 1:
+        ap.error("--micro, --steps, --warmup and --rounds must be >= 1")
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: skipped")
+        write_json(args.json, {"benchmark": "gpu_small", "skipped": "no CUDA device"})
+        return 0
+
+    # val_data=None: no validation pass (it is excluded from the timing anyway, but costs time).
+    workload = dataclasses.replace(build_workload("gpt-small", seed=args.seed), val_data=None)
+    effective = workload.optim.effective_batch
+    if effective % args.micro:
+        ap.error(f"--micro {args.micro} must divide gpt-small's effective batch {effective}")
+    hw = probe(measure_peaks=False, device=args.device)
+    if not hw.supports.get("bf16"):
+        print(f"{device_label(hw)} has no native bf16: skipped")
+        write_json(args.json, {"benchmark": "gpu_small", "skipped": "no native bf16"})
+        return 0
+    compiled = Plan(name="compile", micro_batch=args.micro, grad_accum=effective // args.micro,
+                    precision="bf16", tf32=True, compile="default", fused_optimizer=True, pin_memory=True,
+                    non_blocking=True)
+    plans = {"compile": compiled, "eager": compiled.replace(name="eager", compile="none")}
+
+    measured = [measure_matmul_peak(hw.torch_device, torch.bfloat16, seconds=1.0)]
+    hw.measured_peak_flops["bf16"] = measured[0]  # so train() need not measure it again
+    print(f"gpt-small on {device_label(hw)}, torch {torch.__version__}: micro {args.micro} x accum "
+          f"{effective // args.micro}, bf16, TF32, fused AdamW; {args.warmup} warm-up + {args.steps} timed "
+          f"steps, {args.rounds} rounds", flush=True)
+
+    results: dict[str, list[Timed]] = {name: [] for name in plans}
+    with tempfile.TemporaryDirectory(prefix="saturate-bench-") as tmp:
+        for r, name in interleaved(list(plans), args.rounds):
+            t, _ = timed_train(workload, plans[name], warmup=args.warmup, steps=args.steps, hardware=hw,
+                               run_dir=Path(tmp) / f"run-{r}-{name}", seed=args.seed)
+            results[name].append(t)
+            print(f"round {r + 1}/{args.rounds} {name:<7} {t.tokens_per_s:>10,.0f} tok/s "
+                  f"{t.seconds / t.steps:.3f} s/step", flush=True)
+    measured.append(measure_matmul_peak(hw.torch_device, torch.bfloat16, seconds=1.0))
+    peak_measured = max(measured)
+    sheet = hw.datasheet_peak_flops.get("bf16")
+    peak_sheet = sheet[0] if sheet else None
+
+    flops_per_token = workload.flops_per_sample / workload.tokens_per_sample
+    rows, summary = [], {}
+    for name, runs in results.items():
+        tps = Spread.of([t.tokens_per_s for t in runs])
+        mfu_measured = Spread.of([t.tokens_per_s * flops_per_token / peak_measured for t in runs])
+        mfu_sheet = (Spread.of([t.tokens_per_s * flops_per_token / peak_sheet for t in runs])
+                     if peak_sheet else None)
+        peak_mem = max((t.peak_memory_bytes or 0) for t in runs) / 2**30
+        fell_back = any(n.startswith("torch.compile") for t in runs for n in t.notes)
+        label = f"{name} (fell back to eager!)" if fell_back else name
+        rows.append([label, tps.fmt(",.0f"), mfu_measured.fmt(".1f", 100, "%"),
+                     mfu_sheet.fmt(".1f", 100, "%") if mfu_sheet else "n/a", f"{peak_mem:.1f}"])
+        summary[name] = {"plan": plans[name].to_dict(), "tokens_per_s": tps.to_dict(),
+                         "mfu_vs_measured": mfu_measured.to_dict(),
+                         "mfu_vs_datasheet": mfu_sheet.to_dict() if mfu_sheet else None,
+                         "peak_memory_gib": peak_mem, "notes": sorted({n for t in runs for n in t.notes}),
+                         "per_round": [dataclasses.asdict(t) for t in runs]}
+
+    speedup = Spread.of([c.tokens_per_s / e.tokens_per_s
+                         for c, e in zip(results["compile"], results["eager"], strict=True)])
+    goal_peak, goal_label = (peak_sheet, "datasheet") if peak_sheet else (peak_measured, "measured")
+    goal_mfu = Spread.of([t.tokens_per_s for t in results["compile"]]).median * flops_per_token / goal_peak
+    footer = [
+        f"compile / eager tokens/s per round: {speedup.fmt('.2f', unit='x')}",
+        f"bf16 peaks: measured {peak_measured / 1e12:.3g} TFLOP/s (max of {len(measured)}), datasheet "
+        + (f"{peak_sheet / 1e12:.1f} TFLOP/s" if peak_sheet else "n/a (no matching row)"),
+        f"goal: MFU >= {GOAL_MFU:.0%} vs {goal_label} with compile: {goal_mfu:.1%} "
+        + ("met" if goal_mfu >= GOAL_MFU else "NOT met"),
+        *(f"note ({name}): {n}" for name, s in summary.items() for n in s["notes"]),
+    ]
+    print_table(
+        f"gpt-small seq 1024, {args.micro} x {effective // args.micro}, bf16, {device_label(hw)}, "
+        f"{args.rounds} rounds x {args.steps} steps",
+        ["mode", "tok/s median (min..max)", "MFU measured", "MFU datasheet", "peak GiB"], rows, footer)
+
+    write_json(args.json, {
+        "benchmark": "gpu_small", "goal": f"MFU >= {GOAL_MFU:.0%} on H100/H200-class GPUs",
+        "environment": environment(hw), "warmup_steps": args.warmup, "timed_steps": args.steps,
+        "rounds": args.rounds, "flops_per_token": flops_per_token,
+        "peak_flops_bf16": {"measured": measured, "used_measured": peak_measured, "datasheet": peak_sheet,
+                            "datasheet_source": sheet[1] if sheet else None},
+        "compile_speedup": speedup.to_dict(), "goal_mfu": goal_mfu, "goal_met": goal_mfu >= GOAL_MFU,
+        "modes": summary,
+    })
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
