@@ -704,7 +704,10 @@ def render_hardware(hw: Hardware, console: Console) -> None:
     def row(label: str, value: str) -> None:
         table.add_row(label, Text(value))  # Text: device names and notes may contain "[...]"
 
-    row("device", f"{hw.device_type} ({hw.torch_device}), {len(hw.devices)} visible")
+    if hw.devices:
+        row("device", f"{hw.device_type} (torch device {hw.torch_device!r}), {len(hw.devices)} visible")
+    else:
+        row("device", "cpu (no GPU visible to torch)")
     for d in hw.devices:
         detail = [f"{_gib(d.memory_total)} total", f"{_gib(d.memory_free)} free"]
         if d.compute_capability:

@@ -113,7 +113,7 @@ def test_resume_refuses_other_data_or_effective_batch(tmp_path, small_corpus, cp
     other = tmp_path / "other"
     other.mkdir()
     (other / "a.txt").write_text((small_corpus / "difflib.py").read_text()[:30000])
-    with pytest.raises(CheckpointError, match=r"the data differ"):
+    with pytest.raises(CheckpointError, match=r"different data \(corpus '"):
         run(tmp_path, other, Plan(micro_batch=4, grad_accum=2), cpu, steps=4, resume=True)
 
 
@@ -222,3 +222,18 @@ def test_without_a_plan_a_fresh_run_keeps_the_workloads_effective_batch(tmp_path
     assert result.plan.name == "default"
     assert result.plan.micro_batch * result.plan.grad_accum == 12
     assert not any("scaled" in n for n in result.notes)
+
+
+def test_resume_refuses_another_model_and_names_the_field(tmp_path, small_corpus, cpu):
+    from saturate.workload import PRESETS, GPTPreset
+
+    run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=2), cpu, steps=1)
+    tiny = PRESETS["gpt-tiny"]
+    wider = GPTPreset("gpt-tiny", n_layer=tiny.n_layer, n_head=tiny.n_head, n_embd=128, seq_len=tiny.seq_len,
+                      optim=tiny.optim, description="a variant")
+    PRESETS["gpt-tiny"] = wider
+    try:
+        with pytest.raises(CheckpointError, match=r"different model \(n_embd 256 -> 128\)"):
+            run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=2), cpu, steps=2, resume=True)
+    finally:
+        PRESETS["gpt-tiny"] = tiny

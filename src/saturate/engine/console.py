@@ -48,6 +48,10 @@ class ConsoleSink:
             self._task = self._progress.add_task("", total=total_steps, completed=self.start_step)
             self._progress.start()
 
+    def advance(self, step: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step)
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return

@@ -122,7 +122,7 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     effective = plan.samples_per_step(dist.world_size)
     fingerprint = {**workload.fingerprint(), "effective_batch": str(effective)}
     if state is not None:
-        _check_fingerprint(state, fingerprint)
+        _check_fingerprint(state, fingerprint, workload.identity)
 
     # Build everything before the loop.
     torch.manual_seed(cfg.seed)
@@ -219,6 +219,7 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
             optimizer.zero_grad(set_to_none=True)
             step += 1
             window_steps += 1
+            console.advance(step)  # host-only: moves the bar and ETA, reads nothing from the device
 
             if (step % cfg.log_every == 0 or step in (total_steps, size_schedule_at) or stop.requested
                     or _past(deadline)):
@@ -244,7 +245,7 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
                 window_start = _now(device)  # validation time is not training throughput
             if step % ckpt_every == 0 or step == total_steps or stop.requested or _past(deadline):
                 snapshot = _snapshot(step, model, optimizer, precision, schedule, plan, fingerprint,
-                                     elapsed_before + train_seconds, cfg.seed)
+                                     workload.identity, elapsed_before + train_seconds, cfg.seed)
                 last_ckpt = ckpts.save(step, snapshot)
                 window_start = _now(device)
             if _past(deadline):
@@ -314,15 +315,27 @@ def _load_resume_state(ckpts: CheckpointManager) -> dict[str, Any]:
     return state
 
 
-def _check_fingerprint(state: dict[str, Any], fingerprint: dict[str, str]) -> None:
-    """Refuse to resume another model, other data or another effective batch, naming which."""
+def _check_fingerprint(state: dict[str, Any], fingerprint: dict[str, str], identity: dict[str, Any]) -> None:
+    """Refuse to resume another model, other data or another effective batch, naming what differs."""
     theirs = state["fingerprint"]
     differ = [k for k in sorted(set(theirs) | set(fingerprint)) if theirs.get(k) != fingerprint.get(k)]
-    if differ:
-        what = ", ".join(
-            f"effective batch {theirs.get(k)} -> {fingerprint.get(k)}" if k == "effective_batch" else k
-            for k in differ)
-        raise CheckpointError(f"cannot resume from {state['path']}: the {what} differ(s) from the checkpoint's run")
+    if not differ:
+        return
+    old_identity = state.get("identity", {})
+    parts = []
+    for k in differ:
+        if k == "effective_batch":
+            parts.append(f"effective batch {theirs.get(k)} -> {fingerprint.get(k)}")
+            continue
+        old, new = old_identity.get(k), identity.get(k)
+        if isinstance(old, dict) and isinstance(new, dict):
+            fields = [f"{f} {old.get(f)!r:.20} -> {new.get(f)!r:.20}" for f in sorted(set(old) | set(new))
+                      if old.get(f) != new.get(f)]
+            parts.append(f"{k} ({', '.join(fields[:3])})")
+        else:
+            parts.append(k)
+    raise CheckpointError(f"cannot resume from {state['path']}: it was trained with different "
+                          f"{'; '.join(parts)}")
 
 
 def _enable_activation_checkpointing(model: nn.Module) -> None:
@@ -476,8 +489,8 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _snapshot(step: int, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
-              schedule: WarmupCosine, plan: Plan, fingerprint: dict[str, str], train_seconds: float,
-              seed: int) -> dict[str, Any]:
+              schedule: WarmupCosine, plan: Plan, fingerprint: dict[str, str], identity: dict[str, Any],
+              train_seconds: float, seed: int) -> dict[str, Any]:
     return {
         "format": CHECKPOINT_FORMAT,
         "step": step,  # the data position: step s next reads global samples [s·E, (s+1)·E)
@@ -488,6 +501,7 @@ def _snapshot(step: int, model: nn.Module, optimizer: torch.optim.Optimizer, pre
         "rng": _rng_state(),
         "plan": plan.to_dict(),
         "fingerprint": fingerprint,
+        "identity": identity,  # the values behind the fingerprint, to say what differs on a refusal
         "train_seconds": train_seconds,
         "seed": seed,
     }
