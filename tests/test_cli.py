@@ -215,6 +215,20 @@ def test_truncated_cached_shard_is_rebuilt_and_training_succeeds(work, trained):
     assert not [p for p in (work / "cache").rglob("*") if p.name.endswith(".tmp")]
 
 
+def test_foreign_token_shard_given_as_data(work):
+    shards = work / "shards"
+    shards.mkdir()
+    (shards / "train.bin").write_bytes(bytes(range(256)) * 40)  # raw tokens with no header
+    (shards / "val.bin").write_bytes(bytes(range(256)) * 4)
+    _fails(work, "train", "--data", "shards", "--steps", "1", keywords=("train.bin", "not a saturate token shard"))
+
+
+def test_other_file_errors_are_one_line(work):
+    (work / "r" / "metrics.jsonl").mkdir(parents=True)  # a folder where the metrics file goes
+    _fails(work, "train", "--data", "small.txt", "--steps", "1", "--run-dir", "r",
+           keywords=("Is a directory", "metrics.jsonl"))
+
+
 def test_open_shard_rejects_a_foreign_file(work):
     foreign = work / "foreign.bin"
     foreign.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)

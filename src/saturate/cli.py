@@ -103,6 +103,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"saturate: error: {e}", file=sys.stderr)
         return EXIT_ERROR
+    except OSError as e:  # a disk or permission problem that no layer turned into a SaturateError
+        if args.debug:
+            raise
+        where = f": {e.filename}" if e.filename else ""
+        print(f"saturate: error: {e.strerror or e}{where}", file=sys.stderr)
+        return EXIT_ERROR
     except Exception as e:
         import torch
 

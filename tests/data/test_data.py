@@ -454,3 +454,29 @@ def test_default_corpus_prepares_with_byte_tokenizer():
     assert len(corpus.train) + len(corpus.val) == corpus.n_tokens
     assert 0.09 < len(corpus.val) / corpus.n_tokens < 0.11
     assert prepare_corpus(None, seq_len=256).cached is True
+
+
+def test_a_shard_folder_is_used_as_it_is_with_the_same_fingerprint(tmp_path):
+    text = _write(tmp_path / "t" / "a.txt", "hello shards " * 400)
+    from_text = prepare_corpus([str(text)], seq_len=16)
+    from_folder = prepare_corpus([str(from_text.cache_dir)], seq_len=16)
+    assert from_folder.fingerprint == from_text.fingerprint
+    assert np.array_equal(from_folder.train, from_text.train) and np.array_equal(from_folder.val, from_text.val)
+    assert prepare_corpus([str(from_text.cache_dir / "train.bin")], seq_len=16).fingerprint == from_text.fingerprint
+
+
+def test_a_foreign_or_truncated_shard_given_as_data_is_a_data_error(tmp_path):
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    np.arange(1000, dtype=np.uint16).tofile(folder / "train.bin")  # nanoGPT-style raw tokens: no header
+    (folder / "val.bin").write_bytes(b"")
+    with pytest.raises(DataError, match="train.bin is not a saturate token shard"):
+        prepare_corpus([str(folder)], seq_len=16)
+    write_shard(folder / "train.bin", np.arange(500, dtype=np.uint16) % 257,
+                {"vocab_size": 257, "tokenizer": "byte", "source_hash": "x"})
+    write_shard(folder / "val.bin", np.arange(100, dtype=np.uint16) % 257,
+                {"vocab_size": 257, "tokenizer": "byte", "source_hash": "x"})
+    with open(folder / "val.bin", "r+b") as f:
+        f.truncate(f.seek(0, 2) - 10)
+    with pytest.raises(DataError, match="val.bin is truncated"):
+        prepare_corpus([str(folder / "train.bin")], seq_len=16)

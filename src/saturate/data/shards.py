@@ -217,6 +217,8 @@ def prepare_corpus(
         raise ConfigError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction!r}")
     kind, vocab = parse_tokenizer_spec(tokenizer)
     spec = kind if vocab is None else f"{kind}:{vocab}"
+    if (folder := _shard_folder(paths)) is not None:
+        return load_shard_folder(folder, seq_len=seq_len)
     if paths is None:
         files, described = default_corpus(), "(the Python standard library)"
     else:
@@ -255,15 +257,7 @@ def prepare_corpus(
 
     train, val, tok = found
     n_train, n_val = len(train), len(val)
-    fingerprint = _sha256_json(
-        {
-            "source": source_hash,
-            "tokenizer": tok.name,
-            "val_fraction": val_fraction,
-            "format": FORMAT_VERSION,
-            "split": [n_train, n_val],
-        }
-    )
+    fingerprint = _corpus_fingerprint(source_hash, tok.name, val_fraction, n_train, n_val)
     return TokenCorpus(
         train=train.tokens,
         val=val.tokens,
@@ -274,6 +268,54 @@ def prepare_corpus(
         n_tokens=n_train + n_val,
         cache_dir=folder,
         cached=cached,
+    )
+
+
+def _corpus_fingerprint(source_hash: str, tokenizer_name: str, val_fraction: float | None, n_train: int,
+                        n_val: int) -> str:
+    # The same corpus has the same fingerprint whether it was read as text or as its shard folder.
+    return _sha256_json({"source": source_hash, "tokenizer": tokenizer_name, "val_fraction": val_fraction,
+                         "format": FORMAT_VERSION, "split": [n_train, n_val]})
+
+
+def _shard_folder(paths: Sequence[str] | None) -> Path | None:
+    """A pre-tokenised corpus: one folder holding train.bin and val.bin, or one of those two files."""
+    if paths is None or len(paths) != 1:
+        return None
+    path = Path(paths[0]).expanduser()
+    if path.suffix == ".bin":
+        return path.parent
+    return path if path.is_dir() and (path / "train.bin").exists() else None
+
+
+def load_shard_folder(folder: Path, *, seq_len: int) -> TokenCorpus:
+    """Use token shards as they are (a saturate cache folder, or shards made with write_shard)."""
+    train, val = open_shard(folder / "train.bin"), open_shard(folder / "val.bin")
+    tm, vm = train.meta, val.meta
+    if (tm["tokenizer"], tm["vocab_size"]) != (vm["tokenizer"], vm["vocab_size"]):
+        raise DataError(f"{folder}: train.bin ({tm['tokenizer']}) and val.bin ({vm['tokenizer']}) were made "
+                        "with different tokenizers")
+    if tm["tokenizer"] == "byte":
+        tok: Tokenizer = ByteTokenizer()
+    else:
+        tok = BPETokenizer.load(folder / "tokenizer.json")  # a missing file is a DataError naming it
+        if tok.name != tm["tokenizer"]:
+            raise DataError(f"{folder}/tokenizer.json is {tok.name} but the shards were made with {tm['tokenizer']}")
+    if tok.vocab_size != tm["vocab_size"]:
+        raise DataError(f"{folder}: shards say vocab_size {tm['vocab_size']}, tokenizer {tok.name} has {tok.vocab_size}")
+    for shard in (train, val):
+        if len(shard) < seq_len + 1:
+            raise DataError(f"{shard.path} holds {len(shard)} tokens; a sequence needs {seq_len + 1}")
+    return TokenCorpus(
+        train=train.tokens,
+        val=val.tokens,
+        tokenizer=tok,
+        vocab_size=tok.vocab_size,
+        fingerprint=_corpus_fingerprint(tm["source_hash"], tok.name, tm.get("val_fraction"), len(train), len(val)),
+        n_files=int(tm.get("n_files", 0)),
+        n_tokens=len(train) + len(val),
+        cache_dir=folder,
+        cached=True,
     )
 
 
