@@ -302,7 +302,8 @@ def load_shard_folder(folder: Path, *, seq_len: int) -> TokenCorpus:
         if tok.name != tm["tokenizer"]:
             raise DataError(f"{folder}/tokenizer.json is {tok.name} but the shards were made with {tm['tokenizer']}")
     if tok.vocab_size != tm["vocab_size"]:
-        raise DataError(f"{folder}: shards say vocab_size {tm['vocab_size']}, tokenizer {tok.name} has {tok.vocab_size}")
+        raise DataError(f"{folder}: shards say vocab_size {tm['vocab_size']}, "
+                        f"tokenizer {tok.name} has {tok.vocab_size}")
     for shard in (train, val):
         if len(shard) < seq_len + 1:
             raise DataError(f"{shard.path} holds {len(shard)} tokens; a sequence needs {seq_len + 1}")
