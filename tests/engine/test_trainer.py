@@ -237,3 +237,17 @@ def test_resume_refuses_another_model_and_names_the_field(tmp_path, small_corpus
             run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=2), cpu, steps=2, resume=True)
     finally:
         PRESETS["gpt-tiny"] = tiny
+
+
+def test_every_checkpoint_and_validation_closes_a_timed_window(tmp_path, small_corpus, cpu):
+    """With log_every 4 but checkpoints every 3 steps, logs also land on 3, 6: no window spans a save."""
+    workload = build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=4, warmup_steps=1)
+    config = RunConfig(run_dir=tmp_path / "w", steps=8, log_every=4, ckpt_every=3, eval_every=5, progress=False,
+                       tensorboard=False)
+    result = train(workload, Plan(micro_batch=4, grad_accum=1), config, hardware=cpu)
+    logged = [r["step"] for r in read_jsonl(result.run_dir / "metrics.jsonl") if "train/loss" in r]
+    assert logged == [3, 4, 5, 6, 8]
+    assert config.run_dir == tmp_path / "w"  # the caller's config is not changed
+    assert sum(r["time/step_s"] * n for r, n in zip(
+        [r for r in read_jsonl(result.run_dir / "metrics.jsonl") if "train/loss" in r], [3, 1, 1, 1, 2],
+        strict=True)) == pytest.approx(result.train_seconds, rel=1e-6)

@@ -103,4 +103,6 @@ class ConsoleSink:
             self.console.print(f"resume with: saturate train --resume --run-dir {result.run_dir}")
 
     def close(self) -> None:
-        pass
+        if self._progress is not None:  # an error ended the loop: leave the terminal usable
+            self._progress.stop()
+            self._progress = None

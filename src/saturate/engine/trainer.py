@@ -107,7 +107,7 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     eval_every = cfg.eval_every or optim_cfg.eval_every
     ckpt_every = cfg.ckpt_every or eval_every
 
-    run_dir = _prepare_run_dir(cfg, workload)
+    run_dir = _prepare_run_dir(cfg.run_dir, cfg.resume, workload)
     ckpts = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
     state = _load_resume_state(ckpts) if cfg.resume else None
     if state is None and ckpts.checkpoints():
@@ -185,7 +185,7 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     batches: Iterator[Any] = iter(loader)
     accum = plan.grad_accum
     loss_sum = torch.zeros((), device=device)  # sum over the log window of per-step mean losses
-    grad_norm = torch.zeros((), device=device)
+    grad_norm: torch.Tensor | None = None  # the pre-clip global norm, when clipping is on
     window_steps, window_start = 0, _now(device)
     train_seconds, val_loss, train_loss = 0.0, None, None
     deadline = time.monotonic() + cfg.minutes * 60 if cfg.minutes else None
@@ -194,7 +194,7 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     stop = _StopFlag()
     model.train()
 
-    with stop.installed():
+    with stop.installed(), _closing(sinks):
         while step < total_steps and not stop.requested:
             for group in optimizer.param_groups:
                 group["lr"] = schedule.lr(step)
@@ -221,8 +221,11 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
             window_steps += 1
             console.advance(step)  # host-only: moves the bar and ETA, reads nothing from the device
 
-            if (step % cfg.log_every == 0 or step in (total_steps, size_schedule_at) or stop.requested
-                    or _past(deadline)):
+            eval_due = val_loader is not None and (step % eval_every == 0 or step == total_steps)
+            ckpt_due = step % ckpt_every == 0 or step == total_steps or stop.requested or _past(deadline)
+            # Log before every validation and checkpoint too: the timing window then never spans
+            # them, and no checkpoint is written for a step whose loss was not checked.
+            if step % cfg.log_every == 0 or step == size_schedule_at or eval_due or ckpt_due:
                 seconds = _now(device) - window_start  # _now synchronises the device first
                 train_seconds += seconds
                 train_loss = loss_sum.item() / window_steps  # deliberate sync: logging
@@ -238,12 +241,12 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
                 if step == size_schedule_at:
                     total_steps = _steps_for_budget(step, seconds / 5, deadline, console)
                     schedule.total_steps = total_steps
-            if val_loader is not None and (step % eval_every == 0 or step == total_steps):
+            if eval_due:
                 val_loss = _evaluate(model, val_loader, workload, plan, precision, device)  # eager: no recompile
                 for s in sinks:
                     s.log(step, {"val/loss": val_loss})
                 window_start = _now(device)  # validation time is not training throughput
-            if step % ckpt_every == 0 or step == total_steps or stop.requested or _past(deadline):
+            if ckpt_due:
                 snapshot = _snapshot(step, model, optimizer, precision, schedule, plan, fingerprint,
                                      workload.identity, elapsed_before + train_seconds, cfg.seed)
                 last_ckpt = ckpts.save(step, snapshot)
@@ -251,9 +254,6 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
             if _past(deadline):
                 stop.requested = True  # a budget, not an interruption: stop.interrupted stays False
 
-    for s in sinks:
-        if s is not console:
-            s.close()
     weights = _export_weights(model, run_dir) if cfg.export_weights and step >= total_steps else None
     result = RunResult(
         run_dir=run_dir, plan=plan, steps=step, total_steps=total_steps, train_seconds=train_seconds,
@@ -270,17 +270,16 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
 # --- builders -------------------------------------------------------------------------------
 
 
-def _prepare_run_dir(cfg: RunConfig, workload: Workload) -> Path:
-    if cfg.run_dir is None:
-        if cfg.resume:
-            latest = latest_run_dir(workload.name)
-            if latest is None:
+def _prepare_run_dir(run_dir: Path | None, resume: bool, workload: Workload) -> Path:
+    if run_dir is None:
+        if resume:
+            run_dir = latest_run_dir(workload.name)
+            if run_dir is None:
                 raise CheckpointError(f"--resume: no run of {workload.name} with checkpoints under runs/")
-            cfg.run_dir = latest
         else:
-            cfg.run_dir = Path("runs") / f"{workload.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(cfg.run_dir)
-    if cfg.resume and not run_dir.is_dir():
+            run_dir = Path("runs") / f"{workload.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = Path(run_dir)
+    if resume and not run_dir.is_dir():
         raise CheckpointError(f"--resume: run folder {run_dir} does not exist")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -431,16 +430,17 @@ def _steps_for_budget(step: int, seconds_per_step: float, deadline: float | None
 
 
 def _step_metrics(workload: Workload, plan: Plan, effective: int, steps: int, seconds: float, loss: float,
-                  grad_norm: torch.Tensor, lr: float, peak: float | None, device: torch.device) -> dict[str, float]:
+                  grad_norm: torch.Tensor | None, lr: float, peak: float | None, device: torch.device) -> dict[str, float]:
     samples_per_s = steps * effective / seconds if seconds > 0 else 0.0
     m = {
         "train/loss": loss,
         "train/lr": lr,
-        "train/grad_norm": float(grad_norm),  # already synchronised by the loss read above
         "throughput/samples_per_s": samples_per_s,
         "throughput/tokens_per_s": samples_per_s * workload.tokens_per_sample,
         "time/step_s": seconds / steps,
     }
+    if grad_norm is not None:
+        m["train/grad_norm"] = float(grad_norm)  # already synchronised by the loss read above
     if workload.flops_per_sample and peak:
         m["throughput/mfu"] = samples_per_s * workload.flops_per_sample / peak
     if device.type == "cuda":
@@ -543,6 +543,16 @@ def _fill_summary(result: RunResult, workload: Workload, effective: int, steps_t
         "memory_kind": result.memory_kind, "train_loss": result.train_loss, "val_loss": result.val_loss,
         "checkpoint": result.checkpoint, "weights": result.weights, "stopped_early": result.stopped_early,
         "plan": result.plan.to_dict(), "notes": result.notes})
+
+
+@contextlib.contextmanager
+def _closing(sinks: list[Sink]) -> Iterator[None]:
+    """Close every sink however the loop ends, so an error never leaves a live progress display."""
+    try:
+        yield
+    finally:
+        for s in sinks:
+            s.close()
 
 
 class _StopFlag:
