@@ -430,7 +430,8 @@ def _steps_for_budget(step: int, seconds_per_step: float, deadline: float | None
 
 
 def _step_metrics(workload: Workload, plan: Plan, effective: int, steps: int, seconds: float, loss: float,
-                  grad_norm: torch.Tensor | None, lr: float, peak: float | None, device: torch.device) -> dict[str, float]:
+                  grad_norm: torch.Tensor | None, lr: float, peak: float | None,
+                  device: torch.device) -> dict[str, float]:
     samples_per_s = steps * effective / seconds if seconds > 0 else 0.0
     m = {
         "train/loss": loss,
