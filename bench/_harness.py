@@ -14,6 +14,7 @@ falls inside it.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import math
@@ -175,3 +176,12 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]
     console.print(table)
     for line in footer:
         console.print(line, markup=False)
+
+
+def add_run_args(ap: argparse.ArgumentParser, *, steps: int | None, warmup: int | None, rounds: int) -> None:
+    """The options every benchmark shares: timed steps, warm-up, rounds, seed, JSON output."""
+    ap.add_argument("--steps", type=int, default=steps, help=f"timed optimizer steps per run (default: {steps})")
+    ap.add_argument("--warmup", type=int, default=warmup, help=f"excluded steps per run (default: {warmup})")
+    ap.add_argument("--rounds", type=int, default=rounds, help=f"interleaved rounds (default: {rounds})")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", metavar="PATH", help="write the results as JSON here")

@@ -38,6 +38,7 @@ import torch
 from _harness import (
     Spread,
     Timed,
+    add_run_args,
     device_label,
     environment,
     interleaved,
@@ -71,11 +72,7 @@ def remeasure_peaks(hw: Hardware) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--micro", type=int, default=32, help="the good plan's micro-batch (default: 32)")
-    ap.add_argument("--steps", type=int, default=6, help="timed optimizer steps per run (default: 6)")
-    ap.add_argument("--warmup", type=int, default=2, help="excluded steps per run (default: 2)")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: 3)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", metavar="PATH", help="write the results as JSON here")
+    add_run_args(ap, steps=6, warmup=2, rounds=3)
     args = ap.parse_args(argv)
     if min(args.micro, args.steps, args.warmup, args.rounds) < 1:
         ap.error("--micro, --steps, --warmup and --rounds must be >= 1")

@@ -47,6 +47,7 @@ from torch.utils.data import DataLoader
 from _harness import (
     Spread,
     Timed,
+    add_run_args,
     device_label,
     environment,
     interleaved,
@@ -150,11 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help="default: fp32 on CPU, bf16 on GPU")
     ap.add_argument("--micro", type=int, help="micro-batch (default: 8 on CPU, 32 on a GPU)")
     ap.add_argument("--accum", type=int, default=4, help="gradient accumulation (default: 4)")
-    ap.add_argument("--steps", type=int, help="timed steps per run (default: 10 on CPU, 200 on a GPU)")
-    ap.add_argument("--warmup", type=int, help="excluded steps per run (default and minimum: --steps)")
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default: 5)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", metavar="PATH", help="write the results as JSON here")
+    add_run_args(ap, steps=None, warmup=None, rounds=5)  # steps: 10 on CPU, 200 on a GPU; warmup >= steps
     args = ap.parse_args(argv)
 
     hw = probe(measure_peaks=True, device=args.device)  # measured once, so train() need not re-measure

@@ -37,6 +37,7 @@ import torch
 from _harness import (
     Spread,
     Timed,
+    add_run_args,
     device_label,
     environment,
     interleaved,
@@ -55,11 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", help="cuda or cuda:N (default: cuda)")
     ap.add_argument("--micro", type=int, default=16, help="micro-batch; accumulation makes 128 (default: 16)")
-    ap.add_argument("--steps", type=int, default=30, help="timed optimizer steps per run (default: 30)")
-    ap.add_argument("--warmup", type=int, default=10, help="excluded steps per run (default: 10)")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: 3)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", metavar="PATH", help="write the results as JSON here")
+    add_run_args(ap, steps=30, warmup=10, rounds=3)
     args = ap.parse_args(argv)
     if min(args.micro, args.steps, args.warmup, args.rounds) < 1:
         ap.error("--micro, --steps, --warmup and --rounds must be >= 1")
