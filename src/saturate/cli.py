@@ -24,11 +24,14 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text-field", default="text", help="the JSONL field holding the text (default: text)")
     p.add_argument("--tokenizer", default="byte", help="byte (default), bpe or bpe:VOCAB, trained locally")
     p.add_argument("--device", help="cuda, mps or cpu (default: the best one found)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="model initialisation and sampling seed (default: 0)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="saturate", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="saturate",
+        description="Make PyTorch training use its hardware fully. With no command: train gpt-tiny on the "
+                    "embedded default corpus (the Python standard library's source).")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -41,15 +44,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a preset with a plan; checkpoints, metrics, exact resume")
     _add_workload_args(p)
     p.add_argument("--plan", metavar="FILE|NAME",
-                   help="a plan.toml, or a reference plan (naive, a6000-after, …); default: a seed plan")
+                   help="a plan.toml, or a reference plan (naive, a6000-after, …); default: the checkpoint's "
+                        "plan when resuming, else a seed plan keeping the preset's effective batch")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, help="optimizer steps (default: the preset's)")
     length.add_argument("--minutes", type=float, help="train for this long; sizes the schedule to fit")
     p.add_argument("--resume", action="store_true", help="continue the newest checkpoint in --run-dir")
     p.add_argument("--run-dir", type=Path, help="default: runs/<preset>-<time>; with --resume, the newest run")
-    p.add_argument("--log-every", type=int, default=10, metavar="N", help="steps between metric reads")
-    p.add_argument("--eval-every", type=int, metavar="N", help="steps between validations")
-    p.add_argument("--ckpt-every", type=int, metavar="N", help="steps between checkpoints")
+    p.add_argument("--log-every", type=int, default=10, metavar="N",
+                   help="steps between metric reads, each one host sync (default: 10)")
+    p.add_argument("--eval-every", type=int, metavar="N", help="steps between validations (default: the preset's)")
+    p.add_argument("--ckpt-every", type=int, metavar="N", help="steps between checkpoints (default: --eval-every)")
     p.add_argument("--keep", type=int, default=3, metavar="K", help="checkpoints kept (default 3)")
     p.add_argument("--no-progress", action="store_true", help="no console output while training")
     p.set_defaults(func=cmd_train)

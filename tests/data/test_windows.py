@@ -69,3 +69,19 @@ def test_loader_with_workers_yields_what_the_sampler_says():
     assert workers.num_workers == 2 and workers.prefetch_factor == 2 and workers.persistent_workers
     for (xa, ya), (xb, yb) in zip(plain, workers, strict=True):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_memmapped_windows_pickle_as_a_file_reference(tmp_path):
+    import pickle
+
+    from saturate.data.shards import open_shard, write_shard
+
+    write_shard(tmp_path / "t.bin", np.arange(200_000, dtype=np.uint16) % 257,
+                {"vocab_size": 257, "tokenizer": "byte", "source_hash": "x"})
+    tokens = open_shard(tmp_path / "t.bin").tokens
+    for ds in (RandomWindows(tokens, 32, seed=1), FixedWindows(tokens, 32, n=4)):
+        blob = pickle.dumps(ds)
+        assert len(blob) < 10_000  # not the 400 KB of tokens
+        back = pickle.loads(blob)
+        assert isinstance(back.tokens, np.memmap)
+        assert torch.equal(back[3][0], ds[3][0])

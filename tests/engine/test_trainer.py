@@ -251,3 +251,29 @@ def test_every_checkpoint_and_validation_closes_a_timed_window(tmp_path, small_c
     assert sum(r["time/step_s"] * n for r, n in zip(
         [r for r in read_jsonl(result.run_dir / "metrics.jsonl") if "train/loss" in r], [3, 1, 1, 1, 2],
         strict=True)) == pytest.approx(result.train_seconds, rel=1e-6)
+
+
+def test_jsonl_corpus_with_a_local_bpe_trains(tmp_path, small_corpus, cpu):
+    import json
+
+    text = (small_corpus / "difflib.py").read_text()
+    records = [{"body": text[i : i + 2000], "id": i} for i in range(0, len(text), 2000)]
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    workload = build_workload("gpt-tiny", data=[str(data)], text_field="body", tokenizer="bpe:600",
+                              effective_batch=4, warmup_steps=1)
+    assert workload.info["tokenizer"].startswith("bpe-") and 300 <= workload.info["vocab_size"] <= 600
+    result = train(workload, Plan(micro_batch=4, grad_accum=1), RunConfig(run_dir=tmp_path / "bpe", steps=3,
+                   log_every=1, progress=False, tensorboard=False), hardware=cpu)
+    assert result.steps == 3 and result.train_loss is not None
+    assert load_checkpoint(result.checkpoint)["model"]["wte.weight"].shape[0] % 64 == 0
+
+
+def test_gpt_small_preset_takes_a_training_step_on_cpu(tmp_path, small_corpus, cpu):
+    """The GPT-2 124M shape end to end (85M parameters with the byte tokenizer), one sequence."""
+    workload = build_workload("gpt-small", data=[str(small_corpus)], effective_batch=1, warmup_steps=1,
+                              eval_samples=1)
+    result = train(workload, Plan(micro_batch=1, grad_accum=1), RunConfig(run_dir=tmp_path / "s", steps=1,
+                   log_every=1, progress=False, tensorboard=False, export_weights=False), hardware=cpu)
+    assert result.steps == 1 and 4.0 < result.train_loss < 7.0  # ~ln(257) at initialisation
+    assert workload.tokens_per_sample == 1024

@@ -172,3 +172,17 @@ def test_changing_a_future_token_leaves_earlier_logits_unchanged():
 def test_to_dict_round_trips_the_config():
     cfg = GPTConfig(**TINY, bias=True, dropout=0.1)
     assert GPTConfig(**cfg.to_dict()) == cfg
+
+
+def test_gpt2_shapes_have_gpt2_parameter_counts():
+    """gpt-small / gpt-medium with GPT-2's 50257 vocabulary are the 124M / 350M models (no biases)."""
+    from saturate.workload import PRESETS
+
+    def count(preset: str) -> int:
+        p = PRESETS[preset]
+        cfg = GPTConfig(n_layer=p.n_layer, n_head=p.n_head, n_embd=p.n_embd, seq_len=p.seq_len, vocab_size=50257)
+        with torch.device("meta"):
+            return sum(x.numel() for x in GPT(cfg).parameters())
+
+    assert 123e6 < count("gpt-small") < 125e6
+    assert 353e6 < count("gpt-medium") < 356e6

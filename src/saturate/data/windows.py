@@ -28,7 +28,31 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
         return x ^ (x >> np.uint64(31))
 
 
-class RandomWindows(Dataset):
+class _MappedTokens:
+    """Pickles a memory-mapped token array as its file and offset, not its contents.
+
+    DataLoader workers started with spawn (macOS, Windows) unpickle the dataset; without this each
+    worker would receive a full copy of the corpus instead of mapping the same file.
+    """
+
+    tokens: np.ndarray
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        t = self.tokens
+        if isinstance(t, np.memmap) and t.filename is not None:
+            state["tokens"] = ("memmap", t.filename, t.offset, t.dtype.str, t.shape)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        t = state["tokens"]
+        if isinstance(t, tuple) and t[0] == "memmap":
+            _, filename, offset, dtype, shape = t
+            state["tokens"] = np.memmap(filename, dtype=np.dtype(dtype), mode="r", offset=offset, shape=shape)
+        self.__dict__.update(state)
+
+
+class RandomWindows(_MappedTokens, Dataset):
     """Sample i is a window of seq_len+1 tokens at a pseudo-random offset fixed by (seed, i).
 
     Returns (inputs, targets), each (seq_len,) int64, targets shifted by one token.
@@ -55,7 +79,7 @@ class RandomWindows(Dataset):
         return window[:-1], window[1:]
 
 
-class FixedWindows(Dataset):
+class FixedWindows(_MappedTokens, Dataset):
     """Evaluation windows: n evenly spaced, non-overlapping where the split allows, always the same."""
 
     def __init__(self, tokens: np.ndarray, seq_len: int, n: int) -> None:
