@@ -389,7 +389,8 @@ def _mfu_peak(hw: Any, plan: Plan, measure: Callable[..., float]) -> tuple[float
     if peak is None:
         torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
         try:
-            peak, label = measure(hw.torch_device, torch_dtype), f"measured {dtype} matmul peak"
+            peak = measure(hw.torch_device, torch_dtype, tf32=dtype == "tf32")
+            label = f"measured {dtype} matmul peak"
         except Exception as e:  # a dtype the device cannot multiply: report MFU as unknown
             return None, f"unknown ({type(e).__name__})"
     return peak, label
