@@ -207,16 +207,7 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
                 else:
                     loss.backward()
                 loss_sum += loss.detach()
-            if precision.scaler is not None:
-                precision.scaler.unscale_(optimizer)
-            if optim_cfg.grad_clip is not None:
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, optim_cfg.grad_clip)
-            if precision.scaler is not None:
-                precision.scaler.step(optimizer)
-                precision.scaler.update()
-            else:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            grad_norm = _optimizer_step(optimizer, precision, params, optim_cfg.grad_clip)
             step += 1
             window_steps += 1
             console.advance(step)  # host-only: moves the bar and ETA, reads nothing from the device
@@ -397,6 +388,22 @@ def _mfu_peak(hw: Any, plan: Plan, measure: Callable[..., float]) -> tuple[float
 
 
 # --- inside the loop --------------------------------------------------------------------------
+
+
+def _optimizer_step(optimizer: torch.optim.Optimizer, precision: Precision, params: list[torch.Tensor],
+                    grad_clip: float | None) -> torch.Tensor | None:
+    """Unscale (fp16), clip, step, clear. Returns the pre-clip gradient norm, left on the device."""
+    scaler = precision.scaler
+    if scaler is not None:
+        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip) if grad_clip is not None else None
+    if scaler is not None:
+        scaler.step(optimizer)  # skips the step when the gradients overflowed
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
 
 
 def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
