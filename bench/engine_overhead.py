@@ -60,7 +60,7 @@ from _harness import (
 from saturate.hardware import probe
 from saturate.models.gpt import GPT
 from saturate.plan import Plan, default_plan
-from saturate.workload import Workload, build_workload
+from saturate.workload import PRESETS, Workload, build_workload
 
 SATURATE, BARE = "saturate train()", "bare loop"
 
@@ -151,8 +151,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help="default: fp32 on CPU, bf16 on GPU")
     ap.add_argument("--micro", type=int, help="micro-batch (default: 8 on CPU, 32 on a GPU)")
     ap.add_argument("--accum", type=int, default=4, help="gradient accumulation (default: 4)")
+    ap.add_argument("--micro-model", action="store_true",
+                    help="a 1-layer, 16-wide, 16-token variant of gpt-tiny: compute is tiny, so the time is "
+                         "almost all per-step Python and framework overhead (use with --steps 300)")
     add_run_args(ap, steps=None, warmup=None, rounds=5)  # steps: 10 on CPU, 200 on a GPU; warmup >= steps
     args = ap.parse_args(argv)
+    preset = "gpt-tiny"
+    if args.micro_model:  # a registry variant: the preset copied with a smaller shape
+        preset = "gpt-micro"
+        PRESETS[preset] = dataclasses.replace(PRESETS["gpt-tiny"], name=preset, n_layer=1, n_head=1, n_embd=16,
+                                              seq_len=16, description="overhead probe")
 
     hw = probe(measure_peaks=True, device=args.device)  # measured once, so train() need not re-measure
     device = torch.device(hw.torch_device)
@@ -166,11 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: --warmup raised from {args.warmup} to {steps} (>= --steps keeps train()'s timed "
               "window free of extra log syncs)")
 
-    workload = dataclasses.replace(build_workload("gpt-tiny", seed=args.seed), val_data=None)  # no validation
+    workload = dataclasses.replace(build_workload(preset, seed=args.seed), val_data=None)  # no validation
     base = default_plan(micro * args.accum, hw.device_type, hw.supports)
     plan = base.replace(name="engine-overhead", micro_batch=micro, grad_accum=args.accum,
                         precision=args.precision or ("bf16" if gpu and hw.supports.get("bf16") else "fp32"))
-    print(f"gpt-tiny on {device_label(hw)}: micro "
+    print(f"{preset} on {device_label(hw)}: micro "
           f"{plan.micro_batch} x accum {plan.grad_accum}, {plan.precision}, tf32={plan.tf32}, "
           f"fused AdamW={plan.fused_optimizer}; {warmup} warm-up + {steps} timed steps, {args.rounds} rounds")
 
@@ -195,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, ts in results.items()]
     verdict = "met" if overhead.median <= 0.02 else "NOT met"
     print_table(
-        f"Engine overhead: gpt-tiny, {plan.micro_batch} x {plan.grad_accum}, {plan.precision}, "
+        f"Engine overhead: {preset}, {plan.micro_batch} x {plan.grad_accum}, {plan.precision}, "
         f"{hw.torch_device}, {args.rounds} rounds x {steps} timed steps",
         ["loop", "tokens/s median (min..max)", "s/step median (min..max)", "loss (last round)"], rows,
         [f"overhead (saturate time / bare time - 1, per round): {overhead.fmt('+.2f', 100, ' %')}; "
