@@ -65,12 +65,13 @@ class RandomWindows(_MappedTokens, Dataset):
         self.seq_len = seq_len
         self.seed = seed
         self.n_starts = len(tokens) - seq_len  # valid start offsets
+        self._seed_key = _splitmix64(np.array([seed], dtype=np.uint64))  # hashed once, mixed into every index
 
     def __len__(self) -> int:
         return 2**62  # indices are unbounded: windows are drawn, not enumerated
 
     def start(self, index: int) -> int:
-        key = np.array([index], dtype=np.uint64) ^ _splitmix64(np.array([self.seed], dtype=np.uint64))
+        key = np.array([index], dtype=np.uint64) ^ self._seed_key
         return int(_splitmix64(key)[0] % np.uint64(self.n_starts))
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -74,9 +74,7 @@ class ConsoleSink:
             self.console.print(f"step {step}/{self.total}  {text}")
 
     def finish(self, result: Any) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+        """The summary table; the trainer has already closed this sink (the progress bar is gone)."""
         if not self.enabled:
             return
         t = Table(title="run summary (measured in this run)", show_header=False)
