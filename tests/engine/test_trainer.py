@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import time
 from pathlib import Path
@@ -277,3 +278,21 @@ def test_gpt_small_preset_takes_a_training_step_on_cpu(tmp_path, small_corpus, c
                    log_every=1, progress=False, tensorboard=False, export_weights=False), hardware=cpu)
     assert result.steps == 1 and 4.0 < result.train_loss < 7.0  # ~ln(257) at initialisation
     assert workload.tokens_per_sample == 1024
+
+
+def test_resume_drops_metrics_logged_after_the_checkpoint(tmp_path, small_corpus, cpu):
+    """A killed run may log past its last checkpoint; JSONL and TensorBoard keep one record per step."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    workload = build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=4, warmup_steps=1)
+    config = RunConfig(run_dir=tmp_path / "r", steps=4, log_every=1, ckpt_every=2, keep_checkpoints=5,
+                       progress=False)
+    train(workload, Plan(micro_batch=4, grad_accum=1), config, hardware=cpu)
+    (tmp_path / "r" / "checkpoints" / "ckpt-00000004.pt").unlink()  # as if killed after logging step 4
+    train(workload, Plan(micro_batch=4, grad_accum=1), dataclasses.replace(config, resume=True), hardware=cpu)
+    steps = [r["step"] for r in read_jsonl(tmp_path / "r" / "metrics.jsonl") if "train/loss" in r]
+    assert steps == [1, 2, 3, 4]
+    events = EventAccumulator(str(tmp_path / "r" / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]

@@ -43,10 +43,12 @@ class JsonlSink:
 
 
 class TensorBoardSink:
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, resume_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
-        self._w = SummaryWriter(log_dir=str(folder))
+        # purge_step hides events a killed run wrote past its last checkpoint, like the JSONL cut.
+        purge = resume_step + 1 if resume_step is not None else None
+        self._w = SummaryWriter(log_dir=str(folder), purge_step=purge)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():
@@ -57,10 +59,10 @@ class TensorBoardSink:
         self._w.close()
 
 
-def tensorboard_sink(folder: Path) -> TensorBoardSink | None:
+def tensorboard_sink(folder: Path, resume_step: int | None = None) -> TensorBoardSink | None:
     """A TensorBoard sink when tensorboard is installed, else None (JSONL is always written)."""
     try:
-        return TensorBoardSink(folder)
+        return TensorBoardSink(folder, resume_step)
     except ImportError:
         return None
 

@@ -165,8 +165,9 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     peak, peak_label = _mfu_peak(hw, plan, measure_matmul_peak)
     params = [p for p in model.parameters() if p.requires_grad]
 
-    sinks: list[Sink] = [JsonlSink(run_dir / "metrics.jsonl", resume_step=step if state else None)]
-    if cfg.tensorboard and (tb := tensorboard_sink(run_dir / "tensorboard")) is not None:
+    resume_step = step if state is not None else None
+    sinks: list[Sink] = [JsonlSink(run_dir / "metrics.jsonl", resume_step=resume_step)]
+    if cfg.tensorboard and (tb := tensorboard_sink(run_dir / "tensorboard", resume_step)) is not None:
         sinks.append(tb)
     console = ConsoleSink(total_steps, start_step=step, enabled=cfg.progress and dist.is_main)
     sinks.append(console)
