@@ -51,14 +51,6 @@ class Timed:
     notes: tuple[str, ...] = ()
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for queued device work, so that a clock read afterwards counts it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
 def release_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":

@@ -53,11 +53,10 @@ from _harness import (
     interleaved,
     print_table,
     release_memory,
-    synchronize,
     timed_train,
     write_json,
 )
-from saturate.hardware import probe
+from saturate.hardware import probe, synchronize
 from saturate.models.gpt import GPT
 from saturate.plan import Plan, default_plan
 from saturate.workload import PRESETS, Workload, build_workload

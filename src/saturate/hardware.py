@@ -478,7 +478,8 @@ def _probe_mps(cpu_name: str, ram_total: int) -> tuple[list[DeviceInfo], list[st
 # Measured peaks
 
 
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work: call before reading a clock (a no-op on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type == "mps":
@@ -498,11 +499,11 @@ def _tf32_matmuls(enabled: bool) -> Iterator[None]:
 
 def _time_matmuls(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, reps: int) -> float:
     device = out.device
-    _synchronize(device)  # nothing queued before the clock starts
+    synchronize(device)  # nothing queued before the clock starts
     start = time.perf_counter()
     for _ in range(reps):
         torch.mm(a, b, out=out)
-    _synchronize(device)  # GPU matmuls are asynchronous; the clock must wait for the last one
+    synchronize(device)  # GPU matmuls are asynchronous; the clock must wait for the last one
     return time.perf_counter() - start
 
 

@@ -35,6 +35,7 @@ from saturate.engine.metrics import JsonlSink, Sink, tensorboard_sink
 from saturate.engine.precision import Precision, make_precision, set_tf32
 from saturate.engine.schedule import WarmupCosine, scaled_lr
 from saturate.errors import CheckpointError, ConfigError, SaturateError
+from saturate.hardware import synchronize
 from saturate.plan import Plan, default_plan
 from saturate.workload import Workload
 
@@ -419,10 +420,7 @@ def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
 
 def _now(device: torch.device) -> float:
     # Synchronise before reading the clock, or GPU time queued behind us is not counted.
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
+    synchronize(device)
     return time.perf_counter()
 
 
