@@ -5,6 +5,7 @@
     build_workload("gpt-tiny")   -> Workload
 """
 
+from saturate.doctor.profiler import Profiler
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import SaturateError
 from saturate.hardware import Hardware, probe
@@ -12,7 +13,7 @@ from saturate.plan import REFERENCE_PLANS, Plan, default_plan, reference_plan
 from saturate.workload import PRESETS, Optimization, Workload, build_workload
 
 __all__ = [
-    "PRESETS", "REFERENCE_PLANS", "Hardware", "Optimization", "Plan", "RunConfig", "RunResult",
+    "PRESETS", "REFERENCE_PLANS", "Hardware", "Optimization", "Plan", "Profiler", "RunConfig", "RunResult",
     "SaturateError", "Workload", "build_workload", "default_plan", "probe", "reference_plan", "train",
 ]
 __version__ = "0.1.0"
