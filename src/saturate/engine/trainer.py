@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.utils.data import default_collate
 
 from saturate.atomic import atomic_path, atomic_write_bytes
 from saturate.data.windows import eval_loader, make_loader
@@ -32,8 +31,9 @@ from saturate.engine.checkpoint import CheckpointManager
 from saturate.engine.console import ConsoleSink
 from saturate.engine.distributed import dist_info
 from saturate.engine.metrics import JsonlSink, Sink, tensorboard_sink
-from saturate.engine.precision import Precision, make_precision, set_tf32
+from saturate.engine.precision import Precision
 from saturate.engine.schedule import WarmupCosine, scaled_lr
+from saturate.engine.step import Stepper, rng_state, set_rng_state, to_device
 from saturate.errors import CheckpointError, ConfigError, SaturateError
 from saturate.hardware import synchronize
 from saturate.plan import Plan, default_plan
@@ -128,19 +128,12 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     # Build everything before the loop.
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
-    set_tf32(plan.tf32)
-    precision = make_precision(plan.precision, device.type)
-    model = workload.build_model()
-    if plan.activation_checkpointing:
-        _enable_activation_checkpointing(model)
-    model.to(device)
     lr = scaled_lr(optim_cfg.lr, optim_cfg.effective_batch, effective)
     if effective != optim_cfg.effective_batch:
         notes.append(f"effective batch {effective} differs from the workload's {optim_cfg.effective_batch}: "
                      f"learning rate scaled linearly {optim_cfg.lr:g} -> {lr:g}")
-    optimizer, fused = _build_optimizer(model, optim_cfg, lr, plan.fused_optimizer, device)
-    if plan.fused_optimizer and not fused:
-        notes.append(f"fused AdamW is not available on {device.type}; using the foreach implementation")
+    stepper = Stepper(workload, plan, device, lr, notes=notes, compile=False)
+    model, optimizer, precision = stepper.model, stepper.optimizer, stepper.precision
     total_steps = cfg.steps or optim_cfg.steps
     schedule = WarmupCosine(lr, optim_cfg.warmup_steps, total_steps, lr * optim_cfg.min_lr_ratio)
     step, elapsed_before = 0, 0.0
@@ -153,18 +146,18 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
         schedule.peak_lr, schedule.min_lr = lr, lr * optim_cfg.min_lr_ratio
         if precision.scaler is not None and state.get("scaler"):
             precision.scaler.load_state_dict(state["scaler"])
-        _set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         total_steps = schedule.total_steps if cfg.steps is None else cfg.steps
         schedule.total_steps = total_steps
         if state["plan"] != plan.to_dict():
             notes.append("resumed with a different plan than the checkpoint's (same effective batch)")
     start_step = step
-    step_model = _maybe_compile(model, plan, workload, precision, device, notes)
+    stepper.compile_model()  # after loading: the compile probe restores the RNG it uses
+    stepper.steps_done = step  # so an OOM adaptation names the global step
     pin = plan.pin_memory and device.type == "cuda"
     if plan.pin_memory and not pin:
         notes.append(f"pin_memory has no effect on {device.type}; not used")
     peak, peak_label = _mfu_peak(hw, plan, measure_matmul_peak)
-    params = [p for p in model.parameters() if p.requires_grad]
 
     resume_step = step if state is not None else None
     sinks: list[Sink] = [JsonlSink(run_dir / "metrics.jsonl", resume_step=resume_step)]
@@ -185,9 +178,6 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     # Built once, so persistent workers really persist between validations.
     val_loader = eval_loader(workload.val_data, plan, pin) if workload.val_data is not None else None
     batches: Iterator[Any] = iter(loader)
-    accum = plan.grad_accum
-    loss_sum = torch.zeros((), device=device)  # sum over the log window of per-step mean losses
-    grad_norm: torch.Tensor | None = None  # the pre-clip global norm, when clipping is on
     window_steps, window_start = 0, _now(device)
     train_seconds, val_loss, train_loss = 0.0, None, None
     deadline = time.monotonic() + cfg.minutes * 60 if cfg.minutes else None
@@ -200,16 +190,14 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
         while step < total_steps and not stop.requested:
             for group in optimizer.param_groups:
                 group["lr"] = schedule.lr(step)
-            for _ in range(accum):
-                batch = _to_device(next(batches), device, plan.non_blocking)
-                with precision.autocast():
-                    loss = workload.loss_fn(step_model, batch) / accum
-                if precision.scaler is not None:
-                    precision.scaler.scale(loss).backward()
-                else:
-                    loss.backward()
-                loss_sum += loss.detach()
-            grad_norm = _optimizer_step(optimizer, precision, params, optim_cfg.grad_clip)
+            adapted = len(stepper.adaptations)
+            stepper.step(batches)
+            if len(stepper.adaptations) > adapted:  # an OOM was absorbed: record the plan now in force
+                plan = stepper.current_plan()
+                plan.save(run_dir / "plan.toml")
+                console.note(notes[-1])
+                if val_loader is not None:  # validation runs at the smaller micro-batch too
+                    val_loader = eval_loader(workload.val_data, plan, pin)
             step += 1
             window_steps += 1
             console.advance(step)  # host-only: moves the bar and ETA, reads nothing from the device
@@ -221,15 +209,14 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
             if step % cfg.log_every == 0 or step == size_schedule_at or eval_due or ckpt_due:
                 seconds = _now(device) - window_start  # _now synchronises the device first
                 train_seconds += seconds
-                train_loss = loss_sum.item() / window_steps  # deliberate sync: logging
+                train_loss = stepper.take_loss_sum().item() / window_steps  # deliberate sync: logging
                 if not math.isfinite(train_loss):
                     raise SaturateError(f"training loss became {train_loss} at step {step}; lower the learning "
                                         "rate or use fp32/bf16 (the last checkpoint is kept)")
                 metrics = _step_metrics(workload, plan, effective, window_steps, seconds, train_loss,
-                                        grad_norm, schedule.lr(step - 1), peak, device)
+                                        stepper.grad_norm, schedule.lr(step - 1), peak, device)
                 for s in sinks:
                     s.log(step, metrics)
-                loss_sum.zero_()
                 window_steps, window_start = 0, _now(device)
                 if step == size_schedule_at:
                     total_steps = _steps_for_budget(step, seconds / 5, deadline, console)
@@ -330,50 +317,6 @@ def _check_fingerprint(state: dict[str, Any], fingerprint: dict[str, str], ident
                           f"{'; '.join(parts)}")
 
 
-def _enable_activation_checkpointing(model: nn.Module) -> None:
-    if hasattr(model, "set_activation_checkpointing"):
-        model.set_activation_checkpointing(True)
-    elif hasattr(model, "gradient_checkpointing_enable"):  # Hugging Face models
-        model.gradient_checkpointing_enable()
-    else:
-        raise ConfigError(f"plan.activation_checkpointing: {type(model).__name__} has no way to enable it")
-
-
-def _build_optimizer(model: nn.Module, o: Any, lr: float, fused: bool, device: torch.device):
-    # Weight decay on matrices (weights of Linear/Embedding), not on norms and biases.
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if fused:
-        try:
-            return torch.optim.AdamW(groups, lr=lr, betas=o.betas, fused=True), True
-        except (RuntimeError, TypeError):
-            pass  # this device/dtype has no fused kernel
-    return torch.optim.AdamW(groups, lr=lr, betas=o.betas, foreach=device.type != "mps"), False
-
-
-def _maybe_compile(model: nn.Module, plan: Plan, workload: Workload, precision: Precision,
-                   device: torch.device, notes: list[str]) -> nn.Module:
-    """torch.compile the model, proving it on one micro-batch; on any failure fall back to eager."""
-    if plan.compile == "none":
-        return model
-    compiled = torch.compile(model, mode=None if plan.compile == "default" else plan.compile)
-    rng = _rng_state()  # the trial must not shift the run's random stream
-    batch = _to_device(default_collate([workload.train_data[i] for i in range(plan.micro_batch)]), device, False)
-    try:
-        with precision.autocast():
-            workload.loss_fn(compiled, batch).backward()
-    except Exception as e:  # compilation errors come in many types (BackendCompilerFailed, …)
-        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
-        notes.append(f"torch.compile(mode={plan.compile!r}) failed ({type(e).__name__}: {first}); "
-                     "training in eager mode")
-        compiled = model
-    finally:
-        model.zero_grad(set_to_none=True)
-        _set_rng_state(rng)
-    return compiled
-
-
 def _mfu_peak(hw: Any, plan: Plan, measure: Callable[..., float]) -> tuple[float | None, str]:
     dtype = {"bf16": "bf16", "fp16": "fp16"}.get(plan.precision, "tf32" if plan.tf32 else "fp32")
     if dtype == "tf32" and not hw.supports.get("tf32"):
@@ -390,32 +333,6 @@ def _mfu_peak(hw: Any, plan: Plan, measure: Callable[..., float]) -> tuple[float
 
 
 # --- inside the loop --------------------------------------------------------------------------
-
-
-def _optimizer_step(optimizer: torch.optim.Optimizer, precision: Precision, params: list[torch.Tensor],
-                    grad_clip: float | None) -> torch.Tensor | None:
-    """Unscale (fp16), clip, step, clear. Returns the pre-clip gradient norm, left on the device."""
-    scaler = precision.scaler
-    if scaler is not None:
-        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip) if grad_clip is not None else None
-    if scaler is not None:
-        scaler.step(optimizer)  # skips the step when the gradients overflowed
-        scaler.update()
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return grad_norm
-
-
-def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(b, device, non_blocking) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _to_device(v, device, non_blocking) for k, v in batch.items()}
-    return batch
 
 
 def _now(device: torch.device) -> float:
@@ -446,6 +363,7 @@ def _step_metrics(workload: Workload, plan: Plan, effective: int, steps: int, se
         "throughput/samples_per_s": samples_per_s,
         "throughput/tokens_per_s": samples_per_s * workload.tokens_per_sample,
         "time/step_s": seconds / steps,
+        "plan/micro_batch": plan.micro_batch,  # changes only when an OOM was absorbed
     }
     if grad_norm is not None:
         m["train/grad_norm"] = float(grad_norm)  # already synchronised by the loss read above
@@ -472,28 +390,13 @@ def _evaluate(model: nn.Module, loader: Any, workload: Workload, plan: Plan, pre
     for batch in loader:
         n = len(batch[0]) if isinstance(batch, (list, tuple)) else plan.micro_batch
         with precision.autocast():
-            total += workload.loss_fn(model, _to_device(batch, device, plan.non_blocking)).float() * n
+            total += workload.loss_fn(model, to_device(batch, device, plan.non_blocking)).float() * n
         count += n
     model.train()
     return total.item() / max(count, 1)  # deliberate sync: one per validation
 
 
 # --- state ------------------------------------------------------------------------------------
-
-
-def _rng_state() -> dict[str, Any]:
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "python": random.getstate(),
-    }
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    random.setstate(state["python"])
 
 
 def _snapshot(step: int, model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision,
@@ -506,7 +409,7 @@ def _snapshot(step: int, model: nn.Module, optimizer: torch.optim.Optimizer, pre
         "optimizer": optimizer.state_dict(),
         "scaler": precision.scaler.state_dict() if precision.scaler is not None else None,
         "schedule": schedule.state_dict(),
-        "rng": _rng_state(),
+        "rng": rng_state(),
         "plan": plan.to_dict(),
         "fingerprint": fingerprint,
         "identity": identity,  # the values behind the fingerprint, to say what differs on a refusal
