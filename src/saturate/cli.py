@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=int, default=3, metavar="K", help="checkpoints kept (default 3)")
     p.add_argument("--no-progress", action="store_true", help="no console output while training")
     p.set_defaults(func=cmd_train)
+    from saturate.doctor.cli import add_parsers as add_doctor_parsers  # `doctor` and `monitor`
+
+    add_doctor_parsers(sub)
     return parser
 
 

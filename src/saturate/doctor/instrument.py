@@ -150,7 +150,8 @@ class Instrument:
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
         device_type = context.pop("device_type", "rocm" if dev.type == "cuda" and torch.version.hip else dev.type)
         m = Measurements(device_type=device_type, device_name=name, timing=self.clock.kind, steps=steps,
-                         step_s=self.window_s / steps, phases=phases, cpu_cores=_cores(), **context)
+                         step_s=self.window_s / steps, phases=phases, cpu_cores=_cores(),
+                         cpu_threads=torch.get_num_threads(), **context)
         # Synchronisations
         m.sync_method = self.counter.method
         if not self.counter.available:

@@ -1,22 +1,28 @@
 """The verdict: a pure function of measurements -> one verdict, its evidence, ranked fixes.
 
 Nothing here measures or reads the machine, so every rule is testable on constructed numbers.
-The rules, in the order they are tried (the first that holds is the verdict; the others that
-hold are listed as further findings):
+The rules:
 
 1. at risk of OOM        device memory peak ≥ 92 % of the device (accelerators)
 2. host-memory-bound     swapping during the run, host RAM under 5 % free, or the job's processes
                          over 90 % of its host-memory budget
-3. input-bound           waiting for data plus host-to-device copies ≥ 15 % of the step
+3. input-bound           waiting for data (plus, on an accelerator, host-to-device copies) ≥ 15 %
+                         of the step
 4. synchronisation-bound ≥ 1 host-device sync per step while the device is idle ≥ 15 % of the
                          time (accelerators; a sync costs nothing on a CPU, where reads are
-                         reported but never the verdict)
-5. launch/overhead-bound the fixed per-micro-step cost (from the batch-scaling probe) is ≥ 50 %
-                         of a micro-step, or, without a probe, the device is idle ≥ 40 % with no
-                         data wait and no sync to blame
+                         reported as a note, never as the verdict)
+5. launch/overhead-bound the fixed cost of a micro-step (from the batch-scaling probe) is ≥ 50 %
+                         of its forward+backward, or, without a probe, the device is idle ≥ 40 %
+                         with no data wait and no sync to blame
 6. device memory under-used  peak < 50 % of the device and a larger micro-batch that fits is
                          predicted ≥ 10 % faster
-7. compute-bound (healthy)
+7. compute-bound (healthy), when none of the above holds.
+
+The memory risks (1, 2) win whenever they hold. Otherwise, of the rules that hold, the verdict is
+the one whose best fix (keeping the training the same) is predicted to gain the most, ties going
+to the order above: a tiny model at micro-batch 1 also waits a little for each of its many
+batches, but it is the per-micro-step cost, not the data, that a fix removes. The other rules
+that hold are listed as further findings.
 
 Predictions are labelled as such and say how they were made. A fix with no model behind it
 carries no number ("not predicted").
@@ -129,7 +135,9 @@ class Measurements:
     host_budget: int | None = None
     host_budget_source: str = ""
     data_cpu_share: float | None = None  # main-thread CPU time ÷ wall time while waiting for data
+    item_s: float | None = None  # seconds to read one sample in the training process (median)
     cpu_cores: int = 1
+    cpu_threads: int | None = None  # torch intra-op threads of the training process
     scaling: ScalingProbe | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -227,6 +235,39 @@ def _knob(m: Measurements, field_name: str) -> str:
     return f"plan.{field_name}"
 
 
+def _micro_cost(m: Measurements, probe: ScalingProbe, b2: int) -> float:
+    """Predicted seconds of one micro-step of `b2` samples, by a model calibrated on this run.
+
+    Forward+backward as timed in this run, scaled by the probe's fit T(b2)/T(b); the data wait
+    split into the loader's per-batch cost and `item_s` per sample (without workers; with workers
+    the wait per sample is kept); the copy per sample on an accelerator, per micro-step on the CPU
+    (a no-op call there); "other" per micro-step. At b2 = b this is the measured micro-step.
+    """
+    b, accum = m.micro_batch or 1, m.grad_accum or 1
+    fb = (m.phases.get("forward", 0.0) + m.phases.get("backward", 0.0)) / accum
+    t_b = probe.time_at(b)
+    fb2 = fb * probe.time_at(b2) / t_b if t_b > 0 else probe.time_at(b2)
+    data = m.phases.get("data", 0.0) / accum
+    if not m.num_workers and m.item_s is not None:
+        data2 = max(0.0, data - m.item_s * b) + m.item_s * b2
+    else:
+        data2 = data * b2 / b
+    h2d = m.phases.get("h2d", 0.0) / accum
+    h2d2 = h2d * b2 / b if m.accelerator else h2d
+    return fb2 + data2 + h2d2 + m.phases.get("other", 0.0) / accum
+
+
+def _micro_step_model(m: Measurements, probe: ScalingProbe, b2: int) -> float:
+    """Predicted seconds per optimizer step at micro-batch `b2`, the effective batch kept."""
+    effective = (m.micro_batch or 1) * (m.grad_accum or 1)
+    return m.phases.get("optimizer", 0.0) + (effective // b2) * _micro_cost(m, probe, b2)
+
+
+def _step_at(m: Measurements, probe: ScalingProbe, b2: int) -> float:
+    """The measured step time moved by the model's difference between micro-batch b2 and the current one."""
+    return m.step_s - _micro_step_model(m, probe, m.micro_batch or 1) + _micro_step_model(m, probe, b2)
+
+
 def _micro_batch_fix(m: Measurements, probe: ScalingProbe, why: str) -> Fix | None:
     """The best larger micro-batch at the same effective batch, if the probe predicts a gain."""
     b, accum = m.micro_batch, m.grad_accum
@@ -241,18 +282,19 @@ def _micro_batch_fix(m: Measurements, probe: ScalingProbe, why: str) -> Fix | No
             mem = probe.memory_at(b2)
             if mem is None or m.device_mem_total is None or mem > MEMORY_TARGET * m.device_mem_total:
                 continue
-        step = m.step_s - accum * probe.time_at(b) + (effective // b2) * probe.time_at(b2)
+        step = _step_at(m, probe, b2)
         if best is None or step < best[0] - 1e-12:
             best = (step, b2)
-    if best is None:
+    if best is None or best[0] >= m.step_s:
         return None
     step, b2 = best
     mem_note = ""
     if m.accelerator and (mem := probe.memory_at(b2)) is not None:
         mem_note = f"; predicted device memory {_gib(mem)} of {_gib(m.device_mem_total)}"
-    basis = (f"linear fit of forward+backward time over micro-batch {probe.micro_batches[0]} and "
-             f"{probe.micro_batches[1]} ({_ms(probe.fixed_s)} fixed + {_ms(probe.per_sample_s)} per sample)"
-             f"{mem_note}")
+    item = f", {1e6 * m.item_s:.0f} µs to read a sample" if m.item_s is not None and not m.num_workers else ""
+    basis = (f"forward+backward as timed, scaled by a fit over micro-batch {probe.micro_batches[0]} and "
+             f"{probe.micro_batches[1]} ({_ms(probe.fixed_s)} fixed + {_ms(probe.per_sample_s)} per sample); the "
+             f"loader, copy and other costs per micro-step as measured{item}{mem_note}")
     return Fix(f"micro-batch {b} → {b2}, accumulation {accum} → {effective // b2} (same effective batch)",
                {"micro_batch": b2, "grad_accum": effective // b2},
                Prediction("step_s", m.step_s, step, basis), why)
@@ -278,7 +320,7 @@ def _check_oom(m: Measurements) -> Finding | None:
         step = None
         basis = "not predicted: no batch-scaling probe"
         if m.scaling:
-            step = m.step_s - accum * m.scaling.time_at(b) + (effective // smaller) * m.scaling.time_at(smaller)
+            step = _step_at(m, m.scaling, smaller)
             basis = "linear fits of memory and time over the probed micro-batches"
         before = float(m.device_mem_peak or 0)
         fixes.append(Fix(f"micro-batch {b} → {smaller}, accumulation {accum} → {effective // smaller}",
@@ -347,9 +389,12 @@ def _worker_fix(m: Measurements) -> Fix | None:
     production = data if workers == 0 else workers * (data + rest)
     cpu_bound = m.data_cpu_share is not None and m.data_cpu_share >= 0.5
     cores = max(1, m.cpu_cores)
-    cap = cores if cpu_bound else max(2 * cores, 8)
-    if m.accelerator and cpu_bound:
+    if not m.accelerator:
+        cap = cores  # training on the CPU: more workers than cores only fight the training for them
+    elif cpu_bound:
         cap = max(1, cores - 1)  # one core keeps launching the GPU's work
+    else:
+        cap = max(2 * cores, 8)  # waiting on I/O, not CPU: workers can outnumber cores
 
     def predicted(w: int) -> float:
         usable = min(w, cap)
@@ -382,12 +427,12 @@ def _worker_fix(m: Measurements) -> Fix | None:
 
 
 def _check_input(m: Measurements) -> Finding | None:
-    share = m.share("data", "h2d")
+    share = m.share("data", "h2d") if m.accelerator else m.share("data")  # a CPU "copy" is a no-op call
     if share < INPUT_SHARE:
         return None
     evidence = [f"{_pct(m.share('data'))} of each step ({_ms(m.phases.get('data', 0.0))} of {_ms(m.step_s)}) "
                 f"waiting for the next batch with {m.num_workers if m.num_workers is not None else '?'} loader workers"]
-    if m.phases.get("h2d", 0.0) > 0:
+    if m.accelerator and m.phases.get("h2d", 0.0) > 0:
         evidence.append(f"{_pct(m.share('h2d'))} copying batches to the device")
     fixes = []
     if (fix := _worker_fix(m)) is not None:
@@ -474,15 +519,14 @@ def _check_overhead(m: Measurements) -> Finding | None:
                          "fuses small kernels" + (" and replays them as CUDA graphs" if mode == "reduce-overhead"
                                                   else "")))
     if probe is not None and (m.grad_accum or 1) == 1 and m.micro_batch:
-        b, data = m.micro_batch, m.phases.get("data", 0.0)
+        b = m.micro_batch
         big = 4 * b
         mem = probe.memory_at(big)
         fits = not m.accelerator or (mem is not None and m.device_mem_total is not None
                                      and mem <= MEMORY_TARGET * m.device_mem_total)
         if fits:
-            # Per optimizer step: the forward/backward grows as fitted, the data wait with the samples,
-            # the rest (optimizer, other) stays.
-            after = m.step_s - probe.time_at(b) - data + probe.time_at(big) + 4 * data
+            # One micro-step either way, of b samples now and 4b then; the optimizer step is unchanged.
+            after = m.step_s - _micro_cost(m, probe, b) + _micro_cost(m, probe, big)
             fixes.append(Fix(f"a larger effective batch: micro-batch {b} → {big} (changes the optimisation; "
                              "learning rate scaled linearly)", {"micro_batch": big},
                              Prediction("sample_s", m.step_s / b, after / big, "seconds per sample, from the "
@@ -504,6 +548,18 @@ def _check_memory_underused(m: Measurements) -> Finding | None:
     evidence = [f"device memory peak {_gib(m.device_mem_peak)} = {_pct(share)} of {_gib(m.device_mem_total)}",
                 f"a larger micro-batch is predicted {fix.prediction.gain:.2f}× faster"]
     return Finding("device-memory-underused", evidence, [fix])
+
+
+def _check_cpu_contention(m: Measurements) -> Finding | None:
+    """On a CPU run, loader workers and torch's intra-op threads share the same cores."""
+    if m.accelerator or not m.num_workers or m.cpu_threads is None:
+        return None
+    if m.cpu_threads + m.num_workers <= m.cpu_cores:
+        return None
+    return Finding("note", [
+        f"{m.num_workers} loader worker(s) and {m.cpu_threads} intra-op threads share {m.cpu_cores} cores: on a CPU "
+        "run every worker wake-up can stall the training's threads at a barrier; "
+        f"torch.set_num_threads({max(1, m.cpu_cores - m.num_workers)}) leaves the workers a core"])
 
 
 def _compute_bound(m: Measurements) -> Finding:
@@ -530,13 +586,27 @@ def _rank(fixes: list[Fix]) -> list[Fix]:
     return sorted(fixes, key=key)
 
 
+def _best_gain(f: Finding) -> float:
+    gains = [x.prediction.gain for x in f.fixes
+             if x.same_training and x.prediction.metric == "step_s" and x.prediction.gain is not None]
+    return max(gains, default=1.0)
+
+
 def decide(m: Measurements) -> Diagnosis:
     """One verdict from the measurements, with its evidence and fixes ranked by predicted gain."""
-    checks = (_check_oom, _check_host_memory, _check_input, _check_sync, _check_overhead, _check_memory_underused)
+    checks = (_check_oom, _check_host_memory, _check_input, _check_sync, _check_overhead, _check_memory_underused,
+              _check_cpu_contention)
     findings = [f for check in checks if (f := check(m)) is not None]
     verdicts = [f for f in findings if f.verdict != "note"]
     notes = [f for f in findings if f.verdict == "note"]
-    main = verdicts[0] if verdicts else _compute_bound(m)
+    safety = [f for f in verdicts if f.verdict in ("oom-risk", "host-memory-bound")]
+    if safety:
+        main = safety[0]
+    elif verdicts:
+        order = {f.verdict: i for i, f in enumerate(verdicts)}
+        main = max(verdicts, key=lambda f: (_best_gain(f), -order[f.verdict]))
+    else:
+        main = _compute_bound(m)
     others = [f for f in verdicts if f is not main]
     fixes = _rank(main.fixes)
     seen = {f.title for f in fixes}

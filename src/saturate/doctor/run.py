@@ -76,8 +76,10 @@ def diagnose(workload: Workload, plan: Plan | None = None, config: DoctorConfig 
     inst = Instrument(dev, compiled=plan.compile != "none", interval=cfg.interval,
                       host_budget=cfg.host_memory_budget)
     inst.worker_pids = loader_worker_pids(batches)
+    # Loader workers start together and fill their queues in the first steps: warm up past that.
+    warmup = max(cfg.warmup, -(-plan.num_workers * (plan.prefetch_factor or 2) // plan.grad_accum))
     try:
-        for _ in range(cfg.warmup):
+        for _ in range(warmup):
             stepper.step(batches)
         if cfg.count_steps:
             inst.begin_count()
@@ -100,12 +102,14 @@ def diagnose(workload: Workload, plan: Plan | None = None, config: DoctorConfig 
     probe = None
     if cfg.scaling:
         probe = scaling_probe(stepper, workload, plan, dev, notes)
+    item_s = time_items(workload, plan, done + warmup + cfg.count_steps) if cfg.scaling else None
     m = inst.measurements(
         context="plan", device_type=hw.device_type, samples_per_step=float(effective), micro_batch=plan.micro_batch,
         grad_accum=plan.grad_accum, num_workers=plan.num_workers, prefetch_factor=plan.prefetch_factor,
         pin_memory=pin, non_blocking=plan.non_blocking, precision=plan.precision, compile=plan.compile,
         supports_bf16=bool(hw.supports.get("bf16")))
     m.scaling = probe
+    m.item_s = item_s
     m.notes = notes + m.notes
     if hw.devices:
         m.device_name = hw.devices[dev.index or 0].name
@@ -125,32 +129,52 @@ def scaling_probe(stepper: Stepper, workload: Workload, plan: Plan, device: torc
         notes.append(f"batch-scaling probe skipped: reading samples 0..{large - 1} failed ({type(e).__name__}: {e})")
         return None
     batch = to_device(batch, device, False)
-    seconds, memory = [], []
     model = stepper.step_model
+    sizes = (small, large)
+    chunks = {b: split_batch(batch, b)[0] for b in sizes}
+    times: dict[int, list[float]] = {b: [] for b in sizes}
+    memory: dict[int, int | None] = {}
     try:
-        for b in (small, large):
-            chunk = split_batch(batch, b)[0]
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            times = []
-            for _ in range(reps + 1):  # the first one warms up (a compiled model compiles the new shape)
+        # Interleaved (small, large, small, large, …) so a burst of load from elsewhere hits both
+        # sizes alike; the first round warms up (a compiled model compiles each new shape there).
+        for round_ in range(reps + 1):
+            for b in sizes:
+                if device.type == "cuda" and round_ == 0:
+                    torch.cuda.reset_peak_memory_stats(device)
                 synchronize(device)
                 t0 = time.perf_counter()
                 with stepper.precision.autocast():
-                    loss = workload.loss_fn(model, chunk)
+                    loss = workload.loss_fn(model, chunks[b])
                 loss.backward()
                 synchronize(device)
-                times.append(time.perf_counter() - t0)
+                elapsed = time.perf_counter() - t0
                 stepper.model.zero_grad(set_to_none=True)
-            seconds.append(min(times[1:]))
-            memory.append(int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None)
+                if round_ == 0:
+                    memory[b] = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+                else:
+                    times[b].append(elapsed)
     except OutOfMemoryError:
         stepper.model.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
         notes.append(f"batch-scaling probe: micro-batch {large} does not fit in device memory")
         return None
-    return ScalingProbe((small, large), (seconds[0], seconds[1]), (memory[0], memory[1]))
+    seconds = [min(times[b]) for b in sizes]
+    return ScalingProbe((small, large), (seconds[0], seconds[1]), (memory[small], memory[large]))
+
+
+def time_items(workload: Workload, plan: Plan, step: int, n: int = 8) -> float | None:
+    """Median seconds to read one training sample in this process (samples the loop would read next)."""
+    first = step * plan.samples_per_step()
+    times = []
+    try:
+        for i in range(first, first + n):
+            t0 = time.perf_counter()
+            workload.train_data[i]
+            times.append(time.perf_counter() - t0)
+    except Exception:  # a dataset that cannot be read outside its loader: the model does without
+        return None
+    return sorted(times)[len(times) // 2]
 
 
 # --- --apply ----------------------------------------------------------------------------------
