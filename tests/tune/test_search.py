@@ -127,6 +127,7 @@ def test_activation_checkpointing_not_tried_when_memory_is_plentiful():
     machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB))
     result = search(machine, Plan(), settings())
     assert not any(t.activation_checkpointing for t in machine.tried)
+    assert any("not limited by memory" in d for d in result.decisions)
 
 
 def test_oom_during_the_search_is_caught_and_backs_off():

@@ -91,7 +91,8 @@ def plot(result: SearchResult, out_dir: Path, loader_margin: float) -> tuple[lis
     if pts:
         ax1.plot([m for m, _ in pts], [v for _, v in pts], "o-", label=f"{chosen.precision}, measured")
     ax1.axvline(chosen.micro_batch, color="green", ls=":", label=f"chosen: {chosen.micro_batch}")
-    ax1.set(xscale="log", xlabel="micro-batch", ylabel="samples/s", title="Throughput against micro-batch")
+    ax1.set(xlabel="micro-batch", ylabel="samples/s", title="Throughput against micro-batch")
+    _log2_axis(ax1)
     ax1.legend()
     _plot_memory(ax2, result.trials, result.fit, chosen.precision)
     fig.tight_layout()
@@ -128,8 +129,16 @@ def _plot_memory(ax: Any, trials: list[Trial], fit: MemoryFit | None, precision:
         ax.plot(xs, [fit.predict(x) / 2**30 for x in xs], "-", color="tab:orange", label="fitted line (prediction)")
         ax.axhline(fit.limit / 2**30, color="red", ls="--", label=f"limit ({fit.kind})")
         ax.set(ylabel=f"peak {fit.kind} memory, GiB")
-    ax.set(xscale="log", xlabel="micro-batch", title="Memory against micro-batch")
+    ax.set(xlabel="micro-batch", title="Memory against micro-batch")
+    _log2_axis(ax)
     ax.legend()
+
+
+def _log2_axis(ax: Any) -> None:
+    from matplotlib.ticker import ScalarFormatter
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(ScalarFormatter())
 
 
 def _save(fig: Any, path: Path) -> Path:
