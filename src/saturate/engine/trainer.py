@@ -30,6 +30,7 @@ from saturate.data.windows import eval_loader, make_loader
 from saturate.engine.checkpoint import CheckpointManager
 from saturate.engine.console import ConsoleSink
 from saturate.engine.distributed import dist_info
+from saturate.engine.hostmem import HostMemoryGuard, relieve
 from saturate.engine.metrics import JsonlSink, Sink, tensorboard_sink
 from saturate.engine.precision import Precision
 from saturate.engine.schedule import WarmupCosine, scaled_lr
@@ -61,6 +62,8 @@ class RunConfig:
     tensorboard: bool = True  # also write TensorBoard events when tensorboard is installed
     telemetry: bool = True  # background GPU/host sampler: gpu/*, host/* metrics and low-utilisation notes
     export_weights: bool = True  # model.safetensors at the end
+    use_tuned: bool = True  # with no plan given, use the tuned plan cached for this workload and hardware
+    host_memory_guard: bool = True  # lower loader prefetch/workers when host RAM runs short or swap grows
 
     def __post_init__(self) -> None:
         for name in ("steps", "log_every", "eval_every", "ckpt_every", "keep_checkpoints"):
@@ -116,9 +119,7 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     if state is None and ckpts.checkpoints():
         raise CheckpointError(f"run folder {run_dir} already holds checkpoints; pass --resume to continue "
                               "it or choose another --run-dir")
-    if plan is None:
-        plan = (Plan.from_dict(state["plan"], source="the checkpoint's plan") if state is not None
-                else default_plan(optim_cfg.effective_batch, hw.device_type, hw.supports))
+    plan = _choose_plan(plan, state, workload, hw, cfg, notes)
     if dist.world_size > 1 or plan.strategy != "single":
         raise ConfigError(f"plan.strategy {plan.strategy!r} with {dist.world_size} process(es): only "
                           "single-process training is available in this version")
@@ -159,7 +160,7 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     pin = plan.pin_memory and device.type == "cuda"
     if plan.pin_memory and not pin:
         notes.append(f"pin_memory has no effect on {device.type}; not used")
-    peak, peak_label = _mfu_peak(hw, plan, measure_matmul_peak)
+    peak, peak_label = mfu_peak(hw, plan, measure_matmul_peak)
 
     resume_step = step if state is not None else None
     sinks: list[Sink] = [JsonlSink(run_dir / "metrics.jsonl", resume_step=resume_step)]
@@ -188,6 +189,7 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     last_ckpt: Path | None = None
     stop = _StopFlag()
     watch = TrainingWatch(device, console.note, enabled=cfg.telemetry)
+    guard = HostMemoryGuard() if cfg.host_memory_guard else None
     model.train()
 
     with stop.installed(), _closing(sinks), watch:
@@ -226,6 +228,16 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
                 if step == size_schedule_at:
                     total_steps = _steps_for_budget(step, seconds / 5, deadline, console)
                     schedule.total_steps = total_steps
+                if guard is not None and (why := guard.pressure()) and (eased := relieve(plan)) is not None:
+                    plan, change = eased  # restart the loaders now, at a step boundary, with less memory
+                    stepper.plan = plan
+                    loader = make_loader(workload.train_data, plan, start_step=step, pin_memory=pin)
+                    batches = iter(loader)
+                    if val_loader is not None:
+                        val_loader = eval_loader(workload.val_data, plan, pin)
+                    plan.save(run_dir / "plan.toml")
+                    notes.append(f"step {step}: {why}; lowered {change} and restarted the loader")
+                    console.note(notes[-1])
             if eval_due:
                 val_loss = _evaluate(model, val_loader, workload, plan, precision, device)  # eager: no recompile
                 for s in sinks:
@@ -255,6 +267,28 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
 
 
 # --- builders -------------------------------------------------------------------------------
+
+
+def _choose_plan(plan: Plan | None, state: dict[str, Any] | None, workload: Workload, hw: Any, cfg: RunConfig,
+                 notes: list[str]) -> Plan:
+    """The given plan; else the checkpoint's when resuming; else the tuned plan cached for this workload
+    on this hardware; else the seed plan. A plan tuned on other hardware is flagged, never silent."""
+    from saturate.tune import cache
+
+    if plan is not None:
+        if (warning := cache.hardware_mismatch(plan, hw.fingerprint())) is not None:
+            notes.append(warning)
+        return plan
+    if state is not None:
+        return Plan.from_dict(state["plan"], source="the checkpoint's plan")
+    if cfg.use_tuned:
+        cached, cache_notes = cache.lookup(workload, hw.fingerprint())
+        notes.extend(cache_notes)
+        if cached is not None:
+            notes.append(f"using the plan tuned for {workload.name} on this machine "
+                         f"({cached.provenance.get('tuned_at', 'date unknown')}); --no-tuned ignores it")
+            return cached
+    return default_plan(workload.optim.effective_batch, hw.device_type, hw.supports)
 
 
 def _prepare_run_dir(run_dir: Path | None, resume: bool, workload: Workload) -> Path:
@@ -324,7 +358,7 @@ def _check_fingerprint(state: dict[str, Any], fingerprint: dict[str, str], ident
                           f"{'; '.join(parts)}")
 
 
-def _mfu_peak(hw: Any, plan: Plan, measure: Callable[..., float]) -> tuple[float | None, str]:
+def mfu_peak(hw: Any, plan: Plan, measure: Callable[..., float]) -> tuple[float | None, str]:
     dtype = {"bf16": "bf16", "fp16": "fp16"}.get(plan.precision, "tf32" if plan.tf32 else "fp32")
     if dtype == "tf32" and not hw.supports.get("tf32"):
         dtype = "fp32"
