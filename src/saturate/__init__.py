@@ -3,9 +3,12 @@
     probe()                      -> Hardware
     train(workload, plan, cfg)   -> RunResult
     build_workload("gpt-tiny")   -> Workload
+    diagnose(workload, plan)     -> Diagnosis   (the doctor; Profiler for a loop of your own)
 """
 
 from saturate.doctor.profiler import Profiler
+from saturate.doctor.rules import Diagnosis
+from saturate.doctor.run import DoctorConfig, diagnose
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import SaturateError
 from saturate.hardware import Hardware, probe
@@ -13,7 +16,8 @@ from saturate.plan import REFERENCE_PLANS, Plan, default_plan, reference_plan
 from saturate.workload import PRESETS, Optimization, Workload, build_workload
 
 __all__ = [
-    "PRESETS", "REFERENCE_PLANS", "Hardware", "Optimization", "Plan", "Profiler", "RunConfig", "RunResult",
-    "SaturateError", "Workload", "build_workload", "default_plan", "probe", "reference_plan", "train",
+    "PRESETS", "REFERENCE_PLANS", "Diagnosis", "DoctorConfig", "Hardware", "Optimization", "Plan", "Profiler",
+    "RunConfig", "RunResult", "SaturateError", "Workload", "build_workload", "default_plan", "diagnose", "probe",
+    "reference_plan", "train",
 ]
 __version__ = "0.1.0"
