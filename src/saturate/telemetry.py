@@ -489,10 +489,17 @@ class Sampler:
         self.read_seconds = 0.0  # thread CPU time spent reading, for the overhead benchmark
         self.reads = 0
         read_host(prime_cpu=True)  # psutil's CPU percentage needs a previous call
+        self._cpu_read_at = time.monotonic()
 
     def read_once(self) -> Snapshot:
         start = time.thread_time()
         host = read_host()
+        now = time.monotonic()
+        if now - self._cpu_read_at < 0.05 and host.cpu_pct is not None:
+            # psutil measures CPU use since the previous call: over a few ms that is 0 or 100 %.
+            host.cpu_pct = None
+            host.missing["cpu_pct"] = "too soon after the previous reading to measure CPU use"
+        self._cpu_read_at = now
         try:
             gpus = self.gpu.read()
         except Exception as e:  # a vendor library failing in a way it does not document

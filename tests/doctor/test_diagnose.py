@@ -54,13 +54,14 @@ def test_slow_samples_are_input_bound_and_the_workers_fix_is_measured_faster(cpu
 
 def test_a_tiny_model_at_micro_batch_one_is_overhead_bound(cpu):
     workload = mlp_workload(Samples(), effective_batch=32, hidden=8)
-    d = diagnose(workload, Plan(micro_batch=1, grad_accum=32), QUICK, hardware=cpu)
+    config = DoctorConfig(steps=4, warmup=1, count_steps=0, min_seconds=0.3)  # steps of a few ms: time more
+    d = diagnose(workload, Plan(micro_batch=1, grad_accum=32), config, hardware=cpu)
     assert d.verdict == "overhead-bound"
     probe_ = d.measurements.scaling
     assert probe_.micro_batches == (1, 4) and probe_.fixed_share(1) >= 0.5
     top = d.fixes[0]
     assert top.changes == {"micro_batch": 32, "grad_accum": 1}  # the same effective batch
-    assert top.prediction.gain > 3
+    assert top.prediction.gain > 2  # bench/doctor_predictions.py compares it with the measured gain
 
 
 def test_workers_over_a_small_host_memory_budget_are_host_memory_bound(cpu):

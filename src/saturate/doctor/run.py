@@ -97,7 +97,7 @@ def diagnose(workload: Workload, plan: Plan | None = None, config: DoctorConfig 
         inst.end_timing()
     finally:
         inst.close()
-        del batches  # stops the loader's workers before the probe
+        del batches, loader  # stops the loader's workers (persistent ones too) before the probe
         gc.collect()
     probe = None
     if cfg.scaling:
