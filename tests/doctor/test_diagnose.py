@@ -64,6 +64,7 @@ def test_a_tiny_model_at_micro_batch_one_is_overhead_bound(cpu):
     assert top.prediction.gain > 2  # bench/doctor_predictions.py compares it with the measured gain
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on 2 cores: on purpose
 def test_workers_over_a_small_host_memory_budget_are_host_memory_bound(cpu):
     workload = mlp_workload(Hungry(mib=160), effective_batch=8)
     own = read_process_tree(os.getpid(), proportional=True).total_bytes

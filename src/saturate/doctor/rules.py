@@ -135,7 +135,7 @@ class Measurements:
     host_budget: int | None = None
     host_budget_source: str = ""
     data_cpu_share: float | None = None  # main-thread CPU time ÷ wall time while waiting for data
-    item_s: float | None = None  # seconds to read one sample in the training process (median)
+    item_s: float | None = None  # seconds per extra sample of a batch read and collated in the training process
     cpu_cores: int = 1
     cpu_threads: int | None = None  # torch intra-op threads of the training process
     scaling: ScalingProbe | None = None
@@ -291,7 +291,8 @@ def _micro_batch_fix(m: Measurements, probe: ScalingProbe, why: str) -> Fix | No
     mem_note = ""
     if m.accelerator and (mem := probe.memory_at(b2)) is not None:
         mem_note = f"; predicted device memory {_gib(mem)} of {_gib(m.device_mem_total)}"
-    item = f", {1e6 * m.item_s:.0f} µs to read a sample" if m.item_s is not None and not m.num_workers else ""
+    item = (f", {1e6 * m.item_s:.0f} µs to read and collate a sample" if m.item_s is not None and not m.num_workers
+            else "")
     basis = (f"forward+backward as timed, scaled by a fit over micro-batch {probe.micro_batches[0]} and "
              f"{probe.micro_batches[1]} ({_ms(probe.fixed_s)} fixed + {_ms(probe.per_sample_s)} per sample); the "
              f"loader, copy and other costs per micro-step as measured{item}{mem_note}")

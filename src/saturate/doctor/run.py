@@ -163,18 +163,28 @@ def scaling_probe(stepper: Stepper, workload: Workload, plan: Plan, device: torc
     return ScalingProbe((small, large), (seconds[0], seconds[1]), (memory[small], memory[large]))
 
 
-def time_items(workload: Workload, plan: Plan, step: int, n: int = 8) -> float | None:
-    """Median seconds to read one training sample in this process (samples the loop would read next)."""
+def time_items(workload: Workload, plan: Plan, step: int, k: int = 16, reps: int = 3) -> float | None:
+    """Seconds per extra sample of a loader batch read in this process: reading and collating.
+
+    (time for k samples − time for 1) ÷ (k − 1), each the fastest of `reps`, so the per-batch cost
+    of the loader stays out of it. Samples are the ones the loop would read next.
+    """
     first = step * plan.samples_per_step()
-    times = []
-    try:
-        for i in range(first, first + n):
+    data = workload.train_data
+
+    def batch_time(n: int) -> float:
+        best = float("inf")
+        for r in range(reps):
+            start = first + r * k
             t0 = time.perf_counter()
-            workload.train_data[i]
-            times.append(time.perf_counter() - t0)
+            default_collate([data[i] for i in range(start, start + n)])
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    try:
+        return max(0.0, (batch_time(k) - batch_time(1)) / (k - 1))
     except Exception:  # a dataset that cannot be read outside its loader: the model does without
         return None
-    return sorted(times)[len(times) // 2]
 
 
 # --- --apply ----------------------------------------------------------------------------------
