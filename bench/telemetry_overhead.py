@@ -72,7 +72,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(ap, steps=20, warmup=20, rounds=6)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch intra-op threads (default: torch's; 1 keeps a shared 2-core machine's OpenMP "
+                         "barrier stalls out of the comparison)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     watch_module.Sampler = _Recorded  # the watch builds its sampler through this name
     hw = probe(measure_peaks=False, device=args.device)
     gpu = hw.device_type in ("cuda", "rocm")
