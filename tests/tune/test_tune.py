@@ -137,7 +137,8 @@ def test_host_memory_guard_reads_ram_and_swap():
     readings = {"available": 8 * 2**30, "swap": 0}
 
     def read():
-        return SimpleNamespace(total=16 * 2**30, available=readings["available"]), SimpleNamespace(used=readings["swap"])
+        vm = SimpleNamespace(total=16 * 2**30, available=readings["available"])
+        return vm, SimpleNamespace(used=readings["swap"])
 
     guard = HostMemoryGuard(read=read)
     assert guard.pressure() is None
@@ -177,6 +178,6 @@ def test_saturate_tune_refuses_a_budget_too_small(tmp_path, small_corpus):
                      "--out", str(tmp_path / "t")),
         env=cli_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 2
-    assert out.stderr.startswith("saturate: error: tuning budget 0.001 s is too small") and "\n" == out.stderr[-1]
+    assert out.stderr.startswith("saturate: error: tuning budget 0.001 s is too small") and out.stderr[-1] == "\n"
     assert out.stderr.count("\n") == 1
     assert not (tmp_path / "t" / "plan.toml").exists()
