@@ -250,7 +250,7 @@ def test_budget_running_out_keeps_the_best_so_far_and_says_what_was_not_tried(mo
     clock = iter(range(10_000))  # every look at the clock is one second later
     module = importlib.import_module("saturate.tune.search")
     monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: float(next(clock))))
-    result = search(machine, Plan(), settings(budget_s=8, try_compile=False))
+    result = search(machine, Plan(), settings(budget_s=4, try_compile=False))
     assert result.chosen.ok and result.plan in machine.tried
     assert any("not tried, the budget had" in s for s in result.skipped)
     unbounded = FakeMachine(speed=saturating(1000), memory=linear_memory(GiB, 0.01 * GiB))
