@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     from saturate.tune.cli import add_parsers as add_tune_parsers
 
     add_tune_parsers(sub, _add_workload_args)
+    from saturate.doctor.cli import add_parsers as add_doctor_parsers  # `doctor` and `monitor`
+
+    add_doctor_parsers(sub)
     return parser
 
 

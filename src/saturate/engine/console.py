@@ -67,6 +67,12 @@ class ConsoleSink:
             parts.append(f"mem {metrics['memory/peak_gib']:.2f} GiB")
         else:
             parts.append(f"host RSS {metrics['memory/host_peak_rss_gib']:.2f} GiB")
+        if "gpu/util_pct" in metrics:  # telemetry (engine/watch.py): means over the same window
+            parts.append(f"GPU {metrics['gpu/util_pct']:.0f}%")
+        elif "cpu/util_pct" in metrics:
+            parts.append(f"CPU {metrics['cpu/util_pct']:.0f}%")
+        if "host/ram_used_pct" in metrics:
+            parts.append(f"RAM {metrics['host/ram_used_pct']:.0f}%")
         text = "  ".join(parts)
         if self._progress is not None:
             self._progress.update(self._task, completed=step, total=self.total, description=text)

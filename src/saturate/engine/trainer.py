@@ -35,6 +35,7 @@ from saturate.engine.metrics import JsonlSink, Sink, tensorboard_sink
 from saturate.engine.precision import Precision
 from saturate.engine.schedule import WarmupCosine, scaled_lr
 from saturate.engine.step import Stepper, rng_state, set_rng_state, to_device
+from saturate.engine.watch import TrainingWatch
 from saturate.errors import CheckpointError, ConfigError, SaturateError
 from saturate.hardware import synchronize
 from saturate.plan import Plan, default_plan
@@ -59,6 +60,7 @@ class RunConfig:
     keep_checkpoints: int = 3
     progress: bool = True  # console output (rich progress on a terminal, lines otherwise)
     tensorboard: bool = True  # also write TensorBoard events when tensorboard is installed
+    telemetry: bool = True  # background GPU/host sampler: gpu/*, host/* metrics and low-utilisation notes
     export_weights: bool = True  # model.safetensors at the end
     use_tuned: bool = True  # with no plan given, use the tuned plan cached for this workload and hardware
     host_memory_guard: bool = True  # lower loader prefetch/workers when host RAM runs short or swap grows
@@ -170,7 +172,8 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     _write_json(run_dir / "run.json", {
         "workload": workload.name, "info": workload.info, "fingerprint": fingerprint,
         "effective_batch": effective, "lr": lr, "total_steps": total_steps, "seed": cfg.seed,
-        "device": hw.torch_device, "hardware": hw.fingerprint(), "notes": notes})
+        "device": hw.torch_device, "hardware": hw.fingerprint(), "notes": notes,
+        "pid": os.getpid()})  # `saturate monitor` finds a live run by it
     for n in notes:
         console.note(n)
     console.start(workload, plan, hw, effective, total_steps, resumed_from=step if state else None)
@@ -185,15 +188,16 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     size_schedule_at = step + 5 if (cfg.minutes and cfg.steps is None and state is None) else None
     last_ckpt: Path | None = None
     stop = _StopFlag()
+    watch = TrainingWatch(device, console.note, enabled=cfg.telemetry)
     guard = HostMemoryGuard() if cfg.host_memory_guard else None
     model.train()
 
-    with stop.installed(), _closing(sinks):
+    with stop.installed(), _closing(sinks), watch:
         while step < total_steps and not stop.requested:
             for group in optimizer.param_groups:
                 group["lr"] = schedule.lr(step)
             adapted = len(stepper.adaptations)
-            stepper.step(batches)
+            stepper.step(batches, timer=watch.timer)  # the watch times only the wait for data
             if len(stepper.adaptations) > adapted:  # an OOM was absorbed: record the plan now in force
                 plan = stepper.current_plan()
                 plan.save(run_dir / "plan.toml")
@@ -217,6 +221,7 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
                                         "rate or use fp32/bf16 (the last checkpoint is kept)")
                 metrics = _step_metrics(workload, plan, effective, window_steps, seconds, train_loss,
                                         stepper.grad_norm, schedule.lr(step - 1), peak, device)
+                metrics.update(watch.window_metrics())  # telemetry means over the same window
                 for s in sinks:
                     s.log(step, metrics)
                 window_steps, window_start = 0, _now(device)
@@ -238,11 +243,13 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
                 for s in sinks:
                     s.log(step, {"val/loss": val_loss})
                 window_start = _now(device)  # validation time is not training throughput
+                watch.reset()
             if ckpt_due:
                 snapshot = _snapshot(step, model, optimizer, precision, schedule, plan, fingerprint,
                                      workload.identity, elapsed_before + train_seconds, cfg.seed)
                 last_ckpt = ckpts.save(step, snapshot)
                 window_start = _now(device)
+                watch.reset()
             if _past(deadline):
                 stop.requested = True  # a budget, not an interruption: stop.interrupted stays False
 
