@@ -254,4 +254,6 @@ class _MetadataUnpickler(pickle.Unpickler):
         if (module, name) in {("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
                               ("builtins", "set"), ("builtins", "frozenset")}:
             return obj
+        if module == "pathlib" and name in {"Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"}:
+            return obj  # DCP records the checkpoint's path
         raise CheckpointError(f"checkpoint metadata refers to {module}.{name}, which is not checkpoint data")

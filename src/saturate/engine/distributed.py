@@ -10,6 +10,7 @@ decisions (an OOM flag, a stop request), so agreeing on a decision never waits f
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -89,6 +90,9 @@ def teardown_distributed() -> None:
     """Destroy the process group if init_distributed created it (a caller's own group is left alone)."""
     global _created_here
     if _created_here and dist.is_available() and dist.is_initialized():
+        # DDP's reducer and DCP's planners sit in reference cycles that hold the group's work objects;
+        # freed only at interpreter exit, after the group, they abort the process (std::terminate).
+        gc.collect()
         dist.destroy_process_group()
     _created_here = False
 

@@ -93,13 +93,7 @@ class Stepper:
         self.model: nn.Module = model  # the module (DDP's inner one): state dicts, evaluation, export
         self.wrapped: nn.Module = model  # what a training forward goes through
         if self.strategy == "ddp":
-            from torch.nn.parallel import DistributedDataParallel
-
-            # broadcast_buffers=False: no collective inside a forward, so a rank that ran out of memory
-            # mid-step cannot leave the others waiting in one (only rank 0's buffers are ever saved).
-            self.wrapped = DistributedDataParallel(
-                model, device_ids=[device.index] if device.type == "cuda" else None,
-                broadcast_buffers=False, gradient_as_bucket_view=True)
+            self.wrapped = wrap_ddp(model, device)
         self.optimizer, fused = build_optimizer(model, workload.optim, lr, plan.fused_optimizer, device)
         if plan.fused_optimizer and not fused:
             self.notes.append(f"fused AdamW is not available on {device.type}; using the foreach implementation")
@@ -221,7 +215,7 @@ class Stepper:
             culprits = [(r, m) for r, m in enumerate(gather_objects(message)) if m is not None]
             del micro_batches
             rank, text = culprits[0]
-            self._recover_from_oom(f"{text}, on rank {rank}")
+            self._recover_from_oom(f"rank {rank}: {text}")
             return None
         if overlap:
             chunk = next(micro_batches)
@@ -393,6 +387,21 @@ def shard_model(model: nn.Module, device: torch.device, precision: Precision, cp
     for block in repeated_blocks(model):
         fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload)
     fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
+
+
+def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
+    """DDP with no collective inside a forward: buffers are synchronised once at construction, not before
+    every forward, so a rank that ran out of memory mid-step cannot leave the others waiting in one
+    (rank 0's buffers are the ones saved, as with DDP's default)."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    no_forward_sync = ({"forward_sync_buffers": False}  # torch >= 2.13; broadcast_buffers is deprecated there
+                       if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                       else {"broadcast_buffers": False})
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                   gradient_as_bucket_view=True, **no_forward_sync)
 
 
 def all_reduce_gradients(params: list[torch.Tensor], world_size: int) -> None:

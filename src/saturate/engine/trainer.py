@@ -111,7 +111,8 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     """Train `workload` with `plan`; resume from the run folder when config.resume is set.
 
     plan=None means the checkpoint's plan when resuming, else the seed plan (`default_plan`).
-    Under torchrun, joins the process group (and leaves it at the end if it made it).
+    Under torchrun, joins the process group and, if it made it, destroys it at the end (after an
+    error, `saturate.engine.distributed.teardown_distributed()` does, once the error is handled).
     """
     from saturate.hardware import probe
 
@@ -120,11 +121,12 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     device_type = torch.device(hw.torch_device).type
     made_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     dist = init_distributed(device_type)  # joins torchrun's group; a no-op in one process
-    try:
-        return _train(workload, plan, cfg, hw, dist)
-    finally:
-        if made_group:
-            teardown_distributed()
+    result = _train(workload, plan, cfg, hw, dist)
+    # On an error the group is left up: the traceback still holds DDP/DCP objects that must be freed
+    # before the group is destroyed, so the CLI tears it down once the error is handled.
+    if made_group:
+        teardown_distributed()
+    return result
 
 
 def _train(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist: DistInfo) -> RunResult:
@@ -145,6 +147,7 @@ def _train(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist:
     if state is None and ckpts.checkpoints():
         raise CheckpointError(f"run folder {run_dir} already holds checkpoints; pass --resume to continue "
                               "it or choose another --run-dir")
+    plan_given = plan is not None
     if plan is None and state is not None:
         plan = _checkpoint_plan(state, world, notes)
     elif plan is None:
@@ -191,7 +194,7 @@ def _train(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist:
                          f"{state.get('world_size', 1)}); those ranks continue from fresh seeds")
         total_steps = schedule.total_steps if cfg.steps is None else cfg.steps
         schedule.total_steps = total_steps
-        if state["plan"] != plan.to_dict():
+        if plan_given and state["plan"] != plan.to_dict():
             notes.append("resumed with a different plan than the checkpoint's (same effective batch)")
     start_step = step
     stepper.compile_model()  # after loading: the compile probe restores the RNG it uses
