@@ -3,16 +3,19 @@
     probe()                      -> Hardware
     train(workload, plan, cfg)   -> RunResult
     build_workload("gpt-tiny")   -> Workload
+    tune(workload)               -> TuneResult (a measured, verified Plan and its evidence)
 """
 
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import SaturateError
 from saturate.hardware import Hardware, probe
 from saturate.plan import REFERENCE_PLANS, Plan, default_plan, reference_plan
+from saturate.tune import TuneResult, tune
 from saturate.workload import PRESETS, Optimization, Workload, build_workload
 
 __all__ = [
     "PRESETS", "REFERENCE_PLANS", "Hardware", "Optimization", "Plan", "RunConfig", "RunResult",
-    "SaturateError", "Workload", "build_workload", "default_plan", "probe", "reference_plan", "train",
+    "SaturateError", "TuneResult", "Workload", "build_workload", "default_plan", "probe", "reference_plan",
+    "train", "tune",
 ]
 __version__ = "0.1.0"

@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 EXIT_ERROR = 2
 EXIT_OOM = 3
@@ -23,15 +24,27 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
                         "(default: the Python standard library's source, always on the machine)")
     p.add_argument("--text-field", default="text", help="the JSONL field holding the text (default: text)")
     p.add_argument("--tokenizer", default="byte", help="byte (default), bpe or bpe:VOCAB, trained locally")
+    p.add_argument("--effective-batch", type=int, metavar="N",
+                   help="samples per optimizer step, kept exactly by every plan (default: the preset's)")
     p.add_argument("--device", help="cuda, mps or cpu (default: the best one found)")
     p.add_argument("--seed", type=int, default=0, help="model initialisation and sampling seed (default: 0)")
+
+
+def workload_from_args(args: argparse.Namespace) -> Any:
+    """The Workload the common workload arguments describe."""
+    from saturate.workload import build_workload
+
+    preset = getattr(args, "preset_arg", None) or args.preset
+    overrides = {"effective_batch": args.effective_batch} if args.effective_batch else {}
+    return build_workload(preset, data=args.data, tokenizer=args.tokenizer, text_field=args.text_field,
+                          seed=args.seed, **overrides)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="saturate",
-        description="Make PyTorch training use its hardware fully. With no command: train gpt-tiny on the "
-                    "embedded default corpus (the Python standard library's source).")
+        description="Make PyTorch training use its hardware fully. With no command: `run` gpt-tiny on the "
+                    "embedded default corpus (the Python standard library's source): tune, train, compare.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -57,7 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt-every", type=int, metavar="N", help="steps between checkpoints (default: --eval-every)")
     p.add_argument("--keep", type=int, default=3, metavar="K", help="checkpoints kept (default 3)")
     p.add_argument("--no-progress", action="store_true", help="no console output while training")
+    p.add_argument("--no-tuned", action="store_true",
+                   help="ignore the tuned plan cached for this preset on this machine (with no --plan)")
     p.set_defaults(func=cmd_train)
+
+    from saturate.tune.cli import add_parsers as add_tune_parsers
+
+    add_tune_parsers(sub, _add_workload_args)
     return parser
 
 
@@ -78,17 +97,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     from saturate.engine.trainer import RunConfig, train
     from saturate.hardware import probe
     from saturate.plan import resolve_plan
-    from saturate.workload import build_workload
 
     config = RunConfig(
         steps=args.steps, minutes=args.minutes, run_dir=args.run_dir, resume=args.resume, seed=args.seed,
         device=args.device, log_every=args.log_every, eval_every=args.eval_every,
         ckpt_every=args.ckpt_every, keep_checkpoints=args.keep, progress=not args.no_progress,
+        use_tuned=not args.no_tuned,
     )
     plan = resolve_plan(args.plan) if args.plan else None  # None: the checkpoint's, or the seed plan
     hw = probe(measure_peaks=False, device=args.device)
-    workload = build_workload(args.preset, data=args.data, tokenizer=args.tokenizer,
-                              text_field=args.text_field, seed=args.seed)
+    workload = workload_from_args(args)
     result = train(workload, plan, config, hardware=hw)
     return EXIT_INTERRUPTED if result.interrupted else 0
 
@@ -100,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.command is None:  # `saturate` alone runs the main job on the embedded default
-        args = parser.parse_args([*argv, "train"])
+        args = parser.parse_args([*argv, "run"])
     try:
         return args.func(args)
     except SaturateError as e:

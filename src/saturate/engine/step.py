@@ -104,6 +104,7 @@ class Stepper:
         # synchronising backward is known to fit and may overlap its all-reduce (see _forward_backward_ddp).
         self._proven_micro: int | None = None
         self._compiled_unproven = False  # FSDP: compiled per block, first step not yet run
+        self.compiled = False  # whether torch.compile is in use (False after a failed proof fell back to eager)
         if compile:
             self.compile_model()
         self.loss_sum = torch.zeros((), device=device)  # sum of per-step mean losses since the last read
@@ -208,13 +209,14 @@ class Stepper:
                 with self.wrapped.no_sync():
                     step_loss += self._micro_step(chunk, total, timer)
         except OutOfMemoryError as e:
-            if not self.adapt_oom:
-                raise
             message = _first_line(e)
         if (total > 1 or not overlap) and agree_any(message is not None):
             culprits = [(r, m) for r, m in enumerate(gather_objects(message)) if m is not None]
             del micro_batches
             rank, text = culprits[0]
+            if not self.adapt_oom:  # every rank raises, so a tuner's trial ends the same way on all of them
+                self.optimizer.zero_grad(set_to_none=True)
+                raise OutOfMemoryError(f"rank {rank}: {text}")
             self._recover_from_oom(f"rank {rank}: {text}")
             return None
         if overlap:
@@ -277,9 +279,11 @@ class Stepper:
         """
         if self.strategy == "single":
             self.step_model = self._compile(self.model)
+            self.compiled = self.step_model is not self.model
             return
         if self.plan.compile == "none":
             return
+        self.compiled = True
         mode = None if self.plan.compile == "default" else self.plan.compile
         targets = repeated_blocks(self.model) or [self.model]
         for module in targets:
@@ -294,6 +298,7 @@ class Stepper:
         if failures:
             for module in targets:
                 module._compiled_call_impl = None  # undo nn.Module.compile: eager again, on every rank
+            self.compiled = False
             self.notes.append(f"torch.compile(mode={self.plan.compile!r}) failed ({failures[0]}); "
                               "training in eager mode")
 

@@ -40,11 +40,13 @@ from saturate.engine.distributed import (
     all_reduce_mean_,
     all_reduce_scalar,
     broadcast_object,
+    gather_objects,
     init_distributed,
     rank_device,
     resolve_strategy,
     teardown_distributed,
 )
+from saturate.engine.hostmem import HostMemoryGuard, relieve
 from saturate.engine.metrics import JsonlSink, Sink, tensorboard_sink
 from saturate.engine.precision import Precision
 from saturate.engine.schedule import WarmupCosine, scaled_lr
@@ -74,6 +76,8 @@ class RunConfig:
     progress: bool = True  # console output (rich progress on a terminal, lines otherwise)
     tensorboard: bool = True  # also write TensorBoard events when tensorboard is installed
     export_weights: bool = True  # model.safetensors at the end
+    use_tuned: bool = True  # with no plan given, use the tuned plan cached for this workload and hardware
+    host_memory_guard: bool = True  # lower loader prefetch/workers when host RAM runs short or swap grows
 
     def __post_init__(self) -> None:
         for name in ("steps", "log_every", "eval_every", "ckpt_every", "keep_checkpoints"):
@@ -148,10 +152,7 @@ def _train(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist:
         raise CheckpointError(f"run folder {run_dir} already holds checkpoints; pass --resume to continue "
                               "it or choose another --run-dir")
     plan_given = plan is not None
-    if plan is None and state is not None:
-        plan = _checkpoint_plan(state, world, notes)
-    elif plan is None:
-        plan = default_plan(optim_cfg.effective_batch, hw.device_type, hw.supports, world)
+    plan = _choose_plan(plan, state, workload, hw, cfg, notes, world)
     strategy, note = resolve_strategy(plan.strategy, world)
     if note:
         notes.append(note)
@@ -202,7 +203,7 @@ def _train(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist:
     pin = plan.pin_memory and device.type == "cuda"
     if plan.pin_memory and not pin:
         notes.append(f"pin_memory has no effect on {device.type}; not used")
-    peak, peak_label = _mfu_peak(hw, plan, measure_matmul_peak)
+    peak, peak_label = mfu_peak(hw, plan, measure_matmul_peak)
     if peak is not None and world > 1:
         peak, peak_label = peak * world, f"{world} × {peak_label}"  # MFU of all the devices together
 
@@ -237,6 +238,7 @@ def _train(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist:
     size_schedule_at = step + 5 if (cfg.minutes and cfg.steps is None and state is None) else None
     last_ckpt: Path | None = None
     stop = _StopFlag(coalesce_s=2.0 if world > 1 else 0.0)
+    guard = HostMemoryGuard() if cfg.host_memory_guard else None
     model.train()
 
     with stop.installed(), _closing(sinks):
@@ -282,6 +284,19 @@ def _train(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist:
                     total_steps = broadcast_object(_steps_for_budget(step, seconds / 5, deadline, console)
                                                    if dist.is_main else None)
                     schedule.total_steps = total_steps
+                why = _memory_pressure(guard, world)
+                if why and (eased := relieve(plan)) is not None:
+                    plan, change = eased  # restart the loaders now, at a step boundary, with less memory
+                    stepper.plan = plan
+                    loader = make_loader(workload.train_data, plan, start_step=step, pin_memory=pin,
+                                         rank=dist.rank, world_size=world)
+                    batches = iter(loader)
+                    if val_loader is not None:
+                        val_loader = eval_loader(workload.val_data, plan, pin)
+                    if dist.is_main:
+                        plan.save(run_dir / "plan.toml")
+                    notes.append(f"step {step}: {why}; lowered {change} and restarted the loader")
+                    console.note(notes[-1])
             if eval_due:
                 # eager module, no recompile; every rank evaluates all of it (FSDP needs all ranks in a forward)
                 val_loss = _evaluate(model, val_loader, workload, plan, precision, device)
@@ -314,6 +329,46 @@ def _train(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist:
 
 
 # --- builders -------------------------------------------------------------------------------
+
+
+def _choose_plan(plan: Plan | None, state: dict[str, Any] | None, workload: Workload, hw: Any, cfg: RunConfig,
+                 notes: list[str], world: int = 1) -> Plan:
+    """The given plan; else the checkpoint's when resuming; else the tuned plan cached for this workload
+    on this hardware; else the seed plan. A plan tuned on other hardware is flagged, never silent.
+    Under torchrun the checkpoint's and the cached plan keep their effective batch over `world` processes."""
+    from saturate.tune import cache
+
+    if plan is not None:
+        if (warning := cache.hardware_mismatch(plan, hw.fingerprint())) is not None:
+            notes.append(warning)
+        return plan
+    if state is not None:
+        return _checkpoint_plan(state, world, notes)
+    if cfg.use_tuned:
+        cached, cache_notes = cache.lookup(workload, hw.fingerprint())
+        notes.extend(cache_notes)
+        if cached is not None and world > 1:
+            try:
+                cached = fit_to_world(cached, cached.samples_per_step(), world).replace(
+                    strategy=cached.strategy if cached.strategy != "single" else "ddp")
+            except ConfigError as e:
+                notes.append(f"the cached tuned plan does not split over {world} processes ({e}); not used")
+                cached = None
+        if cached is not None:
+            notes.append(f"using the plan tuned for {workload.name} on this machine "
+                         f"({cached.provenance.get('tuned_at', 'date unknown')}); --no-tuned ignores it")
+            return cached
+    return default_plan(workload.optim.effective_batch, hw.device_type, hw.supports, world)
+
+
+def _memory_pressure(guard: HostMemoryGuard | None, world: int) -> str | None:
+    """Why host memory is short, agreed over ranks (they share a node's RAM): all relieve their loaders together."""
+    if guard is None:
+        return None
+    why = guard.pressure()
+    if world > 1 and agree_any(why is not None):
+        why = next(w for w in gather_objects(why) if w is not None)
+    return why
 
 
 def _prepare_run_dir(run_dir: Path | None, resume: bool, workload: Workload) -> Path:
@@ -404,7 +459,7 @@ def _check_fingerprint(state: dict[str, Any], fingerprint: dict[str, str], ident
                           f"{'; '.join(parts)}")
 
 
-def _mfu_peak(hw: Any, plan: Plan, measure: Callable[..., float]) -> tuple[float | None, str]:
+def mfu_peak(hw: Any, plan: Plan, measure: Callable[..., float]) -> tuple[float | None, str]:
     dtype = {"bf16": "bf16", "fp16": "fp16"}.get(plan.precision, "tf32" if plan.tf32 else "fp32")
     if dtype == "tf32" and not hw.supports.get("tf32"):
         dtype = "fp32"

@@ -1,0 +1,122 @@
+"""tune(workload) -> TuneResult: measure, choose, verify, then write plan.toml, tune.json and plots."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from saturate.atomic import atomic_write_bytes
+from saturate.engine.distributed import dist_info
+from saturate.errors import ConfigError
+from saturate.plan import Plan
+from saturate.tune import cache
+from saturate.tune.measure import LoaderTrial, Measurer, RealMeasurer, Trial
+from saturate.tune.report import plot, print_report, result_dict, trial_line
+from saturate.tune.search import SearchResult, SearchSettings, search
+from saturate.workload import Workload
+
+
+@dataclass
+class TuneResult:
+    plan: Plan  # the verified plan (name "tuned"), its evidence in plan.provenance
+    search: SearchResult
+    out_dir: Path
+    plan_path: Path
+    json_path: Path
+    plots: list[Path] = field(default_factory=list)
+    cached_path: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def fused_adamw_available(device: torch.device) -> bool:
+    try:
+        torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1, device=device))], fused=True)
+        return True
+    except (RuntimeError, TypeError):
+        return False
+
+
+def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = None,
+         planned_steps: int | None = None, allow_batch_change: bool = False, out_dir: Path | None = None,
+         measurer: Measurer | None = None, seed: int = 0, try_compile: bool = True, device: str | None = None,
+         console: Console | None = None, use_cache: bool = True, **settings: Any) -> TuneResult:
+    """Find the fastest plan for `workload` on this machine by measurement, and prove it.
+
+    The effective batch is kept exactly unless `allow_batch_change` (the learning rate is then
+    rescaled by train()). Writes `plan.toml`, `tune.json` and PNG plots to `out_dir`, and caches the
+    plan for `train` to reuse on this hardware.
+    """
+    from saturate.hardware import probe
+
+    if budget_s is not None and budget_s <= 0:
+        raise ConfigError(f"budget must be > 0 seconds, got {budget_s:g}")
+    console = console or Console()
+    hw = hardware or probe(measure_peaks=False, device=device)
+    dev = torch.device(hw.torch_device)
+    world = dist_info().world_size
+    measurer = measurer or RealMeasurer(workload, hw, seed=seed)
+    steps = planned_steps or workload.optim.steps
+    s = SearchSettings(effective_batch=workload.optim.effective_batch, planned_steps=steps,
+                       supports=dict(hw.supports), fused_available=fused_adamw_available(dev),
+                       world_size=world, allow_batch_change=allow_batch_change, budget_s=budget_s,
+                       try_compile=try_compile, **settings)
+    out_dir = Path(out_dir) if out_dir is not None else Path("runs") / f"tune-{workload.name}-" \
+        f"{time.strftime('%Y%m%d-%H%M%S')}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    console.print(f"[bold]saturate tune[/bold] {workload.name} on {_describe(hw)}: effective batch "
+                  f"{s.effective_batch}, {steps} planned steps"
+                  + (f", budget {budget_s:g} s" if budget_s else "") + "; every figure below is measured")
+
+    def progress(t: Trial | LoaderTrial) -> None:
+        console.print(f"[dim]  {trial_line(t, workload.tokens_per_sample)}[/dim]", highlight=False)
+
+    result = search(measurer, Plan(name="base"), s, progress)  # raises before anything is written
+
+    hw_fp = hw.fingerprint()
+    plan = result.plan.replace(name="tuned", provenance={
+        "tuned_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "hardware": hw_fp,
+        "hardware_description": _describe(hw),
+        "workload": workload.name,
+        "workload_key": cache.workload_key(workload),
+        "effective_batch": result.plan.samples_per_step(world),
+        "tuning_seconds": round(result.seconds, 1),
+        "verified_samples_per_s": result.chosen.samples_per_s,
+        "verified_peak_memory_bytes": result.chosen.peak_memory_bytes,
+        "memory_kind": measurer.memory_kind,
+        "decisions": result.decisions,
+        "trials": [t.to_dict() for t in result.trials],
+        "loader_trials": [t.to_dict() for t in result.loader_trials],
+    })
+    result.plan = plan
+    print_report(console, result, workload.tokens_per_sample, measurer.memory_kind)
+    plots, plot_note = plot(result, out_dir, s.loader_margin)
+    notes = [plot_note] if plot_note else []
+    json_path = out_dir / "tune.json"
+    atomic_write_bytes(json_path, (json.dumps({
+        "workload": workload.name, "info": workload.info, "hardware": hw.to_dict(), "settings": s.__dict__,
+        **result_dict(result), "plan": plan.to_dict() | {"provenance": None}, "plots": [str(p) for p in plots],
+    }, indent=2, default=str) + "\n").encode())
+    plan_path = out_dir / "plan.toml"
+    plan.save(plan_path)
+    cached = cache.store(plan, workload, hw_fp) if use_cache else None
+    console.print(f"tuned plan: {plan_path} (evidence: {json_path}"
+                  + (f"; plots: {', '.join(str(p) for p in plots)}" if plots else "") + ")")
+    for n in notes:
+        console.print(f"[yellow]{n}[/yellow]")
+    return TuneResult(plan=plan, search=result, out_dir=out_dir, plan_path=plan_path, json_path=json_path,
+                      plots=plots, cached_path=cached, notes=notes)
+
+
+def _describe(hw: Any) -> str:
+    if hw.devices and hw.device_type != "cpu":
+        d = hw.devices[0]
+        return f"{len(hw.devices)}× {d.name}" if len(hw.devices) > 1 else d.name
+    return f"{hw.cpu_name} ({hw.cpu_cores} cores)"

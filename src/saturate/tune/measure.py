@@ -1,0 +1,347 @@
+"""Measurements the tuner's search is made of: one trial of a plan, one trial of a loader setting.
+
+`Measurer` is the interface the search sees; `RealMeasurer` runs real steps on this machine.
+Model trials feed pre-collated batches (cycled), so they time the model alone; loader trials time
+the DataLoader alone; `verify` runs real training steps through the real loader plus a validation
+pass, so the chosen plan is proven end to end before it is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import math
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import psutil
+import torch
+from torch.utils.data import default_collate
+
+from saturate.data.windows import eval_loader, make_loader
+from saturate.engine.step import OutOfMemoryError, Stepper, to_device
+from saturate.hardware import synchronize
+from saturate.plan import Plan
+from saturate.workload import Workload
+
+
+@dataclass
+class Trial:
+    """One measured plan. `status` is "ok", "oom" or "failed"; figures are None when not measured."""
+
+    stage: str  # what the trial was for: "precision", "memory", "micro-batch", "compile", "verify", …
+    plan: Plan
+    status: str = "ok"
+    samples_per_s: float | None = None
+    step_s: float | None = None  # seconds per optimizer step (the effective batch)
+    peak_memory_bytes: int | None = None
+    compile_s: float | None = None  # torch.compile plus its first micro-batch, when compiled
+    losses: list[float] = field(default_factory=list)  # per-step training loss (same batches for every plan)
+    loss_drift: float | None = None  # largest relative per-step difference from fp32's losses
+    seconds: float = 0.0  # wall time the trial cost, building included
+    steps: int = 0  # timed optimizer steps
+    error: str = ""  # the first line of the error, for "oom" and "failed"
+    verdict: str = ""  # set by the search: "chosen", or why it lost
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        p = self.plan
+        out: dict[str, Any] = {
+            "stage": self.stage, "status": self.status, "micro_batch": p.micro_batch, "grad_accum": p.grad_accum,
+            "precision": p.precision, "tf32": p.tf32, "compile": p.compile,
+            "activation_checkpointing": p.activation_checkpointing, "fused_optimizer": p.fused_optimizer,
+            "samples_per_s": self.samples_per_s, "step_s": self.step_s, "peak_memory_bytes": self.peak_memory_bytes,
+            "compile_s": self.compile_s, "losses": self.losses or None, "loss_drift": self.loss_drift,
+            "seconds": round(self.seconds, 3),
+            "steps": self.steps, "error": self.error or None, "verdict": self.verdict or None,
+        }
+        return {k: v for k, v in out.items() if v is not None}  # TOML has no null
+
+
+@dataclass
+class LoaderTrial:
+    """The DataLoader alone at one setting: sustained samples/s and the host memory its workers add."""
+
+    num_workers: int
+    prefetch_factor: int | None
+    pin_memory: bool
+    samples_per_s: float | None = None
+    worker_memory_bytes: int | None = None  # unique memory (USS) of all workers together
+    startup_s: float | None = None  # until the first batch arrived
+    swap_grew_bytes: int = 0
+    status: str = "ok"
+    error: str = ""
+    seconds: float = 0.0
+    verdict: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in ("num_workers", "prefetch_factor", "pin_memory", "samples_per_s",
+                                             "worker_memory_bytes", "startup_s", "swap_grew_bytes", "status",
+                                             "error", "seconds", "verdict")}
+        return {k: v for k, v in out.items() if v not in (None, "")}
+
+
+class Measurer(Protocol):
+    """What the search needs from the machine; tests provide a deterministic fake."""
+
+    device_type: str  # "cuda", "cpu", …
+    memory_capacity: int  # bytes a plan may use (device memory on a GPU, available host RAM on a CPU)
+    memory_kind: str  # "device" or "host RSS"
+    ram_budget: int  # bytes of host RAM the loader's workers may add
+    cores: int  # usable CPU cores
+
+    def model_trial(self, plan: Plan, stage: str, *, steps: int | None = None) -> Trial: ...
+
+    def loader_trial(self, plan: Plan) -> LoaderTrial: ...
+
+    def verify(self, plan: Plan) -> Trial: ...
+
+
+def is_oom(e: BaseException) -> bool:
+    """Device OOM, or the CPU allocator failing (`DefaultCPUAllocator: can't allocate memory`)."""
+    return isinstance(e, OutOfMemoryError) or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
+
+
+class RealMeasurer:
+    """Trials on this machine with saturate's own Stepper (the code that will train)."""
+
+    def __init__(self, workload: Workload, hardware: Any, *, seed: int = 0, warmup: int = 1,
+                 min_steps: int = 3, min_seconds: float = 1.0, max_steps: int = 12,
+                 memory_headroom_bytes: int | None = None, ram_budget: int | None = None) -> None:
+        self.workload, self.hw, self.seed = workload, hardware, seed
+        self.warmup, self.min_steps, self.min_seconds, self.max_steps = warmup, min_steps, min_seconds, max_steps
+        self.device = torch.device(hardware.torch_device)
+        self.device_type = self.device.type
+        self.cores = max(1, int(hardware.cpu_cores))
+        vm = psutil.virtual_memory()
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            self.memory_capacity = int(free + torch.cuda.memory_allocated(self.device))
+            self.memory_kind = "device"
+        else:
+            self.memory_capacity = int(vm.available)
+            self.memory_kind = "host RSS"
+        if memory_headroom_bytes is not None:
+            self.memory_capacity = max(0, self.memory_capacity - memory_headroom_bytes)
+        # Workers may add what is available less a margin (a tenth of RAM, at least 1 GiB), so nothing swaps.
+        self.ram_budget = ram_budget if ram_budget is not None else max(0, int(vm.available - max(vm.total / 10,
+                                                                                                   2**30)))
+
+    # --- model trials ---------------------------------------------------------------------------
+
+    def model_trial(self, plan: Plan, stage: str, *, steps: int | None = None) -> Trial:
+        """Warm-up, then timed steps on cycled pre-collated batches (the loader is not in the timing)."""
+        trial = Trial(stage=stage, plan=plan)
+        started = time.perf_counter()
+        batches = self._cycled_batches(plan)
+        with _PeakMemory(self.device) as mem:
+            try:
+                self._run(trial, plan, batches, steps)
+            except Exception as e:
+                trial.status = "oom" if is_oom(e) else "failed"
+                trial.error = first_line(e)
+        trial.peak_memory_bytes = mem.peak if trial.ok or trial.status == "oom" else None
+        trial.seconds = time.perf_counter() - started
+        _release(self.device)
+        return trial
+
+    def _run(self, trial: Trial, plan: Plan, batches: Iterator[Any], steps: int | None) -> None:
+        torch.manual_seed(self.seed)  # every trial starts from the same weights: losses are comparable
+        notes: list[str] = []
+        t0 = time.perf_counter()
+        stepper = Stepper(self.workload, plan, self.device, self.workload.optim.lr, notes=notes,
+                          compile=False, adapt_oom=False)
+        if plan.compile != "none":
+            stepper.compile_model()
+            if stepper.step_model is stepper.model:  # compilation failed and fell back
+                raise RuntimeError(notes[-1])
+            trial.compile_s = time.perf_counter() - t0
+        losses: list[torch.Tensor] = []
+        for _ in range(self.warmup):
+            stepper.step(batches)
+            losses.append(stepper.take_loss_sum())
+        synchronize(self.device)
+        start, n = time.perf_counter(), 0
+        while True:
+            stepper.step(batches)
+            losses.append(stepper.take_loss_sum())
+            n += 1
+            if steps is not None and n >= steps:
+                break
+            if steps is None and n >= self.min_steps:
+                synchronize(self.device)
+                if n >= self.max_steps or time.perf_counter() - start >= self.min_seconds:
+                    break
+        synchronize(self.device)
+        elapsed = time.perf_counter() - start
+        trial.steps = n
+        trial.step_s = elapsed / n
+        trial.samples_per_s = plan.samples_per_step() / trial.step_s
+        trial.losses = [round(float(v), 5) for v in torch.stack(losses).tolist()]
+        if not all(math.isfinite(v) for v in trial.losses):
+            raise RuntimeError(f"non-finite training loss {trial.losses}")
+
+    def _cycled_batches(self, plan: Plan) -> Iterator[Any]:
+        """Two optimizer steps' worth of loader batches, collated once, on the host, repeated."""
+        data = self.workload.train_data
+        m = plan.micro_batch
+        n = 2 * plan.grad_accum
+        held = [default_collate([data[i] for i in range(j * m, (j + 1) * m)]) for j in range(n)]
+
+        def cycle() -> Iterator[Any]:
+            while True:
+                yield from held
+
+        return cycle()
+
+    # --- loader trials --------------------------------------------------------------------------
+
+    def loader_trial(self, plan: Plan) -> LoaderTrial:
+        """Sustained samples/s of the DataLoader alone (after draining the workers' prefetched batches)."""
+        pin = plan.pin_memory and self.device.type == "cuda"
+        trial = LoaderTrial(plan.num_workers, plan.prefetch_factor, pin)
+        started = time.perf_counter()
+        swap_before = psutil.swap_memory().used
+        loader = make_loader(self.workload.train_data, plan, start_step=0, pin_memory=pin)
+        it = iter(loader)
+        try:
+            next(it)
+            trial.startup_s = time.perf_counter() - started
+            buffered = plan.num_workers * (plan.prefetch_factor or 2)
+            for _ in range(buffered):  # what the workers prefetched during start-up is not sustained rate
+                next(it)
+            t0, n = time.perf_counter(), 0
+            target = max(20, 4 * buffered)
+            while n < target or (time.perf_counter() - t0 < 0.3 and n < 2000):
+                next(it)
+                n += 1
+            elapsed = time.perf_counter() - t0
+            trial.samples_per_s = n * plan.micro_batch / elapsed
+            trial.worker_memory_bytes = _workers_uss() if plan.num_workers > 0 else 0
+        except Exception as e:
+            trial.status, trial.error = "failed", first_line(e)
+        finally:
+            del it, loader
+            gc.collect()
+        trial.swap_grew_bytes = max(0, psutil.swap_memory().used - swap_before)
+        trial.seconds = time.perf_counter() - started
+        return trial
+
+    # --- verification ---------------------------------------------------------------------------
+
+    def verify(self, plan: Plan) -> Trial:
+        """Real training steps through the real loader, then one validation pass, at this plan."""
+        trial = Trial(stage="verify", plan=plan)
+        started = time.perf_counter()
+        pin = plan.pin_memory and self.device.type == "cuda"
+        with _PeakMemory(self.device) as mem:
+            try:
+                loader = make_loader(self.workload.train_data, plan, start_step=0, pin_memory=pin)
+                self._run(trial, plan, iter(loader), None)
+                if self.workload.val_data is not None:
+                    self._validate(plan, pin)
+            except Exception as e:
+                trial.status = "oom" if is_oom(e) else "failed"
+                trial.error = first_line(e)
+        trial.peak_memory_bytes = mem.peak if trial.status != "failed" else None
+        trial.seconds = time.perf_counter() - started
+        _release(self.device)
+        return trial
+
+    def _validate(self, plan: Plan, pin: bool) -> None:
+        """A few validation micro-batches at the plan's micro-batch (memory is what is being proven)."""
+        model = self.workload.build_model().to(self.device)
+        model.eval()
+        from saturate.engine.precision import make_precision
+
+        precision = make_precision(plan.precision, self.device.type)
+        with torch.no_grad():
+            for i, batch in enumerate(eval_loader(self.workload.val_data, plan, pin)):
+                with precision.autocast():
+                    self.workload.loss_fn(model, to_device(batch, self.device, plan.non_blocking))
+                if i >= 2:
+                    break
+
+
+def _workers_uss() -> int:
+    """Unique memory of this process's children (DataLoader workers); RSS where USS is unavailable."""
+    total = 0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            info = child.memory_full_info()
+            total += getattr(info, "uss", info.rss)
+        except (psutil.Error, OSError):
+            continue
+    return total
+
+
+def _release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    else:
+        _malloc_trim()
+
+
+def _malloc_trim() -> None:
+    """Give freed heap back to the OS (glibc), so the next trial's RSS growth is its own."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    with contextlib.suppress(OSError, AttributeError):  # AttributeError: not glibc
+        ctypes.CDLL(name).malloc_trim(0)
+
+
+class _PeakMemory:
+    """Peak memory over a block: the CUDA allocator's peak, or host RSS growth sampled every 5 ms."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.peak: int | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> _PeakMemory:
+        _release(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+        else:
+            proc = psutil.Process()
+            self._base = proc.memory_info().rss
+            self._max = self._base
+
+            def sample() -> None:
+                while not self._stop.wait(0.005):
+                    self._max = max(self._max, proc.memory_info().rss)
+
+            self._thread = threading.Thread(target=sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.device.type == "cuda":
+            self.peak = int(torch.cuda.max_memory_allocated(self.device) - self._base)
+        else:
+            self._stop.set()
+            if self._thread is not None:
+                self._thread.join()
+            self._max = max(self._max, psutil.Process().memory_info().rss)
+            self.peak = int(self._max - self._base)

@@ -1,0 +1,487 @@
+"""The search: which plan is fastest, decided by measurement, one knob family at a time.
+
+Order: precision (with a loss check against fp32) -> memory fit -> micro-batch (hill climb over
+the micro-batches that keep the effective batch exact) -> activation checkpointing (only when
+memory stopped the climb) -> fused optimizer -> torch.compile (only when it pays back its compile
+time within the planned run) -> input pipeline (cheapest loader that comfortably outruns the
+model within the host-RAM budget) -> verification with real training and validation steps.
+
+Everything here talks to a `Measurer`, so the logic is tested with a deterministic fake. A plan is
+only ever reported with figures from a trial that ran it; predictions are labelled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from saturate.errors import ConfigError, SaturateError
+from saturate.plan import Plan
+from saturate.tune.measure import LoaderTrial, Measurer, Trial
+
+
+@dataclass
+class SearchSettings:
+    effective_batch: int  # the global batch the user asked for
+    planned_steps: int  # optimizer steps the plan will train for (compile must pay back within them)
+    supports: dict[str, bool] = field(default_factory=dict)  # native bf16 / fp16 / tf32
+    fused_available: bool = False  # a fused AdamW kernel exists for this device
+    world_size: int = 1
+    allow_batch_change: bool = False  # may the effective batch grow (learning rate rescaled)?
+    budget_s: float | None = None  # tuning wall-clock budget
+    headroom: float = 0.9  # share of the memory capacity a plan may use
+    min_gain: float = 0.03  # growing the micro-batch stops when it gains less than this
+    loader_margin: float = 1.5  # the loader must feed this many times faster than the model computes
+    loss_tolerance: float = 0.02  # largest relative per-step loss difference against fp32
+    try_compile: bool = True
+    compile_mode: str = "default"
+    probe_micro: int = 8  # micro-batch for the precision trials (the largest candidate up to this)
+    compile_speedup_bound: float = 3.0  # the compile time limit assumes at most this speed-up
+
+
+@dataclass
+class MemoryFit:
+    """Peak memory ≈ intercept + slope × micro-batch, fitted to measured points (least squares)."""
+
+    points: list[tuple[int, int]]
+    intercept: float
+    slope: float
+    limit: int  # bytes a plan may use: headroom × capacity
+    capacity: int
+    kind: str  # "device" or "host RSS"
+
+    def predict(self, micro: int) -> float:
+        return self.intercept + self.slope * micro
+
+    def fits(self, micro: int) -> bool:
+        return self.slope <= 0 or self.predict(micro) <= self.limit
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"points": [list(p) for p in self.points], "intercept": self.intercept, "slope": self.slope,
+                "limit": self.limit, "capacity": self.capacity, "kind": self.kind}
+
+
+@dataclass
+class SearchResult:
+    plan: Plan
+    trials: list[Trial]
+    loader_trials: list[LoaderTrial]
+    fit: MemoryFit | None
+    decisions: list[str]  # one line per knob: what was chosen and the measured reason
+    seconds: float
+    chosen: Trial  # the verification trial of `plan`
+    skipped: list[str] = field(default_factory=list)  # what was not tried, and why
+
+
+def fit_memory(points: list[tuple[int, int]], capacity: int, headroom: float, kind: str) -> MemoryFit:
+    xs = [float(m) for m, _ in points]
+    ys = [float(b) for _, b in points]
+    n = len(points)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx > 0 else 0.0
+    return MemoryFit(points=points, intercept=my - slope * mx, slope=slope, limit=int(capacity * headroom),
+                     capacity=capacity, kind=kind)
+
+
+def search(measurer: Measurer, base: Plan, s: SearchSettings,
+           on_trial: Callable[[Trial | LoaderTrial], None] | None = None) -> SearchResult:
+    """Run every stage; `on_trial` sees each trial as it finishes (for progress lines)."""
+    return _Search(measurer, base, s, on_trial).run()
+
+
+def _pct(a: float, b: float) -> str:
+    return f"{100 * (a / b - 1):+.1f} %"
+
+
+def _gib(n: float | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+class _Search:
+    def __init__(self, measurer: Measurer, base: Plan, s: SearchSettings,
+                 on_trial: Callable[[Trial | LoaderTrial], None] | None = None) -> None:
+        self.on_trial = on_trial or (lambda t: None)
+        if s.effective_batch % s.world_size:
+            raise ConfigError(f"effective batch {s.effective_batch} is not divisible by {s.world_size} processes")
+        self.m, self.base, self.s = measurer, base, s
+        self.local = s.effective_batch // s.world_size
+        self.trials: list[Trial] = []
+        self.loader_trials: list[LoaderTrial] = []
+        self.decisions: list[str] = []
+        self.skipped: list[str] = []
+        self.started = time.monotonic()
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def candidates(self) -> list[int]:
+        """Micro-batches that keep the effective batch exact (and larger ones when it may grow)."""
+        out = [d for d in range(1, self.local + 1) if self.local % d == 0]
+        if self.s.allow_batch_change:
+            out += [self.local * k for k in (2, 4, 8)]
+        return out
+
+    def at(self, plan: Plan, micro: int) -> Plan:
+        return plan.replace(micro_batch=micro, grad_accum=max(1, self.local // micro))
+
+    def remaining(self) -> float | None:
+        return None if self.s.budget_s is None else self.s.budget_s - (time.monotonic() - self.started)
+
+    def affordable(self, what: str) -> bool:
+        """Whether the budget still holds one more trial as long as the longest so far."""
+        left = self.remaining()
+        longest = max((t.seconds for t in self.trials), default=0.0)
+        if left is None or left >= longest:
+            return True
+        self.skipped.append(f"{what}: not tried, the budget had {max(left, 0):.0f} s left and a trial takes "
+                            f"up to {longest:.0f} s")
+        return False
+
+    def trial(self, plan: Plan, stage: str, **kw: Any) -> Trial:
+        t = self.m.model_trial(plan, stage, **kw)
+        self.trials.append(t)
+        self.on_trial(t)
+        if len(self.trials) == 1 and self.s.budget_s is not None and t.seconds > self.s.budget_s:
+            raise ConfigError(f"tuning budget {self.s.budget_s:g} s is too small: the first trial (micro-batch "
+                              f"{plan.micro_batch}, {plan.precision}) alone took {t.seconds:.1f} s; give "
+                              f"--budget {max(60, int(10 * t.seconds))} or more")
+        return t
+
+    # --- the stages -----------------------------------------------------------------------------
+
+    def run(self) -> SearchResult:
+        best = self.precision()
+        fit = self.memory(best)
+        best = self.micro_batch(best, fit)
+        best = self.activation_checkpointing(best, fit)
+        best = self.fused(best)
+        best = self.compile(best)
+        plan = self.loader(best)
+        chosen = self.verify(plan)
+        chosen.verdict = "chosen"
+        effective = chosen.plan.samples_per_step(self.s.world_size)
+        if effective != self.s.effective_batch:
+            self.decisions.append(f"effective batch: {self.s.effective_batch} -> {effective} (allowed); training "
+                                  "rescales the learning rate linearly")
+        return SearchResult(plan=chosen.plan, trials=self.trials, loader_trials=self.loader_trials, fit=fit,
+                            decisions=self.decisions, seconds=time.monotonic() - self.started, chosen=chosen,
+                            skipped=self.skipped)
+
+    def precision(self) -> Trial:
+        s = self.s
+        m0 = max(m for m in self.candidates() if m <= max(1, min(s.probe_micro, self.local)))
+        ref_plan = self.at(self.base, m0).replace(precision="fp32", tf32=False, compile="none",
+                                                   activation_checkpointing=False, fused_optimizer=False)
+        ref = self.trial(ref_plan, "precision")
+        smaller = [m for m in self.candidates() if m < m0]
+        while ref.status == "oom" and smaller:  # even the probe micro-batch does not fit: back off
+            ref.verdict = "out of memory"
+            ref = self.trial(self.at(ref_plan, smaller.pop()), "precision")
+        if ref.status == "oom":
+            ref.verdict = "out of memory"
+            ref = self.trial(ref.plan.replace(activation_checkpointing=True), "precision")
+            if ref.status == "oom":
+                ref.verdict = "out of memory"
+                raise SaturateError("the model does not fit at micro-batch 1, even with activation checkpointing "
+                                    f"(tried {len(self.trials)} trials; last error: {ref.error}); use a device with "
+                                    "more memory or a smaller model")
+            self.decisions.append("activation checkpointing: on, because the model does not fit at micro-batch 1 "
+                                  "without it")
+        if not ref.ok:
+            raise SaturateError(f"the workload fails to train at fp32, micro-batch {ref.plan.micro_batch}: {ref.error}")
+
+        options = []
+        if s.supports.get("bf16"):
+            options.append(ref.plan.replace(precision="bf16", tf32=bool(s.supports.get("tf32"))))
+        elif s.supports.get("fp16") and self.m.device_type == "cuda":
+            options.append(ref.plan.replace(precision="fp16", tf32=bool(s.supports.get("tf32"))))
+        if s.supports.get("tf32") and self.m.device_type == "cuda":
+            options.append(ref.plan.replace(tf32=True))
+        best = ref
+        for plan in options:
+            t = self.trial(plan, "precision")
+            label = _precision_label(plan)
+            if not t.ok:
+                t.verdict = f"{t.status}: {t.error}"
+                continue
+            drift = _loss_drift(t.losses, ref.losses)
+            if drift > s.loss_tolerance:
+                t.verdict = f"losses differ from fp32 by up to {100 * drift:.1f} % (> {100 * s.loss_tolerance:.0f} %)"
+                self.decisions.append(f"precision: {label} rejected, its first {len(t.losses)} losses differ from "
+                                      f"fp32 by up to {100 * drift:.1f} %")
+                continue
+            t.loss_drift = drift
+            if t.samples_per_s > best.samples_per_s:
+                best.verdict = f"slower than {label}"
+                best = t
+            else:
+                t.verdict = f"slower than {_precision_label(best.plan)}"
+        if best is ref:
+            why = "no lower precision is native here" if not options else "lower precisions measured no faster"
+            self.decisions.append(f"precision: fp32 ({why}; {ref.samples_per_s:.1f} samples/s at micro-batch {m0})")
+        else:
+            drift = best.loss_drift or 0.0
+            self.decisions.append(
+                f"precision: {_precision_label(best.plan)}, {best.samples_per_s / ref.samples_per_s:.2f}× fp32 "
+                f"samples/s at micro-batch {best.plan.micro_batch}; its first {len(best.losses)} losses are within "
+                f"{100 * drift:.2f} % of fp32's")
+        return best
+
+    def memory(self, best: Trial) -> MemoryFit | None:
+        """Peak memory at two or three small micro-batches, fitted with a line."""
+        cands = self.candidates()
+        want = [m for m in cands if m < best.plan.micro_batch][:2]
+        if len(want) < 2:
+            want += [m for m in cands if m > best.plan.micro_batch][: 2 - len(want)]
+        points = [(best.plan.micro_batch, best.peak_memory_bytes)] if best.peak_memory_bytes is not None else []
+        for m in want:
+            if not self.affordable(f"memory at micro-batch {m}"):
+                break
+            t = self.trial(self.at(best.plan, m), "memory", steps=1)
+            if t.peak_memory_bytes is not None and t.ok:
+                points.append((m, t.peak_memory_bytes))
+                t.verdict = "memory point"
+            else:
+                t.verdict = f"{t.status}: {t.error}"
+        points.sort()
+        if len(points) < 2:
+            self.skipped.append("memory fit: fewer than two measured points")
+            return None
+        fit = fit_memory(points, self.m.memory_capacity, self.s.headroom, self.m.memory_kind)
+        if fit.slope <= 0:
+            self.decisions.append(f"memory: peak {self.m.memory_kind} memory did not grow with the micro-batch "
+                                  f"({', '.join(f'{m}: {_gib(b)}' for m, b in points)}); no limit predicted")
+        else:
+            top = max((m for m in cands if fit.fits(m)), default=None)
+            self.decisions.append(
+                f"memory: measured {', '.join(f'{m} -> {_gib(b)}' for m, b in points)}; fit {_gib(fit.intercept)} + "
+                f"{_gib(fit.slope)} per sample; limit {_gib(fit.limit)} ({100 * self.s.headroom:.0f} % of "
+                f"{_gib(fit.capacity)}); largest micro-batch predicted to fit: {top} (a prediction)")
+        return fit
+
+    def micro_batch(self, best: Trial, fit: MemoryFit | None) -> Trial:
+        cands = self.candidates()
+        m0 = best.plan.micro_batch
+        too_big = [m for m in cands if fit is not None and not fit.fits(m)]
+        for m in too_big:
+            self.skipped.append(f"micro-batch {m}: not tried, predicted {_gib(fit.predict(m))} > "
+                                f"limit {_gib(fit.limit)}")
+        fitting = [m for m in cands if m not in too_big]
+        self.memory_capped = bool(too_big)
+        stop = ""
+        for m in [c for c in fitting if c > m0]:
+            if not self.affordable(f"micro-batch {m}"):
+                stop = "the tuning budget ran out"
+                break
+            t = self.trial(self.at(best.plan, m), "micro-batch")
+            if not t.ok:
+                t.verdict = f"{t.status}: {t.error}"
+                self.memory_capped = self.memory_capped or t.status == "oom"
+                stop = f"{m} ran out of memory"
+                break
+            if t.samples_per_s > best.samples_per_s * (1 + self.s.min_gain):
+                best.verdict = f"{m} was {_pct(t.samples_per_s, best.samples_per_s)} faster"
+                best = t
+                continue
+            t.verdict = f"{_pct(t.samples_per_s, best.samples_per_s)} vs {best.plan.micro_batch}: under the " \
+                        f"{100 * self.s.min_gain:.0f} % needed to grow"
+            stop = f"{m} gained {_pct(t.samples_per_s, best.samples_per_s)}"
+            self.memory_capped = False
+            break
+        else:
+            stop = "the largest micro-batch that fits" if self.memory_capped else "the largest candidate"
+        if best.plan.micro_batch == m0:  # nothing above helped: try below
+            for m in reversed([c for c in fitting if c < m0]):
+                if not self.affordable(f"micro-batch {m}"):
+                    break
+                t = self.trial(self.at(best.plan, m), "micro-batch")
+                if t.ok and t.samples_per_s > best.samples_per_s * (1 + self.s.min_gain):
+                    best.verdict = f"{m} was {_pct(t.samples_per_s, best.samples_per_s)} faster"
+                    best = t
+                    continue
+                t.verdict = (f"{t.status}: {t.error}" if not t.ok else
+                             f"{_pct(t.samples_per_s, best.samples_per_s)} vs {best.plan.micro_batch}")
+                break
+        p = best.plan
+        self.decisions.append(f"micro-batch: {p.micro_batch} × {p.grad_accum} accumulation "
+                              f"({best.samples_per_s:.1f} samples/s measured; stopped because {stop})")
+        return best
+
+    def activation_checkpointing(self, best: Trial, fit: MemoryFit | None) -> Trial:
+        if best.plan.activation_checkpointing:
+            return best  # forced on by the precision stage: the model does not fit without it
+        bigger = [m for m in self.candidates() if m > best.plan.micro_batch]
+        if not (self.memory_capped and bigger):
+            self.decisions.append("activation checkpointing: off (the micro-batch search was not limited by memory)")
+            return best
+        start = best
+        for m in bigger:
+            if not self.affordable(f"activation checkpointing at micro-batch {m}"):
+                break
+            t = self.trial(self.at(best.plan, m).replace(activation_checkpointing=True), "activation-checkpointing")
+            if t.ok and t.samples_per_s > best.samples_per_s * (1 + self.s.min_gain):
+                best.verdict = f"checkpointing at {m} was {_pct(t.samples_per_s, best.samples_per_s)} faster"
+                best = t
+                continue
+            t.verdict = f"{t.status}: {t.error}" if not t.ok else f"{_pct(t.samples_per_s, best.samples_per_s)}"
+            break
+        if best is start:
+            self.decisions.append("activation checkpointing: off (tried; larger micro-batches with recompute "
+                                  "measured no faster)")
+        else:
+            self.decisions.append(f"activation checkpointing: on, micro-batch {best.plan.micro_batch} with recompute "
+                                  f"is {_pct(best.samples_per_s, start.samples_per_s)} vs {start.plan.micro_batch} "
+                                  "without")
+        return best
+
+    def fused(self, best: Trial) -> Trial:
+        if not self.s.fused_available:
+            self.decisions.append(f"fused optimizer: off (no fused AdamW on {self.m.device_type})")
+            return best
+        if not self.affordable("fused optimizer"):
+            return best
+        t = self.trial(best.plan.replace(fused_optimizer=True), "fused-optimizer")
+        if t.ok and t.samples_per_s > best.samples_per_s:
+            best.verdict = f"unfused: {_pct(best.samples_per_s, t.samples_per_s)}"
+            self.decisions.append(f"fused optimizer: on ({_pct(t.samples_per_s, best.samples_per_s)} samples/s)")
+            return t
+        t.verdict = f"{t.status}: {t.error}" if not t.ok else f"{_pct(t.samples_per_s, best.samples_per_s)}"
+        self.decisions.append(f"fused optimizer: off ({t.verdict})")
+        return best
+
+    def compile(self, best: Trial) -> Trial:
+        s = self.s
+        if not s.try_compile:
+            self.skipped.append("torch.compile: not tried (turned off)")
+            return best
+        # The most compile could save: the planned run at `compile_speedup_bound`× speed. A compile that takes
+        # longer than that cannot pay back, so it is the trial's time limit (checked when compilation ends).
+        limit = s.planned_steps * best.step_s * (1 - 1 / s.compile_speedup_bound)
+        left = self.remaining()
+        if left is not None:
+            limit = min(limit, left)
+        if not self.affordable("torch.compile"):
+            return best
+        t = self.trial(best.plan.replace(compile=s.compile_mode), "compile")
+        if not t.ok:
+            t.verdict = f"{t.status}: {t.error}"
+            self.decisions.append(f"compile: none (torch.compile failed: {t.error}; eager is used)")
+            return best
+        saved = s.planned_steps * (best.step_s - t.step_s)
+        if t.compile_s is not None and t.compile_s > limit:
+            t.verdict = f"compiling took {t.compile_s:.1f} s, over the {limit:.1f} s limit"
+        elif saved <= (t.compile_s or 0.0):
+            t.verdict = (f"{_pct(t.samples_per_s, best.samples_per_s)} steady state; over {s.planned_steps} steps "
+                         f"saves {saved:.1f} s < {t.compile_s or 0:.1f} s to compile")
+        else:
+            best.verdict = f"compiled saves {saved:.0f} s over the run"
+            self.decisions.append(f"compile: {s.compile_mode} ({_pct(t.samples_per_s, best.samples_per_s)} steady "
+                                  f"state; saves ~{saved:.0f} s over {s.planned_steps} steps against "
+                                  f"{t.compile_s or 0:.1f} s to compile — a prediction from the trial)")
+            return t
+        self.decisions.append(f"compile: none ({t.verdict})")
+        return best
+
+    def loader(self, best: Trial) -> Plan:
+        """The cheapest loader setting that feeds `loader_margin`× the model's rate within the RAM budget."""
+        s, m = self.s, self.m
+        need = s.loader_margin * best.samples_per_s
+        ladder = sorted({0, *[w for w in (1, 2, 4, 8, 16, 32) if w <= m.cores], m.cores})
+        cuda = m.device_type == "cuda"
+        base = best.plan.replace(pin_memory=False, non_blocking=False, persistent_workers=False,
+                                 prefetch_factor=None)
+
+        def setting(w: int, pf: int | None, pin: bool) -> Plan:
+            return base.replace(num_workers=w, prefetch_factor=pf if w else None, persistent_workers=w > 0,
+                                pin_memory=pin, non_blocking=pin)
+
+        def refused(t: LoaderTrial) -> str:
+            """Why a setting is out of bounds whatever its speed ("" when it is within them)."""
+            if not t.ok:
+                return f"{t.status}: {t.error}"
+            if t.worker_memory_bytes and t.worker_memory_bytes > m.ram_budget:
+                return f"workers use {_gib(t.worker_memory_bytes)} > RAM budget {_gib(m.ram_budget)}"
+            if t.swap_grew_bytes > 0:
+                return f"swap grew by {_gib(t.swap_grew_bytes)}"
+            return ""
+
+        def slow(t: LoaderTrial) -> str:
+            return f"{t.samples_per_s:.0f} samples/s < {need:.0f} needed" if (t.samples_per_s or 0) < need else ""
+
+        measured: list[tuple[Plan, LoaderTrial]] = []
+
+        def measure(plan: Plan) -> LoaderTrial:
+            t = m.loader_trial(plan)
+            self.loader_trials.append(t)
+            self.on_trial(t)
+            measured.append((plan, t))
+            return t
+
+        for w in ladder:  # the whole worker ladder at the default prefetch: it is cheap and plotted
+            if not self.affordable(f"loader with {w} workers"):
+                break
+            measure(setting(w, 2, False))
+        for p, t in list(measured):  # deeper prefetch only where the default did not feed the model
+            if p.num_workers and not refused(t) and slow(t) and self.affordable(f"loader prefetch 4, {p.num_workers}"):
+                measure(setting(p.num_workers, 4, False))
+        within = [(p, t) for p, t in measured if not refused(t)]
+        feeding = [(p, t) for p, t in within if not slow(t)]
+        ct: LoaderTrial | None
+        if feeding:
+            chosen, ct = min(feeding, key=lambda pt: (pt[0].num_workers, pt[0].prefetch_factor or 0))
+            why = (f"{ct.samples_per_s:.0f} samples/s alone, ≥ {s.loader_margin:g}× the model's "
+                   f"{best.samples_per_s:.0f}; the cheapest setting that does")
+        elif within:
+            chosen, ct = max(within, key=lambda pt: pt[1].samples_per_s or 0)
+            why = (f"the fastest within the RAM budget, {ct.samples_per_s:.0f} samples/s, under the "
+                   f"{need:.0f} wanted: this run will be input-bound")
+        else:
+            chosen, ct = setting(0, None, False), None
+            why = "no loader setting could be measured within the RAM budget; loading in the training process"
+        for _p, t in measured:
+            t.verdict = "chosen" if t is ct else (refused(t) or slow(t) or "costlier than the chosen setting")
+        if cuda and ct is not None and self.affordable("pinned memory"):
+            pinned_plan = setting(chosen.num_workers, chosen.prefetch_factor, True)
+            pt = measure(pinned_plan)
+            if not refused(pt) and not slow(pt):
+                pt.verdict = "chosen: pinned batches let the copy to the GPU overlap compute"
+                ct.verdict = "pinned is preferred when it still feeds the model"
+                chosen = pinned_plan
+            else:
+                pt.verdict = refused(pt) or slow(pt)
+        self.decisions.append(f"loader: {chosen.num_workers} workers, prefetch {chosen.prefetch_factor or '-'}, "
+                              f"pinned {'yes' if chosen.pin_memory else 'no'} ({why})")
+        return chosen
+
+    def verify(self, plan: Plan) -> Trial:
+        """Real steps through the real loader plus validation; back off on OOM."""
+        smaller = [m for m in self.candidates() if m < plan.micro_batch]
+        while True:
+            t = self.m.verify(plan)
+            self.trials.append(t)
+            self.on_trial(t)
+            if t.ok:
+                return t
+            if t.status != "oom" or not smaller:
+                raise SaturateError(f"the tuned plan failed its verification run ({t.error}); tried "
+                                    f"{len(self.trials)} trials, none written")
+            t.verdict = f"out of memory: {t.error}; backing off"
+            self.decisions.append(f"verification: micro-batch {plan.micro_batch} ran out of memory with the real "
+                                  f"loader and validation; backed off to {smaller[-1]}")
+            plan = self.at(plan, smaller.pop())
+
+
+def _precision_label(plan: Plan) -> str:
+    if plan.precision == "fp32":
+        return "fp32+tf32" if plan.tf32 else "fp32"
+    return plan.precision
+
+
+def _loss_drift(losses: list[float], reference: list[float]) -> float:
+    """Largest relative difference between two loss curves over their common steps."""
+    n = min(len(losses), len(reference))
+    if n == 0:
+        return float("inf")
+    return max(abs(a - b) / max(abs(b), 1e-8) for a, b in zip(losses[:n], reference[:n], strict=True))

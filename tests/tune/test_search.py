@@ -1,0 +1,258 @@
+"""The tuner's search logic against a deterministic fake machine (no timing involved)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from saturate.errors import ConfigError, SaturateError
+from saturate.plan import Plan
+from saturate.tune.measure import LoaderTrial, Trial
+from saturate.tune.search import SearchSettings, fit_memory, search
+
+GiB = 2**30
+
+
+class FakeMachine:
+    """Throughput, memory and loader speed are functions of the plan; OOM above `capacity`."""
+
+    def __init__(self, *, speed: Callable[[Plan], float], memory: Callable[[Plan], int], capacity: int = 80 * GiB,
+                 device_type: str = "cuda", cores: int = 8, ram_budget: int = 64 * GiB,
+                 loader: Callable[[Plan], tuple[float, int]] | None = None,
+                 losses: Callable[[Plan], list[float]] | None = None, trial_seconds: float = 0.0,
+                 verify_oom_above: int | None = None) -> None:
+        self.speed, self.memory, self.memory_capacity = speed, memory, capacity
+        self.device_type, self.cores, self.ram_budget, self.memory_kind = device_type, cores, ram_budget, "device"
+        self.loader = loader or (lambda p: (1e9, p.num_workers * 100 * 2**20))
+        self.losses = losses or (lambda p: [5.0, 4.5, 4.2, 4.0])
+        self.trial_seconds = trial_seconds
+        self.verify_oom_above = verify_oom_above
+        self.tried: list[Plan] = []
+
+    def model_trial(self, plan: Plan, stage: str, *, steps: int | None = None) -> Trial:
+        self.tried.append(plan)
+        t = Trial(stage=stage, plan=plan, seconds=self.trial_seconds, steps=steps or 3)
+        mem = self.memory(plan)
+        t.peak_memory_bytes = min(mem, self.memory_capacity)
+        if mem > self.memory_capacity:
+            t.status, t.error = "oom", "simulated OOM"
+            return t
+        t.samples_per_s = self.speed(plan)
+        t.step_s = plan.samples_per_step() / t.samples_per_s
+        t.compile_s = 30.0 if plan.compile != "none" else None
+        t.losses = self.losses(plan)
+        return t
+
+    def loader_trial(self, plan: Plan) -> LoaderTrial:
+        rate, mem = self.loader(plan)
+        return LoaderTrial(plan.num_workers, plan.prefetch_factor, plan.pin_memory, samples_per_s=rate,
+                           worker_memory_bytes=mem)
+
+    def verify(self, plan: Plan) -> Trial:
+        t = self.model_trial(plan, "verify")
+        if self.verify_oom_above is not None and plan.micro_batch > self.verify_oom_above:
+            t.status, t.error, t.samples_per_s = "oom", "simulated OOM in validation", None
+        return t
+
+
+def saturating(peak_at: int, factor: float = 1.0) -> Callable[[Plan], float]:
+    """Samples/s grows with the micro-batch until `peak_at`, then flat (minus a little)."""
+    def speed(p: Plan) -> float:
+        m = p.micro_batch
+        base = 1000 * min(m, peak_at) / (min(m, peak_at) + 2) - (5 if m > peak_at else 0)
+        f = factor * (1.8 if p.precision == "bf16" else 1.0) * (0.75 if p.activation_checkpointing else 1.0)
+        f *= 1.02 if p.fused_optimizer else 1.0
+        f *= 1.3 if p.compile != "none" else 1.0
+        return base * f
+    return speed
+
+
+def linear_memory(base: float, per_sample: float) -> Callable[[Plan], int]:
+    def memory(p: Plan) -> int:
+        per = per_sample * (0.3 if p.activation_checkpointing else 1.0) * (0.6 if p.precision == "bf16" else 1.0)
+        return int(base + per * p.micro_batch)
+    return memory
+
+
+def settings(**kw) -> SearchSettings:
+    kw.setdefault("effective_batch", 64)
+    kw.setdefault("planned_steps", 1000)
+    kw.setdefault("supports", {"bf16": True, "fp16": True, "tf32": True})
+    kw.setdefault("fused_available", True)
+    return SearchSettings(**kw)
+
+
+def test_chooses_fastest_micro_batch_keeping_the_effective_batch():
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB))
+    result = search(machine, Plan(), settings(planned_steps=100_000))
+    p = result.plan
+    assert (p.micro_batch, p.grad_accum) == (16, 4)
+    assert p.precision == "bf16" and p.fused_optimizer and p.compile == "default"
+    assert all(t.samples_per_step() == 64 for t in machine.tried)  # only exact splits were ever tried
+    assert 32 in [t.micro_batch for t in machine.tried]  # growth stopped after 32 gained nothing
+    assert 64 not in [t.micro_batch for t in machine.tried]
+
+
+def test_the_chosen_plan_is_a_measured_one():
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB))
+    result = search(machine, Plan(), settings())
+    assert result.chosen.plan == result.plan and result.chosen.stage == "verify" and result.chosen.ok
+    assert result.plan in machine.tried
+    assert result.chosen.samples_per_s == machine.speed(result.plan)
+
+
+def test_memory_fit_limits_the_search_and_is_labelled_a_prediction():
+    # 1 GiB + 0.5 GiB/sample (bf16: 0.3 GiB/sample); capacity 10 GiB, 90 % usable -> bf16 fits up to 26 samples.
+    machine = FakeMachine(speed=saturating(1000), memory=linear_memory(GiB, 0.5 * GiB), capacity=10 * GiB)
+    result = search(machine, Plan(), settings())
+    assert result.fit is not None and result.fit.slope == pytest.approx(0.3 * GiB, rel=1e-6)
+    assert result.plan.micro_batch == 16  # 32 is predicted not to fit, so it is never tried without AC
+    assert not [t for t in machine.tried if t.micro_batch == 32 and not t.activation_checkpointing]
+    assert any("micro-batch 32: not tried, predicted" in s for s in result.skipped)
+    assert any("(a prediction)" in d for d in result.decisions)
+
+
+def test_activation_checkpointing_when_memory_stopped_a_still_growing_search():
+    machine = FakeMachine(speed=saturating(1000), memory=linear_memory(GiB, 0.5 * GiB), capacity=10 * GiB)
+    result = search(machine, Plan(), settings())
+    # With recompute (×0.75 speed) micro 32 and 64 fit; 64 is faster than 16 without recompute.
+    ac = [t for t in result.trials if t.stage == "activation-checkpointing"]
+    assert ac, "memory capped a growing search, so checkpointing must be tried"
+    assert result.plan.activation_checkpointing is False  # but 0.75× per sample loses to the measured best
+    assert any(d.startswith("activation checkpointing: off (tried") for d in result.decisions)
+
+
+def test_activation_checkpointing_not_tried_when_memory_is_plentiful():
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB))
+    result = search(machine, Plan(), settings())
+    assert not any(t.activation_checkpointing for t in machine.tried)
+    assert any("not limited by memory" in d for d in result.decisions)
+
+
+def test_oom_during_the_search_is_caught_and_backs_off():
+    # Memory grows faster than the linear fit predicts (quadratic): 32 passes the prediction but OOMs.
+    def memory(p: Plan) -> int:
+        return int(GiB + 0.01 * GiB * p.micro_batch ** 2)
+
+    machine = FakeMachine(speed=saturating(1000), memory=memory, capacity=8 * GiB)
+    result = search(machine, Plan(), settings(try_compile=False))
+    oom = [t for t in result.trials if t.status == "oom"]
+    assert oom and oom[0].plan.micro_batch == 32
+    assert result.plan.micro_batch == 16 and result.chosen.ok
+
+
+def test_model_that_does_not_fit_even_at_one_with_checkpointing_fails_clearly():
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(100 * GiB, GiB), capacity=80 * GiB)
+    with pytest.raises(SaturateError, match="does not fit at micro-batch 1, even with activation checkpointing"):
+        search(machine, Plan(), settings())
+
+
+def test_model_that_fits_only_with_checkpointing_gets_it():
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(8 * GiB, 4 * GiB), capacity=10 * GiB)
+    result = search(machine, Plan(), settings(try_compile=False))
+    assert result.plan.activation_checkpointing
+    assert any("does not fit at micro-batch 1 without it" in d for d in result.decisions)
+
+
+def test_lower_precision_rejected_when_its_losses_drift():
+    def losses(p: Plan) -> list[float]:
+        return [5.0, 4.5, 4.2, 4.0] if p.precision == "fp32" else [5.0, 4.6, 4.6, 4.7]
+
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB), losses=losses)
+    result = search(machine, Plan(), settings(try_compile=False))
+    assert result.plan.precision == "fp32"
+    assert any("bf16 rejected" in d for d in result.decisions)
+
+
+def test_fp16_only_where_bf16_is_missing_and_tf32_considered():
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB))
+    search(machine, Plan(), settings(supports={"bf16": False, "fp16": True, "tf32": True}, try_compile=False))
+    precisions = {(p.precision, p.tf32) for p in machine.tried}
+    assert ("fp16", True) in precisions and ("fp32", True) in precisions and "bf16" not in {p for p, _ in precisions}
+
+
+def test_compile_accepted_only_when_it_pays_back():
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB))
+    long_run = search(machine, Plan(), settings(planned_steps=100_000))
+    assert long_run.plan.compile == "default"
+    short_run = search(machine, Plan(), settings(planned_steps=3))
+    assert short_run.plan.compile == "none"
+    assert any(d.startswith("compile: none") for d in short_run.decisions)
+
+
+def test_loader_cheapest_setting_that_feeds_the_model():
+    def loader(p: Plan) -> tuple[float, int]:
+        return 400.0 * max(p.num_workers, 0.5) * (1.2 if (p.prefetch_factor or 2) > 2 else 1), p.num_workers * GiB
+
+    machine = FakeMachine(speed=lambda p: 500.0, memory=linear_memory(GiB, 0.1 * GiB), loader=loader, cores=8)
+    result = search(machine, Plan(), settings(try_compile=False, supports={}))
+    assert result.plan.num_workers == 2  # 800 samples/s ≥ 1.5 × 500; 1 worker (400) is not enough
+    assert result.plan.persistent_workers and result.plan.prefetch_factor == 2
+
+
+def test_loader_within_a_small_ram_budget():
+    def loader(p: Plan) -> tuple[float, int]:
+        return 400.0 * max(p.num_workers, 0.5), p.num_workers * GiB
+
+    machine = FakeMachine(speed=lambda p: 500.0, memory=linear_memory(GiB, 0.1 * GiB), loader=loader,
+                          cores=8, ram_budget=int(1.5 * GiB))
+    result = search(machine, Plan(), settings(try_compile=False, supports={}))
+    assert result.plan.num_workers == 1  # 2+ workers would exceed the 1.5 GiB budget
+    assert any("input-bound" in d for d in result.decisions)
+    over = [t for t in result.loader_trials if t.num_workers >= 2]
+    assert over and all("RAM budget" in t.verdict for t in over)
+
+
+def test_effective_batch_may_grow_only_when_allowed():
+    def linear(p: Plan) -> float:
+        return 10.0 * p.micro_batch
+
+    machine = FakeMachine(speed=linear, memory=linear_memory(GiB, 0.01 * GiB))
+    kept = search(machine, Plan(), settings(try_compile=False))
+    assert kept.plan.samples_per_step() == 64
+    grown = search(FakeMachine(speed=linear, memory=linear_memory(GiB, 0.01 * GiB)), Plan(),
+                   settings(try_compile=False, allow_batch_change=True))
+    assert grown.plan.samples_per_step() > 64
+    assert any("effective batch: 64 ->" in d for d in grown.decisions)
+
+
+def test_verification_oom_backs_off():
+    machine = FakeMachine(speed=saturating(1000), memory=linear_memory(GiB, 0.01 * GiB), verify_oom_above=16)
+    result = search(machine, Plan(), settings(try_compile=False))
+    assert result.plan.micro_batch == 16 and result.chosen.ok
+    assert any("verification" in d for d in result.decisions)
+
+
+def test_budget_too_small_for_one_trial():
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB), trial_seconds=10)
+    with pytest.raises(ConfigError, match="budget 5 s is too small"):
+        search(machine, Plan(), settings(budget_s=5))
+
+
+def test_effective_batch_not_divisible_by_processes():
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB))
+    with pytest.raises(ConfigError, match="not divisible by 3 processes"):
+        search(machine, Plan(), settings(world_size=3))
+
+
+def test_fit_memory_is_least_squares():
+    fit = fit_memory([(1, 110), (2, 120), (4, 140)], capacity=1000, headroom=0.9, kind="device")
+    assert fit.slope == pytest.approx(10) and fit.intercept == pytest.approx(100)
+    assert fit.fits(79) and not fit.fits(81)
+
+
+def test_budget_running_out_keeps_the_best_so_far_and_says_what_was_not_tried(monkeypatch):
+    import importlib
+    from types import SimpleNamespace
+
+    machine = FakeMachine(speed=saturating(1000), memory=linear_memory(GiB, 0.01 * GiB), trial_seconds=1.0)
+    clock = iter(range(10_000))  # every look at the clock is one second later
+    module = importlib.import_module("saturate.tune.search")
+    monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: float(next(clock))))
+    result = search(machine, Plan(), settings(budget_s=4, try_compile=False))
+    assert result.chosen.ok and result.plan in machine.tried
+    assert any("not tried, the budget had" in s for s in result.skipped)
+    unbounded = FakeMachine(speed=saturating(1000), memory=linear_memory(GiB, 0.01 * GiB))
+    search(unbounded, Plan(), settings(try_compile=False))
+    assert len(machine.tried) < len(unbounded.tried)
