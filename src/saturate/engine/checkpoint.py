@@ -16,6 +16,7 @@ single-process file is loaded whole into DDP replicas or FSDP shards.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import errno
@@ -23,6 +24,8 @@ import os
 import pickle
 import re
 import shutil
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +90,9 @@ class CheckpointManager:
         error: BaseException | None = None
         try:
             model_state, optim_state = get_state_dict(model, optimizer)
-            dcp.save({"model": model_state, "optimizer": optim_state},
-                     storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True))
+            with _single_process_quiet():
+                dcp.save({"model": model_state, "optimizer": optim_state},
+                         storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True))
             atomic_write(tmp / f"rank-{rank:05d}.pt", lambda f: torch.save(rank_state, f))
             if rank == 0:
                 atomic_write(tmp / META, lambda f: torch.save(meta, f))
@@ -179,7 +183,9 @@ def restore_model_and_optimizer(state: dict[str, Any], path: Path, model: nn.Mod
             # get_state_dict allocates the optimizer's lazy state, so DCP knows every shape to read.
             model_state, optim_state = get_state_dict(model, optimizer)
             check_dcp_metadata(path)
-            dcp.load({"model": model_state, "optimizer": optim_state}, storage_reader=dcp.FileSystemReader(str(path)))
+            with _single_process_quiet():
+                dcp.load({"model": model_state, "optimizer": optim_state},
+                         storage_reader=dcp.FileSystemReader(str(path)))
             set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
         elif sharded_model:
             optim_state = _optimizer_state_by_name(state["optimizer"], model, optimizer)
@@ -206,6 +212,15 @@ def _optimizer_state_by_name(saved: dict[str, Any], model: nn.Module,
     state = {order[i]: v for i, v in saved["state"].items()}
     groups = [{**g, "params": [order[i] for i in g["params"]]} for g in saved["param_groups"]]
     return {"state": state, "param_groups": groups}
+
+
+@contextlib.contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """DCP warns that it assumes one process when no group is up: here that is the intent."""
+    with warnings.catch_warnings():
+        if not _group_up():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _group_up() -> bool:
