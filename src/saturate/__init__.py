@@ -3,6 +3,7 @@
     probe()                      -> Hardware
     train(workload, plan, cfg)   -> RunResult
     build_workload("gpt-tiny")   -> Workload
+    tune(workload)               -> TuneResult (a measured, verified Plan and its evidence)
     diagnose(workload, plan)     -> Diagnosis   (the doctor; Profiler for a loop of your own)
 """
 
@@ -13,11 +14,12 @@ from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import SaturateError
 from saturate.hardware import Hardware, probe
 from saturate.plan import REFERENCE_PLANS, Plan, default_plan, reference_plan
+from saturate.tune import TuneResult, tune
 from saturate.workload import PRESETS, Optimization, Workload, build_workload
 
 __all__ = [
     "PRESETS", "REFERENCE_PLANS", "Diagnosis", "DoctorConfig", "Hardware", "Optimization", "Plan", "Profiler",
-    "RunConfig", "RunResult", "SaturateError", "Workload", "build_workload", "default_plan", "diagnose", "probe",
-    "reference_plan", "train",
+    "RunConfig", "RunResult", "SaturateError", "TuneResult", "Workload", "build_workload", "default_plan",
+    "diagnose", "probe", "reference_plan", "train", "tune",
 ]
 __version__ = "0.1.0"

@@ -127,23 +127,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SaturateError as e:
         if args.debug:
             raise
-        print(f"saturate: error: {e}", file=sys.stderr)
+        print(f"saturate: error: {_rank_prefix()}{e}", file=sys.stderr)
         return EXIT_ERROR
     except OSError as e:  # a disk or permission problem that no layer turned into a SaturateError
         if args.debug:
             raise
         where = f": {e.filename}" if e.filename else ""
-        print(f"saturate: error: {e.strerror or e}{where}", file=sys.stderr)
+        print(f"saturate: error: {_rank_prefix()}{e.strerror or e}{where}", file=sys.stderr)
         return EXIT_ERROR
     except Exception as e:
         import torch
 
         if isinstance(e, torch.OutOfMemoryError) and not args.debug:
             first = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
-            print(f"saturate: error: out of memory ({first}); lower plan.micro_batch and raise "
+            print(f"saturate: error: {_rank_prefix()}out of memory ({first}); lower plan.micro_batch and raise "
                   "plan.grad_accum, or enable activation_checkpointing", file=sys.stderr)
             return EXIT_OOM
         raise
     except KeyboardInterrupt:
         print("saturate: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        _leave_process_group()
+
+
+def _rank_prefix() -> str:
+    """Under torchrun every rank reports its own error: say which one."""
+    import os
+
+    return f"[rank {os.environ['RANK']}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+
+
+def _leave_process_group() -> None:
+    """Destroy a process group a command made, after any error was handled (its traceback freed)."""
+    if "saturate.engine.distributed" in sys.modules:
+        sys.modules["saturate.engine.distributed"].teardown_distributed()

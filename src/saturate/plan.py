@@ -46,7 +46,8 @@ class Plan:
     compile: str = "none"  # torch.compile mode, or "none" for eager
     activation_checkpointing: bool = False  # recompute each block's activations in backward
     fused_optimizer: bool = False  # fused AdamW kernel where the device supports it
-    strategy: str = "single"  # "single" process; "ddp" and "fsdp" under torchrun
+    strategy: str = "single"  # "single" process; "ddp" (replicas) or "fsdp" (FSDP2 shards) under torchrun
+    cpu_offload: bool = False  # FSDP only: sharded parameters, gradients and optimizer state live in host RAM
     name: str = ""  # a label for reports ("naive", "a6000-after", "tuned", ...)
     provenance: dict[str, Any] = field(default_factory=dict)  # where the plan came from (free-form)
 
@@ -67,6 +68,8 @@ class Plan:
         _check_choice("precision", self.precision, PRECISIONS)
         _check_choice("compile", self.compile, COMPILE_MODES)
         _check_choice("strategy", self.strategy, STRATEGIES)
+        if self.cpu_offload and self.strategy != "fsdp":
+            raise ConfigError(f"plan.cpu_offload needs plan.strategy = 'fsdp' (got {self.strategy!r})")
 
     def samples_per_step(self, world_size: int = 1) -> int:
         """The effective (global) batch this plan trains with, in samples."""
@@ -170,26 +173,44 @@ def reference_plan(name: str) -> Plan:
         raise ConfigError(f"unknown reference plan {name!r} (known: {', '.join(REFERENCE_PLANS)})") from None
 
 
-def default_plan(effective_batch: int, device_type: str, supports: dict[str, bool]) -> Plan:
+def default_plan(effective_batch: int, device_type: str, supports: dict[str, bool], world_size: int = 1) -> Plan:
     """The untuned starting plan `train` uses when given none: sensible, not measured.
 
-    Keeps the workload's effective batch; bf16 where the device has it natively; on CUDA, TF32,
-    pinned memory with non-blocking copies and the fused optimizer. `saturate tune` replaces it
-    with a measured plan.
+    Keeps the workload's effective batch, global over `world_size` processes (DDP then; when the
+    batch does not divide among them, the nearest per-process share); bf16 where the device has it
+    natively; on CUDA, TF32, pinned memory with non-blocking copies and the fused optimizer.
+    `saturate tune` replaces it with a measured plan.
     """
+    per_rank = max(1, round(effective_batch / world_size))
     cap = 8 if device_type == "cpu" else 16
-    micro = max(d for d in range(1, min(cap, effective_batch) + 1) if effective_batch % d == 0)
+    micro = max(d for d in range(1, min(cap, per_rank) + 1) if per_rank % d == 0)
     gpu = device_type in ("cuda", "rocm")
     return Plan(
         name="default",
         micro_batch=micro,
-        grad_accum=effective_batch // micro,
+        grad_accum=per_rank // micro,
+        strategy="ddp" if world_size > 1 else "single",
         precision="bf16" if supports.get("bf16") and gpu else "fp32",
         tf32=bool(supports.get("tf32")),
         pin_memory=gpu,
         non_blocking=gpu,
         fused_optimizer=gpu,
     )
+
+
+def fit_to_world(plan: Plan, effective_batch: int, world_size: int) -> Plan:
+    """The plan with its accumulation re-derived so micro_batch × grad_accum × world_size = effective_batch.
+
+    How one plan keeps its optimisation at another process count (a resume on more or fewer
+    GPUs). Raises ConfigError, naming the numbers, when the effective batch does not divide.
+    """
+    per_step = plan.micro_batch * world_size
+    if effective_batch % per_step:
+        raise ConfigError(f"effective batch {effective_batch} does not split into micro-batch {plan.micro_batch} × "
+                          f"{world_size} process(es) × a whole accumulation count; choose a micro_batch that "
+                          f"divides {effective_batch} // {world_size}")
+    accum = effective_batch // per_step
+    return plan if accum == plan.grad_accum else plan.replace(grad_accum=accum)
 
 
 def resolve_plan(spec: str) -> Plan:

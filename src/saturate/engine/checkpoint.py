@@ -1,22 +1,45 @@
 """Atomic checkpoints: write to a temporary name in the same folder, fsync, rename, keep the last K.
 
-A crash (even SIGKILL) during a write leaves at most a stray temporary file, never a
-half-written checkpoint under a real name, so the newest `ckpt-*.pt` is always complete.
+A crash (even SIGKILL) during a write leaves at most a stray temporary, never a half-written
+checkpoint under a real name, so the newest checkpoint is always complete. Two forms:
+
+- `ckpt-<step>.pt`, one file (a single process): `torch.save` of every piece's state dict.
+- `ckpt-<step>/`, a folder (DDP and FSDP): model and optimizer through `torch.distributed.checkpoint`
+  (DCP), each rank writing its own shards, plus `meta.pt` (step, schedule, plan, fingerprint…) and
+  one `rank-<r>.pt` of RNG state per rank. All ranks write into `ckpt-<step>.tmp/`; once DCP has
+  written its `.metadata` and every rank has finished, rank 0 renames the folder. The rename is the
+  commit: a folder under its final name is complete.
+
+Either form resumes at any process count: DCP reshards FSDP's sharded state on load, and a
+single-process file is loaded whole into DDP replicas or FSDP shards.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import enum
 import errno
+import os
+import pickle
 import re
+import shutil
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn as nn
 
-from saturate.atomic import atomic_write
+from saturate.atomic import atomic_write, fsync_dir
+from saturate.engine.distributed import agree_any, barrier, dist_info
 from saturate.errors import CheckpointError
 
 _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
+_DIR = re.compile(r"^ckpt-(\d{8})$")
+_TMP_DIR = re.compile(r"^ckpt-\d{8}\.tmp$")
+META = "meta.pt"
 
 
 class CheckpointManager:
@@ -27,10 +50,13 @@ class CheckpointManager:
         self.keep = keep
 
     def checkpoints(self) -> list[tuple[int, Path]]:
-        """Complete checkpoints, oldest first."""
+        """Complete checkpoints (files and DCP folders), oldest first."""
         if not self.folder.is_dir():
             return []
-        found = [(int(m.group(1)), p) for p in self.folder.iterdir() if (m := _NAME.match(p.name))]
+        found = []
+        for p in self.folder.iterdir():
+            if (m := _NAME.match(p.name)) or (m := _DIR.match(p.name)) and (p / META).is_file():
+                found.append((int(m.group(1)), p))
         return sorted(found)
 
     def save(self, step: int, state: dict[str, Any]) -> Path:
@@ -44,15 +70,65 @@ class CheckpointManager:
             reason = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else (e.strerror or str(e))
             raise CheckpointError(
                 f"could not write checkpoint for step {step} in {self.folder}: {reason}; {kept}") from e
-        for _, old in self.checkpoints()[: -self.keep]:
-            old.unlink(missing_ok=True)
+        self._prune()
         return path
 
+    def save_sharded(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any],
+                     rank_state: dict[str, Any]) -> Path:
+        """Every rank calls this at the same step: DCP for model and optimizer, committed by a rename."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        rank = dist_info().rank if _group_up() else 0
+        final = self.folder / f"ckpt-{step:08d}"
+        tmp = self.folder / f"ckpt-{step:08d}.tmp"
+        if rank == 0:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a killed save of this same step
+        barrier()
+        error: BaseException | None = None
+        try:
+            model_state, optim_state = get_state_dict(model, optimizer)
+            with _single_process_quiet():
+                dcp.save({"model": model_state, "optimizer": optim_state},
+                         storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True))
+            atomic_write(tmp / f"rank-{rank:05d}.pt", lambda f: torch.save(rank_state, f))
+            if rank == 0:
+                atomic_write(tmp / META, lambda f: torch.save(meta, f))
+        except (OSError, CheckpointException) as e:  # DCP reports any rank's failure on every rank
+            error = e
+        if agree_any(error is not None):  # also the barrier: every rank has written its part
+            if rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            previous = [s for s, _ in self.checkpoints() if s != step]
+            kept = f"the previous checkpoint (step {previous[-1]}) is kept" if previous else "no earlier checkpoint"
+            reason = _save_failure(error) if error is not None else "another rank failed to write its part"
+            raise CheckpointError(f"could not write checkpoint for step {step} in {self.folder}: {reason}; {kept}")
+        if rank == 0:
+            if final.exists():  # an unloadable checkpoint of this step that the resume skipped
+                shutil.rmtree(final)
+            os.replace(tmp, final)  # the commit
+            fsync_dir(self.folder)
+            self._prune()
+        barrier()
+        return final
+
+    def _prune(self) -> None:
+        for _, old in self.checkpoints()[: -self.keep]:
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
+
     def remove_stale_temporaries(self) -> None:
-        """Temporary files left by a process killed mid-write; only called when resuming."""
+        """Temporaries left by a process killed mid-write; only called when resuming (by rank 0)."""
         if self.folder.is_dir():
             for p in self.folder.glob(".ckpt-*.pt.tmp-*"):
                 p.unlink(missing_ok=True)
+            for p in self.folder.iterdir():
+                if _TMP_DIR.match(p.name) and p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
 
     def load_latest(self, map_location: str | torch.device = "cpu") -> tuple[dict[str, Any], Path] | None:
         """The newest checkpoint that loads; a damaged one is skipped with its reason kept."""
@@ -66,6 +142,21 @@ class CheckpointManager:
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """A file checkpoint whole; for a DCP folder, its `meta.pt` plus this rank's RNG state.
+
+    A folder's model and optimizer are read later, into the built model (`restore_model_and_optimizer`).
+    """
+    path = Path(path)
+    if path.is_dir():
+        state = _torch_load(path / META, map_location)
+        state["sharded"] = True
+        rank_file = path / f"rank-{dist_info().rank if _group_up() else 0:05d}.pt"
+        state["rng"] = _torch_load(rank_file, map_location)["rng"] if rank_file.is_file() else None
+        return state
+    return _torch_load(path, map_location)
+
+
+def _torch_load(path: Path, map_location: str | torch.device) -> dict[str, Any]:
     try:
         # weights_only: a checkpoint is data, never code to run.
         return torch.load(path, map_location=map_location, weights_only=True)
@@ -73,3 +164,111 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         raise CheckpointError(f"checkpoint {path} does not exist") from None
     except Exception as e:  # torch raises several types for a damaged archive
         raise CheckpointError(f"checkpoint {path} cannot be loaded: {type(e).__name__}: {e}") from None
+
+
+def restore_model_and_optimizer(state: dict[str, Any], path: Path, model: nn.Module,
+                                optimizer: torch.optim.Optimizer, sharded_model: bool) -> None:
+    """Load a checkpoint's model and optimizer into a built model, whatever the process count.
+
+    `model` is the module itself (DDP's inner module, or FSDP's root); `sharded_model` is True
+    under FSDP. A DCP folder is read with DCP, which reshards to the current ranks; a file is
+    the single-process form, loaded as is, or split into FSDP's shards.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+    try:
+        if state.get("sharded"):
+            import torch.distributed.checkpoint as dcp
+
+            # get_state_dict allocates the optimizer's lazy state, so DCP knows every shape to read.
+            model_state, optim_state = get_state_dict(model, optimizer)
+            check_dcp_metadata(path)
+            with _single_process_quiet():
+                dcp.load({"model": model_state, "optimizer": optim_state},
+                         storage_reader=dcp.FileSystemReader(str(path)))
+            set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
+        elif sharded_model:
+            optim_state = _optimizer_state_by_name(state["optimizer"], model, optimizer)
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_state,
+                           options=StateDictOptions(full_state_dict=True))
+        else:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+    except CheckpointError:
+        raise
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise CheckpointError(f"checkpoint {path} does not fit this model: {type(e).__name__}: {text}") from None
+
+
+def _optimizer_state_by_name(saved: dict[str, Any], model: nn.Module,
+                             optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """A torch optimizer state dict (parameters numbered in group order) keyed by parameter name instead,
+    the form `set_state_dict` takes; the optimizer was built from the same model in the same order."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    state = {order[i]: v for i, v in saved["state"].items()}
+    groups = [{**g, "params": [order[i] for i in g["params"]]} for g in saved["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+@contextlib.contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """DCP warns that it assumes one process when no group is up: here that is the intent."""
+    with warnings.catch_warnings():
+        if not _group_up():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _group_up() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _save_failure(e: BaseException) -> str:
+    causes = [e, *getattr(e, "failures", {}).values()]
+    for c in causes:
+        c = getattr(c, "exc", c)  # DCP wraps each rank's exception
+        if isinstance(c, OSError) and c.errno in (errno.ENOSPC, errno.EDQUOT):
+            return "the disk is full"
+    if isinstance(e, OSError):
+        return e.strerror or str(e)
+    return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+
+
+def check_dcp_metadata(folder: Path) -> None:
+    """Refuse a DCP folder whose `.metadata` pickle names anything but DCP's own data classes.
+
+    DCP unpickles `.metadata` with plain pickle; checked first with a restricted unpickler, a
+    checkpoint folder, like a checkpoint file (weights_only=True), is data and never code to run.
+    """
+    path = Path(folder) / ".metadata"
+    try:
+        with open(path, "rb") as f:
+            _MetadataUnpickler(f).load()
+    except CheckpointError:
+        raise
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {folder} has no .metadata (not a complete DCP checkpoint)") from None
+    except Exception as e:
+        raise CheckpointError(f"checkpoint {folder} has unreadable metadata: {type(e).__name__}: {e}") from None
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        obj = super().find_class(module, name)
+        if module.startswith("torch.distributed.checkpoint.") and isinstance(obj, type) and (
+                dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum)):
+            return obj
+        if module == "torch" and (name == "Size" or isinstance(obj, (torch.dtype, torch.layout, torch.memory_format))):
+            return obj
+        if (module, name) in {("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+                              ("builtins", "set"), ("builtins", "frozenset")}:
+            return obj
+        if module == "pathlib" and name in {"Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"}:
+            return obj  # DCP records the checkpoint's path
+        raise CheckpointError(f"checkpoint metadata refers to {module}.{name}, which is not checkpoint data")

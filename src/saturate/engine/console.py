@@ -30,15 +30,17 @@ class ConsoleSink:
             self.console.print(f"[yellow]note:[/] {text}")
 
     def start(self, workload: Any, plan: Any, hw: Any, effective: int, total_steps: int,
-              resumed_from: int | None) -> None:
+              resumed_from: int | None, processes: int = 1) -> None:
         self.total = total_steps
         if not self.enabled:
             return
         info = ", ".join(f"{k} {v}" for k, v in workload.info.items())
         where = f"resuming at step {resumed_from}" if resumed_from is not None else "starting"
+        split = f"{plan.micro_batch} × {plan.grad_accum} accumulation"
+        if processes > 1:
+            split += f" × {processes} processes ({plan.strategy})"
         self.console.print(f"[bold]{workload.name}[/] on {hw.torch_device} ({info}); {where}, "
-                           f"{total_steps} steps of {effective} samples = {plan.micro_batch} × "
-                           f"{plan.grad_accum} accumulation; precision {plan.precision}, "
+                           f"{total_steps} steps of {effective} samples = {split}; precision {plan.precision}, "
                            f"workers {plan.num_workers}, compile {plan.compile}")
         if self.console.is_terminal:
             self._progress = Progress(

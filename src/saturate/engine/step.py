@@ -1,13 +1,20 @@
 """One optimizer step of a plan, shared by the trainer, the tuner's trials and the doctor.
 
-`Stepper` builds what a plan needs around a workload (activation checkpointing -> model on the
-device -> AdamW -> torch.compile, proven on one micro-batch) and runs one step: the step's
-loader batches are split into micro-batches, each forward/backward adds its share of the mean
-loss, then the optimizer steps. No host sync happens inside a step.
+`Stepper` builds what a plan needs around a workload, in a fixed order: activation checkpointing
+-> model on the device -> torch.compile (proven on one micro-batch) -> DDP or FSDP2 -> AdamW. It
+runs one step: the step's loader batches are split into micro-batches, each forward/backward adds
+its share of the mean loss, then the optimizer steps. No host sync happens inside a step.
 
 An out-of-memory error inside forward/backward halves the micro-batch and doubles the
 accumulation, then retries the same samples, so the step's result is unchanged (`adapt_oom`).
-An OOM anywhere else (the optimizer step, the copy to the device) is raised.
+An OOM anywhere else (the optimizer step) is raised.
+
+Under DDP, gradients are synchronised only in the last micro-step's backward (`no_sync` before
+it). Ranks agree on an OOM before that synchronising backward, so all of them shrink and retry
+together; see `_forward_backward_ddp` for how the first step at a micro-batch is made safe too.
+Under FSDP2, gradient reduce-scatter is skipped on all but the last micro-step
+(`set_requires_gradient_sync`); FSDP gathers parameters inside every forward and backward, so an
+OOM there cannot be retried in lock-step and ends the run with a clear message.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import default_collate
 
+from saturate.engine.distributed import DistInfo, agree_any, gather_objects
 from saturate.engine.precision import Precision, make_precision, set_tf32
 from saturate.errors import ConfigError, SaturateError
 from saturate.plan import Plan
@@ -43,6 +51,10 @@ class MicroBatchOOM(SaturateError):
     """Out of memory in forward/backward at micro-batch 1: nothing smaller is left to try."""
 
 
+class DistributedOOM(SaturateError):
+    """Out of memory where the other ranks are already inside a collective: it cannot be retried in lock-step."""
+
+
 @dataclass
 class Adaptation:
     step: int  # the optimizer step that was retried
@@ -55,24 +67,46 @@ class Stepper:
     """Model, optimizer and precision for one plan, and `step()` to run one optimizer step."""
 
     def __init__(self, workload: Workload, plan: Plan, device: torch.device, lr: float, *,
-                 notes: list[str] | None = None, compile: bool = True, adapt_oom: bool = True) -> None:
+                 notes: list[str] | None = None, compile: bool = True, adapt_oom: bool = True,
+                 dist: DistInfo | None = None) -> None:
+        """`dist` (with a process group up) is needed for plan.strategy "ddp" and "fsdp"."""
         self.workload, self.plan, self.device = workload, plan, device
         self.notes = notes if notes is not None else []
+        self.dist = dist or DistInfo()
+        self.strategy = plan.strategy
+        if self.strategy != "single" and not self.dist.active:
+            raise ConfigError(f"plan.strategy {plan.strategy!r} needs a torch.distributed process group "
+                              "(launch with torchrun; saturate.engine.distributed.init_distributed)")
+        if self.strategy == "single" and self.dist.world_size > 1:
+            raise ConfigError(f"plan.strategy 'single' with {self.dist.world_size} processes: every rank would "
+                              "train its own model; use strategy 'ddp' or 'fsdp'")
         self.adapt_oom = adapt_oom
         set_tf32(plan.tf32)
         self.precision: Precision = make_precision(plan.precision, device.type)
         model = workload.build_model()
         if plan.activation_checkpointing:
             enable_activation_checkpointing(model)
-        self.model: nn.Module = model.to(device)
+        if self.strategy == "fsdp":
+            shard_model(model, device, self.precision, plan.cpu_offload, self.notes)  # moves the shards itself
+        else:
+            model.to(device)
+        self.model: nn.Module = model  # the module (DDP's inner one): state dicts, evaluation, export
+        self.wrapped: nn.Module = model  # what a training forward goes through
+        if self.strategy == "ddp":
+            self.wrapped = wrap_ddp(model, device)
         self.optimizer, fused = build_optimizer(model, workload.optim, lr, plan.fused_optimizer, device)
         if plan.fused_optimizer and not fused:
             self.notes.append(f"fused AdamW is not available on {device.type}; using the foreach implementation")
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.step_model: nn.Module = model
+        self.step_model: nn.Module = self.wrapped
+        self.micro_batch = plan.micro_batch  # may shrink on OOM; the loader keeps plan.micro_batch
+        # DDP: the micro-batch at which a whole step ran with optimizer state allocated, so the
+        # synchronising backward is known to fit and may overlap its all-reduce (see _forward_backward_ddp).
+        self._proven_micro: int | None = None
+        self._compiled_unproven = False  # FSDP: compiled per block, first step not yet run
+        self.compiled = False  # whether torch.compile is in use (False after a failed proof fell back to eager)
         if compile:
             self.compile_model()
-        self.micro_batch = plan.micro_batch  # may shrink on OOM; the loader keeps plan.micro_batch
         self.loss_sum = torch.zeros((), device=device)  # sum of per-step mean losses since the last read
         self.grad_norm: torch.Tensor | None = None  # pre-clip global norm of the last step (clipping on)
         self.adaptations: list[Adaptation] = []
@@ -93,17 +127,25 @@ class Stepper:
         """One optimizer step over `plan.grad_accum` loader batches of `plan.micro_batch` samples."""
         timer = timer or _no_timer
         fetched: list[Any] = []
-        while True:
-            try:
-                step_loss = self._forward_backward(batches, fetched, timer)
-                break
-            except OutOfMemoryError as e:
-                if not self.adapt_oom:
-                    raise
-                message = str(e).strip().splitlines()[0][:160] if str(e).strip() else "out of memory"
-            self._recover_from_oom(message)  # outside the except block, so the failed frames are freed
+        if self.strategy == "ddp":
+            while (step_loss := self._forward_backward_ddp(batches, fetched, timer)) is None:
+                pass  # every rank recovered from an OOM on some rank; retry the same samples
+        elif self.strategy == "fsdp":
+            step_loss = self._forward_backward_fsdp(batches, fetched, timer)
+        else:
+            while True:
+                try:
+                    step_loss = self._forward_backward(batches, fetched, timer)
+                    break
+                except OutOfMemoryError as e:
+                    if not self.adapt_oom:
+                        raise
+                    message = _first_line(e)
+                self._recover_from_oom(message)  # outside the except block, so the failed frames are freed
         with timer("optimizer"):
-            self.grad_norm = optimizer_step(self.optimizer, self.precision, self.params, self.workload.optim.grad_clip)
+            grad_norm = optimizer_step(self.optimizer, self.precision, self.params, self.workload.optim.grad_clip)
+        # FSDP: the norm is a replicated DTensor; its local value is the global norm.
+        self.grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         self.loss_sum += step_loss
         self.steps_done += 1
 
@@ -114,27 +156,105 @@ class Stepper:
 
     # --- internals ------------------------------------------------------------------------------
 
-    def _forward_backward(self, batches: Iterator[Any], fetched: list[Any], timer: Timer) -> torch.Tensor:
-        """Forward/backward over the step's samples; `fetched` keeps host batches for an OOM retry."""
+    def _micro_batches(self, batches: Iterator[Any], fetched: list[Any], timer: Timer) -> Iterator[Any]:
+        """The step's micro-batches on the device; `fetched` keeps host batches for an OOM retry."""
         plan, micro = self.plan, self.micro_batch
-        total_micro = self.grad_accum
-        step_loss = torch.zeros((), device=self.device)
         for k in range(plan.grad_accum):
             if k == len(fetched):
                 with timer("data"):
                     fetched.append(next(batches))
             with timer("h2d"):
                 on_device = to_device(fetched[k], self.device, plan.non_blocking)
-            chunks = [on_device] if micro == plan.micro_batch else split_batch(on_device, micro)
-            for chunk in chunks:
-                with timer("forward"), self.precision.autocast():
-                    loss = self.workload.loss_fn(self.step_model, chunk) / total_micro
-                with timer("backward"):
-                    if self.precision.scaler is not None:
-                        self.precision.scaler.scale(loss).backward()
-                    else:
-                        loss.backward()
-                step_loss += loss.detach()
+            yield from [on_device] if micro == plan.micro_batch else split_batch(on_device, micro)
+
+    def _micro_step(self, chunk: Any, total_micro: int, timer: Timer) -> torch.Tensor:
+        """Forward and backward of one micro-batch; returns its (detached) share of the step's mean loss."""
+        with timer("forward"), self.precision.autocast():
+            loss = self.workload.loss_fn(self.step_model, chunk) / total_micro
+        with timer("backward"):
+            if self.precision.scaler is not None:
+                self.precision.scaler.scale(loss).backward()
+            else:
+                loss.backward()
+        return loss.detach()
+
+    def _forward_backward(self, batches: Iterator[Any], fetched: list[Any], timer: Timer) -> torch.Tensor:
+        """Forward/backward over the step's samples in one process."""
+        total_micro = self.grad_accum
+        step_loss = torch.zeros((), device=self.device)
+        for chunk in self._micro_batches(batches, fetched, timer):
+            step_loss += self._micro_step(chunk, total_micro, timer)
+        return step_loss
+
+    def _forward_backward_ddp(self, batches: Iterator[Any], fetched: list[Any], timer: Timer) -> torch.Tensor | None:
+        """DDP forward/backward; None on every rank when any rank ran out of memory (all have then shrunk).
+
+        No collective runs inside a `no_sync` micro-step, so a rank that runs out of memory there
+        just stops, and all ranks meet at one all-reduce of an OOM flag (CPU, no device sync)
+        before the synchronising backward. That backward cannot be retried once it has started:
+        the other ranks are inside its gradient all-reduce. So the first step at a micro-batch
+        (and the second, the first with optimizer state allocated) runs every micro-step under
+        no_sync, agrees, then all-reduces the gradients itself; later steps at a proven
+        micro-batch let DDP overlap the all-reduce with the last backward.
+        """
+        total = self.grad_accum
+        overlap = self.micro_batch == self._proven_micro
+        had_state = bool(self.optimizer.state)
+        step_loss = torch.zeros((), device=self.device)
+        micro_batches = self._micro_batches(batches, fetched, timer)
+        message = None
+        try:
+            for _ in range(total - 1 if overlap else total):
+                chunk = next(micro_batches)
+                with self.wrapped.no_sync():
+                    step_loss += self._micro_step(chunk, total, timer)
+        except OutOfMemoryError as e:
+            message = _first_line(e)
+        if (total > 1 or not overlap) and agree_any(message is not None):
+            culprits = [(r, m) for r, m in enumerate(gather_objects(message)) if m is not None]
+            del micro_batches
+            rank, text = culprits[0]
+            if not self.adapt_oom:  # every rank raises, so a tuner's trial ends the same way on all of them
+                self.optimizer.zero_grad(set_to_none=True)
+                raise OutOfMemoryError(f"rank {rank}: {text}")
+            self._recover_from_oom(f"rank {rank}: {text}")
+            return None
+        if overlap:
+            chunk = next(micro_batches)
+            try:
+                step_loss += self._micro_step(chunk, total, timer)  # DDP all-reduces gradients in this backward
+            except OutOfMemoryError as e:
+                raise DistributedOOM(
+                    f"out of memory on rank {self.dist.rank} in the gradient-synchronising backward at micro-batch "
+                    f"{self.micro_batch} ({_first_line(e)}), a micro-batch that had fitted before; the other ranks "
+                    "are inside its all-reduce, so it cannot be retried in lock-step. Lower plan.micro_batch "
+                    "(raising grad_accum) and resume") from None
+        else:
+            all_reduce_gradients(self.params, self.dist.world_size)
+            if had_state:
+                self._proven_micro = self.micro_batch
+        return step_loss
+
+    def _forward_backward_fsdp(self, batches: Iterator[Any], fetched: list[Any], timer: Timer) -> torch.Tensor:
+        """FSDP2 forward/backward: gradients are reduce-scattered only in the last micro-step's backward."""
+        total = self.grad_accum
+        step_loss = torch.zeros((), device=self.device)
+        try:
+            for i, chunk in enumerate(self._micro_batches(batches, fetched, timer)):
+                self.wrapped.set_requires_gradient_sync(i == total - 1)
+                step_loss += self._micro_step(chunk, total, timer)
+        except OutOfMemoryError as e:
+            raise DistributedOOM(
+                f"out of memory on rank {self.dist.rank} in forward/backward under FSDP at micro-batch "
+                f"{self.micro_batch} ({_first_line(e)}); FSDP gathers parameters inside forward and backward, "
+                "so ranks cannot retry in lock-step. Lower plan.micro_batch (raising grad_accum), or enable "
+                "activation_checkpointing or cpu_offload") from None
+        except Exception as e:
+            if self._compiled_unproven and _is_compile_error(e):
+                raise ConfigError(f"torch.compile(mode={self.plan.compile!r}) failed under FSDP ({_first_line(e)}); "
+                                  "set compile = \"none\" in the plan") from None
+            raise
+        self._compiled_unproven = False
         return step_loss
 
     def _recover_from_oom(self, message: str) -> None:
@@ -152,29 +272,152 @@ class Stepper:
                           f"{self.micro_batch} × {self.grad_accum} accumulation (effective batch unchanged)")
 
     def compile_model(self) -> None:
-        """torch.compile the model, proving it on one micro-batch; on any failure fall back to eager."""
-        self.step_model = self._compile(self.model)
+        """torch.compile the model, proving it on one micro-batch; on any failure fall back to eager.
+
+        One process: the whole model, wrapped. DDP/FSDP: each repeated block in place (torchtitan's
+        way), so DDP's per-bucket all-reduce and FSDP's per-block gathers still overlap compute.
+        """
+        if self.strategy == "single":
+            self.step_model = self._compile(self.model)
+            self.compiled = self.step_model is not self.model
+            return
+        if self.plan.compile == "none":
+            return
+        self.compiled = True
+        mode = None if self.plan.compile == "default" else self.plan.compile
+        targets = repeated_blocks(self.model) or [self.model]
+        for module in targets:
+            module.compile(mode=mode)
+        if self.strategy == "fsdp":
+            # A proof would run a forward through FSDP's gathers; a failure there could strand other
+            # ranks in a collective. The first step is the proof, and a failure is reported clearly.
+            self._compiled_unproven = True
+            return
+        message = self._prove(self.model)  # DDP's inner module: no collectives
+        failures = [m for m in gather_objects(message) if m is not None]
+        if failures:
+            for module in targets:
+                module._compiled_call_impl = None  # undo nn.Module.compile: eager again, on every rank
+            self.compiled = False
+            self.notes.append(f"torch.compile(mode={self.plan.compile!r}) failed ({failures[0]}); "
+                              "training in eager mode")
+
+    def _prove(self, model: Callable[..., Any]) -> str | None:
+        """One forward/backward of the first micro-batch through `model` (compiled); None if it ran, else why not."""
+        rng = rng_state()  # the trial must not shift the run's random stream
+        data = self.workload.train_data
+        batch = to_device(default_collate([data[i] for i in range(self.plan.micro_batch)]), self.device, False)
+        try:
+            with self.precision.autocast():
+                self.workload.loss_fn(model, batch).backward()
+            return None
+        except Exception as e:  # compilation errors come in many types (BackendCompilerFailed, …)
+            return f"{type(e).__name__}: {_first_line(e, '')}"
+        finally:
+            self.model.zero_grad(set_to_none=True)
+            set_rng_state(rng)
 
     def _compile(self, model: nn.Module) -> nn.Module:
         plan = self.plan
         if plan.compile == "none":
             return model
         compiled = torch.compile(model, mode=None if plan.compile == "default" else plan.compile)
-        rng = rng_state()  # the trial must not shift the run's random stream
-        data = self.workload.train_data
-        batch = to_device(default_collate([data[i] for i in range(plan.micro_batch)]), self.device, False)
-        try:
-            with self.precision.autocast():
-                self.workload.loss_fn(compiled, batch).backward()
-        except Exception as e:  # compilation errors come in many types (BackendCompilerFailed, …)
-            first = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
-            self.notes.append(f"torch.compile(mode={plan.compile!r}) failed ({type(e).__name__}: {first}); "
-                              "training in eager mode")
-            compiled = model
-        finally:
-            model.zero_grad(set_to_none=True)
-            set_rng_state(rng)
+        failure = self._prove(compiled)
+        if failure is not None:
+            self.notes.append(f"torch.compile(mode={plan.compile!r}) failed ({failure}); training in eager mode")
+            return model
         return compiled
+
+
+def _first_line(e: BaseException, default: str = "out of memory") -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:160] if text else default
+
+
+def _is_compile_error(e: BaseException) -> bool:
+    try:
+        from torch._dynamo.exc import TorchDynamoException
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return False
+    return isinstance(e, TorchDynamoException)
+
+
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's transformer blocks: the largest nn.ModuleList of two or more modules of one type.
+
+    FSDP shards each one as a unit and compile treats each one as a graph (GPT's `blocks`, a
+    Hugging Face model's `layers` / `h`); an empty list when the model has none.
+    """
+    best: list[nn.Module] = []
+    best_size = 0
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) >= 2 and len({type(m) for m in module}) == 1:
+            size = sum(p.numel() for p in module.parameters())
+            if size > best_size:
+                best, best_size = list(module), size
+    return best
+
+
+def _fsdp_api() -> tuple[Any, Any, Any, Any]:
+    try:  # public from torch 2.6
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    except ImportError:  # torch 2.4 / 2.5
+        from torch.distributed._composable.fsdp import (
+            CPUOffloadPolicy,
+            MixedPrecisionPolicy,
+            OffloadPolicy,
+            fully_shard,
+        )
+    return fully_shard, MixedPrecisionPolicy, CPUOffloadPolicy, OffloadPolicy
+
+
+def shard_model(model: nn.Module, device: torch.device, precision: Precision, cpu_offload: bool,
+                notes: list[str]) -> None:
+    """FSDP2: `fully_shard` each transformer block, then the root (which holds embeddings and head).
+
+    Mixed precision: parameters are gathered and computed in the plan's bf16/fp16, gradients
+    reduced in fp32. CPU offload keeps the shards (and so the optimizer step) in host RAM.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    fully_shard, MixedPrecisionPolicy, CPUOffloadPolicy, OffloadPolicy = _fsdp_api()
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    low = precision.dtype if precision.name != "fp32" else None
+    mp = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
+    if cpu_offload and device.type == "cpu":
+        notes.append("plan.cpu_offload has no effect when training on the CPU; not used")
+        cpu_offload = False
+    offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if cpu_offload else OffloadPolicy()
+    for block in repeated_blocks(model):
+        fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
+
+
+def wrap_ddp(model: nn.Module, device: torch.device) -> nn.Module:
+    """DDP with no collective inside a forward: buffers are synchronised once at construction, not before
+    every forward, so a rank that ran out of memory mid-step cannot leave the others waiting in one
+    (rank 0's buffers are the ones saved, as with DDP's default)."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    no_forward_sync = ({"forward_sync_buffers": False}  # torch >= 2.13; broadcast_buffers is deprecated there
+                       if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                       else {"broadcast_buffers": False})
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                   gradient_as_bucket_view=True, **no_forward_sync)
+
+
+def all_reduce_gradients(params: list[torch.Tensor], world_size: int) -> None:
+    """Average gradients over ranks, as DDP does (divide, then sum), for a step run entirely under no_sync."""
+    import torch.distributed as dist
+
+    grads = [p.grad for p in params if p.grad is not None]
+    for g in grads:
+        g.div_(world_size)
+    for work in [dist.all_reduce(g, async_op=True) for g in grads]:
+        work.wait()
 
 
 def largest_divisor_below(n: int, below: int) -> int:

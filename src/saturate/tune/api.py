@@ -17,8 +17,8 @@ from saturate.engine.distributed import dist_info
 from saturate.errors import ConfigError
 from saturate.plan import Plan
 from saturate.tune import cache
-from saturate.tune.measure import Measurer, RealMeasurer
-from saturate.tune.report import plot, print_report, result_dict
+from saturate.tune.measure import LoaderTrial, Measurer, RealMeasurer, Trial
+from saturate.tune.report import plot, print_report, result_dict, trial_line
 from saturate.tune.search import SearchResult, SearchSettings, search
 from saturate.workload import Workload
 
@@ -74,7 +74,10 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
                   f"{s.effective_batch}, {steps} planned steps"
                   + (f", budget {budget_s:g} s" if budget_s else "") + "; every figure below is measured")
 
-    result = search(measurer, Plan(name="base"), s)  # raises before anything is written
+    def progress(t: Trial | LoaderTrial) -> None:
+        console.print(f"[dim]  {trial_line(t, workload.tokens_per_sample)}[/dim]", highlight=False)
+
+    result = search(measurer, Plan(name="base"), s, progress)  # raises before anything is written
 
     hw_fp = hw.fingerprint()
     plan = result.plan.replace(name="tuned", provenance={

@@ -21,6 +21,24 @@ def _mib(v: int | None) -> str:
     return "-" if v is None else f"{v / 2**20:.0f} MiB"
 
 
+def trial_line(t: Trial | LoaderTrial, tokens_per_sample: int) -> str:
+    """One line per finished trial, for progress while the search runs."""
+    if isinstance(t, LoaderTrial):
+        rate = f"{t.samples_per_s:,.0f} samples/s" if t.samples_per_s else t.status
+        return (f"loader: {t.num_workers} workers, prefetch {t.prefetch_factor or '-'}, pinned "
+                f"{'yes' if t.pin_memory else 'no'}: {rate}, workers' memory {_mib(t.worker_memory_bytes)}")
+    p = t.plan
+    what = (f"{t.stage}: micro-batch {p.micro_batch}×{p.grad_accum} {p.precision}{'+tf32' if p.tf32 else ''}"
+            f"{' +AC' if p.activation_checkpointing else ''}{' +fused' if p.fused_optimizer else ''}"
+            f"{'' if p.compile == 'none' else ' +compile'}")
+    if not t.ok:
+        return f"{what}: {t.status} ({t.error})"
+    tok = f", {t.samples_per_s * tokens_per_sample:,.0f} tokens/s" if tokens_per_sample else ""
+    comp = f", compiled in {t.compile_s:.1f} s" if t.compile_s else ""
+    return (f"{what}: {t.samples_per_s:.1f} samples/s{tok}, peak {_mib(t.peak_memory_bytes)}{comp} "
+            f"({t.seconds:.1f} s)")
+
+
 def trials_table(trials: list[Trial], tokens_per_sample: int, memory_kind: str) -> Table:
     t = Table(title="Trials (every figure measured in this run)", box=box.SIMPLE_HEAVY, title_justify="left")
     for col in ("#", "stage", "micro×accum", "precision", "AC", "fused", "compile", "samples/s", "tokens/s",

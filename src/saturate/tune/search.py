@@ -13,6 +13,7 @@ only ever reported with figures from a trial that ran it; predictions are labell
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,8 +86,10 @@ def fit_memory(points: list[tuple[int, int]], capacity: int, headroom: float, ki
                      capacity=capacity, kind=kind)
 
 
-def search(measurer: Measurer, base: Plan, s: SearchSettings) -> SearchResult:
-    return _Search(measurer, base, s).run()
+def search(measurer: Measurer, base: Plan, s: SearchSettings,
+           on_trial: Callable[[Trial | LoaderTrial], None] | None = None) -> SearchResult:
+    """Run every stage; `on_trial` sees each trial as it finishes (for progress lines)."""
+    return _Search(measurer, base, s, on_trial).run()
 
 
 def _pct(a: float, b: float) -> str:
@@ -98,7 +101,9 @@ def _gib(n: float | None) -> str:
 
 
 class _Search:
-    def __init__(self, measurer: Measurer, base: Plan, s: SearchSettings) -> None:
+    def __init__(self, measurer: Measurer, base: Plan, s: SearchSettings,
+                 on_trial: Callable[[Trial | LoaderTrial], None] | None = None) -> None:
+        self.on_trial = on_trial or (lambda t: None)
         if s.effective_batch % s.world_size:
             raise ConfigError(f"effective batch {s.effective_batch} is not divisible by {s.world_size} processes")
         self.m, self.base, self.s = measurer, base, s
@@ -137,6 +142,7 @@ class _Search:
     def trial(self, plan: Plan, stage: str, **kw: Any) -> Trial:
         t = self.m.model_trial(plan, stage, **kw)
         self.trials.append(t)
+        self.on_trial(t)
         if len(self.trials) == 1 and self.s.budget_s is not None and t.seconds > self.s.budget_s:
             raise ConfigError(f"tuning budget {self.s.budget_s:g} s is too small: the first trial (micro-batch "
                               f"{plan.micro_batch}, {plan.precision}) alone took {t.seconds:.1f} s; give "
@@ -267,6 +273,7 @@ class _Search:
         stop = ""
         for m in [c for c in fitting if c > m0]:
             if not self.affordable(f"micro-batch {m}"):
+                stop = "the tuning budget ran out"
                 break
             t = self.trial(self.at(best.plan, m), "micro-batch")
             if not t.ok:
@@ -408,6 +415,7 @@ class _Search:
         def measure(plan: Plan) -> LoaderTrial:
             t = m.loader_trial(plan)
             self.loader_trials.append(t)
+            self.on_trial(t)
             measured.append((plan, t))
             return t
 
@@ -453,6 +461,7 @@ class _Search:
         while True:
             t = self.m.verify(plan)
             self.trials.append(t)
+            self.on_trial(t)
             if t.ok:
                 return t
             if t.status != "oom" or not smaller:

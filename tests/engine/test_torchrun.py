@@ -1,0 +1,229 @@
+"""DDP and FSDP2 under torchrun on the CPU (gloo, two processes), through the real command line.
+
+Every run trains gpt-tiny for a few steps at a global batch of 8: one process with 4 × 2, or two
+processes with 4 × 1 each, so they see the same samples and must reach the same parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import cli_env, make_small_corpus, saturate_cmd
+from saturate.engine.checkpoint import CheckpointManager
+from saturate.engine.metrics import read_jsonl
+from saturate.plan import Plan
+
+pytestmark = pytest.mark.dist
+
+STEPS = 8
+TIMEOUT = 300
+
+
+def torchrun(*args: str, nproc: int = 2) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+
+
+def train_args(corpus: Path, plan: Path, run_dir: Path, *extra: str) -> list[str]:
+    return ["train", "--data", str(corpus), "--plan", str(plan), "--steps", str(STEPS), "--ckpt-every", "3",
+            "--eval-every", "4", "--log-every", "1", "--run-dir", str(run_dir), *extra]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("torchrun")
+
+
+@pytest.fixture(scope="module")
+def env(shared: Path) -> dict[str, str]:
+    return {**cli_env(), "SATURATE_CACHE": str(shared / "cache")}
+
+
+@pytest.fixture(scope="module")
+def corpus(shared: Path) -> Path:
+    return make_small_corpus(shared)
+
+
+def plan_file(shared: Path, name: str, **fields) -> Path:
+    path = shared / f"{name}.toml"
+    Plan(**fields).save(path)
+    return path
+
+
+def run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def single(shared: Path, corpus: Path, env: dict[str, str]) -> Path:
+    run_dir = shared / "single"
+    run(saturate_cmd(*train_args(corpus, plan_file(shared, "single", micro_batch=4, grad_accum=2), run_dir)), env)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def ddp(shared: Path, corpus: Path, env: dict[str, str]) -> Path:
+    run_dir = shared / "ddp"
+    plan = plan_file(shared, "ddp", micro_batch=4, grad_accum=1, strategy="ddp")
+    run(torchrun("-m", "saturate", *train_args(corpus, plan, run_dir)), env)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def fsdp(shared: Path, corpus: Path, env: dict[str, str]) -> Path:
+    run_dir = shared / "fsdp"
+    plan = plan_file(shared, "fsdp", micro_batch=4, grad_accum=1, strategy="fsdp")
+    run(torchrun("-m", "saturate", *train_args(corpus, plan, run_dir)), env)
+    return run_dir
+
+
+def losses(run_dir: Path, key: str = "train/loss") -> dict[int, float]:
+    return {r["step"]: r[key] for r in read_jsonl(run_dir / "metrics.jsonl") if key in r}
+
+
+def assert_close_runs(a: Path, b: Path, exact: bool = False) -> None:
+    la, lb = losses(a), losses(b)
+    assert sorted(la) == list(range(1, STEPS + 1)) and sorted(lb) == sorted(la)
+    va, vb = losses(a, "val/loss"), losses(b, "val/loss")
+    assert sorted(va) == sorted(vb) == [4, 8]
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    if exact:
+        assert la == lb and va == vb
+        for k in wa:
+            assert torch.equal(wa[k], wb[k]), k
+        return
+    # Same samples, same maths, another summation order: float rounding only (Adam amplifies it
+    # on near-zero gradients, so parameters are compared to a fraction of one update, lr 5e-4).
+    assert [la[s] for s in sorted(la)] == pytest.approx([lb[s] for s in sorted(lb)], rel=1e-5)
+    assert [va[s] for s in sorted(va)] == pytest.approx([vb[s] for s in sorted(vb)], rel=1e-5)
+    for k in wa:
+        assert (wa[k] - wb[k]).abs().max().item() < 5e-5, k
+
+
+def test_ddp_two_processes_match_one_process(ddp, single):
+    assert_close_runs(ddp, single)
+    summary = json.loads((ddp / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["plan"]["strategy"] == "ddp"
+    assert [s for s, _ in CheckpointManager(ddp / "checkpoints").checkpoints()] == [3, 6, 8]
+    assert (ddp / "checkpoints" / "ckpt-00000008" / ".metadata").is_file()  # a DCP folder
+
+
+def test_fsdp_two_processes_match_one_process(fsdp, single):
+    assert_close_runs(fsdp, single)
+    # Every rank wrote its own shard of the model and optimizer.
+    assert sorted(p.name for p in (fsdp / "checkpoints" / "ckpt-00000008").glob("*.distcp")) == [
+        "__0_0.distcp", "__1_0.distcp"]
+
+
+def rank_pid(launcher: subprocess.Popen, rank: int, timeout: float = 60) -> int:
+    """The pid of torchrun's worker with RANK=rank."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in psutil.Process(launcher.pid).children(recursive=True):
+            try:
+                if child.environ().get("RANK") == str(rank):
+                    return child.pid
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        time.sleep(0.05)
+    raise AssertionError(f"no worker with RANK={rank}")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_killed_rank_resumes_exactly(strategy, request, tmp_path, shared, corpus, env):
+    reference = request.getfixturevalue(strategy)  # the uninterrupted two-process run
+    run_dir = tmp_path / "killed"
+    args = train_args(corpus, shared / f"{strategy}.toml", run_dir)
+    launcher = subprocess.Popen(torchrun("-m", "saturate", *args), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    victim = rank_pid(launcher, 1)
+    ckpts = CheckpointManager(run_dir / "checkpoints")
+    deadline = time.monotonic() + TIMEOUT
+    while not ckpts.checkpoints():
+        assert launcher.poll() is None, launcher.stdout.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    psutil.Process(victim).send_signal(signal.SIGKILL)
+    out, _ = launcher.communicate(timeout=120)
+    assert launcher.returncode != 0, out  # torchrun saw a worker die and stopped the other
+    killed_at = ckpts.checkpoints()[-1][0]
+    assert killed_at < STEPS, "the run finished before it could be killed"
+    assert not (run_dir / "model.safetensors").exists()
+
+    done = run(torchrun("-m", "saturate", *args, "--resume"), env)
+    assert f"resuming at step {killed_at}" in done.stdout
+    assert_close_runs(run_dir, reference, exact=True)  # bit-identical, like a one-process resume
+
+
+def test_fsdp_checkpoint_resumes_in_one_process(tmp_path, fsdp, single, env, corpus, shared):
+    """DCP reshards: the two-process FSDP checkpoint of step 6 continues in one process."""
+    run_dir = tmp_path / "resharded"
+    ckpt = run_dir / "checkpoints"
+    ckpt.mkdir(parents=True)
+    subprocess.run(["cp", "-r", str(fsdp / "checkpoints" / "ckpt-00000006"), str(ckpt)], check=True)
+    subprocess.run(["cp", str(fsdp / "metrics.jsonl"), str(run_dir)], check=True)
+    done = run(saturate_cmd("train", "--data", str(corpus), "--steps", str(STEPS), "--ckpt-every", "3",
+                            "--eval-every", "4", "--log-every", "1", "--run-dir", str(run_dir), "--resume"), env)
+    assert "resuming a checkpoint of 2 process(es) with 1: grad_accum 1 -> 2" in done.stdout
+    assert Plan.load(run_dir / "plan.toml").grad_accum == 2
+    assert_close_runs(run_dir, single)
+
+
+def test_one_process_checkpoint_resumes_under_fsdp(tmp_path, single, env, corpus, shared):
+    """A single-process checkpoint file is split into FSDP shards on two processes."""
+    run_dir = tmp_path / "from-single"
+    ckpt = run_dir / "checkpoints"
+    ckpt.mkdir(parents=True)
+    subprocess.run(["cp", str(single / "checkpoints" / "ckpt-00000006.pt"), str(ckpt)], check=True)
+    subprocess.run(["cp", str(single / "metrics.jsonl"), str(run_dir)], check=True)
+    done = run(torchrun("-m", "saturate", *train_args(corpus, shared / "fsdp.toml", run_dir, "--resume")), env)
+    assert "resuming at step 6" in done.stdout
+    assert_close_runs(run_dir, single)
+
+
+OOM_ON_RANK_1 = textwrap.dedent("""
+    import os, sys
+    from saturate.engine.step import OutOfMemoryError
+    from saturate.models import gpt
+
+    real_init = gpt.GPT.__init__
+
+    def init(self, cfg):
+        real_init(self, cfg)
+        if os.environ["RANK"] == "1":  # only this rank runs out of memory, above 2 samples
+            def hook(module, args):
+                if args[0].shape[0] > 2:
+                    raise OutOfMemoryError(f"simulated, {args[0].shape[0]} samples")
+            self.register_forward_pre_hook(hook)
+
+    gpt.GPT.__init__ = init
+    from saturate.cli import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def test_oom_on_one_rank_shrinks_both(tmp_path, shared, corpus, env, single):
+    script = tmp_path / "oom_rank1.py"
+    script.write_text(OOM_ON_RANK_1)
+    run_dir = tmp_path / "oom"
+    done = run(torchrun(str(script), *train_args(corpus, shared / "ddp.toml", run_dir)), env)
+    assert "out of memory at micro-batch 4 (rank 1: simulated, 4 samples)" in done.stdout
+    # Rank 0 never ran out of memory itself, yet it writes the plan both now run: 2 × 2 per process.
+    plan = Plan.load(run_dir / "plan.toml")
+    assert (plan.micro_batch, plan.grad_accum, plan.strategy) == (2, 2, "ddp")
+    assert [r["plan/micro_batch"] for r in read_jsonl(run_dir / "metrics.jsonl") if "plan/micro_batch" in r] \
+        == [2] * STEPS
+    assert_close_runs(run_dir, single)  # the same samples and effective batch: the same training

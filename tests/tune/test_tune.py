@@ -1,0 +1,183 @@
+"""The tuner end to end on the CPU with real measurements (short trials), its files, cache and refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+
+from conftest import cli_env, saturate_cmd
+from saturate.engine import hostmem
+from saturate.engine.hostmem import HostMemoryGuard, relieve
+from saturate.engine.step import OutOfMemoryError
+from saturate.engine.trainer import RunConfig, train
+from saturate.errors import ConfigError
+from saturate.hardware import probe
+from saturate.plan import Plan
+from saturate.tune import cache, tune
+from saturate.tune.measure import RealMeasurer
+from saturate.workload import build_workload
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return probe(measure_peaks=False, device="cpu")
+
+
+@pytest.fixture(autouse=True)
+def _own_plan_cache(tmp_path, monkeypatch):
+    """Each test sees only the tuned plans it cached itself."""
+    monkeypatch.setattr(cache, "plans_dir", lambda: tmp_path / "plans")
+
+
+@pytest.fixture
+def workload(small_corpus):
+    return build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=8, warmup_steps=2)
+
+
+def quick(workload, hw, **kw) -> RealMeasurer:
+    return RealMeasurer(workload, hw, min_seconds=0.1, min_steps=2, max_steps=3, **kw)
+
+
+def quiet() -> Console:
+    return Console(file=open("/dev/null", "w"), width=160)  # noqa: SIM115 - closed with the process
+
+
+def test_tune_writes_a_verified_plan_with_its_evidence_and_train_reuses_it(tmp_path, workload, cpu):
+    result = tune(workload, cpu, out_dir=tmp_path / "tune", measurer=quick(workload, cpu), try_compile=False,
+                  console=quiet())
+    plan = Plan.load(tmp_path / "tune" / "plan.toml")
+    assert plan.name == "tuned" and plan.samples_per_step() == 8  # the effective batch is kept exactly
+    assert plan.provenance["hardware"] == cpu.fingerprint()
+    trials = plan.provenance["trials"]
+    assert trials[-1]["stage"] == "verify" and trials[-1]["verdict"] == "chosen"
+    assert trials[-1]["micro_batch"] == plan.micro_batch  # the plan written is the plan verified
+    assert {t["stage"] for t in trials} >= {"precision", "memory", "verify"}
+    evidence = json.loads((tmp_path / "tune" / "tune.json").read_text())
+    assert len(evidence["trials"]) == len(trials) and evidence["loader_trials"]
+    assert [p.name for p in result.plots] == ["micro_batch.png", "loader.png"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in result.plots)
+    if cpu.supports.get("bf16"):  # a CPU with native bf16 gets it by trial, after the loss check
+        assert any(t["precision"] == "bf16" for t in trials)
+
+    config = RunConfig(run_dir=tmp_path / "run", steps=2, progress=False, tensorboard=False)
+    run = train(workload, None, config, hardware=cpu)
+    assert run.plan.name == "tuned" and any("using the plan tuned" in n for n in run.notes)
+    plain = train(workload, None, dataclasses.replace(config, run_dir=tmp_path / "plain", use_tuned=False),
+                  hardware=cpu)
+    assert plain.plan.name == "default"
+
+
+def test_a_plan_tuned_elsewhere_is_flagged(tmp_path, workload, cpu):
+    elsewhere = Plan(micro_batch=4, grad_accum=2, name="tuned",
+                     provenance={"hardware": "0123456789abcdef", "hardware_description": "NVIDIA H200"})
+    config = RunConfig(run_dir=tmp_path / "run", steps=1, progress=False, tensorboard=False)
+    result = train(workload, elsewhere, config, hardware=cpu)
+    assert any("tuned on other hardware (NVIDIA H200)" in n for n in result.notes)
+    cache.store(elsewhere, workload, "0123456789abcdef")
+    plan, notes = cache.lookup(workload, cpu.fingerprint())
+    assert plan is None and any("on other hardware exists" in n for n in notes)
+
+
+def test_oom_during_the_search_is_caught(tmp_path, workload, cpu):
+    build = workload.build_model
+
+    def build_model():
+        model = build()
+
+        def hook(module, args):
+            if args[0].shape[0] > 2:
+                raise OutOfMemoryError(f"simulated: micro-batch {args[0].shape[0]}")
+
+        model.register_forward_pre_hook(hook)
+        return model
+
+    oomy = dataclasses.replace(workload, build_model=build_model)
+    result = tune(oomy, cpu, out_dir=tmp_path / "tune", measurer=quick(oomy, cpu), try_compile=False,
+                  console=quiet(), use_cache=False)
+    statuses = [(t.plan.micro_batch, t.status) for t in result.search.trials]
+    assert (8, "oom") in statuses  # the probe micro-batch ran out of memory and the search backed off
+    assert result.plan.micro_batch <= 2 and result.search.chosen.ok
+
+
+def test_loader_stays_in_process_under_a_tiny_ram_budget(tmp_path, workload, cpu):
+    result = tune(workload, cpu, out_dir=tmp_path / "tune", measurer=quick(workload, cpu, ram_budget=1),
+                  try_compile=False, console=quiet(), use_cache=False)
+    assert result.plan.num_workers == 0
+    with_workers = [t for t in result.search.loader_trials if t.num_workers > 0]
+    assert with_workers and all("RAM budget" in t.verdict for t in with_workers)
+
+
+def test_budget_too_small_writes_nothing(tmp_path, workload, cpu):
+    with pytest.raises(ConfigError, match="too small"):
+        tune(workload, cpu, out_dir=tmp_path / "tune", budget_s=0.001, measurer=quick(workload, cpu),
+             console=quiet(), use_cache=False)
+    assert not (tmp_path / "tune" / "plan.toml").exists()
+    with pytest.raises(ConfigError, match="budget must be > 0"):
+        tune(workload, cpu, out_dir=tmp_path / "t2", budget_s=0, console=quiet())
+
+
+def test_relieve_lowers_prefetch_then_workers():
+    plan = Plan(num_workers=4, prefetch_factor=4, persistent_workers=True)
+    steps = []
+    while (eased := relieve(plan)) is not None:
+        plan, change = eased
+        steps.append(change)
+    assert steps == ["prefetch_factor 4 -> 2", "prefetch_factor 2 -> 1", "num_workers 4 -> 2", "num_workers 2 -> 1",
+                     "num_workers 1 -> 0 (loading in the training process)"]
+    assert plan.num_workers == 0 and plan.prefetch_factor is None and not plan.persistent_workers
+
+
+def test_host_memory_guard_reads_ram_and_swap():
+    readings = {"available": 8 * 2**30, "swap": 0}
+
+    def read():
+        vm = SimpleNamespace(total=16 * 2**30, available=readings["available"])
+        return vm, SimpleNamespace(used=readings["swap"])
+
+    guard = HostMemoryGuard(read=read)
+    assert guard.pressure() is None
+    readings["swap"] = 2**30
+    assert "swap in use grew" in guard.pressure()
+    readings["swap"], readings["available"] = 0, 2**20
+    assert "under the" in guard.pressure()
+
+
+def test_training_under_host_memory_pressure_lowers_the_loader(tmp_path, workload, cpu, monkeypatch):
+    monkeypatch.setattr(hostmem.HostMemoryGuard, "pressure", lambda self: "simulated pressure")
+    plan = Plan(micro_batch=4, grad_accum=2, num_workers=1, prefetch_factor=2, persistent_workers=True)
+    config = RunConfig(run_dir=tmp_path / "run", steps=3, progress=False, tensorboard=False, log_every=1)
+    result = train(workload, plan, config, hardware=cpu)
+    assert result.steps == 3
+    assert Plan.load(tmp_path / "run" / "plan.toml").num_workers == 0
+    assert any("simulated pressure; lowered prefetch_factor 2 -> 1" in n for n in result.notes)
+    assert any("num_workers 1 -> 0" in n for n in result.notes)
+
+
+def test_saturate_run_end_to_end(tmp_path, small_corpus):
+    out = subprocess.run(
+        saturate_cmd("run", "gpt-tiny", "--data", str(small_corpus), "--effective-batch", "8", "--steps", "4",
+                     "--no-compile", "--budget", "120", "--run-dir", str(tmp_path / "run"), "--no-progress"),
+        env=cli_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "before and after" in out.stdout and "× naive" in out.stdout
+    rows = json.loads((tmp_path / "run" / "comparison.json").read_text())["rows"]
+    assert [r["label"] for r in rows] == ["naive", "tuned", "tuned: the training run"]
+    assert all(r["samples_per_s"] > 0 for r in rows)
+    assert Path(tmp_path / "run" / "tune" / "plan.toml").exists() and (tmp_path / "run" / "summary.json").exists()
+
+
+def test_saturate_tune_refuses_a_budget_too_small(tmp_path, small_corpus):
+    out = subprocess.run(
+        saturate_cmd("tune", "--data", str(small_corpus), "--effective-batch", "8", "--budget", "0.001",
+                     "--out", str(tmp_path / "t")),
+        env=cli_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.startswith("saturate: error: tuning budget 0.001 s is too small") and out.stderr[-1] == "\n"
+    assert out.stderr.count("\n") == 1
+    assert not (tmp_path / "t" / "plan.toml").exists()
