@@ -3,9 +3,11 @@
     probe()                      -> Hardware
     train(workload, plan, cfg)   -> RunResult
     build_workload("gpt-tiny")   -> Workload
+    custom_workload(name, model=…, dataset=…, loss=…, effective_batch=…, lr=…) -> Workload
     tune(workload)               -> TuneResult (a measured, verified Plan and its evidence)
 """
 
+from saturate.byo import custom_workload, load_workload
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import SaturateError
 from saturate.hardware import Hardware, probe
@@ -16,6 +18,6 @@ from saturate.workload import PRESETS, Optimization, Workload, build_workload
 __all__ = [
     "PRESETS", "REFERENCE_PLANS", "Hardware", "Optimization", "Plan", "RunConfig", "RunResult",
     "SaturateError", "TuneResult", "Workload", "build_workload", "default_plan", "probe", "reference_plan",
-    "train", "tune",
+    "train", "tune", "custom_workload", "load_workload",
 ]
 __version__ = "0.1.0"
