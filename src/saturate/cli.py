@@ -21,7 +21,8 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
                    help=f"model preset: {', '.join(preset_names())} (default: gpt-tiny)")
     p.add_argument("--data", action="append", metavar="PATH",
                    help="text files, folders or globs of .txt/.md/.py/.jsonl; repeatable "
-                        "(default: the Python standard library's source, always on the machine)")
+                        "(default: the Python standard library's source, always on the machine); "
+                        "ts-lstm: one .csv of numeric columns; --task sft: .jsonl conversations")
     p.add_argument("--text-field", default="text", help="the JSONL field holding the text (default: text)")
     p.add_argument("--tokenizer", default="byte", help="byte (default), bpe or bpe:VOCAB, trained locally")
     p.add_argument("--effective-batch", type=int, metavar="N",
