@@ -82,8 +82,8 @@ def workload_from_args(args: argparse.Namespace, params: Mapping[str, Any] | Non
     if hf_path:
         from saturate.hf import hf_workload
 
-        return hf_workload(hf_path, task=task, data=args.data, text_field=args.text_field, seed=args.seed,
-                           **overrides)
+        return hf_workload(hf_path, task=task, data=args.data, text_field=args.text_field, tokenizer=args.tokenizer,
+                           seed=args.seed, **overrides)
     if task == "sft":
         from saturate.sft import preset_sft_workload
 
