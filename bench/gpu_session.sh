@@ -19,3 +19,6 @@ echo "== probe"; python3 -m saturate probe 2>&1 | tee "$out/probe.txt"
 echo "== gpu tests"; python3 -m pytest -q -m gpu tests 2>&1 | tee "$out/pytest_gpu.log" | tail -8
 echo "== engine overhead (cuda)"; python3 bench/engine_overhead.py --device cuda --json "$out/overhead.json" 2>&1 | tail -12
 echo "== gpt-small bf16 + compile"; python3 bench/gpu_small.py --json "$out/gpu_small.json" 2>&1 | tail -20
+echo "== tuner: gpt-small tuned vs naive and a6000-after"
+python3 bench/tuner.py --preset gpt-small --device cuda --no-grid --rounds 2 --steps 10 --warmup 3 \
+  --json "$out/tuner_gpu.json" 2>&1 | tail -40

@@ -240,3 +240,19 @@ def test_fit_memory_is_least_squares():
     fit = fit_memory([(1, 110), (2, 120), (4, 140)], capacity=1000, headroom=0.9, kind="device")
     assert fit.slope == pytest.approx(10) and fit.intercept == pytest.approx(100)
     assert fit.fits(79) and not fit.fits(81)
+
+
+def test_budget_running_out_keeps_the_best_so_far_and_says_what_was_not_tried(monkeypatch):
+    import importlib
+    from types import SimpleNamespace
+
+    machine = FakeMachine(speed=saturating(1000), memory=linear_memory(GiB, 0.01 * GiB), trial_seconds=1.0)
+    clock = iter(range(10_000))  # every look at the clock is one second later
+    module = importlib.import_module("saturate.tune.search")
+    monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: float(next(clock))))
+    result = search(machine, Plan(), settings(budget_s=4, try_compile=False))
+    assert result.chosen.ok and result.plan in machine.tried
+    assert any("not tried, the budget had" in s for s in result.skipped)
+    unbounded = FakeMachine(speed=saturating(1000), memory=linear_memory(GiB, 0.01 * GiB))
+    search(unbounded, Plan(), settings(try_compile=False))
+    assert len(machine.tried) < len(unbounded.tried)

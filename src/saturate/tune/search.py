@@ -273,6 +273,7 @@ class _Search:
         stop = ""
         for m in [c for c in fitting if c > m0]:
             if not self.affordable(f"micro-batch {m}"):
+                stop = "the tuning budget ran out"
                 break
             t = self.trial(self.at(best.plan, m), "micro-batch")
             if not t.ok:
