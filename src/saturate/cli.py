@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     from saturate.tune.cli import add_parsers as add_tune_parsers
 
     add_tune_parsers(sub, _add_workload_args)
+    from saturate.sweep import add_parsers as add_sweep_parsers
+
+    add_sweep_parsers(sub, _add_workload_args)
     return parser
 
 
