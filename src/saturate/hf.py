@@ -254,6 +254,11 @@ def hf_workload(path: str | os.PathLike[str], *, task: str = "lm", data: Sequenc
     if task == "sft":
         from saturate.sft import sft_workload
 
+        masking = getattr(transformers_module(), "masking_utils", None)
+        if not hasattr(masking, "find_packed_sequence_indices"):
+            raise ConfigError("--task sft with --hf needs Transformers >= 4.56 (it keeps packed conversations apart "
+                              "by their position ids); pip install -U 'saturate[hf]'")
+
         chat_tok = tok if not isinstance(tok, str) else _saturate_tokenizer(tok, hf)
         return sft_workload(f"{name}-sft", data, chat_tok, seq_len, build_model=hf.build, forward=hf_forward,
                             flops_per_token=hf.flops_per_token(seq_len), optim=optim, seed=seed,
