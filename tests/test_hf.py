@@ -107,6 +107,16 @@ def test_local_weights_are_loaded_and_tokenizer_cache_is_keyed_by_the_tokenizer(
     assert w.identity["data"]["corpus"] != other_tokenizer.identity["data"]["corpus"]
     assert w.identity["model"] != same_tokenizer.identity["model"]  # weights vs none
 
+    # GPT-2 fine-tuning end to end through the command line (in-process: Transformers is already imported)
+    from saturate import cli
+
+    run_dir = tmp_path / "finetune"
+    assert cli.main(["train", "--hf", str(folders["weights"]), "--data", str(corpus), "--param", "seq_len=32",
+                     "--effective-batch", "4", "--steps", "2", "--run-dir", str(run_dir), "--no-progress"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["mfu"] > 0 and summary["val_loss"] > 0
+    assert json.loads((run_dir / "run.json").read_text())["info"]["weights"] == "local"
+
 
 def test_activation_checkpointing_uses_the_models_own_switch(folders, corpus):
     w = hf.hf_workload(folders["config"], data=[str(corpus)], seq_len=32, effective_batch=4)
