@@ -3,10 +3,12 @@
     probe()                      -> Hardware
     train(workload, plan, cfg)   -> RunResult
     build_workload("gpt-tiny")   -> Workload
+    custom_workload(name, model=…, dataset=…, loss=…, effective_batch=…, lr=…) -> Workload
     tune(workload)               -> TuneResult (a measured, verified Plan and its evidence)
     diagnose(workload, plan)     -> Diagnosis   (the doctor; Profiler for a loop of your own)
 """
 
+from saturate.byo import custom_workload, load_workload
 from saturate.doctor.profiler import Profiler
 from saturate.doctor.rules import Diagnosis
 from saturate.doctor.run import DoctorConfig, diagnose
@@ -19,7 +21,7 @@ from saturate.workload import PRESETS, Optimization, Workload, build_workload
 
 __all__ = [
     "PRESETS", "REFERENCE_PLANS", "Diagnosis", "DoctorConfig", "Hardware", "Optimization", "Plan", "Profiler",
-    "RunConfig", "RunResult", "SaturateError", "TuneResult", "Workload", "build_workload", "default_plan",
-    "diagnose", "probe", "reference_plan", "train", "tune",
+    "RunConfig", "RunResult", "SaturateError", "TuneResult", "Workload", "build_workload", "custom_workload",
+    "default_plan", "diagnose", "load_workload", "probe", "reference_plan", "train", "tune",
 ]
 __version__ = "0.1.0"

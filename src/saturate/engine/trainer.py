@@ -110,6 +110,7 @@ class RunResult:
     stopped_early: bool  # fewer steps than the schedule: a time budget ran out, or Ctrl-C
     interrupted: bool  # Ctrl-C (SIGINT) asked the run to stop
     notes: list[str] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)  # the workload's own end-of-run metrics (evaluate)
 
 
 def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None = None,
@@ -240,6 +241,7 @@ def _train(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist:
     deadline = time.monotonic() + cfg.minutes * 60 if cfg.minutes else None
     size_schedule_at = step + 5 if (cfg.minutes and cfg.steps is None and state is None) else None
     last_ckpt: Path | None = None
+    extra_metrics: dict[str, float] = {}
     stop = _StopFlag(coalesce_s=2.0 if world > 1 else 0.0)
     watch = TrainingWatch(device, console.note, enabled=cfg.telemetry and dist.is_main)
     guard = HostMemoryGuard() if cfg.host_memory_guard else None
@@ -319,6 +321,10 @@ def _train(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist:
                     last_ckpt = ckpts.save_sharded(step, model, optimizer, snapshot, {"rng": rng})
                 window_start = _now(device)
                 watch.reset()
+        if workload.evaluate is not None and step >= total_steps and step > start_step:
+            extra_metrics = workload.evaluate(model, device, plan.micro_batch)  # the workload's own metrics
+            for s in sinks:
+                s.log(step, extra_metrics)
 
     weights = None
     if cfg.export_weights and step >= total_steps:
@@ -328,7 +334,7 @@ def _train(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist:
         tokens_per_s=None, samples_per_s=None, mfu=None, peak_label=peak_label,
         peak_memory_bytes=None, memory_kind="device" if device.type == "cuda" else "host RSS",
         train_loss=train_loss, val_loss=val_loss, checkpoint=last_ckpt, weights=weights,
-        stopped_early=step < total_steps, interrupted=stop.interrupted, notes=notes,
+        stopped_early=step < total_steps, interrupted=stop.interrupted, notes=notes, metrics=extra_metrics,
     )
     _fill_summary(result, workload, effective, step - start_step, peak, device, run_dir, dist)
     console.finish(result)
@@ -537,12 +543,19 @@ def _evaluate(model: nn.Module, loader: Any, workload: Workload, plan: Plan, pre
     total = torch.zeros((), device=device)
     count = 0
     for batch in loader:
-        n = len(batch[0]) if isinstance(batch, (list, tuple)) else plan.micro_batch
+        n = _batch_len(batch, plan.micro_batch)
         with precision.autocast():
             total += workload.loss_fn(model, to_device(batch, device, plan.non_blocking)).float() * n
         count += n
     model.train()
     return total.item() / max(count, 1)  # deliberate sync: one per validation
+
+
+def _batch_len(batch: Any, default: int) -> int:
+    """Samples in a batch: the first dimension of its first tensor (tuple, list or dict batches)."""
+    first = batch[0] if isinstance(batch, (list, tuple)) else next(iter(batch.values()), None) \
+        if isinstance(batch, dict) else batch
+    return len(first) if isinstance(first, torch.Tensor) else default
 
 
 # --- state ------------------------------------------------------------------------------------
@@ -622,7 +635,8 @@ def _fill_summary(result: RunResult, workload: Workload, effective: int, steps_t
         "mfu_peak": result.peak_label, "peak_memory_bytes": result.peak_memory_bytes,
         "memory_kind": result.memory_kind, "train_loss": result.train_loss, "val_loss": result.val_loss,
         "checkpoint": result.checkpoint, "weights": result.weights, "stopped_early": result.stopped_early,
-        "processes": dist.world_size, "plan": result.plan.to_dict(), "notes": result.notes})
+        "processes": dist.world_size, "plan": result.plan.to_dict(), "notes": result.notes,
+        "metrics": result.metrics})
 
 
 @contextlib.contextmanager
