@@ -33,8 +33,8 @@ def test_doctor_prints_the_split_the_verdict_and_the_fixes(tmp_path):
 
 
 def test_apply_runs_the_fixed_plan_and_saves_it(tmp_path):
-    proc = _doctor(tmp_path, "--data", "small.txt", "--plan", "naive", *QUICK, "--apply", "--save-plan",
-                   "fixed.toml", "--json")
+    proc = _doctor(tmp_path, "--data", "small.txt", "--plan", "naive", "--effective-batch", "8", *QUICK, "--apply",
+                   "--save-plan", "fixed.toml", "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     if data["applied"] is None:  # nothing to apply on this machine (no plan fix): said so, nothing saved

@@ -56,11 +56,11 @@ def add_parsers(sub: Any) -> None:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from saturate.cli import workload_from_args
     from saturate.doctor.report import prediction_text, render
     from saturate.doctor.run import DoctorConfig, apply_fix, diagnose, outcome, plan_fix
     from saturate.hardware import probe
     from saturate.plan import default_plan, resolve_plan
-    from saturate.workload import build_workload
 
     if args.save_plan and not args.apply:
         raise ConfigError("--save-plan needs --apply")
@@ -71,14 +71,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                           host_memory_budget=budget, seed=args.seed)
     plan = resolve_plan(args.plan) if args.plan else None
     hw = probe(measure_peaks=False, device=args.device)
-    workload = build_workload(args.preset, data=args.data, tokenizer=args.tokenizer, text_field=args.text_field,
-                              seed=args.seed)
+    workload = workload_from_args(args)  # a preset, --workload module:function, --hf, --task sft
     if plan is None:
         plan = default_plan(workload.optim.effective_batch, hw.device_type, hw.supports)
     console = Console(highlight=False, stderr=args.json)
     if not args.json:
         console.print(f"[dim]doctor: {config.warmup} warm-up steps, then {config.steps}+ measured steps of "
-                      f"{args.preset} …[/]")
+                      f"{workload.name} …[/]")
     before = diagnose(workload, plan, config, hardware=hw)
     if not args.apply:
         if args.json:
