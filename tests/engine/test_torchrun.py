@@ -7,6 +7,7 @@ processes with 4 × 1 each, so they see the same samples and must reach the same
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -293,3 +294,25 @@ def test_non_finite_loss_on_one_rank_stops_every_rank(tmp_path, shared, corpus, 
     for rank in (0, 1):  # the loss is averaged over ranks before it is checked: both see nan and stop
         assert f"saturate: error: [rank {rank}] training loss became nan at step 3" in done.stderr
     assert [s for s, _ in CheckpointManager(run_dir / "checkpoints").checkpoints()] == []  # none for step 3
+
+
+def test_ctrl_c_stops_every_rank_at_one_step_with_a_checkpoint(tmp_path, corpus, env, plans):
+    """A terminal's Ctrl-C reaches torchrun and every worker (and torchrun forwards it again): the ranks
+    take it as one request, agree on the step, checkpoint it and exit."""
+    run_dir = tmp_path / "interrupted"
+    args = train_args(corpus, plans["ddp"], run_dir)
+    args[args.index("--steps") + 1] = "200"
+    launcher = subprocess.Popen(torchrun("-m", "saturate", *args), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + TIMEOUT
+    while not ((run_dir / "metrics.jsonl").exists() and losses(run_dir)):
+        assert launcher.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(launcher.pid, signal.SIGINT)  # what the terminal does: the whole foreground group
+    out, _ = launcher.communicate(timeout=120)
+    assert CheckpointManager(run_dir / "checkpoints").checkpoints(), out[-5000:]
+    stopped_at = CheckpointManager(run_dir / "checkpoints").checkpoints()[-1][0]
+    assert 0 < stopped_at < 200
+    assert max(losses(run_dir)) == stopped_at  # every step it ran was logged, and that step saved
+    assert "saturate: interrupted" not in out and "lost contact" not in out, out[-3000:]  # no rank aborted
+    assert "resume with: torchrun --nproc_per_node=2 -m saturate train --resume" in out
