@@ -3,9 +3,15 @@
     probe()                      -> Hardware
     train(workload, plan, cfg)   -> RunResult
     build_workload("gpt-tiny")   -> Workload
+    custom_workload(name, model=…, dataset=…, loss=…, effective_batch=…, lr=…) -> Workload
     tune(workload)               -> TuneResult (a measured, verified Plan and its evidence)
+    diagnose(workload, plan)     -> Diagnosis   (the doctor; Profiler for a loop of your own)
 """
 
+from saturate.byo import custom_workload, load_workload
+from saturate.doctor.profiler import Profiler
+from saturate.doctor.rules import Diagnosis
+from saturate.doctor.run import DoctorConfig, diagnose
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import SaturateError
 from saturate.hardware import Hardware, probe
@@ -14,8 +20,8 @@ from saturate.tune import TuneResult, tune
 from saturate.workload import PRESETS, Optimization, Workload, build_workload
 
 __all__ = [
-    "PRESETS", "REFERENCE_PLANS", "Hardware", "Optimization", "Plan", "RunConfig", "RunResult",
-    "SaturateError", "TuneResult", "Workload", "build_workload", "default_plan", "probe", "reference_plan",
-    "train", "tune",
+    "PRESETS", "REFERENCE_PLANS", "Diagnosis", "DoctorConfig", "Hardware", "Optimization", "Plan", "Profiler",
+    "RunConfig", "RunResult", "SaturateError", "TuneResult", "Workload", "build_workload", "custom_workload",
+    "default_plan", "diagnose", "load_workload", "probe", "reference_plan", "train", "tune",
 ]
 __version__ = "0.1.0"

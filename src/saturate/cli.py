@@ -21,23 +21,25 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
                    help=f"model preset: {', '.join(preset_names())} (default: gpt-tiny)")
     p.add_argument("--data", action="append", metavar="PATH",
                    help="text files, folders or globs of .txt/.md/.py/.jsonl; repeatable "
-                        "(default: the Python standard library's source, always on the machine)")
+                        "(default: the Python standard library's source, always on the machine); "
+                        "ts-lstm: one .csv of numeric columns; --task sft: .jsonl conversations")
     p.add_argument("--text-field", default="text", help="the JSONL field holding the text (default: text)")
     p.add_argument("--tokenizer", default="byte", help="byte (default), bpe or bpe:VOCAB, trained locally")
     p.add_argument("--effective-batch", type=int, metavar="N",
                    help="samples per optimizer step, kept exactly by every plan (default: the preset's)")
     p.add_argument("--device", help="cuda, mps or cpu (default: the best one found)")
     p.add_argument("--seed", type=int, default=0, help="model initialisation and sampling seed (default: 0)")
+    from saturate.sources import add_source_args
+
+    add_source_args(p)  # --workload, --hf, --task, --param
 
 
-def workload_from_args(args: argparse.Namespace) -> Any:
-    """The Workload the common workload arguments describe."""
-    from saturate.workload import build_workload
+def workload_from_args(args: argparse.Namespace, params: dict[str, Any] | None = None) -> Any:
+    """The Workload the common workload arguments describe (a preset, --workload, --hf, --task sft);
+    `params` override --param (a sweep point)."""
+    from saturate.sources import workload_from_args as from_args
 
-    preset = getattr(args, "preset_arg", None) or args.preset
-    overrides = {"effective_batch": args.effective_batch} if args.effective_batch else {}
-    return build_workload(preset, data=args.data, tokenizer=args.tokenizer, text_field=args.text_field,
-                          seed=args.seed, **overrides)
+    return from_args(args, params)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     from saturate.tune.cli import add_parsers as add_tune_parsers
 
     add_tune_parsers(sub, _add_workload_args)
+    from saturate.doctor.cli import add_parsers as add_doctor_parsers  # `doctor` and `monitor`
+
+    add_doctor_parsers(sub)
+
+    from saturate.sweep import add_parsers as add_sweep_parsers
+
+    add_sweep_parsers(sub, _add_workload_args)
     return parser
 
 

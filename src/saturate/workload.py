@@ -57,6 +57,9 @@ class Workload:
     flops_per_sample: float | None = None  # model FLOPs (fwd+bwd) per sample, for MFU
     identity: dict[str, Any] = field(default_factory=dict)  # what resume must match: model config, data
     info: dict[str, Any] = field(default_factory=dict)  # shown to the user (parameters, corpus size…)
+    # Extra metrics at the end of a run: (eval model, device, batch size) -> {"val/…": value}; None for none.
+    evaluate: Callable[[nn.Module, Any, int], dict[str, float]] | None = None
+    guide_plans: tuple[str, ...] = ()  # reference plans of the guide this job comes from, for before/after
 
     def fingerprint(self) -> dict[str, str]:
         """Short hashes of each part of the identity, so a mismatch can be named."""
@@ -96,8 +99,34 @@ PRESETS: dict[str, GPTPreset] = {
 }
 
 
+# Presets that are not GPTs: name -> (the "module:function" building its Workload, imported on use; description).
+OTHER_PRESETS: dict[str, tuple[str, str]] = {
+    "ts-lstm": ("saturate.timeseries:ts_lstm_workload",
+                "an LSTM forecasting the next step of several series (synthetic, or a CSV via --data)"),
+}
+
+
 def preset_names() -> list[str]:
-    return list(PRESETS)
+    return [*PRESETS, *OTHER_PRESETS]
+
+
+def preset_with(preset: str, overrides: dict[str, Any]) -> tuple[GPTPreset, Optimization]:
+    """A GPT preset with shape overrides applied, and its Optimization with the other overrides."""
+    try:
+        p = PRESETS[preset]
+    except KeyError:
+        raise ConfigError(f"unknown preset {preset!r} (known: {', '.join(preset_names())})") from None
+    shape_keys = ("n_layer", "n_head", "n_embd", "seq_len")
+    shape = {k: v for k, v in overrides.items() if k in shape_keys}
+    rest = {k: v for k, v in overrides.items() if k not in shape_keys}
+    known = [*shape_keys, *(f.name for f in dataclasses.fields(Optimization))]
+    for k, v in shape.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"preset {preset}: {k} must be a positive integer, got {v!r}")
+    try:
+        return dataclasses.replace(p, **shape), dataclasses.replace(p.optim, **rest)
+    except TypeError as e:
+        raise ConfigError(f"bad override for preset {preset}: {e} (known: {', '.join(known)})") from None
 
 
 def build_workload(
@@ -111,20 +140,19 @@ def build_workload(
 ) -> Workload:
     """A preset's Workload on the embedded corpus (data=None) or on the user's files.
 
-    `overrides` replace fields of the preset's Optimization (e.g. steps=50, effective_batch=64).
+    `overrides` replace fields of the preset's Optimization (e.g. steps=50, effective_batch=64) or of
+    its model shape (n_layer, n_head, n_embd, seq_len).
     """
     from saturate.data.shards import prepare_corpus
     from saturate.data.windows import FixedWindows, RandomWindows
     from saturate.models.gpt import GPT, GPTConfig, flops_per_token, lm_loss
 
-    try:
-        p = PRESETS[preset]
-    except KeyError:
-        raise ConfigError(f"unknown preset {preset!r} (known: {', '.join(PRESETS)})") from None
-    try:
-        optim = dataclasses.replace(p.optim, **overrides)
-    except TypeError as e:
-        raise ConfigError(f"bad override for preset {preset}: {e}") from None
+    if preset in OTHER_PRESETS:
+        import importlib
+
+        module, _, function = OTHER_PRESETS[preset][0].partition(":")
+        return getattr(importlib.import_module(module), function)(data=data, seed=seed, **overrides)
+    p, optim = preset_with(preset, overrides)
     corpus = prepare_corpus(data, tokenizer=tokenizer, seq_len=p.seq_len, text_field=text_field)
     cfg = GPTConfig(n_layer=p.n_layer, n_head=p.n_head, n_embd=p.n_embd, seq_len=p.seq_len,
                     vocab_size=corpus.vocab_size)

@@ -200,7 +200,7 @@ def cache_root() -> Path:
 def prepare_corpus(
     paths: Sequence[str] | None,
     *,
-    tokenizer: str = "byte",
+    tokenizer: str | Tokenizer = "byte",
     seq_len: int,
     val_fraction: float = 0.1,
     text_field: str = "text",
@@ -210,15 +210,21 @@ def prepare_corpus(
 
     ``cache_dir`` replaces :func:`cache_root`; shards live in ``<cache_dir>/tokens/<key>/`` where the
     key hashes the file contents, the tokenizer spec, ``val_fraction`` and the shard format.
+    ``tokenizer`` is a spec (``byte``, ``bpe[:N]``) or a ready Tokenizer (a Hugging Face one, say),
+    whose ``name`` identifies it in the key.
     """
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise ConfigError(f"seq_len must be a positive integer, got {seq_len!r}")
     if not 0.0 < val_fraction < 1.0:
         raise ConfigError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction!r}")
-    kind, vocab = parse_tokenizer_spec(tokenizer)
-    spec = kind if vocab is None else f"{kind}:{vocab}"
+    given: Tokenizer | None = None
+    if isinstance(tokenizer, str):
+        kind, vocab = parse_tokenizer_spec(tokenizer)
+        spec = kind if vocab is None else f"{kind}:{vocab}"
+    else:
+        given, kind, vocab, spec = tokenizer, "given", None, tokenizer.name
     if (folder := _shard_folder(paths)) is not None:
-        return load_shard_folder(folder, seq_len=seq_len)
+        return load_shard_folder(folder, seq_len=seq_len, tokenizer=given)
     if paths is None:
         files, described = default_corpus(), "(the Python standard library)"
     else:
@@ -233,7 +239,7 @@ def prepare_corpus(
     )
     folder = (Path(cache_dir) if cache_dir is not None else cache_root()) / "tokens" / key[:16]
     want = _CacheKey(
-        kind=kind, spec=spec, source_hash=source_hash, seq_len=seq_len, val_fraction=val_fraction
+        kind=kind, spec=spec, source_hash=source_hash, seq_len=seq_len, val_fraction=val_fraction, given=given
     )
 
     found, _ = _open_cached(folder, want)
@@ -288,15 +294,22 @@ def _shard_folder(paths: Sequence[str] | None) -> Path | None:
     return path if path.is_dir() and (path / "train.bin").exists() else None
 
 
-def load_shard_folder(folder: Path, *, seq_len: int) -> TokenCorpus:
-    """Use token shards as they are (a saturate cache folder, or shards made with write_shard)."""
+def load_shard_folder(folder: Path, *, seq_len: int, tokenizer: Tokenizer | None = None) -> TokenCorpus:
+    """Use token shards as they are (a saturate cache folder, or shards made with write_shard).
+
+    With `tokenizer`, the shards must have been made by it (same name)."""
     train, val = open_shard(folder / "train.bin"), open_shard(folder / "val.bin")
     tm, vm = train.meta, val.meta
     if (tm["tokenizer"], tm["vocab_size"]) != (vm["tokenizer"], vm["vocab_size"]):
         raise DataError(f"{folder}: train.bin ({tm['tokenizer']}) and val.bin ({vm['tokenizer']}) were made "
                         "with different tokenizers")
-    if tm["tokenizer"] == "byte":
-        tok: Tokenizer = ByteTokenizer()
+    if tokenizer is not None:
+        if tokenizer.name != tm["tokenizer"]:
+            raise DataError(f"{folder}: the shards were made with tokenizer {tm['tokenizer']}, not the model's "
+                            f"{tokenizer.name}")
+        tok: Tokenizer = tokenizer
+    elif tm["tokenizer"] == "byte":
+        tok = ByteTokenizer()
     else:
         tok = BPETokenizer.load(folder / "tokenizer.json")  # a missing file is a DataError naming it
         if tok.name != tm["tokenizer"]:
@@ -327,6 +340,7 @@ class _CacheKey:
     source_hash: str
     seq_len: int
     val_fraction: float
+    given: Tokenizer | None = field(default=None, compare=False)  # kind "given": a ready tokenizer
 
     def split(self, n_tokens: int) -> tuple[int, int]:
         """(n_train, n_val): the last val_fraction of the stream, and at least seq_len + 1 tokens."""
@@ -352,7 +366,10 @@ def _open_cached(folder: Path, want: _CacheKey) -> tuple[_Cached | None, str]:
         return None, ""
     try:
         train, val = open_shard(train_path), open_shard(val_path)
-        tok = BPETokenizer.load(folder / "tokenizer.json") if want.kind == "bpe" else ByteTokenizer()
+        if want.given is not None:
+            tok = want.given
+        else:
+            tok = BPETokenizer.load(folder / "tokenizer.json") if want.kind == "bpe" else ByteTokenizer()
     except DataError as err:
         return None, str(err)
     tm, vm = train.meta, val.meta
@@ -394,8 +411,10 @@ def _build_lock(folder: Path) -> Iterator[None]:
 def _build(
     folder: Path, files: Sequence[Path], text_field: str, want: _CacheKey, vocab: int | None, described: str
 ) -> None:
-    if want.kind == "bpe":
-        tok: Tokenizer = BPETokenizer.train(iter_documents(files, text_field), vocab)
+    if want.given is not None:
+        tok: Tokenizer = want.given
+    elif want.kind == "bpe":
+        tok = BPETokenizer.train(iter_documents(files, text_field), vocab)
     else:
         tok = ByteTokenizer()
     stream = _tokenize(files, text_field, tok)

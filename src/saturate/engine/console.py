@@ -59,8 +59,11 @@ class ConsoleSink:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
-        if "train/loss" not in metrics:  # validation
-            text = f"step {step}: val loss {metrics['val/loss']:.4f}"
+        if "train/loss" not in metrics:  # validation, or the workload's own end-of-run metrics
+            text = f"step {step}: " + ", ".join(f"{k.removeprefix('val/').replace('_', ' ')} {v:.4g}"
+                                                for k, v in metrics.items())
+            if "val/loss" in metrics:
+                text = f"step {step}: val loss {metrics['val/loss']:.4f}"
             (self._progress.console if self._progress else self.console).print(text)
             return
         parts = [f"loss {metrics['train/loss']:.4f}",
@@ -71,6 +74,12 @@ class ConsoleSink:
             parts.append(f"mem {metrics['memory/peak_gib']:.2f} GiB")
         else:
             parts.append(f"host RSS {metrics['memory/host_peak_rss_gib']:.2f} GiB")
+        if "gpu/util_pct" in metrics:  # telemetry (engine/watch.py): means over the same window
+            parts.append(f"GPU {metrics['gpu/util_pct']:.0f}%")
+        elif "cpu/util_pct" in metrics:
+            parts.append(f"CPU {metrics['cpu/util_pct']:.0f}%")
+        if "host/ram_used_pct" in metrics:
+            parts.append(f"RAM {metrics['host/ram_used_pct']:.0f}%")
         text = "  ".join(parts)
         if self._progress is not None:
             self._progress.update(self._task, completed=step, total=self.total, description=text)
@@ -95,6 +104,8 @@ class ConsoleSink:
             t.add_row("train loss (last window)", f"{result.train_loss:.4f}")
         if result.val_loss is not None:
             t.add_row("validation loss", f"{result.val_loss:.4f}")
+        for name, value in getattr(result, "metrics", {}).items():
+            t.add_row(name, f"{value:.4g}")
         t.add_row("run folder", str(result.run_dir))
         if result.checkpoint:
             t.add_row("checkpoint", str(result.checkpoint))

@@ -51,6 +51,7 @@ from saturate.engine.metrics import JsonlSink, Sink, tensorboard_sink
 from saturate.engine.precision import Precision
 from saturate.engine.schedule import WarmupCosine, scaled_lr
 from saturate.engine.step import Stepper, rng_state, set_rng_state, to_device
+from saturate.engine.watch import TrainingWatch
 from saturate.errors import CheckpointError, ConfigError, SaturateError
 from saturate.hardware import synchronize
 from saturate.plan import Plan, default_plan, fit_to_world
@@ -75,6 +76,7 @@ class RunConfig:
     keep_checkpoints: int = 3
     progress: bool = True  # console output (rich progress on a terminal, lines otherwise)
     tensorboard: bool = True  # also write TensorBoard events when tensorboard is installed
+    telemetry: bool = True  # background GPU/host sampler: gpu/*, host/* metrics and low-utilisation notes
     export_weights: bool = True  # model.safetensors at the end
     use_tuned: bool = True  # with no plan given, use the tuned plan cached for this workload and hardware
     host_memory_guard: bool = True  # lower loader prefetch/workers when host RAM runs short or swap grows
@@ -108,6 +110,7 @@ class RunResult:
     stopped_early: bool  # fewer steps than the schedule: a time budget ran out, or Ctrl-C
     interrupted: bool  # Ctrl-C (SIGINT) asked the run to stop
     notes: list[str] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)  # the workload's own end-of-run metrics (evaluate)
 
 
 def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None = None,
@@ -221,7 +224,8 @@ def _train(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist:
             "workload": workload.name, "info": workload.info, "fingerprint": fingerprint,
             "effective_batch": effective, "lr": lr, "total_steps": total_steps, "seed": cfg.seed,
             "device": str(device), "processes": world, "strategy": stepper.strategy,
-            "hardware": hw.fingerprint(), "notes": notes})
+            "hardware": hw.fingerprint(), "notes": notes,
+            "pid": os.getpid()})  # `saturate monitor` finds a live run by it
     for n in notes:
         console.note(n)
     console.start(workload, plan, hw, effective, total_steps, resumed_from=step if state else None,
@@ -237,17 +241,19 @@ def _train(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist:
     deadline = time.monotonic() + cfg.minutes * 60 if cfg.minutes else None
     size_schedule_at = step + 5 if (cfg.minutes and cfg.steps is None and state is None) else None
     last_ckpt: Path | None = None
+    extra_metrics: dict[str, float] = {}
     stop = _StopFlag(coalesce_s=2.0 if world > 1 else 0.0)
+    watch = TrainingWatch(device, console.note, enabled=cfg.telemetry and dist.is_main)
     guard = HostMemoryGuard() if cfg.host_memory_guard else None
     model.train()
 
-    with stop.installed(), _closing(sinks):
+    with stop.installed(), _closing(sinks), watch:
         stopping = False  # decided once per step, below: the loop never reads the signal flag directly
         while step < total_steps and not stopping:
             for group in optimizer.param_groups:
                 group["lr"] = schedule.lr(step)
             adapted = len(stepper.adaptations)
-            stepper.step(batches)
+            stepper.step(batches, timer=watch.timer)  # the watch times only the wait for data
             if len(stepper.adaptations) > adapted:  # an OOM was absorbed: record the plan now in force
                 plan = stepper.current_plan()
                 if dist.is_main:
@@ -280,6 +286,7 @@ def _train(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist:
                 if dist.is_main:
                     metrics = _step_metrics(workload, plan, effective, window_steps, seconds, train_loss,
                                             stepper.grad_norm, schedule.lr(step - 1), peak, device)
+                    metrics.update(watch.window_metrics())  # telemetry means over the same window
                     for s in sinks:
                         s.log(step, metrics)
                 window_steps, window_start = 0, _now(device)
@@ -306,6 +313,7 @@ def _train(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist:
                 for s in sinks:
                     s.log(step, {"val/loss": val_loss})
                 window_start = _now(device)  # validation time is not training throughput
+                watch.reset()
             if ckpt_due:
                 snapshot = _snapshot(step, stepper, precision, schedule, plan, fingerprint, workload.identity,
                                      elapsed_before + train_seconds, cfg.seed, world)
@@ -315,6 +323,11 @@ def _train(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist:
                     rng = snapshot.pop("rng")
                     last_ckpt = ckpts.save_sharded(step, model, optimizer, snapshot, {"rng": rng})
                 window_start = _now(device)
+                watch.reset()
+        if workload.evaluate is not None and step >= total_steps and step > start_step:
+            extra_metrics = workload.evaluate(model, device, plan.micro_batch)  # the workload's own metrics
+            for s in sinks:
+                s.log(step, extra_metrics)
 
     weights = None
     if cfg.export_weights and step >= total_steps:
@@ -324,7 +337,7 @@ def _train(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist:
         tokens_per_s=None, samples_per_s=None, mfu=None, peak_label=peak_label,
         peak_memory_bytes=None, memory_kind="device" if device.type == "cuda" else "host RSS",
         train_loss=train_loss, val_loss=val_loss, checkpoint=last_ckpt, weights=weights,
-        stopped_early=step < total_steps, interrupted=stop.interrupted, notes=notes,
+        stopped_early=step < total_steps, interrupted=stop.interrupted, notes=notes, metrics=extra_metrics,
     )
     _fill_summary(result, workload, effective, step - start_step, peak, device, run_dir, dist)
     console.finish(result)
@@ -533,12 +546,19 @@ def _evaluate(model: nn.Module, loader: Any, workload: Workload, plan: Plan, pre
     total = torch.zeros((), device=device)
     count = 0
     for batch in loader:
-        n = len(batch[0]) if isinstance(batch, (list, tuple)) else plan.micro_batch
+        n = _batch_len(batch, plan.micro_batch)
         with precision.autocast():
             total += workload.loss_fn(model, to_device(batch, device, plan.non_blocking)).float() * n
         count += n
     model.train()
     return total.item() / max(count, 1)  # deliberate sync: one per validation
+
+
+def _batch_len(batch: Any, default: int) -> int:
+    """Samples in a batch: the first dimension of its first tensor (tuple, list or dict batches)."""
+    first = batch[0] if isinstance(batch, (list, tuple)) else next(iter(batch.values()), None) \
+        if isinstance(batch, dict) else batch
+    return len(first) if isinstance(first, torch.Tensor) else default
 
 
 # --- state ------------------------------------------------------------------------------------
@@ -618,7 +638,8 @@ def _fill_summary(result: RunResult, workload: Workload, effective: int, steps_t
         "mfu_peak": result.peak_label, "peak_memory_bytes": result.peak_memory_bytes,
         "memory_kind": result.memory_kind, "train_loss": result.train_loss, "val_loss": result.val_loss,
         "checkpoint": result.checkpoint, "weights": result.weights, "stopped_early": result.stopped_early,
-        "processes": dist.world_size, "plan": result.plan.to_dict(), "notes": result.notes})
+        "processes": dist.world_size, "plan": result.plan.to_dict(), "notes": result.notes,
+        "metrics": result.metrics})
 
 
 @contextlib.contextmanager

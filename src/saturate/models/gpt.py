@@ -59,13 +59,13 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         # (B, T, C) -> (B, H, T, Q)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(  # mask: (B, 1, T, T) for packed sequences, else plain causal
+            q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=self.dropout if self.training else 0.0
         )
         return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
@@ -89,8 +89,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -125,18 +125,29 @@ class GPT(nn.Module):
         """Recompute each block in backward instead of keeping its activations."""
         self.activation_checkpointing = enabled
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx (B, T) int64 -> logits (B, T, padded_vocab)."""
+    def forward(self, idx: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """idx (B, T) int64 -> logits (B, T, padded_vocab).
+
+        position_ids (B, T), optional: packed sequences, each restarting at 0; attention then stays
+        inside each sequence (a block-diagonal causal mask), so a packed row equals its parts alone.
+        """
         _, T = idx.shape
         if self.cfg.seq_len < T:
             raise ValueError(f"sequence of {T} tokens is longer than the model's seq_len {self.cfg.seq_len}")
-        pos = torch.arange(T, device=idx.device)
+        mask = None
+        if position_ids is None:
+            pos = torch.arange(T, device=idx.device)
+        else:
+            pos = position_ids
+            seq = (position_ids == 0).cumsum(-1)  # (B, T): which packed sequence each token belongs to
+            causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
+            mask = ((seq[:, :, None] == seq[:, None, :]) & causal)[:, None]  # (B, 1, T, T)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         for block in self.blocks:
             if self.activation_checkpointing and self.training:
-                x = checkpoint(block, x, use_reentrant=False)
+                x = checkpoint(block, x, mask, use_reentrant=False)
             else:
-                x = block(x)
+                x = block(x, mask)
         return self.lm_head(self.ln_f(x))
 
     def num_params(self, non_embedding: bool = True) -> int:

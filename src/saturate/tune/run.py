@@ -74,8 +74,10 @@ def at_effective_batch(plan: Plan, effective: int) -> Plan | None:
 def reference_plans(workload: Workload, device_type: str) -> list[tuple[str, Plan]]:
     e = workload.optim.effective_batch
     out = [("naive", at_effective_batch(reference_plan("naive"), e))]
-    guide = GUIDE_AFTER.get(device_type)
-    if guide:
+    # A workload from one of the guides (the time-series job, GPT-2 through Transformers) compares with that
+    # guide's plans; otherwise the guide for this kind of device.
+    guides = list(workload.guide_plans) or ([GUIDE_AFTER[device_type]] if device_type in GUIDE_AFTER else [])
+    for guide in guides:
         out.append((f"guide: {guide}", at_effective_batch(reference_plan(guide), e)))
     return [(label, p) for label, p in out if p is not None]
 

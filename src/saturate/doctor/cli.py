@@ -1,0 +1,139 @@
+"""`saturate doctor` and `saturate monitor`: thin commands over saturate.doctor and saturate.monitor."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from saturate.errors import ConfigError
+
+
+def _positive(kind: type, name: str) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
+        return value
+
+    return parse
+
+
+def add_parsers(sub: Any) -> None:
+    """Add `doctor` and `monitor` to the main parser's subcommands."""
+    from saturate.cli import _add_workload_args
+
+    p = sub.add_parser("doctor", help="why is training slow? a short instrumented run, a verdict, ranked fixes")
+    _add_workload_args(p)
+    p.add_argument("--plan", metavar="FILE|NAME",
+                   help="a plan.toml or a reference plan (naive, a6000-after, …); default: the seed plan")
+    p.add_argument("--steps", type=_positive(int, "--steps"), default=10, metavar="N",
+                   help="optimizer steps timed (default 10; more while under 2 s)")
+    p.add_argument("--warmup", type=int, default=2, metavar="N", help="untimed steps first (default 2)")
+    p.add_argument("--apply", action="store_true",
+                   help="turn the top plan fix into a plan, run it the same way, print predicted against measured")
+    p.add_argument("--save-plan", type=Path, metavar="FILE", help="with --apply: write the new plan as TOML")
+    p.add_argument("--host-memory-budget", type=_positive(float, "--host-memory-budget"), metavar="GIB",
+                   help="host RAM the job may use (default: what is available when it starts)")
+    p.add_argument("--no-scaling", action="store_true", help="skip the batch-scaling probe")
+    p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("monitor", help="GPUs and host live, with the running saturate job's tokens/s")
+    p.add_argument("--once", action="store_true", help="one reading, then exit")
+    p.add_argument("--json", action="store_true", help="JSON (one object with --once, else one line per reading)")
+    p.add_argument("--interval", type=_positive(float, "--interval"), default=1.0, metavar="S",
+                   help="seconds between readings (default 1)")
+    p.add_argument("--runs", type=Path, default=Path("runs"), metavar="DIR",
+                   help="where to look for a running saturate job (default: ./runs)")
+    p.set_defaults(func=cmd_monitor)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from saturate.doctor.report import prediction_text, render
+    from saturate.doctor.run import DoctorConfig, apply_fix, diagnose, outcome, plan_fix
+    from saturate.hardware import probe
+    from saturate.plan import default_plan, resolve_plan
+    from saturate.workload import build_workload
+
+    if args.save_plan and not args.apply:
+        raise ConfigError("--save-plan needs --apply")
+    if args.warmup < 0:
+        raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
+    budget = None if args.host_memory_budget is None else int(args.host_memory_budget * 1024**3)
+    config = DoctorConfig(steps=args.steps, warmup=args.warmup, scaling=not args.no_scaling,
+                          host_memory_budget=budget, seed=args.seed)
+    plan = resolve_plan(args.plan) if args.plan else None
+    hw = probe(measure_peaks=False, device=args.device)
+    workload = build_workload(args.preset, data=args.data, tokenizer=args.tokenizer, text_field=args.text_field,
+                              seed=args.seed)
+    if plan is None:
+        plan = default_plan(workload.optim.effective_batch, hw.device_type, hw.supports)
+    console = Console(highlight=False, stderr=args.json)
+    if not args.json:
+        console.print(f"[dim]doctor: {config.warmup} warm-up steps, then {config.steps}+ measured steps of "
+                      f"{args.preset} …[/]")
+    before = diagnose(workload, plan, config, hardware=hw)
+    if not args.apply:
+        if args.json:
+            print(json.dumps(before.to_dict(), indent=2, default=str))
+        else:
+            render(before, console)
+        return 0
+
+    fix = plan_fix(before)
+    if not args.json:
+        render(before, console, title="before")
+    if fix is None:
+        if args.json:
+            print(json.dumps({"before": before.to_dict(), "applied": None}, indent=2, default=str))
+        else:
+            console.print("--apply: no fix that is a plan change keeping the training the same; nothing to run")
+        return 0
+    new_plan = apply_fix(plan, fix)
+    if not args.json:
+        console.print(f"\n[bold]applying:[/] {fix.title} — running the new plan the same way …")
+    after = diagnose(workload, new_plan, config, hardware=hw)
+    result = outcome(fix, before, after)
+    if args.save_plan:
+        new_plan.save(args.save_plan)
+    if args.json:
+        print(json.dumps({"before": before.to_dict(), "applied": {"title": fix.title, "changes": fix.changes},
+                          "plan": new_plan.to_dict(), "after": after.to_dict(),
+                          "predicted_gain": result.predicted_gain, "measured_gain": result.measured_gain},
+                         indent=2, default=str))
+        return 0
+    render(after, console, title="after")
+    console.print()
+    unit = {"step_s": "s/step", "sample_s": "s/sample", "host_bytes": "bytes", "device_bytes": "bytes"}
+    metric = fix.prediction.metric
+    what = "speed-up" if metric in ("step_s", "sample_s") else "memory reduction"
+    console.print(f"[bold]{fix.title}[/]")
+    console.print(f"  {prediction_text(fix.prediction)}")
+    predicted = result.predicted_gain
+    measured_line = (f"  measured: {result.measured_before:.4g} → {result.measured_after:.4g} {unit[metric]}, "
+                     f"{what} {result.measured_gain:.2f}×")
+    if predicted is not None:
+        error = result.measured_gain / predicted - 1
+        measured_line += f" against {predicted:.2f}× predicted ({100 * error:+.0f} %)"
+    console.print(measured_line)
+    if args.save_plan:
+        console.print(f"  plan written to {args.save_plan}")
+    else:
+        console.print("  the plan (save it with --save-plan FILE):")
+        import tomli_w
+
+        console.print("  " + tomli_w.dumps(new_plan.to_dict()).replace("\n", "\n  ").rstrip(), markup=False)
+    return 0
+
+
+def cmd_monitor(args: argparse.Namespace) -> int:
+    from saturate.monitor import run_monitor
+
+    return run_monitor(once=args.once, as_json=args.json, interval=args.interval, root=args.runs)

@@ -1,0 +1,228 @@
+"""One instrumented stretch of training: phases, syncs and telemetry, turned into Measurements.
+
+Shared by the doctor's run of a preset (which hands `Instrument.timer` to the Stepper) and by
+`Profiler` in a user's own loop (which calls `enter`/`leave` from hooks). A stretch has three
+parts: warm-up (nothing measured), a few counted steps (syncs counted, nothing timed: the CPU
+counter interposes on every torch call, which would distort the clock), then the timed steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from saturate.doctor.measure import PHASES, PhaseClock, SyncCounter
+from saturate.doctor.rules import Measurements
+from saturate.hardware import synchronize
+from saturate.telemetry import Sampler, Snapshot, Stat, gpu_stat, host_memory_budget, host_stat, swap_traffic
+
+
+class Instrument:
+    def __init__(self, device: torch.device, *, compiled: bool = False, interval: float = 0.25,
+                 host_budget: int | None = None, telemetry: bool = True) -> None:
+        self.device = device
+        self.clock = PhaseClock(device)
+        self.counter = SyncCounter(device, compiled)
+        self.mode = "idle"  # "idle", "count" or "time"
+        self.phase = "other"
+        self.interval = interval
+        self.host_budget = host_budget
+        self.telemetry = telemetry
+        self.counted_steps = 0
+        self.timed_steps = 0
+        self.data_wall = 0.0
+        self.data_cpu = 0.0
+        self._data_start: tuple[float, float] | None = None
+        self.sampler: Sampler | None = None
+        self.snapshots: list[Snapshot] = []
+        self.window_s = 0.0
+        self._t0 = 0.0
+        self.worker_pids: set[int] = set()
+        self.notes: list[str] = []
+        self._budget: tuple[int, str] | None = None
+        self._mem_peak: int | None = None
+
+    # --- phases ---------------------------------------------------------------------------------
+
+    def enter(self, phase: str) -> bool:
+        """Start `phase`; False (and nothing done) when another phase is already running."""
+        if self.phase != "other":
+            return False
+        self.phase = phase
+        self.counter.phase = phase
+        if self.mode == "time":
+            self.clock.mark(phase)
+            if phase == "data":
+                self._data_start = (time.perf_counter(), time.thread_time())
+        return True
+
+    def leave(self) -> None:
+        if self.mode == "time":
+            if self.phase == "data" and self._data_start is not None:
+                wall, cpu = self._data_start
+                self.data_wall += time.perf_counter() - wall
+                self.data_cpu += time.thread_time() - cpu
+                self._data_start = None
+            self.clock.mark("other")
+        self.phase = "other"
+        self.counter.phase = "other"
+
+    @contextlib.contextmanager
+    def timer(self, phase: str) -> Iterator[None]:
+        """The Stepper's hook: `with timer("forward"): ...`."""
+        entered = self.enter(phase)
+        try:
+            yield
+        finally:
+            if entered:
+                self.leave()
+
+    # --- stages -------------------------------------------------------------------------------
+
+    def begin_count(self) -> None:
+        self.mode = "count"
+        self.counter.start()
+
+    def end_count(self, steps: int) -> None:
+        self.counter.stop()
+        self.counted_steps = steps
+        self.mode = "idle"
+
+    def begin_timing(self) -> None:
+        pid = os.getpid()
+        if self.telemetry:
+            index = self.device.index if self.device.index is not None else (
+                torch.cuda.current_device() if self.device.type == "cuda" else None)
+            self.sampler = Sampler(self.interval, torch_indices=[index] if index is not None else [],
+                                   process_pid=pid, proportional=True)
+            first = self.sampler.read_once()
+            own = first.process.total_bytes if first.process and first.process.total_bytes else 0
+            self._budget = ((self.host_budget, "given") if self.host_budget is not None
+                            else host_memory_budget(own))
+            self.sampler.start()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        synchronize(self.device)
+        self.mode = "time"
+        self._t0 = time.perf_counter()
+
+    def begin_step(self) -> None:
+        if self.mode == "time":
+            self.clock.begin_step()
+
+    def end_step(self) -> None:
+        if self.mode == "time":
+            self.clock.end_step()
+            self.timed_steps += 1
+
+    def end_timing(self) -> None:
+        synchronize(self.device)
+        self.window_s = time.perf_counter() - self._t0
+        self.mode = "idle"
+        if self.device.type == "cuda":
+            self._mem_peak = int(torch.cuda.max_memory_reserved(self.device))
+        if self.sampler is not None:
+            self.sampler.read_once()
+            self.sampler.stop()
+            self.snapshots = list(self.sampler.snapshots)
+            self.notes += self.sampler.errors
+
+    def close(self) -> None:
+        self.counter.stop()
+        if self.sampler is not None:
+            self.sampler.stop()
+
+    # --- results -------------------------------------------------------------------------------
+
+    def measurements(self, **context: Any) -> Measurements:
+        """Measurements of the timed window; `context` fills the plan/loop fields (micro_batch, …)."""
+        steps = self.timed_steps
+        if steps < 1:
+            raise ValueError("no timed step finished")
+        per_step = self.clock.per_step()
+        phases = {p: sum(s[p] for s in per_step) / steps for p in PHASES}
+        dev = self.device
+        name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
+        device_type = context.pop("device_type", "rocm" if dev.type == "cuda" and torch.version.hip else dev.type)
+        m = Measurements(device_type=device_type, device_name=name, timing=self.clock.kind, steps=steps,
+                         step_s=self.window_s / steps, phases=phases, cpu_cores=_cores(),
+                         cpu_threads=torch.get_num_threads(), **context)
+        # Synchronisations
+        m.sync_method = self.counter.method
+        if not self.counter.available:
+            m.sync_missing = self.counter.missing
+        elif self.counted_steps > 0:
+            m.syncs_per_step = self.counter.total() / self.counted_steps
+            m.syncs_by_phase = {k: v / self.counted_steps for k, v in self.counter.counts.items()}
+        else:
+            m.sync_missing = "no counted steps"
+        # Telemetry
+        snaps = self.snapshots
+        if dev.type == "cuda":
+            m.device_mem_peak = self._mem_peak
+            m.device_mem_total = int(torch.cuda.get_device_properties(dev).total_memory)
+            if snaps:
+                m.device_util = gpu_stat(snaps, "util_pct")
+                used = gpu_stat(snaps, "mem_used")
+                m.device_mem_used_peak = None if used.peak is None else int(used.peak)
+            else:
+                m.device_util = Stat(missing="telemetry off")
+        elif dev.type == "cpu":
+            m.device_util = Stat(missing="no GPU: the CPU is the device (see host CPU)")
+        else:
+            m.device_util = Stat(missing=f"no utilisation counter for {dev.type}")
+        if snaps:
+            m.host_cpu = host_stat(snaps, "cpu_pct")
+            m.host_ram_total = snaps[-1].host.ram_total
+            m.host_ram_available_min = min(s.host.ram_available for s in snaps)
+            m.swap_bytes, m.swap_missing = swap_traffic(snaps)
+            self._fill_processes(m, snaps)
+        else:
+            m.swap_missing = "telemetry off"
+        # Data production: the main thread's CPU use while it waited, or the workers' own.
+        if m.phases.get("data", 0.0) > 0:
+            workers = context.get("num_workers") or 0
+            if workers == 0 and self.data_wall > 0:
+                m.data_cpu_share = min(1.0, self.data_cpu / self.data_wall)
+            elif workers > 0 and len(snaps) >= 2:
+                a, b = snaps[0].process, snaps[-1].process
+                if a and b and a.children_cpu_seconds is not None and b.children_cpu_seconds is not None:
+                    span = snaps[-1].time - snaps[0].time
+                    if span > 0:
+                        busy = b.children_cpu_seconds - a.children_cpu_seconds
+                        m.data_cpu_share = min(1.0, busy / (span * workers))
+        m.notes += self.notes
+        return m
+
+    def _fill_processes(self, m: Measurements, snaps: list[Snapshot]) -> None:
+        procs = [s.process for s in snaps if s.process is not None]
+        totals = [p.total_bytes for p in procs if p.total_bytes is not None]
+        if not totals:
+            reasons = [r for p in procs for r in p.missing.values()]
+            m.notes.append(f"the job's memory was not measured ({reasons[0] if reasons else 'no readings'})")
+            return
+        m.memory_kind = procs[-1].kind
+        m.tree_peak = max(totals)
+        mains = [p.main_bytes for p in procs if p.main_bytes is not None]
+        m.main_peak = max(mains) if mains else None
+        workers = [v for p in procs for pid, v in p.children_bytes.items() if pid in self.worker_pids]
+        m.worker_peak = max(workers) if workers else None
+        m.workers_seen = max((sum(pid in self.worker_pids for pid in p.children_bytes) for p in procs), default=0)
+        if self._budget is not None:
+            m.host_budget, m.host_budget_source = self._budget
+
+
+def _cores() -> int:
+    from saturate.hardware import _usable_cores
+
+    return _usable_cores()[0]
+
+
+def loader_worker_pids(iterator: Any) -> set[int]:
+    """The process ids of a DataLoader iterator's workers (empty without workers)."""
+    return {w.pid for w in getattr(iterator, "_workers", []) if getattr(w, "pid", None)}

@@ -1,0 +1,218 @@
+"""The doctor in a training loop saturate did not write: three added lines.
+
+    from saturate import Profiler
+    prof = Profiler(model, optimizer)          # model and optimizer are optional
+    for x, y in prof.data(loader):             # was: for x, y in loader:
+        ...                                    # the user's step, unchanged
+        prof.step()                            # once per optimizer step
+
+After `warmup + count_steps + steps` steps the diagnosis is printed (and kept as
+`prof.diagnosis`); the hooks are then removed and the loop runs on uninstrumented.
+
+What is timed: waiting for the loader (the wrapper), the model's forward (module hooks), its
+backward (a hook on the output's autograd node and an end-of-backward callback), the
+optimizer step (optimizer hooks), and everything else as "other" (the copy to the device, the
+loss, the user's own code). Without a model or optimizer those phases are part of "other".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+import torch
+import torch.nn as nn
+
+from saturate.doctor.instrument import Instrument, loader_worker_pids
+from saturate.doctor.rules import Diagnosis, decide
+from saturate.errors import SaturateError
+
+T = TypeVar("T")
+
+
+def _device_of(model: nn.Module | None, device: str | torch.device | None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    if model is not None:
+        for p in model.parameters():
+            return p.device
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _grad_nodes(value: Any, found: list[Any]) -> None:
+    if isinstance(value, torch.Tensor):
+        if value.grad_fn is not None:
+            found.append(value.grad_fn)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _grad_nodes(v, found)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _grad_nodes(v, found)
+
+
+class Profiler:
+    """Phase split, syncs, telemetry and a verdict for a user's own training loop."""
+
+    def __init__(self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
+                 warmup: int = 3, count_steps: int = 2, steps: int = 20, device: str | torch.device | None = None,
+                 report: bool = True, host_memory_budget: int | None = None, interval: float = 0.25) -> None:
+        for name, v, low in (("warmup", warmup, 0), ("count_steps", count_steps, 0), ("steps", steps, 1)):
+            if v < low:
+                raise SaturateError(f"Profiler: {name} must be >= {low}, got {v}")
+        self.warmup, self.count_steps, self.steps = warmup, count_steps, steps
+        self.report = report
+        self.device = _device_of(model, device)
+        compiled = model is not None and type(model).__name__ == "OptimizedModule"
+        self.instrument = Instrument(self.device, compiled=compiled, interval=interval, host_budget=host_memory_budget)
+        self.diagnosis: Diagnosis | None = None
+        self._step = 0  # steps finished
+        self._handles: list[Any] = []
+        self._loader: Any = None
+        self._iterator: Any = None
+        self._batches = 0  # loader batches fetched in the timed window
+        self._samples = 0
+        self._done = False
+        if model is not None:
+            self._handles.append(model.register_forward_pre_hook(self._forward_begin))
+            self._handles.append(model.register_forward_hook(self._forward_end))
+        if optimizer is not None:
+            self._handles.append(optimizer.register_step_pre_hook(lambda *a: self._enter("optimizer")))
+            self._handles.append(optimizer.register_step_post_hook(lambda *a: self._leave("optimizer")))
+        self._stage_for(0)
+
+    # --- the three lines ----------------------------------------------------------------------
+
+    def data(self, loader: Iterable[T]) -> Iterator[T]:
+        """Iterate `loader`, timing each wait for the next batch."""
+        self._loader = loader
+        iterator = iter(loader)
+        self._iterator = iterator
+        self.instrument.worker_pids |= loader_worker_pids(iterator)
+        while True:
+            if self._done:
+                yield from iterator
+                return
+            entered = self.instrument.enter("data")
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                if entered:
+                    self.instrument.leave()
+                return
+            if entered:
+                self.instrument.leave()
+            if self.instrument.mode == "time":
+                self._batches += 1
+                self._samples += _batch_len(batch)
+            yield batch
+
+    def step(self) -> None:
+        """Mark the end of one optimizer step."""
+        if self._done:
+            return
+        self.instrument.end_step()
+        self._step += 1
+        self._stage_for(self._step)
+
+    # --- stages -------------------------------------------------------------------------------
+
+    def _stage_for(self, step: int) -> None:
+        inst = self.instrument
+        counting_from, timing_from = self.warmup, self.warmup + self.count_steps
+        if step == counting_from and self.count_steps > 0:
+            inst.begin_count()
+        if step == timing_from:
+            if inst.mode == "count":
+                inst.end_count(self.count_steps)
+            inst.begin_timing()
+        if step == timing_from + self.steps:
+            inst.end_timing()
+            self.finish()
+            return
+        inst.begin_step()
+
+    def finish(self) -> Diagnosis:
+        """The diagnosis from the steps timed so far (called by itself when the window is complete)."""
+        if self.diagnosis is not None:
+            return self.diagnosis
+        inst = self.instrument
+        if inst.mode == "time":
+            inst.end_timing()
+        self._done = True
+        self._remove_hooks()
+        inst.close()
+        if inst.timed_steps < 1:
+            raise SaturateError(f"Profiler: only {self._step} step(s) ran; the diagnosis needs at least "
+                                f"{self.warmup + self.count_steps + 1} (warm-up {self.warmup}, counted "
+                                f"{self.count_steps}, then at least one timed step)")
+        loader = self._loader
+        steps = inst.timed_steps
+        context: dict[str, Any] = {"context": "loop"}
+        if self._batches:
+            context["grad_accum"] = round(self._batches / steps)
+            context["samples_per_step"] = self._samples / steps if self._samples else None
+        if loader is not None:
+            context["micro_batch"] = getattr(loader, "batch_size", None)
+            context["num_workers"] = getattr(loader, "num_workers", None)
+            context["prefetch_factor"] = getattr(loader, "prefetch_factor", None)
+            context["pin_memory"] = getattr(loader, "pin_memory", None)
+        if self.device.type == "cuda":
+            context["supports_bf16"] = torch.cuda.is_bf16_supported()
+        self.diagnosis = decide(inst.measurements(**context))
+        if self.report:
+            from saturate.doctor.report import render
+
+            render(self.diagnosis)
+        return self.diagnosis
+
+    # --- hooks --------------------------------------------------------------------------------
+
+    def _enter(self, phase: str) -> None:
+        if not self._done:
+            self.instrument.enter(phase)
+
+    def _leave(self, phase: str) -> None:
+        if not self._done and self.instrument.phase == phase:
+            self.instrument.leave()
+
+    def _forward_begin(self, module: nn.Module, args: Any) -> None:
+        self._enter("forward")  # ignored inside backward (activation checkpointing re-runs forward there)
+
+    def _forward_end(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._done or self.instrument.phase != "forward":
+            return
+        self.instrument.leave()
+        if self.instrument.mode == "idle":
+            return
+        nodes: list[Any] = []
+        _grad_nodes(output, nodes)
+        if nodes:
+            fired = [False]
+
+            def begin(grad_outputs: Any) -> None:
+                if fired[0]:
+                    return
+                fired[0] = True
+                if self.instrument.enter("backward"):
+                    torch.autograd.Variable._execution_engine.queue_callback(lambda: self._leave("backward"))
+
+            for node in nodes:
+                node.register_prehook(begin)
+
+    def _remove_hooks(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+def _batch_len(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for b in batch:
+            if isinstance(b, torch.Tensor) and b.dim():
+                return int(b.shape[0])
+    return 0

@@ -1,0 +1,123 @@
+"""diagnose() on real, short runs of constructed workloads: each CPU-reachable verdict of the issue.
+
+Slow samples -> input-bound, fixed by workers; a tiny model at micro-batch 1 -> overhead-bound;
+workers that each build a large table against a small host-memory budget -> host-memory-bound;
+a healthy gpt-tiny -> compute-bound; the loss read every step -> counted (a note on a CPU; the
+GPU's sync-bound verdict is in test_doctor_gpu.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from toy import Hungry, Samples, mlp_loss_read_every_step, mlp_workload, one_thread  # noqa: F401
+
+from saturate.doctor.run import DoctorConfig, apply_fix, diagnose, outcome, plan_fix
+from saturate.errors import ConfigError
+from saturate.hardware import probe
+from saturate.plan import Plan
+from saturate.telemetry import read_process_tree
+from saturate.workload import build_workload
+
+QUICK = DoctorConfig(steps=4, warmup=1, count_steps=1, min_seconds=0.0)
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return probe(measure_peaks=False, device="cpu")
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_slow_samples_are_input_bound_and_the_workers_fix_is_measured_faster(cpu):
+    workload = mlp_workload(Samples(delay=0.005), effective_batch=8)
+    plan = Plan(micro_batch=8, grad_accum=1)
+    before = diagnose(workload, plan, QUICK, hardware=cpu)
+    assert before.verdict == "input-bound"
+    m = before.measurements
+    assert m.share("data") > 0.3 and m.data_cpu_share < 0.5  # sleeping, not computing
+    assert m.item_s >= 0.005
+    fix = plan_fix(before)
+    assert fix is before.fixes[0] and fix.changes["num_workers"] == 2  # no more workers than the 2 cores
+    new_plan = apply_fix(plan, fix)
+    assert (new_plan.num_workers, new_plan.prefetch_factor, new_plan.persistent_workers) == (
+        fix.changes["num_workers"], 2, True)
+    after = diagnose(workload, new_plan, QUICK, hardware=cpu)
+    result = outcome(fix, before, after)
+    # 40 ms of sleep per step shared by two workers: ~2×, over the 1.5× margin this asserts.
+    assert result.measured_gain > 1.5
+    assert after.measurements.workers_seen == new_plan.num_workers
+
+
+def test_a_tiny_model_at_micro_batch_one_is_overhead_bound(cpu):
+    workload = mlp_workload(Samples(), effective_batch=32, hidden=8)
+    config = DoctorConfig(steps=4, warmup=1, count_steps=0, min_seconds=0.3)  # steps of a few ms: time more
+    d = diagnose(workload, Plan(micro_batch=1, grad_accum=32), config, hardware=cpu)
+    assert d.verdict == "overhead-bound"
+    probe_ = d.measurements.scaling
+    assert probe_.micro_batches == (1, 4) and probe_.fixed_share(1) >= 0.5
+    top = d.fixes[0]
+    assert top.changes == {"micro_batch": 32, "grad_accum": 1}  # the same effective batch
+    assert top.prediction.gain > 2  # bench/doctor_predictions.py compares it with the measured gain
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on 2 cores: on purpose
+def test_workers_over_a_small_host_memory_budget_are_host_memory_bound(cpu):
+    workload = mlp_workload(Hungry(mib=160), effective_batch=8)
+    own = read_process_tree(os.getpid(), proportional=True).total_bytes
+    budget = own + 256 * 2**20  # room for one worker's 160 MiB table, not for three
+    config = DoctorConfig(steps=4, warmup=1, count_steps=0, min_seconds=0.6, scaling=False,
+                          host_memory_budget=budget, interval=0.1)
+    plan = Plan(micro_batch=8, num_workers=3)
+    d = diagnose(workload, plan, config, hardware=cpu)
+    assert d.verdict == "host-memory-bound"
+    m = d.measurements
+    assert m.workers_seen == 3 and m.worker_peak >= 160 * 2**20
+    assert m.tree_peak > 0.9 * budget
+    top = d.fixes[0]
+    assert top.changes == {"num_workers": 1}
+    assert top.prediction.metric == "host_bytes" and top.prediction.after < m.tree_peak
+
+
+def test_a_healthy_gpt_tiny_is_compute_bound(cpu, small_corpus):
+    workload = build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=8)
+    d = diagnose(workload, Plan(micro_batch=4, grad_accum=2), QUICK, hardware=cpu)
+    assert d.verdict == "compute-bound", d.evidence
+    m = d.measurements
+    assert m.syncs_per_step == 0.0
+    assert m.phases["forward"] > 0 and m.phases["backward"] > 0 and m.phases["optimizer"] > 0
+    assert m.scaling.fixed_share(4) < 0.5
+    assert m.device_name == cpu.cpu_name and m.samples_per_step == 8
+
+
+def test_reading_the_loss_every_micro_step_is_counted(cpu):
+    workload = mlp_workload(Samples(), effective_batch=8, loss_fn=mlp_loss_read_every_step)
+    config = DoctorConfig(steps=2, warmup=1, count_steps=2, min_seconds=0.0, scaling=False)
+    d = diagnose(workload, Plan(micro_batch=4, grad_accum=2), config, hardware=cpu)
+    m = d.measurements
+    assert m.syncs_per_step == 2.0  # one per micro-step, inside the loss (the forward phase)
+    assert m.syncs_by_phase == {"forward": 2.0}
+    assert any(f.verdict == "note" for f in d.findings) and d.verdict != "sync-bound"
+
+
+def test_the_doctor_refuses_a_multi_process_plan(cpu):
+    with pytest.raises(ConfigError, match="one process"):
+        diagnose(mlp_workload(Samples(), 8), Plan(micro_batch=8, strategy="ddp"), QUICK, hardware=cpu)
+
+
+@pytest.mark.parametrize("kw", [{"steps": 0}, {"warmup": -1}, {"min_seconds": -1.0}, {"host_memory_budget": 0}])
+def test_bad_doctor_settings_are_refused(kw):
+    with pytest.raises(ConfigError):
+        DoctorConfig(**kw)
+
+
+def test_an_applied_fix_keeps_the_plan_valid():
+    from saturate.doctor.rules import Fix, Prediction
+
+    fix = Fix("num_workers 2 → 0", {"num_workers": 0}, Prediction("host_bytes", 2.0, 1.0, "test"), "test")
+    plan = apply_fix(Plan(micro_batch=4, num_workers=2, prefetch_factor=4, persistent_workers=True), fix)
+    assert (plan.num_workers, plan.prefetch_factor, plan.persistent_workers) == (0, None, False)
+    assert torch.equal(torch.tensor(plan.samples_per_step()), torch.tensor(4))

@@ -1,0 +1,135 @@
+"""The doctor in a user's own loop (three added lines), on constructed CPU cases."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+from toy import one_thread  # noqa: F401
+
+from saturate import Profiler
+from saturate.errors import SaturateError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class Samples(Dataset):
+    """Random regression samples; `delay` seconds of sleep per sample stands for slow decoding or I/O."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return 10**6
+
+    def __getitem__(self, i: int):
+        if self.delay:
+            time.sleep(self.delay)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(16, generator=g), torch.randn(1, generator=g)
+
+
+def train(prof: Profiler, model, opt, loader, steps: int, read_loss: bool = False) -> list[float]:
+    """A plain user loop with the Profiler's lines in it; returns the losses it printed."""
+    seen = []
+    for step, (x, y) in enumerate(prof.data(loader)):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if read_loss:
+            seen.append(loss.item())  # the classic: a host read every step
+        prof.step()
+        if step + 1 == steps:
+            break
+    return seen
+
+
+def small_model():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def test_slow_samples_are_input_bound_and_workers_are_the_first_fix():
+    model, opt = small_model()
+    prof = Profiler(model, opt, warmup=1, count_steps=1, steps=6, report=False)
+    train(prof, model, opt, DataLoader(Samples(delay=0.004), batch_size=8), steps=8)
+    d = prof.diagnosis
+    assert d is not None and d.verdict == "input-bound"
+    m = d.measurements
+    assert m.share("data") > 0.5  # 8 × 4 ms of sleep against a sub-millisecond model
+    assert (m.micro_batch, m.grad_accum, m.num_workers, m.samples_per_step) == (8, 1, 0, 8)
+    assert m.data_cpu_share is not None and m.data_cpu_share < 0.5  # sleeping, not computing
+    top = d.fixes[0]
+    assert top.title.startswith("DataLoader num_workers 0 → ")
+    assert top.prediction.gain > 1.5
+
+
+def test_reading_the_loss_every_step_is_counted_as_one_sync_per_step():
+    model, opt = small_model()
+    prof = Profiler(model, opt, warmup=1, count_steps=2, steps=3, report=False)
+    losses = train(prof, model, opt, DataLoader(Samples(), batch_size=8), steps=6, read_loss=True)
+    assert len(losses) == 6  # the loop itself is unchanged
+    d = prof.diagnosis
+    assert d.measurements.syncs_per_step == 1.0
+    assert d.measurements.syncs_by_phase == {"other": 1.0}
+    # On a CPU a read costs nothing: it is a note, not the verdict (the GPU case is in test_doctor_gpu.py).
+    assert d.verdict != "sync-bound"
+    assert any(f.verdict == "note" and "1 host read" in f.evidence[0] for f in d.findings)
+
+
+def test_a_loop_that_keeps_the_loss_on_the_device_has_no_sync():
+    model, opt = small_model()
+    prof = Profiler(model, opt, warmup=1, count_steps=2, steps=3, report=False)
+    train(prof, model, opt, DataLoader(Samples(), batch_size=8), steps=6)
+    assert prof.diagnosis.measurements.syncs_per_step == 0.0
+
+
+def test_phases_are_split_and_the_hooks_go_away_after_the_window(capsys):
+    model, opt = small_model()
+    prof = Profiler(model, opt, warmup=1, count_steps=0, steps=4)
+    train(prof, model, opt, DataLoader(Samples(), batch_size=8), steps=10)
+    m = prof.diagnosis.measurements
+    for phase in ("data", "forward", "backward", "optimizer"):
+        assert m.phases[phase] > 0, phase
+    assert sum(m.phases.values()) == pytest.approx(m.step_s, rel=0.5)  # the split covers the step
+    assert not model._forward_hooks and not model._forward_pre_hooks
+    assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+    out = capsys.readouterr().out
+    assert "verdict:" in out and "waiting for data" in out  # printed once the window was complete
+    assert m.syncs_per_step is None and "no counted steps" in m.sync_missing
+
+
+def test_without_model_and_optimizer_the_rest_is_other():
+    model, opt = small_model()
+    prof = Profiler(warmup=0, count_steps=0, steps=3, report=False)
+    train(prof, model, opt, DataLoader(Samples(), batch_size=4), steps=3)
+    m = prof.diagnosis.measurements
+    assert m.phases["forward"] == m.phases["backward"] == m.phases["optimizer"] == 0.0
+    assert m.phases["other"] > 0
+
+
+def test_a_loop_shorter_than_the_window_says_how_many_steps_it_needs():
+    model, opt = small_model()
+    prof = Profiler(model, opt, warmup=3, count_steps=1, steps=5, report=False)
+    train(prof, model, opt, DataLoader(Samples(), batch_size=4), steps=2)
+    assert prof.diagnosis is None
+    with pytest.raises(SaturateError, match=r"only 2 step\(s\) ran; the diagnosis needs at least 5"):
+        prof.finish()
+
+
+def test_a_partial_window_can_be_diagnosed_by_hand():
+    model, opt = small_model()
+    prof = Profiler(model, opt, warmup=1, count_steps=0, steps=50, report=False)
+    train(prof, model, opt, DataLoader(Samples(), batch_size=4), steps=4)
+    d = prof.finish()
+    assert d.measurements.steps == 3
+
+
+@pytest.mark.parametrize("kw", [{"steps": 0}, {"warmup": -1}, {"count_steps": -2}])
+def test_bad_profiler_settings_are_refused(kw):
+    with pytest.raises(SaturateError, match=next(iter(kw))):
+        Profiler(**kw)

@@ -1,0 +1,268 @@
+"""The verdict rules on constructed measurements: one case per verdict, predictions, ranking.
+
+These are pure-function tests; the same cases measured for real are in test_diagnose.py and
+test_profiler.py (CPU) and test_doctor_gpu.py (GPU only).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from saturate.doctor.rules import Measurements, ScalingProbe, decide
+from saturate.telemetry import Stat
+
+GIB = 1024**3
+
+
+def measured(**kw) -> Measurements:
+    """A healthy CPU step unless told otherwise: 100 ms, almost all forward/backward."""
+    base = dict(device_type="cpu", device_name="test cpu", timing="host time", steps=10, step_s=0.100,
+                phases={"data": 0.002, "h2d": 0.0, "forward": 0.030, "backward": 0.060, "optimizer": 0.006,
+                        "other": 0.002},
+                micro_batch=8, grad_accum=4, num_workers=0, precision="fp32", compile="none", supports_bf16=False,
+                syncs_per_step=0.0, cpu_cores=2, host_ram_total=32 * GIB, host_ram_available_min=20 * GIB,
+                swap_bytes=0, tree_peak=1 * GIB, main_peak=1 * GIB, host_budget=20 * GIB)
+    base.update(kw)
+    return Measurements(**base)
+
+
+def gpu(**kw) -> Measurements:
+    base = dict(device_type="cuda", device_name="test gpu", timing="device time", device_mem_total=80 * GIB,
+                device_mem_peak=60 * GIB, device_util=Stat(97.0, 99.0, 95.0, 20))
+    base.update(kw)
+    return measured(**base)
+
+
+def test_healthy_step_is_compute_bound():
+    d = decide(measured())
+    assert d.verdict == "compute-bound"
+    assert d.label == "compute-bound (healthy)"
+    assert d.fixes == []
+
+
+def test_bf16_is_offered_but_not_predicted_when_the_device_has_it():
+    d = decide(measured(supports_bf16=True))
+    assert d.verdict == "compute-bound"
+    assert [f.changes for f in d.fixes] == [{"precision": "bf16"}]
+    assert d.fixes[0].prediction.after is None  # no model predicts it: no number is made up
+
+
+def test_waiting_for_data_is_input_bound_and_workers_are_the_fix():
+    # 60 ms of every 100 ms waiting, the main thread idle meanwhile (I/O-like): 2 workers hide it.
+    m = measured(phases={"data": 0.060, "forward": 0.013, "backward": 0.025, "optimizer": 0.001, "other": 0.001},
+                 data_cpu_share=0.05)
+    d = decide(m)
+    assert d.verdict == "input-bound"
+    top = d.fixes[0]
+    assert top.changes["num_workers"] == 2
+    # 60 ms of production over 2 workers = 30 ms < the 40 ms of compute: the step becomes 40 ms.
+    assert top.prediction.after == pytest.approx(0.040)
+    assert top.prediction.gain == pytest.approx(2.5)
+    assert "60 %" in d.evidence[0]
+
+
+def test_cpu_bound_production_shares_the_cores_with_training_on_a_cpu():
+    m = measured(phases={"data": 0.060, "forward": 0.013, "backward": 0.025, "optimizer": 0.001, "other": 0.001},
+                 data_cpu_share=0.95, cpu_cores=2)
+    top = decide(m).fixes[0]
+    # The CPU work adds up on two cores: 40 ms + 60 ms / 2.
+    assert top.prediction.after == pytest.approx(0.070)
+    assert top.changes["num_workers"] <= 2
+
+
+def test_workers_already_running_estimate_production_from_the_wait():
+    # 2 workers, still 30 ms of wait over 40 ms of compute: production ≈ 2 × 70 ms per step.
+    m = measured(num_workers=2, phases={"data": 0.030, "forward": 0.015, "backward": 0.025, "other": 0.0},
+                 step_s=0.070, data_cpu_share=0.1, cpu_cores=8)
+    top = decide(m).fixes[0]
+    assert top.changes["num_workers"] > 2
+    assert top.prediction.after < 0.070
+
+
+def test_swapping_is_host_memory_bound_before_anything_else():
+    m = measured(swap_bytes=512 * 1024**2,
+                 phases={"data": 0.060, "forward": 0.013, "backward": 0.025, "optimizer": 0.001, "other": 0.001})
+    d = decide(m)
+    assert d.verdict == "host-memory-bound"
+    assert "512 MiB swapped" in d.evidence[0]
+    assert [f.verdict for f in d.findings][:2] == ["host-memory-bound", "input-bound"]
+
+
+def test_workers_over_the_budget_are_host_memory_bound_and_fewer_workers_fit():
+    # Main 1 GiB + 4 workers × 1 GiB of their own = 5 GiB against a 3 GiB budget.
+    m = measured(num_workers=4, tree_peak=5 * GIB, main_peak=1 * GIB, worker_peak=1 * GIB, workers_seen=4,
+                 host_budget=3 * GIB, host_budget_source="given")
+    d = decide(m)
+    assert d.verdict == "host-memory-bound"
+    top = d.fixes[0]
+    assert top.changes == {"num_workers": 1}  # 1 GiB + 1 × 1 GiB = 2 GiB <= 90 % of 3 GiB; 2 workers would not fit
+    assert top.prediction.metric == "host_bytes"
+    assert top.prediction.after == pytest.approx(2 * GIB)
+
+
+def test_a_single_worker_over_budget_gets_no_worker_fix():
+    # Without workers the dataset's memory would move into the training process: no saving.
+    m = measured(num_workers=1, tree_peak=5 * GIB, main_peak=1 * GIB, worker_peak=4 * GIB, workers_seen=1,
+                 host_budget=3 * GIB)
+    d = decide(m)
+    assert d.verdict == "host-memory-bound"
+    assert all("num_workers" not in f.changes for f in d.fixes)
+
+
+def test_low_free_ram_is_host_memory_bound():
+    d = decide(measured(host_ram_available_min=GIB // 2))
+    assert d.verdict == "host-memory-bound"
+
+
+def test_a_fixed_cost_per_micro_step_is_overhead_bound_and_a_larger_micro_batch_is_predicted():
+    # Micro-batch 1 × 32: each micro-step 10 ms fixed + 0.5 ms/sample.
+    probe = ScalingProbe((1, 4), (0.0105, 0.012))
+    m = measured(micro_batch=1, grad_accum=32, step_s=32 * 0.0105 + 0.004,
+                 phases={"data": 0.001, "forward": 0.12, "backward": 0.21, "optimizer": 0.003, "other": 0.002},
+                 scaling=probe)
+    d = decide(m)
+    assert d.verdict == "overhead-bound"
+    top = d.fixes[0]
+    assert top.changes == {"micro_batch": 32, "grad_accum": 1}
+    # Forward+backward as timed (0.33 s over 32 micro-steps), scaled by the fit T(32)/T(1); the data
+    # wait scales with samples (no item_s), "other" is per micro-step; the optimizer step stays, and
+    # so does the part of the step no phase accounts for.
+    fb = 0.33 / 32 * probe.time_at(32) / probe.time_at(1)
+    unaccounted = m.step_s - sum(m.phases.values())
+    assert top.prediction.after == pytest.approx(0.003 + fb + 0.001 + 0.002 / 32 + unaccounted)
+    assert top.prediction.gain > 5
+
+
+def test_a_step_that_scales_with_the_batch_is_not_overhead_bound():
+    probe = ScalingProbe((8, 16), (0.0245, 0.0485))  # 0.5 ms fixed of 24.5 ms
+    d = decide(measured(scaling=probe))
+    assert d.verdict == "compute-bound"
+    assert any("fixed per-micro-step cost 2 %" in e for e in d.evidence)
+
+
+def test_when_data_and_overhead_both_hold_the_bigger_predicted_gain_is_the_verdict():
+    # A tiny model at micro-batch 1 waits 20 % of the step for its 32 small batches: both rules
+    # hold, but a larger micro-batch removes far more than workers would.
+    probe = ScalingProbe((1, 4), (0.00010, 0.00011))
+    tiny = measured(micro_batch=1, grad_accum=32, step_s=0.0062, item_s=5e-6, data_cpu_share=0.85, scaling=probe,
+                    phases={"data": 0.0012, "h2d": 0.0006, "forward": 0.0013, "backward": 0.0022,
+                            "optimizer": 0.0004, "other": 0.0005})
+    d = decide(tiny)
+    assert d.verdict == "overhead-bound"
+    assert [f.verdict for f in d.findings[:2]] == ["overhead-bound", "input-bound"]
+    assert d.fixes[0].changes == {"micro_batch": 32, "grad_accum": 1}
+    # Slow samples into a tiny model: the data wait dwarfs the per-micro-step cost.
+    slow = measured(micro_batch=8, grad_accum=1, step_s=0.042, item_s=0.005, data_cpu_share=0.02,
+                    scaling=ScalingProbe((8, 16), (0.0002, 0.00021)),
+                    phases={"data": 0.040, "forward": 0.0008, "backward": 0.0008, "optimizer": 0.0003,
+                            "other": 0.0001})
+    d = decide(slow)
+    assert d.verdict == "input-bound"
+    assert "overhead-bound" in [f.verdict for f in d.findings]
+
+
+def test_workers_and_threads_over_the_cores_of_a_cpu_run_get_a_note():
+    d = decide(measured(num_workers=2, cpu_threads=2, cpu_cores=2))
+    assert any(f.verdict == "note" and "torch.set_num_threads(1)" in f.evidence[0] for f in d.findings)
+    assert not [f for f in decide(measured(num_workers=1, cpu_threads=1)).findings if f.verdict == "note"]
+
+
+def test_reads_to_the_host_on_a_cpu_are_a_note_never_the_verdict():
+    d = decide(measured(syncs_per_step=1.0, syncs_by_phase={"other": 1.0}))
+    assert d.verdict == "compute-bound"
+    notes = [f for f in d.findings if f.verdict == "note"]
+    assert notes and "1 host read" in notes[0].evidence[0]
+
+
+def test_syncs_with_an_idle_gpu_are_sync_bound():
+    m = gpu(syncs_per_step=1.0, syncs_by_phase={"other": 1.0}, device_util=Stat(55.0, 70.0, 40.0, 12))
+    d = decide(m)
+    assert d.verdict == "sync-bound"
+    top = d.fixes[0]
+    assert top.changes == {}  # a change to the user's code
+    assert top.prediction.after == pytest.approx(0.100 * 0.55)  # the busy time: an upper bound
+
+
+def test_syncs_from_pageable_copies_are_fixed_by_pinning():
+    m = gpu(syncs_per_step=4.0, syncs_by_phase={"h2d": 4.0}, device_util=Stat(60.0, 70.0, 50.0, 12),
+            pin_memory=False, non_blocking=False)
+    d = decide(m)
+    assert d.verdict == "sync-bound"
+    assert d.fixes[0].changes == {"pin_memory": True, "non_blocking": True}
+
+
+def test_syncs_on_a_busy_gpu_are_not_the_verdict():
+    d = decide(gpu(syncs_per_step=1.0, syncs_by_phase={"other": 1.0}))
+    assert d.verdict == "compute-bound"
+
+
+def test_sync_bound_needs_a_measured_utilisation():
+    d = decide(gpu(syncs_per_step=1.0, device_util=Stat(missing="NVML: Not Supported")))
+    assert d.verdict != "sync-bound"
+
+
+def test_memory_near_the_top_is_oom_risk_with_a_smaller_micro_batch():
+    probe = ScalingProbe((8, 16), (0.05, 0.10), (70 * GIB, 130 * GIB))
+    d = decide(gpu(device_mem_peak=76 * GIB, scaling=probe))
+    assert d.verdict == "oom-risk"
+    top = d.fixes[0]
+    assert top.changes == {"micro_batch": 4, "grad_accum": 8}
+    assert top.prediction.metric == "device_bytes"
+    assert top.prediction.after == pytest.approx(40 * GIB)
+
+
+def test_little_memory_and_a_faster_larger_batch_is_device_memory_under_used():
+    # 19 % of 80 GiB; a micro-step at 8 is 4 ms fixed + 2 ms per sample (fixed share 20 %: not overhead).
+    probe = ScalingProbe((8, 16), (0.020, 0.036), (15 * GIB, 20 * GIB))
+    m = gpu(device_mem_peak=15 * GIB, scaling=probe, step_s=0.082,
+            phases={"data": 0.0, "forward": 0.026, "backward": 0.054, "optimizer": 0.002, "other": 0.0})
+    d = decide(m)
+    assert d.verdict == "device-memory-underused"
+    top = d.fixes[0]
+    assert top.changes == {"micro_batch": 32, "grad_accum": 1}
+    # 82 ms - 4 × 20 ms + (4 ms + 32 × 2 ms) = 70 ms; predicted memory 30 GiB, inside 80 % of 80 GiB.
+    assert top.prediction.after == pytest.approx(0.070)
+    assert probe.memory_at(32) == pytest.approx(30 * GIB)
+
+
+def test_a_larger_micro_batch_that_would_not_fit_is_not_proposed():
+    probe = ScalingProbe((8, 16), (0.020, 0.036), (15 * GIB, 45 * GIB))  # 3.75 GiB per sample: 32 needs 105 GiB
+    d = decide(gpu(device_mem_peak=15 * GIB, scaling=probe, step_s=0.082,
+                   phases={"forward": 0.026, "backward": 0.054, "optimizer": 0.002}))
+    assert all(f.changes.get("micro_batch", 0) <= 16 for f in d.fixes)
+
+
+def test_under_used_memory_with_no_gain_is_healthy():
+    probe = ScalingProbe((8, 16), (0.040, 0.080), (15 * GIB, 20 * GIB))  # no fixed cost: no gain from size
+    d = decide(gpu(device_mem_peak=15 * GIB, scaling=probe, step_s=0.162,
+                   phases={"forward": 0.05, "backward": 0.11, "optimizer": 0.002}))
+    assert d.verdict == "compute-bound"
+
+
+def test_fixes_are_ranked_by_predicted_gain():
+    # Input-bound on a GPU with two fixes: the copy (50 ms, pinning removes it) beats workers (20 ms wait).
+    m = gpu(phases={"data": 0.020, "h2d": 0.050, "forward": 0.010, "backward": 0.018, "optimizer": 0.002},
+            pin_memory=False, non_blocking=False, data_cpu_share=0.1)
+    d = decide(m)
+    assert d.verdict == "input-bound"
+    assert [next(iter(f.changes)) for f in d.fixes] == ["pin_memory", "num_workers"]
+    gains = [f.prediction.gain for f in d.fixes]
+    assert gains == sorted(gains, reverse=True)
+    assert gains[0] == pytest.approx(0.100 / 0.050)
+
+
+def test_unpredicted_fixes_come_after_predicted_ones():
+    probe = ScalingProbe((1, 4), (0.0105, 0.012))
+    m = measured(micro_batch=1, grad_accum=32, step_s=0.34, scaling=probe,
+                 phases={"forward": 0.12, "backward": 0.21, "optimizer": 0.01})
+    fixes = decide(m).fixes
+    predicted = [f.prediction.after is not None for f in fixes]
+    assert predicted == sorted(predicted, reverse=True) and True in predicted and False in predicted
+
+
+def test_diagnosis_serialises_to_plain_json():
+    import json
+
+    d = decide(measured(swap_bytes=1024**3))
+    text = json.dumps(d.to_dict())
+    assert '"verdict": "host-memory-bound"' in text

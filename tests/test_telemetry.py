@@ -1,0 +1,248 @@
+"""Telemetry: every reading is measured or missing with a reason; failures never stop sampling."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import types
+
+import psutil
+import pytest
+
+from saturate import telemetry
+from saturate.telemetry import (
+    AmdSmiSource,
+    GpuSource,
+    NvmlSource,
+    Sampler,
+    Stat,
+    gpu_stat,
+    host_memory_budget,
+    open_gpu_source,
+    read_host,
+    read_process_tree,
+    swap_traffic,
+)
+
+
+class NVMLError(Exception):
+    pass
+
+
+def fake_pynvml(*, init_error: str | None = None, failing: dict[str, str] | None = None) -> types.SimpleNamespace:
+    """Just enough of pynvml: one 80 GiB GPU; `failing` maps a call name to the error it raises."""
+    failing = failing or {}
+
+    def call(name, value):
+        def fn(*args):
+            if name in failing:
+                raise NVMLError(failing[name])
+            return value(*args) if callable(value) else value
+        return fn
+
+    def init():
+        if init_error:
+            raise NVMLError(init_error)
+
+    return types.SimpleNamespace(
+        NVMLError=NVMLError, NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2, NVML_TEMPERATURE_GPU=0,
+        nvmlInit=init, nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: 1, nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
+        nvmlDeviceGetName=lambda h: b"Fake GPU",
+        nvmlDeviceGetUUID=lambda h: "GPU-0000",
+        nvmlDeviceGetUtilizationRates=call("util", types.SimpleNamespace(gpu=87, memory=40)),
+        nvmlDeviceGetMemoryInfo=call("memory", types.SimpleNamespace(used=20 * 2**30, total=80 * 2**30)),
+        nvmlDeviceGetPowerUsage=call("power", 301_500),
+        nvmlDeviceGetEnforcedPowerLimit=call("limit", 700_000),
+        nvmlDeviceGetClockInfo=call("clock", lambda h, kind: 1980 if kind == 1 else 2619),
+        nvmlDeviceGetTemperature=call("temp", 61),
+    )
+
+
+def test_nvml_readings_are_converted_to_plain_units():
+    [r] = NvmlSource(fake_pynvml(), [(0, "h0")]).read()
+    assert r.name == "Fake GPU"
+    assert (r.util_pct, r.mem_used, r.mem_total) == (87.0, 20 * 2**30, 80 * 2**30)
+    assert (r.power_w, r.power_limit_w) == (301.5, 700.0)  # NVML answers in milliwatts
+    assert (r.sm_clock_mhz, r.mem_clock_mhz, r.temp_c) == (1980.0, 2619.0, 61.0)
+    assert r.missing == {}
+
+
+def test_a_sensor_that_fails_is_missing_with_its_reason_and_the_rest_is_read():
+    nv = fake_pynvml(failing={"power": "Not Supported", "temp": "Insufficient Permissions", "util": "Not Supported"})
+    [r] = NvmlSource(nv, [(0, "h0")]).read()
+    assert r.power_w is None and r.temp_c is None and r.util_pct is None
+    assert r.missing["power_w"] == "NVML: Not Supported"
+    assert r.missing["temp_c"] == "NVML: Insufficient Permissions"
+    assert r.mem_used == 20 * 2**30 and r.power_limit_w == 700.0
+    # A window of such readings reports the figure as unmeasured, with the reason, not as 0.
+    snap = telemetry.Snapshot(0.0, 0.0, read_host(), [r], None)
+    stat = gpu_stat([snap, snap], "util_pct")
+    assert stat.mean is None and stat.missing == "NVML: Not Supported"
+
+
+def test_nvml_that_cannot_start_means_no_gpu_with_the_reason(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_error="Driver Not Loaded"))
+    monkeypatch.setitem(sys.modules, "amdsmi", None)  # import amdsmi -> ImportError
+    source = open_gpu_source(None)
+    assert source.name == "none" and source.read() == []
+    assert "Driver Not Loaded" in source.note and "amdsmi" in source.note
+
+
+def test_every_nvml_gpu_is_listed_for_the_monitor(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
+    source = open_gpu_source(None)
+    assert source.name == "nvml"
+    assert [g.name for g in source.read()] == ["Fake GPU"]
+
+
+def test_training_telemetry_without_a_gpu_says_so(monkeypatch):
+    monkeypatch.setattr(telemetry, "_torch_gpus", lambda: (0, False, []))
+    source = open_gpu_source([0])
+    assert source.name == "none" and "no GPU" in source.note
+
+
+class FakeAmdSmi:
+    class AmdSmiClkType:
+        GFX, MEM = "gfx", "mem"
+
+    class AmdSmiTemperatureType:
+        EDGE = "edge"
+
+    class AmdSmiTemperatureMetric:
+        CURRENT = "current"
+
+    def amdsmi_get_gpu_asic_info(self, h):
+        return {"market_name": "AMD Instinct MI300X"}
+
+    def amdsmi_get_gpu_activity(self, h):
+        return {"gfx_activity": 93, "umc_activity": 40, "mm_activity": "N/A"}
+
+    def amdsmi_get_gpu_vram_usage(self, h):
+        return {"vram_used": 2048, "vram_total": 196608}  # MiB
+
+    def amdsmi_get_power_info(self, h):
+        return {"current_socket_power": "N/A", "average_socket_power": 612, "power_limit": 750}
+
+    def amdsmi_get_clock_info(self, h, kind):
+        if kind == "mem":
+            raise RuntimeError("AMDSMI_STATUS_NOT_SUPPORTED")
+        return {"clk": 2100}
+
+    def amdsmi_get_temp_metric(self, h, sensor, metric):
+        return "N/A"
+
+    def amdsmi_shut_down(self):
+        pass
+
+
+def test_amd_smi_readings_in_bytes_and_watts_with_n_a_as_missing():
+    [r] = AmdSmiSource(FakeAmdSmi(), [(0, "card0")]).read()
+    assert r.name == "AMD Instinct MI300X"
+    assert r.util_pct == 93.0
+    assert (r.mem_used, r.mem_total) == (2048 * 2**20, 196608 * 2**20)
+    assert (r.power_w, r.power_limit_w) == (612.0, 750.0)  # "N/A" current power: the average is read
+    assert r.sm_clock_mhz == 2100.0 and r.mem_clock_mhz is None
+    assert "NOT_SUPPORTED" in r.missing["mem_clock_mhz"]
+    assert r.temp_c is None and "N/A" in r.missing["temp_c"]
+
+
+def test_host_reading_is_measured():
+    h = read_host()
+    vm = psutil.virtual_memory()
+    assert h.ram_total == vm.total
+    assert 0 < h.ram_available <= h.ram_total
+
+
+def test_process_tree_counts_a_child_and_survives_one_that_ends(monkeypatch):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.time() + 10
+        while child.pid not in [c.pid for c in psutil.Process().children()] and time.time() < deadline:
+            time.sleep(0.05)
+        tree = read_process_tree(os.getpid(), proportional=True)
+        assert child.pid in tree.children_bytes
+        assert tree.total_bytes >= tree.main_bytes > 0
+        # The child ends between listing and reading: it is left out and said to be, nothing is invented.
+        real = telemetry._smaps_rollup
+
+        def vanished(pid):
+            if pid == child.pid:
+                raise FileNotFoundError(pid)
+            return real(pid)
+
+        monkeypatch.setattr(telemetry, "_smaps_rollup", vanished)
+        tree = read_process_tree(os.getpid(), proportional=True)
+        assert child.pid not in tree.children_bytes
+        assert tree.missing[f"child {child.pid}"] == "ended during sampling"
+        assert tree.main_bytes > 0
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_process_that_has_ended_is_reported_not_read():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    tree = read_process_tree(proc.pid)
+    assert tree.total_bytes is None and "ended" in tree.missing["process"]
+
+
+class BrokenGpu(GpuSource):
+    name = "broken"
+
+    def __init__(self):
+        super().__init__(None)
+        self.calls = 0
+
+    def read(self):
+        self.calls += 1
+        raise RuntimeError("GPU has fallen off the bus")
+
+
+def test_sampler_keeps_sampling_through_a_failing_sensor():
+    gpu = BrokenGpu()
+    with Sampler(0.01, gpu=gpu, process_pid=os.getpid()) as s:
+        deadline = time.time() + 10
+        while len(s.snapshots) < 3 and time.time() < deadline:
+            time.sleep(0.02)
+    assert len(s.snapshots) >= 3 and gpu.calls >= 3
+    assert all(snap.gpus == [] for snap in s.snapshots)
+    assert "fallen off the bus" in s.errors[0]
+    assert s.latest().process.main_bytes > 0
+    n = len(s.snapshots)
+    time.sleep(0.05)
+    assert len(s.snapshots) == n  # stopped
+
+
+def test_sampler_rejects_a_bad_interval():
+    with pytest.raises(ValueError, match="interval"):
+        Sampler(0, gpu=GpuSource("none"))
+
+
+def test_stat_of_nothing_is_missing_not_zero():
+    assert Stat.of([None, None], ["NVML: Not Supported"]) == Stat(missing="NVML: Not Supported")
+    s = Stat.of([10.0, None, 30.0], [])
+    assert (s.mean, s.low, s.peak, s.samples) == (20.0, 10.0, 30.0, 2)
+
+
+def test_swap_traffic_over_a_window():
+    a, b = read_host(), read_host()
+    a.swap_in, a.swap_out, b.swap_in, b.swap_out = 100, 200, 1100, 1200
+    snaps = [telemetry.Snapshot(0, 0, a, [], None), telemetry.Snapshot(1, 1, b, [], None)]
+    assert swap_traffic(snaps) == (2000, None)
+    a.swap_in = None
+    a.missing["swap_in"] = "swap traffic is only counted on Linux"
+    assert swap_traffic(snaps) == (None, "swap traffic is only counted on Linux")
+
+
+def test_host_memory_budget_respects_a_container_limit(monkeypatch):
+    monkeypatch.setattr(telemetry, "cgroup_memory", lambda: (4 * 2**30, 3 * 2**30))
+    budget, source = host_memory_budget(own_bytes=2**30)
+    assert budget == 4 * 2**30 - 2 * 2**30  # the limit less what the other processes in it use
+    assert "cgroup" in source
+    monkeypatch.setattr(telemetry, "cgroup_memory", lambda: (None, None))
+    budget, source = host_memory_budget(own_bytes=2**30)
+    assert budget >= 2**30 and "available" in source
