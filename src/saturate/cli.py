@@ -149,6 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"saturate: error: {_rank_prefix()}out of memory ({first}); lower plan.micro_batch and raise "
                   "plan.grad_accum, or enable activation_checkpointing", file=sys.stderr)
             return EXIT_OOM
+        if _lost_a_peer(e) and not args.debug:
+            print(f"saturate: error: {_rank_prefix()}lost contact with another rank ({_first_line(e)}); that "
+                  "rank's own error, above, is the cause", file=sys.stderr)
+            return EXIT_ERROR
         raise
     except KeyboardInterrupt:
         print("saturate: interrupted", file=sys.stderr)
@@ -162,6 +166,20 @@ def _rank_prefix() -> str:
     import os
 
     return f"[rank {os.environ['RANK']}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+
+
+def _lost_a_peer(e: BaseException) -> bool:
+    """A collective failed because another rank went away (it crashed, or torchrun stopped it)."""
+    import os
+
+    text = str(e)
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and any(
+        k in text for k in ("closed by peer", "reset by peer", "Broken pipe", "Connection refused"))
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:160] if text else type(e).__name__
 
 
 def _leave_process_group() -> None:

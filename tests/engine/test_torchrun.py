@@ -7,6 +7,7 @@ processes with 4 × 1 each, so they see the same samples and must reach the same
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -54,10 +55,15 @@ def corpus(shared: Path) -> Path:
     return make_small_corpus(shared)
 
 
-def plan_file(shared: Path, name: str, **fields) -> Path:
-    path = shared / f"{name}.toml"
-    Plan(**fields).save(path)
-    return path
+@pytest.fixture(scope="module")
+def plans(shared: Path) -> dict[str, Path]:
+    """Global batch 8 each: one process 4 × 2, two processes 4 × 1."""
+    found = {}
+    for name, fields in {"single": dict(grad_accum=2), "ddp": dict(strategy="ddp"),
+                         "fsdp": dict(strategy="fsdp")}.items():
+        found[name] = shared / f"{name}.toml"
+        Plan(micro_batch=4, **{"grad_accum": 1, **fields}).save(found[name])
+    return found
 
 
 def run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -67,25 +73,23 @@ def run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def single(shared: Path, corpus: Path, env: dict[str, str]) -> Path:
+def single(shared: Path, corpus: Path, env: dict[str, str], plans: dict[str, Path]) -> Path:
     run_dir = shared / "single"
-    run(saturate_cmd(*train_args(corpus, plan_file(shared, "single", micro_batch=4, grad_accum=2), run_dir)), env)
+    run(saturate_cmd(*train_args(corpus, plans["single"], run_dir)), env)
     return run_dir
 
 
 @pytest.fixture(scope="module")
-def ddp(shared: Path, corpus: Path, env: dict[str, str]) -> Path:
+def ddp(shared: Path, corpus: Path, env: dict[str, str], plans: dict[str, Path]) -> Path:
     run_dir = shared / "ddp"
-    plan = plan_file(shared, "ddp", micro_batch=4, grad_accum=1, strategy="ddp")
-    run(torchrun("-m", "saturate", *train_args(corpus, plan, run_dir)), env)
+    run(torchrun("-m", "saturate", *train_args(corpus, plans["ddp"], run_dir)), env)
     return run_dir
 
 
 @pytest.fixture(scope="module")
-def fsdp(shared: Path, corpus: Path, env: dict[str, str]) -> Path:
+def fsdp(shared: Path, corpus: Path, env: dict[str, str], plans: dict[str, Path]) -> Path:
     run_dir = shared / "fsdp"
-    plan = plan_file(shared, "fsdp", micro_batch=4, grad_accum=1, strategy="fsdp")
-    run(torchrun("-m", "saturate", *train_args(corpus, plan, run_dir)), env)
+    run(torchrun("-m", "saturate", *train_args(corpus, plans["fsdp"], run_dir)), env)
     return run_dir
 
 
@@ -143,10 +147,10 @@ def rank_pid(launcher: subprocess.Popen, rank: int, timeout: float = 60) -> int:
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_killed_rank_resumes_exactly(strategy, request, tmp_path, shared, corpus, env):
+def test_killed_rank_resumes_exactly(strategy, request, tmp_path, shared, corpus, env, plans):
     reference = request.getfixturevalue(strategy)  # the uninterrupted two-process run
     run_dir = tmp_path / "killed"
-    args = train_args(corpus, shared / f"{strategy}.toml", run_dir)
+    args = train_args(corpus, plans[strategy], run_dir)
     launcher = subprocess.Popen(torchrun("-m", "saturate", *args), env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
     victim = rank_pid(launcher, 1)
@@ -182,14 +186,14 @@ def test_fsdp_checkpoint_resumes_in_one_process(tmp_path, fsdp, single, env, cor
     assert_close_runs(run_dir, single)
 
 
-def test_one_process_checkpoint_resumes_under_fsdp(tmp_path, single, env, corpus, shared):
+def test_one_process_checkpoint_resumes_under_fsdp(tmp_path, single, env, corpus, shared, plans):
     """A single-process checkpoint file is split into FSDP shards on two processes."""
     run_dir = tmp_path / "from-single"
     ckpt = run_dir / "checkpoints"
     ckpt.mkdir(parents=True)
     subprocess.run(["cp", str(single / "checkpoints" / "ckpt-00000006.pt"), str(ckpt)], check=True)
     subprocess.run(["cp", str(single / "metrics.jsonl"), str(run_dir)], check=True)
-    done = run(torchrun("-m", "saturate", *train_args(corpus, shared / "fsdp.toml", run_dir, "--resume")), env)
+    done = run(torchrun("-m", "saturate", *train_args(corpus, plans["fsdp"], run_dir, "--resume")), env)
     assert "resuming at step 6" in done.stdout
     assert_close_runs(run_dir, single)
 
@@ -215,11 +219,11 @@ OOM_ON_RANK_1 = textwrap.dedent("""
 """)
 
 
-def test_oom_on_one_rank_shrinks_both(tmp_path, shared, corpus, env, single):
+def test_oom_on_one_rank_shrinks_both(tmp_path, shared, corpus, env, single, plans):
     script = tmp_path / "oom_rank1.py"
     script.write_text(OOM_ON_RANK_1)
     run_dir = tmp_path / "oom"
-    done = run(torchrun(str(script), *train_args(corpus, shared / "ddp.toml", run_dir)), env)
+    done = run(torchrun(str(script), *train_args(corpus, plans["ddp"], run_dir)), env)
     assert "out of memory at micro-batch 4 (rank 1: simulated, 4 samples)" in done.stdout
     # Rank 0 never ran out of memory itself, yet it writes the plan both now run: 2 × 2 per process.
     plan = Plan.load(run_dir / "plan.toml")
@@ -227,3 +231,88 @@ def test_oom_on_one_rank_shrinks_both(tmp_path, shared, corpus, env, single):
     assert [r["plan/micro_batch"] for r in read_jsonl(run_dir / "metrics.jsonl") if "plan/micro_batch" in r] \
         == [2] * STEPS
     assert_close_runs(run_dir, single)  # the same samples and effective batch: the same training
+
+
+RANK_1_FAILS_AT_STEP_3 = textwrap.dedent("""
+    import os, sys
+    import torch
+    from saturate.engine.step import OutOfMemoryError
+    from saturate.models import gpt
+
+    KIND = sys.argv[1]
+    real_init = gpt.GPT.__init__
+
+    def init(self, cfg):
+        real_init(self, cfg)
+        calls = []
+
+        def hook(module, args, output):
+            if module.training:
+                calls.append(1)
+            if os.environ["RANK"] == "1" and len(calls) == 3:  # rank 1, third training forward: step 3
+                if KIND == "oom":
+                    raise OutOfMemoryError("simulated")
+                return output * float("nan")
+            return output
+
+        self.register_forward_hook(hook)
+
+    gpt.GPT.__init__ = init
+    from saturate.cli import main
+    code = main(sys.argv[2:])
+    if KIND == "nan" and os.environ["RANK"] == "1":
+        import time
+        time.sleep(3)  # stay a moment, so torchrun does not stop rank 0 before it reports on its own
+    sys.exit(code)
+""")
+
+
+def test_oom_in_the_synchronising_backward_ends_every_rank_clearly(tmp_path, shared, corpus, env, plans):
+    """At a proven micro-batch DDP overlaps the all-reduce with the last backward: an OOM there cannot be
+    retried in lock-step, so the rank says why and exits, and torchrun stops the rank waiting for it."""
+    script = tmp_path / "fail.py"
+    script.write_text(RANK_1_FAILS_AT_STEP_3)
+    started = time.monotonic()
+    done = subprocess.run(torchrun(str(script), "oom", *train_args(corpus, plans["ddp"], tmp_path / "run")),
+                          env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode != 0
+    assert ("saturate: error: [rank 1] out of memory on rank 1 in the gradient-synchronising backward at "
+            "micro-batch 4") in done.stderr, done.stderr[-4000:]
+    # Rank 0 was inside the gradient all-reduce; if gloo reports the lost peer before torchrun stops it,
+    # it says so in one line rather than a traceback.
+    assert "[rank0]: Traceback" not in done.stderr
+    assert time.monotonic() - started < 120  # no hang until a collective's timeout
+
+
+def test_non_finite_loss_on_one_rank_stops_every_rank(tmp_path, shared, corpus, env, plans):
+    script = tmp_path / "nan.py"
+    script.write_text(RANK_1_FAILS_AT_STEP_3)
+    run_dir = tmp_path / "run"
+    done = subprocess.run(torchrun(str(script), "nan", *train_args(corpus, plans["ddp"], run_dir)),
+                          env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode != 0
+    for rank in (0, 1):  # the loss is averaged over ranks before it is checked: both see nan and stop
+        assert f"saturate: error: [rank {rank}] training loss became nan at step 3" in done.stderr
+    assert [s for s, _ in CheckpointManager(run_dir / "checkpoints").checkpoints()] == []  # none for step 3
+
+
+def test_ctrl_c_stops_every_rank_at_one_step_with_a_checkpoint(tmp_path, corpus, env, plans):
+    """A terminal's Ctrl-C reaches torchrun and every worker (and torchrun forwards it again): the ranks
+    take it as one request, agree on the step, checkpoint it and exit."""
+    run_dir = tmp_path / "interrupted"
+    args = train_args(corpus, plans["ddp"], run_dir)
+    args[args.index("--steps") + 1] = "200"
+    launcher = subprocess.Popen(torchrun("-m", "saturate", *args), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + TIMEOUT
+    while not ((run_dir / "metrics.jsonl").exists() and losses(run_dir)):
+        assert launcher.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    os.killpg(launcher.pid, signal.SIGINT)  # what the terminal does: the whole foreground group
+    out, _ = launcher.communicate(timeout=120)
+    assert CheckpointManager(run_dir / "checkpoints").checkpoints(), out[-5000:]
+    stopped_at = CheckpointManager(run_dir / "checkpoints").checkpoints()[-1][0]
+    assert 0 < stopped_at < 200
+    assert max(losses(run_dir)) == stopped_at  # every step it ran was logged, and that step saved
+    assert "saturate: interrupted" not in out and "lost contact" not in out, out[-3000:]  # no rank aborted
+    assert "resume with: torchrun --nproc_per_node=2 -m saturate train --resume" in out

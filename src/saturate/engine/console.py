@@ -22,6 +22,7 @@ class ConsoleSink:
         self.console = console or Console(highlight=False)
         self.total = total_steps
         self.start_step = start_step
+        self.processes = 1
         self._progress: Progress | None = None
         self._task: Any = None
 
@@ -32,6 +33,7 @@ class ConsoleSink:
     def start(self, workload: Any, plan: Any, hw: Any, effective: int, total_steps: int,
               resumed_from: int | None, processes: int = 1) -> None:
         self.total = total_steps
+        self.processes = processes
         if not self.enabled:
             return
         info = ", ".join(f"{k} {v}" for k, v in workload.info.items())
@@ -111,7 +113,9 @@ class ConsoleSink:
             t.add_row("weights", str(result.weights))
         self.console.print(t)
         if result.stopped_early:
-            self.console.print(f"resume with: saturate train --resume --run-dir {result.run_dir}")
+            launch = (f"torchrun --nproc_per_node={self.processes} -m saturate" if self.processes > 1
+                      else "saturate")
+            self.console.print(f"resume with: {launch} train --resume --run-dir {result.run_dir}")
 
     def close(self) -> None:
         if self._progress is not None:  # an error ended the loop: leave the terminal usable

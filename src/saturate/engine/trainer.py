@@ -248,7 +248,8 @@ def _train(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist:
     model.train()
 
     with stop.installed(), _closing(sinks), watch:
-        while step < total_steps and not stop.requested:
+        stopping = False  # decided once per step, below: the loop never reads the signal flag directly
+        while step < total_steps and not stopping:
             for group in optimizer.param_groups:
                 group["lr"] = schedule.lr(step)
             adapted = len(stepper.adaptations)
@@ -263,10 +264,12 @@ def _train(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist:
             step += 1
             window_steps += 1
             console.advance(step)  # host-only: moves the bar and ETA, reads nothing from the device
-            stopping = stop.requested or _past(deadline)  # a budget is not an interruption: interrupted stays False
+            # Read once: a Ctrl-C landing later in this step is seen at the next one, never between the
+            # checkpoint decision and the loop test (which would stop without a checkpoint, or, with
+            # several ranks, stop one rank a step before the others). A budget is not an interruption.
+            stopping = stop.requested or _past(deadline)
             if world > 1:  # a Ctrl-C or a budget seen by one rank stops all of them at this same step
                 stopping = agree_any(stopping)
-            stop.requested = stopping
 
             eval_due = val_loader is not None and (step % eval_every == 0 or step == total_steps)
             ckpt_due = step % ckpt_every == 0 or step == total_steps or stopping
