@@ -253,6 +253,8 @@ def test_budget_running_out_keeps_the_best_so_far_and_says_what_was_not_tried(mo
     result = search(machine, Plan(), settings(budget_s=4, try_compile=False))
     assert result.chosen.ok and result.plan in machine.tried
     assert any("not tried, the budget had" in s for s in result.skipped)
+    loader = next(d for d in result.decisions if d.startswith("loader"))
+    assert "budget ran out" in loader and "RAM budget" not in loader
     unbounded = FakeMachine(speed=saturating(1000), memory=linear_memory(GiB, 0.01 * GiB))
     search(unbounded, Plan(), settings(try_compile=False))
     assert len(machine.tried) < len(unbounded.tried)

@@ -437,6 +437,9 @@ class _Search:
             chosen, ct = max(within, key=lambda pt: pt[1].samples_per_s or 0)
             why = (f"the fastest within the RAM budget, {ct.samples_per_s:.0f} samples/s, under the "
                    f"{need:.0f} wanted: this run will be input-bound")
+        elif not measured:
+            chosen, ct = setting(0, None, False), None
+            why = "not measured: the tuning budget ran out first; loading in the training process"
         else:
             chosen, ct = setting(0, None, False), None
             why = "no loader setting could be measured within the RAM budget; loading in the training process"
