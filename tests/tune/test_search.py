@@ -29,10 +29,16 @@ class FakeMachine:
         self.trial_seconds = trial_seconds
         self.verify_oom_above = verify_oom_above
         self.tried: list[Plan] = []
+        self.compile_limits: list[float | None] = []
 
-    def model_trial(self, plan: Plan, stage: str, *, steps: int | None = None) -> Trial:
+    def model_trial(self, plan: Plan, stage: str, *, steps: int | None = None,
+                    compile_limit_s: float | None = None) -> Trial:
         self.tried.append(plan)
         t = Trial(stage=stage, plan=plan, seconds=self.trial_seconds, steps=steps or 3)
+        self.compile_limits.append(compile_limit_s)
+        if plan.compile != "none" and compile_limit_s is not None and compile_limit_s < 30.0:
+            t.status, t.error = "timeout", f"compiling was stopped at the {compile_limit_s:.1f} s limit"
+            return t
         mem = self.memory(plan)
         t.peak_memory_bytes = min(mem, self.memory_capacity)
         if mem > self.memory_capacity:
@@ -178,7 +184,11 @@ def test_compile_accepted_only_when_it_pays_back():
     assert long_run.plan.compile == "default"
     short_run = search(machine, Plan(), settings(planned_steps=3))
     assert short_run.plan.compile == "none"
-    assert any(d.startswith("compile: none") for d in short_run.decisions)
+    # The limit is what compile could at most save over the run: a 3-step run stops it in flight.
+    limit = machine.compile_limits[-2]  # the compile trial's (the verify that follows has none)
+    assert limit is not None and limit < 1.0
+    assert any(d.startswith("compile: none (compiling was stopped") for d in short_run.decisions)
+    assert short_run.plan in machine.tried and short_run.chosen.ok
 
 
 def test_loader_cheapest_setting_that_feeds_the_model():

@@ -13,9 +13,10 @@ import ctypes
 import ctypes.util
 import gc
 import math
+import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -102,7 +103,8 @@ class Measurer(Protocol):
     ram_budget: int  # bytes of host RAM the loader's workers may add
     cores: int  # usable CPU cores
 
-    def model_trial(self, plan: Plan, stage: str, *, steps: int | None = None) -> Trial: ...
+    def model_trial(self, plan: Plan, stage: str, *, steps: int | None = None,
+                    compile_limit_s: float | None = None) -> Trial: ...
 
     def loader_trial(self, plan: Plan) -> LoaderTrial: ...
 
@@ -146,14 +148,22 @@ class RealMeasurer:
 
     # --- model trials ---------------------------------------------------------------------------
 
-    def model_trial(self, plan: Plan, stage: str, *, steps: int | None = None) -> Trial:
-        """Warm-up, then timed steps on cycled pre-collated batches (the loader is not in the timing)."""
+    def model_trial(self, plan: Plan, stage: str, *, steps: int | None = None,
+                    compile_limit_s: float | None = None) -> Trial:
+        """Warm-up, then timed steps on cycled pre-collated batches (the loader is not in the timing).
+
+        `compile_limit_s` stops a compilation that runs longer (status "timeout"), where the process
+        can deliver a timer signal (Unix, main thread); elsewhere the limit is checked afterwards.
+        """
         trial = Trial(stage=stage, plan=plan)
         started = time.perf_counter()
         batches = self._cycled_batches(plan)
         with _PeakMemory(self.device) as mem:
             try:
-                self._run(trial, plan, batches, steps)
+                self._run(trial, plan, batches, steps, compile_limit_s)
+            except CompileTimeLimit as e:
+                trial.status, trial.error = "timeout", str(e)
+                torch._dynamo.reset()  # drop whatever the interrupted compilation left half-built
             except Exception as e:
                 trial.status = "oom" if is_oom(e) else "failed"
                 trial.error = first_line(e)
@@ -162,14 +172,18 @@ class RealMeasurer:
         _release(self.device)
         return trial
 
-    def _run(self, trial: Trial, plan: Plan, batches: Iterator[Any], steps: int | None) -> None:
+    def _run(self, trial: Trial, plan: Plan, batches: Iterator[Any], steps: int | None,
+             compile_limit_s: float | None = None) -> None:
         torch.manual_seed(self.seed)  # every trial starts from the same weights: losses are comparable
         notes: list[str] = []
         t0 = time.perf_counter()
         stepper = Stepper(self.workload, plan, self.device, self.workload.optim.lr, notes=notes,
                           compile=False, adapt_oom=False)
         if plan.compile != "none":
-            stepper.compile_model()
+            with _time_limit(compile_limit_s) as expired:
+                stepper.compile_model()
+            if expired():  # the alarm may surface wrapped in a compiler error, or not at all
+                raise CompileTimeLimit(f"compiling was stopped at the {compile_limit_s:.1f} s limit")
             if stepper.step_model is stepper.model:  # compilation failed and fell back
                 raise RuntimeError(notes[-1])
             trial.compile_s = time.perf_counter() - t0
@@ -278,6 +292,34 @@ class RealMeasurer:
                     self.workload.loss_fn(model, to_device(batch, self.device, plan.non_blocking))
                 if i >= 2:
                     break
+
+
+class CompileTimeLimit(Exception):
+    """A compilation ran past its time limit and was stopped."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None) -> Iterator[Callable[[], bool]]:
+    """Interrupt the block after `seconds` (SIGALRM); yields a function saying whether time ran out."""
+    state = {"expired": False}
+    usable = (seconds is not None and hasattr(signal, "setitimer")
+              and threading.current_thread() is threading.main_thread())
+    if not usable:
+        started = time.perf_counter()
+        yield lambda: seconds is not None and time.perf_counter() - started > seconds
+        return
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        state["expired"] = True
+        raise CompileTimeLimit(f"compiling was stopped at the {seconds:.1f} s limit")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
+    try:
+        yield lambda: state["expired"]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _workers_uss() -> int:

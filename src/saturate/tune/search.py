@@ -357,14 +357,18 @@ class _Search:
             self.skipped.append("torch.compile: not tried (turned off)")
             return best
         # The most compile could save: the planned run at `compile_speedup_bound`× speed. A compile that takes
-        # longer than that cannot pay back, so it is the trial's time limit (checked when compilation ends).
+        # longer than that cannot pay back, so it is the trial's time limit: the compilation is stopped there.
         limit = s.planned_steps * best.step_s * (1 - 1 / s.compile_speedup_bound)
         left = self.remaining()
         if left is not None:
             limit = min(limit, left)
         if not self.affordable("torch.compile"):
             return best
-        t = self.trial(best.plan.replace(compile=s.compile_mode), "compile")
+        t = self.trial(best.plan.replace(compile=s.compile_mode), "compile", compile_limit_s=limit)
+        if t.status == "timeout":
+            t.verdict = f"{t.error}: a longer compilation cannot pay back over {s.planned_steps} steps"
+            self.decisions.append(f"compile: none ({t.verdict})")
+            return best
         if not t.ok:
             t.verdict = f"{t.status}: {t.error}"
             self.decisions.append(f"compile: none (torch.compile failed: {t.error}; eager is used)")
