@@ -316,3 +316,28 @@ def test_ctrl_c_stops_every_rank_at_one_step_with_a_checkpoint(tmp_path, corpus,
     assert max(losses(run_dir)) == stopped_at  # every step it ran was logged, and that step saved
     assert "saturate: interrupted" not in out and "lost contact" not in out, out[-3000:]  # no rank aborted
     assert "resume with: torchrun --nproc_per_node=2 -m saturate train --resume" in out
+
+
+def test_run_under_torchrun_tunes_compares_and_trains_as_one_job(tmp_path, corpus, env):
+    """`torchrun -m saturate run`: every rank measures every trial together and takes the same
+    decisions (DDP against FSDP2 included); rank 0 alone reports and writes; the plan splits the
+    global batch over both processes and trains with it."""
+    run_dir = tmp_path / "run"
+    done = run(torchrun("-m", "saturate", "run", "--data", str(corpus), "--effective-batch", "8", "--budget",
+                        "150", "--steps", "4", "--no-compile", "--no-progress", "--run-dir", str(run_dir)), env)
+    out = done.stdout
+    assert out.count("saturate tune gpt-tiny") == 1 and "2 processes" in out  # reported once, by rank 0
+    plan = Plan.load(run_dir / "tune" / "plan.toml")
+    assert plan.strategy in ("ddp", "fsdp") and plan.micro_batch * plan.grad_accum * 2 == 8
+    assert plan.provenance["world_size"] == 2 and plan.provenance["effective_batch"] == 8
+    trials = json.loads((run_dir / "tune" / "tune.json").read_text())["trials"]
+    strategies = {t["strategy"] for t in trials}
+    assert strategies == {"ddp", "fsdp"}, strategies  # both measured, the faster kept
+    assert any(d.startswith("strategy: ") for d in plan.provenance["decisions"])
+    comparison = json.loads((run_dir / "comparison.json").read_text())
+    assert comparison["processes"] == 2
+    assert [r["label"] for r in comparison["rows"]] == ["naive", "tuned", "tuned: the training run"]
+    assert all(r["status"] == "ok" and r["samples_per_s"] > 0 for r in comparison["rows"])
+    assert max(losses(run_dir)) == 4
+    cached = list((Path(env["SATURATE_CACHE"]) / "plans").glob("gpt-tiny-*-2p.toml"))
+    assert len(cached) == 1  # kept apart from a one-process plan

@@ -195,3 +195,24 @@ def test_a_compilation_past_its_time_limit_is_stopped_in_flight(workload, cpu):
     assert took < 5.0  # stopped in flight: a CPU compilation of gpt-tiny takes several seconds
     eager = m.model_trial(Plan(micro_batch=4, grad_accum=2), "after")  # the process is left usable
     assert eager.ok and eager.samples_per_s > 0
+
+
+def test_plans_tuned_at_several_processes_are_cached_apart_and_resplit(workload, cpu):
+    from saturate.engine.trainer import _choose_plan
+
+    fp = cpu.fingerprint()
+    one = Plan(micro_batch=4, grad_accum=2, name="tuned", provenance={"world_size": 1})
+    two = Plan(micro_batch=2, grad_accum=2, strategy="ddp", name="tuned", provenance={"world_size": 2})
+    cache.store(one, workload, fp)
+    cache.store(two, workload, fp, 2)
+    assert cache.lookup(workload, fp)[0].micro_batch == 4
+    assert cache.lookup(workload, fp, 2)[0].strategy == "ddp"
+    assert cache.lookup(workload, fp, 4)[0].micro_batch == 4  # none tuned at 4: the one-process plan
+    config = RunConfig(progress=False)
+    at2 = _choose_plan(None, None, workload, cpu, config, [], world=2)
+    assert (at2.micro_batch, at2.grad_accum, at2.strategy) == (2, 2, "ddp")  # as tuned, untouched
+    cache.cached_plan_path(workload, fp).unlink()
+    notes: list[str] = []
+    at4 = _choose_plan(None, None, workload, cpu, config, notes, world=4)  # the 2-process plan, re-split
+    assert (at4.micro_batch, at4.grad_accum, at4.provenance["world_size"]) == (2, 1, 2)
+    assert any("using the plan tuned" in n for n in notes)

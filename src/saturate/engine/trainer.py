@@ -361,11 +361,12 @@ def _choose_plan(plan: Plan | None, state: dict[str, Any] | None, workload: Work
     if state is not None:
         return _checkpoint_plan(state, world, notes)
     if cfg.use_tuned:
-        cached, cache_notes = cache.lookup(workload, hw.fingerprint())
+        cached, cache_notes = cache.lookup(workload, hw.fingerprint(), world)
         notes.extend(cache_notes)
-        if cached is not None and world > 1:
+        tuned_world = int(cached.provenance.get("world_size", 1)) if cached is not None else world
+        if cached is not None and tuned_world != world:
             try:
-                cached = fit_to_world(cached, cached.samples_per_step(), world).replace(
+                cached = fit_to_world(cached, cached.samples_per_step(tuned_world), world).replace(
                     strategy=cached.strategy if cached.strategy != "single" else "ddp")
             except ConfigError as e:
                 notes.append(f"the cached tuned plan does not split over {world} processes ({e}); not used")

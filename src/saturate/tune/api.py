@@ -13,7 +13,7 @@ import torch
 from rich.console import Console
 
 from saturate.atomic import atomic_write_bytes
-from saturate.engine.distributed import dist_info
+from saturate.engine.distributed import barrier, broadcast_object, init_distributed, teardown_distributed
 from saturate.errors import ConfigError
 from saturate.plan import Plan
 from saturate.tune import cache
@@ -57,27 +57,35 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
 
     if budget_s is not None and budget_s <= 0:
         raise ConfigError(f"budget must be > 0 seconds, got {budget_s:g}")
-    console = console or Console()
     hw = hardware or probe(measure_peaks=False, device=device)
     dev = torch.device(hw.torch_device)
-    world = dist_info().world_size
-    measurer = measurer or RealMeasurer(workload, hw, seed=seed)
+    made_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
+    dist = init_distributed(dev.type)  # under torchrun every rank measures every trial, together
+    world = dist.world_size
+    console = console or Console()
+    if not dist.is_main:
+        console = Console(quiet=True)  # rank 0 reports and writes
+    measurer = measurer or RealMeasurer(workload, hw, seed=seed, dist=dist)
     steps = planned_steps or workload.optim.steps
     s = SearchSettings(effective_batch=workload.optim.effective_batch, planned_steps=steps,
                        supports=dict(hw.supports), fused_available=fused_adamw_available(dev),
                        world_size=world, allow_batch_change=allow_batch_change, budget_s=budget_s,
                        try_compile=try_compile, **settings)
-    out_dir = Path(out_dir) if out_dir is not None else Path("runs") / f"tune-{workload.name}-" \
-        f"{time.strftime('%Y%m%d-%H%M%S')}"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(broadcast_object(str(out_dir) if out_dir is not None else str(
+        Path("runs") / f"tune-{workload.name}-{time.strftime('%Y%m%d-%H%M%S')}")))  # rank 0's name on every rank
+    if dist.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
     console.print(f"[bold]saturate tune[/bold] {workload.name} on {_describe(hw)}: effective batch "
                   f"{s.effective_batch}, {steps} planned steps"
-                  + (f", budget {budget_s:g} s" if budget_s else "") + "; every figure below is measured")
+                  + (f", budget {budget_s:g} s" if budget_s else "")
+                  + (f", {world} processes (samples/s and memory are per process)" if world > 1 else "")
+                  + "; every figure below is measured")
 
     def progress(t: Trial | LoaderTrial) -> None:
         console.print(f"[dim]  {trial_line(t, workload.tokens_per_sample)}[/dim]", highlight=False)
 
-    result = search(measurer, Plan(name="base"), s, progress)  # raises before anything is written
+    base = Plan(name="base", strategy="ddp" if world > 1 else "single")
+    result = search(measurer, base, s, progress)  # raises before anything is written
 
     hw_fp = hw.fingerprint()
     plan = result.plan.replace(name="tuned", provenance={
@@ -87,6 +95,7 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
         "workload": workload.name,
         "workload_key": cache.workload_key(workload),
         "effective_batch": result.plan.samples_per_step(world),
+        "world_size": world,
         "tuning_seconds": round(result.seconds, 1),
         "verified_samples_per_s": result.chosen.samples_per_s,
         "verified_peak_memory_bytes": result.chosen.peak_memory_bytes,
@@ -96,21 +105,28 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
         "loader_trials": [t.to_dict() for t in result.loader_trials],
     })
     result.plan = plan
-    print_report(console, result, workload.tokens_per_sample, measurer.memory_kind)
-    plots, plot_note = plot(result, out_dir, s.loader_margin)
-    notes = [plot_note] if plot_note else []
-    json_path = out_dir / "tune.json"
-    atomic_write_bytes(json_path, (json.dumps({
-        "workload": workload.name, "info": workload.info, "hardware": hw.to_dict(), "settings": s.__dict__,
-        **result_dict(result), "plan": plan.to_dict() | {"provenance": None}, "plots": [str(p) for p in plots],
-    }, indent=2, default=str) + "\n").encode())
-    plan_path = out_dir / "plan.toml"
-    plan.save(plan_path)
-    cached = cache.store(plan, workload, hw_fp) if use_cache else None
-    console.print(f"tuned plan: {plan_path} (evidence: {json_path}"
-                  + (f"; plots: {', '.join(str(p) for p in plots)}" if plots else "") + ")")
-    for n in notes:
-        console.print(f"[yellow]{n}[/yellow]")
+    json_path, plan_path = out_dir / "tune.json", out_dir / "plan.toml"
+    plots: list[Path] = []
+    notes: list[str] = []
+    cached = None
+    if dist.is_main:
+        print_report(console, result, workload.tokens_per_sample, measurer.memory_kind)
+        plots, plot_note = plot(result, out_dir, s.loader_margin)
+        notes = [plot_note] if plot_note else []
+        atomic_write_bytes(json_path, (json.dumps({
+            "workload": workload.name, "info": workload.info, "hardware": hw.to_dict(), "settings": s.__dict__,
+            **result_dict(result), "plan": plan.to_dict() | {"provenance": None},
+            "plots": [str(p) for p in plots],
+        }, indent=2, default=str) + "\n").encode())
+        plan.save(plan_path)
+        cached = cache.store(plan, workload, hw_fp, world) if use_cache else None
+        console.print(f"tuned plan: {plan_path} (evidence: {json_path}"
+                      + (f"; plots: {', '.join(str(p) for p in plots)}" if plots else "") + ")")
+        for n in notes:
+            console.print(f"[yellow]{n}[/yellow]")
+    barrier()  # the plan is on disk before any rank goes on to use it
+    if made_group:
+        teardown_distributed()
     return TuneResult(plan=plan, search=result, out_dir=out_dir, plan_path=plan_path, json_path=json_path,
                       plots=plots, cached_path=cached, notes=notes)
 

@@ -24,25 +24,33 @@ def plans_dir() -> Path:
     return cache_root() / "plans"
 
 
-def cached_plan_path(workload: Workload, hardware_fingerprint: str) -> Path:
-    return plans_dir() / f"{workload.name}-{workload_key(workload)}-{hardware_fingerprint}.toml"
+def cached_plan_path(workload: Workload, hardware_fingerprint: str, world_size: int = 1) -> Path:
+    """Where the plan tuned for `workload` on this hardware at `world_size` processes is kept."""
+    procs = f"-{world_size}p" if world_size > 1 else ""
+    return plans_dir() / f"{workload.name}-{workload_key(workload)}-{hardware_fingerprint}{procs}.toml"
 
 
-def store(plan: Plan, workload: Workload, hardware_fingerprint: str) -> Path:
-    path = cached_plan_path(workload, hardware_fingerprint)
+def store(plan: Plan, workload: Workload, hardware_fingerprint: str, world_size: int = 1) -> Path:
+    path = cached_plan_path(workload, hardware_fingerprint, world_size)
     path.parent.mkdir(parents=True, exist_ok=True)
     plan.save(path)
     return path
 
 
-def lookup(workload: Workload, hardware_fingerprint: str) -> tuple[Plan | None, list[str]]:
+def lookup(workload: Workload, hardware_fingerprint: str, world_size: int = 1) -> tuple[Plan | None, list[str]]:
     """The cached tuned plan for this workload on this hardware, and notes about others found.
 
+    The plan tuned at `world_size` processes is preferred; else the one-process plan; else one tuned
+    at another process count (the caller re-splits its effective batch, `provenance["world_size"]`).
     A plan tuned for this workload on other hardware is never used silently: it is named in a note.
     A cached file that no longer loads is reported and ignored (tuning again replaces it).
     """
     notes: list[str] = []
-    here = cached_plan_path(workload, hardware_fingerprint)
+    here = cached_plan_path(workload, hardware_fingerprint, world_size)
+    if not here.exists():
+        here = cached_plan_path(workload, hardware_fingerprint)
+    if not here.exists():  # tuned here at another process count: re-split by the caller
+        here = next(iter(sorted(plans_dir().glob(f"{here.stem}-*p.toml"))), here)
     plan = None
     if here.exists():
         try:

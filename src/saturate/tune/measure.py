@@ -13,6 +13,7 @@ import ctypes
 import ctypes.util
 import gc
 import math
+import os
 import signal
 import threading
 import time
@@ -25,6 +26,7 @@ import torch
 from torch.utils.data import default_collate
 
 from saturate.data.windows import eval_loader, make_loader
+from saturate.engine.distributed import DistInfo, agree_any, all_reduce_scalar, gather_objects, rank_device
 from saturate.engine.step import OutOfMemoryError, Stepper, to_device
 from saturate.hardware import synchronize
 from saturate.plan import Plan
@@ -59,7 +61,8 @@ class Trial:
             "stage": self.stage, "status": self.status, "micro_batch": p.micro_batch, "grad_accum": p.grad_accum,
             "precision": p.precision, "tf32": p.tf32, "compile": p.compile,
             "activation_checkpointing": p.activation_checkpointing, "fused_optimizer": p.fused_optimizer,
-            "samples_per_s": self.samples_per_s, "step_s": self.step_s, "peak_memory_bytes": self.peak_memory_bytes,
+            "strategy": p.strategy, "cpu_offload": p.cpu_offload, "samples_per_s": self.samples_per_s,
+            "step_s": self.step_s, "peak_memory_bytes": self.peak_memory_bytes,
             "compile_s": self.compile_s, "losses": self.losses or None, "loss_drift": self.loss_drift,
             "seconds": round(self.seconds, 3),
             "steps": self.steps, "error": self.error or None, "verdict": self.verdict or None,
@@ -110,6 +113,10 @@ class Measurer(Protocol):
 
     def verify(self, plan: Plan) -> Trial: ...
 
+    def all_agree(self, flag: bool) -> bool:
+        """True when `flag` is true on every process (the identity in one process)."""
+        ...
+
 
 def is_oom(e: BaseException) -> bool:
     """Device OOM, or the CPU allocator failing (`DefaultCPUAllocator: can't allocate memory`)."""
@@ -122,16 +129,28 @@ def first_line(e: BaseException) -> str:
 
 
 class RealMeasurer:
-    """Trials on this machine with saturate's own Stepper (the code that will train)."""
+    """Trials on this machine with saturate's own Stepper (the code that will train).
+
+    Under torchrun (`dist` with several processes) every rank runs every trial together, with the
+    plan's DDP/FSDP strategy, and each result is agreed across ranks before the search sees it
+    (the slowest rank's step time, the largest peak memory, any rank's failure), so every rank
+    takes the same decisions. Samples/s are then per process. Memory capacity, the workers' RAM
+    budget and the cores are shared by the ranks on one machine, so each rank gets its share.
+    """
 
     def __init__(self, workload: Workload, hardware: Any, *, seed: int = 0, warmup: int = 1,
                  min_steps: int = 3, min_seconds: float = 1.0, max_steps: int = 12,
-                 memory_headroom_bytes: int | None = None, ram_budget: int | None = None) -> None:
+                 memory_headroom_bytes: int | None = None, ram_budget: int | None = None,
+                 dist: DistInfo | None = None) -> None:
         self.workload, self.hw, self.seed = workload, hardware, seed
         self.warmup, self.min_steps, self.min_seconds, self.max_steps = warmup, min_steps, min_seconds, max_steps
+        self.dist = dist or DistInfo()
         self.device = torch.device(hardware.torch_device)
+        if self.dist.active:
+            self.device = rank_device(self.device.type, self.dist)
         self.device_type = self.device.type
-        self.cores = max(1, int(hardware.cpu_cores))
+        local = _local_processes(self.dist)
+        self.cores = max(1, int(hardware.cpu_cores) // local)
         vm = psutil.virtual_memory()
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
@@ -140,11 +159,39 @@ class RealMeasurer:
         else:
             self.memory_capacity = int(vm.available)
             self.memory_kind = "host RSS"
+            self.memory_capacity //= local  # the ranks on this machine share its RAM
         if memory_headroom_bytes is not None:
             self.memory_capacity = max(0, self.memory_capacity - memory_headroom_bytes)
         # Workers may add what is available less a margin (a tenth of RAM, at least 1 GiB), so nothing swaps.
         self.ram_budget = ram_budget if ram_budget is not None else max(0, int(vm.available - max(vm.total / 10,
-                                                                                                   2**30)))
+                                                                                                   2**30))) // local
+        if self.dist.world_size > 1:  # each rank read its own sensors a moment apart: agree on the smallest
+            self.memory_capacity = int(all_reduce_scalar(self.memory_capacity, "min"))
+            self.ram_budget = int(all_reduce_scalar(self.ram_budget, "min"))
+            self.cores = int(all_reduce_scalar(self.cores, "min"))
+
+    def all_agree(self, flag: bool) -> bool:
+        return not agree_any(not flag)
+
+    def _agreed(self, t: Trial) -> Trial:
+        """The trial as every rank sees it: any rank's failure, the slowest step, the largest peak."""
+        if self.dist.world_size == 1:
+            return t
+        views = gather_objects((t.status, t.error, t.step_s, t.peak_memory_bytes, t.compile_s, t.seconds,
+                                t.steps, t.losses))
+        failed = next((v for v in views if v[0] != "ok"), None)
+        t.seconds = max(v[5] for v in views)
+        t.peak_memory_bytes = max((v[3] for v in views if v[3] is not None), default=None)
+        if failed is not None:
+            rank = views.index(failed)
+            t.status, t.error = failed[0], f"rank {rank}: {failed[1]}"
+            t.step_s = t.samples_per_s = t.compile_s = None
+            return t
+        t.step_s = max(v[2] for v in views)
+        t.samples_per_s = t.plan.samples_per_step() / t.step_s
+        t.compile_s = max((v[4] for v in views if v[4] is not None), default=None)
+        t.steps, t.losses = views[0][6], views[0][7]
+        return t
 
     # --- model trials ---------------------------------------------------------------------------
 
@@ -170,7 +217,7 @@ class RealMeasurer:
         trial.peak_memory_bytes = mem.peak if trial.ok or trial.status == "oom" else None
         trial.seconds = time.perf_counter() - started
         _release(self.device)
-        return trial
+        return self._agreed(trial)
 
     def _run(self, trial: Trial, plan: Plan, batches: Iterator[Any], steps: int | None,
              compile_limit_s: float | None = None) -> None:
@@ -178,11 +225,12 @@ class RealMeasurer:
         notes: list[str] = []
         t0 = time.perf_counter()
         stepper = Stepper(self.workload, plan, self.device, self.workload.optim.lr, notes=notes,
-                          compile=False, adapt_oom=False)
+                          compile=False, adapt_oom=False, dist=self.dist)
         if plan.compile != "none":
-            with _time_limit(compile_limit_s) as expired:
+            # Several ranks: no alarm (it could stop one rank inside a collective); checked afterwards, together.
+            with _time_limit(compile_limit_s, interrupt=self.dist.world_size == 1) as expired:
                 stepper.compile_model()
-            if expired():  # the alarm may surface wrapped in a compiler error, or not at all
+            if agree_any(expired()):  # the alarm may surface wrapped in a compiler error, or not at all
                 raise CompileTimeLimit(f"compiling was stopped at the {compile_limit_s:.1f} s limit")
             if stepper.step_model is stepper.model:  # compilation failed and fell back
                 raise RuntimeError(notes[-1])
@@ -201,7 +249,8 @@ class RealMeasurer:
                 break
             if steps is None and n >= self.min_steps:
                 synchronize(self.device)
-                if n >= self.max_steps or time.perf_counter() - start >= self.min_seconds:
+                # Every rank runs the same number of steps (each one's all-reduce pairs with the others').
+                if agree_any(n >= self.max_steps or time.perf_counter() - start >= self.min_seconds):
                     break
         synchronize(self.device)
         elapsed = time.perf_counter() - start
@@ -233,7 +282,8 @@ class RealMeasurer:
         trial = LoaderTrial(plan.num_workers, plan.prefetch_factor, pin)
         started = time.perf_counter()
         swap_before = psutil.swap_memory().used
-        loader = make_loader(self.workload.train_data, plan, start_step=0, pin_memory=pin)
+        loader = make_loader(self.workload.train_data, plan, start_step=0, pin_memory=pin,
+                             rank=self.dist.rank, world_size=self.dist.world_size)
         it = iter(loader)
         try:
             next(it)
@@ -256,6 +306,19 @@ class RealMeasurer:
             gc.collect()
         trial.swap_grew_bytes = max(0, psutil.swap_memory().used - swap_before)
         trial.seconds = time.perf_counter() - started
+        if self.dist.world_size > 1:  # every rank's loader: the slowest, the hungriest, any failure
+            views = gather_objects((trial.status, trial.error, trial.samples_per_s, trial.worker_memory_bytes,
+                                    trial.swap_grew_bytes, trial.startup_s, trial.seconds))
+            failed = next((v for v in views if v[0] != "ok"), None)
+            if failed is not None:
+                trial.status, trial.error = failed[0], f"rank {views.index(failed)}: {failed[1]}"
+                trial.samples_per_s = None
+            else:
+                trial.samples_per_s = min(v[2] for v in views)
+                trial.worker_memory_bytes = max(v[3] or 0 for v in views)
+                trial.startup_s = max(v[5] for v in views)
+            trial.swap_grew_bytes = max(v[4] for v in views)
+            trial.seconds = max(v[6] for v in views)
         return trial
 
     # --- verification ---------------------------------------------------------------------------
@@ -267,7 +330,8 @@ class RealMeasurer:
         pin = plan.pin_memory and self.device.type == "cuda"
         with _PeakMemory(self.device) as mem:
             try:
-                loader = make_loader(self.workload.train_data, plan, start_step=0, pin_memory=pin)
+                loader = make_loader(self.workload.train_data, plan, start_step=0, pin_memory=pin,
+                                     rank=self.dist.rank, world_size=self.dist.world_size)
                 self._run(trial, plan, iter(loader), None)
                 if self.workload.val_data is not None:
                     self._validate(plan, pin)
@@ -277,7 +341,7 @@ class RealMeasurer:
         trial.peak_memory_bytes = mem.peak if trial.status != "failed" else None
         trial.seconds = time.perf_counter() - started
         _release(self.device)
-        return trial
+        return self._agreed(trial)
 
     def _validate(self, plan: Plan, pin: bool) -> None:
         """A few validation micro-batches at the plan's micro-batch (memory is what is being proven)."""
@@ -298,11 +362,22 @@ class CompileTimeLimit(Exception):
     """A compilation ran past its time limit and was stopped."""
 
 
+def _local_processes(info: DistInfo) -> int:
+    """How many of the job's processes share this machine (torchrun's LOCAL_WORLD_SIZE)."""
+    if info.world_size == 1:
+        return 1
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size)))
+    except ValueError:
+        return info.world_size
+
+
 @contextlib.contextmanager
-def _time_limit(seconds: float | None) -> Iterator[Callable[[], bool]]:
-    """Interrupt the block after `seconds` (SIGALRM); yields a function saying whether time ran out."""
+def _time_limit(seconds: float | None, *, interrupt: bool = True) -> Iterator[Callable[[], bool]]:
+    """Interrupt the block after `seconds` (SIGALRM) where `interrupt` and the process allows; yields a
+    function saying whether time ran out."""
     state = {"expired": False}
-    usable = (seconds is not None and hasattr(signal, "setitimer")
+    usable = (interrupt and seconds is not None and hasattr(signal, "setitimer")
               and threading.current_thread() is threading.main_thread())
     if not usable:
         started = time.perf_counter()

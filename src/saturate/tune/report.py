@@ -30,7 +30,7 @@ def trial_line(t: Trial | LoaderTrial, tokens_per_sample: int) -> str:
     p = t.plan
     what = (f"{t.stage}: micro-batch {p.micro_batch}×{p.grad_accum} {p.precision}{'+tf32' if p.tf32 else ''}"
             f"{' +AC' if p.activation_checkpointing else ''}{' +fused' if p.fused_optimizer else ''}"
-            f"{'' if p.compile == 'none' else ' +compile'}")
+            f"{'' if p.compile == 'none' else ' +compile'}{'' if p.strategy == 'single' else ' ' + p.strategy}")
     if not t.ok:
         return f"{what}: {t.status} ({t.error})"
     tok = f", {t.samples_per_s * tokens_per_sample:,.0f} tokens/s" if tokens_per_sample else ""
@@ -41,16 +41,21 @@ def trial_line(t: Trial | LoaderTrial, tokens_per_sample: int) -> str:
 
 def trials_table(trials: list[Trial], tokens_per_sample: int, memory_kind: str) -> Table:
     t = Table(title="Trials (every figure measured in this run)", box=box.SIMPLE_HEAVY, title_justify="left")
-    for col in ("#", "stage", "micro×accum", "precision", "AC", "fused", "compile", "samples/s", "tokens/s",
-                "step s", f"peak {memory_kind}", "compile s", "trial s", "outcome"):
-        t.add_column(col, justify="right" if col not in ("stage", "precision", "compile", "outcome") else "left")
+    several = any(tr.plan.strategy != "single" for tr in trials)  # under torchrun: DDP or FSDP per trial
+    for col in ("#", "stage", "micro×accum", "precision", *(["strategy"] if several else []), "AC", "fused",
+                "compile", "samples/s", "tokens/s", "step s", f"peak {memory_kind}", "compile s", "trial s",
+                "outcome"):
+        t.add_column(col, justify="left" if col in ("stage", "precision", "strategy", "compile", "outcome")
+                     else "right")
     for i, tr in enumerate(trials, 1):
         p = tr.plan
         prec = p.precision + ("+tf32" if p.tf32 else "")
         tok = tr.samples_per_s * tokens_per_sample if tr.samples_per_s and tokens_per_sample else None
         outcome = tr.verdict or (tr.status if not tr.ok else "")
-        t.add_row(str(i), tr.stage, f"{p.micro_batch}×{p.grad_accum}", prec, "on" if p.activation_checkpointing
-                  else "", "on" if p.fused_optimizer else "", "" if p.compile == "none" else p.compile,
+        t.add_row(str(i), tr.stage, f"{p.micro_batch}×{p.grad_accum}", prec,
+                  *([p.strategy + (" +offload" if p.cpu_offload else "")] if several else []),
+                  "on" if p.activation_checkpointing else "", "on" if p.fused_optimizer else "",
+                  "" if p.compile == "none" else p.compile,
                   _num(tr.samples_per_s), _num(tok, "{:,.0f}"), _num(tr.step_s, "{:.3f}"),
                   _mib(tr.peak_memory_bytes), _num(tr.compile_s), f"{tr.seconds:.1f}", outcome)
     return t

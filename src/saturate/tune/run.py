@@ -20,6 +20,13 @@ from rich.console import Console
 from rich.table import Table
 
 from saturate.atomic import atomic_write_bytes
+from saturate.engine.distributed import (
+    DistInfo,
+    all_reduce_scalar,
+    broadcast_object,
+    init_distributed,
+    teardown_distributed,
+)
 from saturate.engine.trainer import RunConfig, RunResult, mfu_peak, train
 from saturate.errors import ConfigError
 from saturate.hardware import measure_matmul_peak
@@ -71,33 +78,43 @@ def at_effective_batch(plan: Plan, effective: int) -> Plan | None:
     return plan.replace(micro_batch=micro, grad_accum=effective // micro)
 
 
-def reference_plans(workload: Workload, device_type: str) -> list[tuple[str, Plan]]:
-    e = workload.optim.effective_batch
+def reference_plans(workload: Workload, device_type: str, world_size: int = 1) -> list[tuple[str, Plan]]:
+    """The plans the tuned one is compared with, at the workload's effective batch over `world_size`
+    processes (DDP when there are several, as the guides ran them)."""
+    e = workload.optim.effective_batch // world_size
     out = [("naive", at_effective_batch(reference_plan("naive"), e))]
     # A workload from one of the guides (the time-series job, GPT-2 through Transformers) compares with that
     # guide's plans; otherwise the guide for this kind of device.
     guides = list(workload.guide_plans) or ([GUIDE_AFTER[device_type]] if device_type in GUIDE_AFTER else [])
     for guide in guides:
         out.append((f"guide: {guide}", at_effective_batch(reference_plan(guide), e)))
-    return [(label, p) for label, p in out if p is not None]
+    strategy = "ddp" if world_size > 1 else "single"
+    return [(label, p.replace(strategy=strategy)) for label, p in out if p is not None]
 
 
 def compare(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], *, seed: int = 0,
-            min_seconds: float = 3.0) -> list[Row]:
-    """Measure each plan the same way, one after another, in this process."""
-    measurer = RealMeasurer(workload, hw, seed=seed, min_seconds=min_seconds, max_steps=40)
+            min_seconds: float = 3.0, dist: DistInfo | None = None) -> list[Row]:
+    """Measure each plan the same way, one after another, in this process (every rank together under
+    torchrun; the rows then give the whole job's samples/s and the ranks' mean utilisation)."""
+    dist = dist or DistInfo()
+    measurer = RealMeasurer(workload, hw, seed=seed, min_seconds=min_seconds, max_steps=40, dist=dist)
     rows = []
     for label, plan in plans:
-        with _Utilisation(hw) as util:
+        with _Utilisation(hw, measurer.cores) as util:
             t = measurer.verify(plan)
-        rows.append(_row(label, plan, t, util.value, workload, hw))
+        value = util.value
+        if dist.world_size > 1:
+            value = None if not all_reduce_scalar(value is not None, "min") else all_reduce_scalar(value or 0.0)
+        rows.append(_row(label, plan, t, value, workload, hw, dist.world_size))
     return rows
 
 
-def _row(label: str, plan: Plan, t: Trial, util: float | None, workload: Workload, hw: Any) -> Row:
-    peak, _ = mfu_peak(hw, plan, measure_matmul_peak)
-    sps = t.samples_per_s
-    mfu = sps * workload.flops_per_sample / peak if sps and peak and workload.flops_per_sample else None
+def _row(label: str, plan: Plan, t: Trial, util: float | None, workload: Workload, hw: Any,
+         world_size: int = 1) -> Row:
+    peak, _ = mfu_peak(hw, plan, measure_matmul_peak)  # one device's peak; the job has world_size of them
+    sps = t.samples_per_s * world_size if t.samples_per_s else None  # a trial's figure is per process
+    mfu = sps * workload.flops_per_sample / (peak * world_size) if sps and peak and workload.flops_per_sample \
+        else None
     return Row(label, plan, sps, sps * workload.tokens_per_sample if sps else None, t.step_s, t.peak_memory_bytes,
                util if t.ok else None, mfu, status=t.status, note=t.error)
 
@@ -108,17 +125,23 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
         try_compile: bool = True) -> RunReport:
     from saturate.hardware import probe
 
-    console = console or Console()
     hw = hardware or probe(measure_peaks=True)
-    run_dir = Path(run_dir) if run_dir else Path("runs") / f"{workload.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(f"run folder {run_dir} is not empty; choose another --run-dir")
+    made_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
+    dist = init_distributed(torch.device(hw.torch_device).type)  # under torchrun: every rank, together
+    console = console or Console()
+    if not dist.is_main:
+        console = Console(quiet=True)  # rank 0 reports and writes
+    chosen, problem = broadcast_object(_choose_run_dir(run_dir, workload) if dist.is_main else None)
+    if problem:
+        raise ConfigError(problem)
+    run_dir = Path(chosen)
     planned = steps or workload.optim.steps
     tuned = tune(workload, hw, budget_s=budget_s, planned_steps=planned, allow_batch_change=allow_batch_change,
                  out_dir=run_dir / "tune", seed=seed, console=console, try_compile=try_compile)
-    console.print("[bold]Before/after[/bold]: measuring each plan side by side (same method, this process) …")
-    plans = [*reference_plans(workload, hw.device_type), ("tuned", tuned.plan)]
-    rows = compare(workload, hw, plans, seed=seed)
+    console.print("[bold]Before/after[/bold]: measuring each plan side by side (same method, this process"
+                  + (f"; {dist.world_size} processes" if dist.world_size > 1 else "") + ") …")
+    plans = [*reference_plans(workload, hw.device_type, dist.world_size), ("tuned", tuned.plan)]
+    rows = compare(workload, hw, plans, seed=seed, dist=dist)
     config = RunConfig(steps=steps, minutes=minutes, run_dir=run_dir, seed=seed, device=hw.torch_device,
                        progress=progress)
     training = train(workload, tuned.plan, config, hardware=hw)
@@ -134,13 +157,24 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
                             "while it was measured (`saturate probe` again on a quiet machine)")
     for n in report.notes:
         console.print(f"[yellow]note:[/yellow] {n}")
-    atomic_write_bytes(run_dir / "comparison.json", (json.dumps(
-        {"workload": workload.name, "hardware": hw.to_dict(), "rows": [r.to_dict() for r in rows],
-         "plots": [str(p) for p in tuned.plots], "tuned_plan": str(tuned.plan_path)},
-        indent=2, default=str) + "\n").encode())
+    if dist.is_main:
+        atomic_write_bytes(run_dir / "comparison.json", (json.dumps(
+            {"workload": workload.name, "hardware": hw.to_dict(), "processes": dist.world_size,
+             "rows": [r.to_dict() for r in rows], "plots": [str(p) for p in tuned.plots],
+             "tuned_plan": str(tuned.plan_path)}, indent=2, default=str) + "\n").encode())
     console.print(f"run folder: {run_dir}  (tuned plan {tuned.plan_path}; plots: "
                   f"{', '.join(str(p) for p in tuned.plots) or 'none'}; comparison {run_dir / 'comparison.json'})")
+    if made_group:
+        teardown_distributed()
     return report
+
+
+def _choose_run_dir(run_dir: Path | None, workload: Workload) -> tuple[str, str | None]:
+    """The run folder, and why it cannot be used (None when it can)."""
+    path = Path(run_dir) if run_dir else Path("runs") / f"{workload.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if path.exists() and any(path.iterdir()):
+        return str(path), f"run folder {path} is not empty; choose another --run-dir"
+    return str(path), None
 
 
 def comparison_table(rows: list[Row], workload: Workload, memory_kind: str) -> Table:
@@ -169,8 +203,9 @@ def _f(v: float | None, fmt: str) -> str:
 class _Utilisation:
     """Measured busy share over a block: GPU utilisation (NVML, sampled) or process CPU time / (wall × cores)."""
 
-    def __init__(self, hw: Any) -> None:
+    def __init__(self, hw: Any, cores: int | None = None) -> None:
         self.hw = hw
+        self.cores = cores or hw.cpu_cores  # this process's share of the cores (under torchrun)
         self.value: float | None = None
 
     def __enter__(self) -> _Utilisation:
@@ -187,7 +222,7 @@ class _Utilisation:
         if self._gpu is not None:
             self.value = self._gpu.stop()
         elif wall > 0:
-            self.value = (sum(self._proc.cpu_times()[:2]) - self._cpu0) / (wall * max(1, self.hw.cpu_cores))
+            self.value = (sum(self._proc.cpu_times()[:2]) - self._cpu0) / (wall * max(1, self.cores))
 
 
 class _GpuBusy:
@@ -199,7 +234,8 @@ class _GpuBusy:
         self.samples: list[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._index = torch.device(hw.torch_device).index or 0
+        index = torch.device(hw.torch_device).index
+        self._index = index if index is not None else torch.cuda.current_device()  # torchrun bound this rank's
 
     def start(self) -> None:
         self._thread.start()

@@ -2,9 +2,10 @@
 
 Order: precision (with a loss check against fp32) -> memory fit -> micro-batch (hill climb over
 the micro-batches that keep the effective batch exact) -> activation checkpointing (only when
-memory stopped the climb) -> fused optimizer -> torch.compile (only when it pays back its compile
-time within the planned run) -> input pipeline (cheapest loader that comfortably outruns the
-model within the host-RAM budget) -> verification with real training and validation steps.
+memory stopped the climb) -> DDP or FSDP2 (under torchrun) -> fused optimizer -> torch.compile
+(only when it pays back its compile time within the planned run) -> input pipeline (cheapest
+loader that comfortably outruns the model within the host-RAM budget) -> verification with real
+training and validation steps.
 
 Everything here talks to a `Measurer`, so the logic is tested with a deterministic fake. A plan is
 only ever reported with figures from a trial that ran it; predictions are labelled.
@@ -113,6 +114,7 @@ class _Search:
         self.decisions: list[str] = []
         self.skipped: list[str] = []
         self.started = time.monotonic()
+        self.all_agree: Callable[[bool], bool] = getattr(measurer, "all_agree", lambda flag: flag)
 
     # --- helpers --------------------------------------------------------------------------------
 
@@ -133,7 +135,8 @@ class _Search:
         """Whether the budget still holds one more trial as long as the longest so far."""
         left = self.remaining()
         longest = max((t.seconds for t in self.trials), default=0.0)
-        if left is None or left >= longest:
+        # Several processes: each rank's clock decides, and all must take the same branch.
+        if left is None or self.all_agree(left >= longest):
             return True
         self.skipped.append(f"{what}: not tried, the budget had {max(left, 0):.0f} s left and a trial takes "
                             f"up to {longest:.0f} s")
@@ -156,6 +159,7 @@ class _Search:
         fit = self.memory(best)
         best = self.micro_batch(best, fit)
         best = self.activation_checkpointing(best, fit)
+        best = self.strategy(best)
         best = self.fused(best)
         best = self.compile(best)
         plan = self.loader(best)
@@ -184,9 +188,11 @@ class _Search:
             ref = self.trial(ref.plan.replace(activation_checkpointing=True), "precision")
             if ref.status == "oom":
                 ref.verdict = "out of memory"
+                fsdp = (" or shard it over the processes with strategy = \"fsdp\" (and cpu_offload) in the plan"
+                        if ref.plan.strategy == "ddp" else "")
                 raise SaturateError("the model does not fit at micro-batch 1, even with activation checkpointing "
                                     f"(tried {len(self.trials)} trials; last error: {ref.error}); use a device with "
-                                    "more memory or a smaller model")
+                                    f"more memory or a smaller model{fsdp}")
             self.decisions.append("activation checkpointing: on, because the model does not fit at micro-batch 1 "
                                   "without it")
         if not ref.ok:
@@ -336,6 +342,26 @@ class _Search:
                                   "without")
         return best
 
+    def strategy(self, best: Trial) -> Trial:
+        """Several processes: DDP (replicas) against FSDP2 (shards) at the chosen micro-batch, the faster wins.
+
+        FSDP is tried only where DDP already ran: sharding needs less memory than replicas, and an FSDP
+        trial that ran out of memory could not be recovered in lock-step (its gathers are collectives).
+        """
+        if best.plan.strategy != "ddp":
+            return best
+        if not self.affordable("FSDP"):
+            return best
+        t = self.trial(best.plan.replace(strategy="fsdp"), "strategy")
+        if t.ok and t.samples_per_s > best.samples_per_s * (1 + self.s.min_gain):
+            best.verdict = f"FSDP was {_pct(t.samples_per_s, best.samples_per_s)} faster"
+            self.decisions.append(f"strategy: FSDP2 ({_pct(t.samples_per_s, best.samples_per_s)} samples/s per process "
+                                  f"vs DDP at micro-batch {t.plan.micro_batch})")
+            return t
+        t.verdict = f"{t.status}: {t.error}" if not t.ok else f"{_pct(t.samples_per_s, best.samples_per_s)} vs DDP"
+        self.decisions.append(f"strategy: DDP (FSDP2 measured {t.verdict})")
+        return best
+
     def fused(self, best: Trial) -> Trial:
         if not self.s.fused_available:
             self.decisions.append(f"fused optimizer: off (no fused AdamW on {self.m.device_type})")
@@ -374,7 +400,8 @@ class _Search:
             self.decisions.append(f"compile: none (torch.compile failed: {t.error}; eager is used)")
             return best
         saved = s.planned_steps * (best.step_s - t.step_s)
-        if t.compile_s is not None and t.compile_s > limit:
+        # `limit` may hold each rank's own clock (the budget left): all ranks must reach one verdict.
+        if not self.all_agree(t.compile_s is None or t.compile_s <= limit):
             t.verdict = f"compiling took {t.compile_s:.1f} s, over the {limit:.1f} s limit"
         elif saved <= (t.compile_s or 0.0):
             t.verdict = (f"{_pct(t.samples_per_s, best.samples_per_s)} steady state; over {s.planned_steps} steps "
