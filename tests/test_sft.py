@@ -53,8 +53,8 @@ def test_records_in_every_accepted_shape():
 
 
 @pytest.mark.parametrize("line, message", [
-    ('{"prompt": "q"', "chats.jsonl:7: not valid JSON"),
-    ('["q", "a"]', "chats.jsonl:7: a record must be a JSON object, got list"),
+    ('{"prompt": "q"', "chats.jsonl:7: invalid JSON"),
+    ('["q", "a"]', "chats.jsonl:7: expected a JSON object, got list"),
     ('{"question": "q", "answer": "a"}', "a record needs 'messages' (a list of {role, content}) or 'prompt' and "
                                          "'response'; it has: answer, question"),
     ('{"messages": [{"role": "user", "content": "q"}]}', "no assistant message with content"),

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from saturate.atomic import atomic_path, atomic_write_bytes
+from saturate.data.corpus import json_object
 from saturate.data.windows import _MappedTokens
 from saturate.errors import ConfigError, DataError
 from saturate.workload import Optimization, Workload
@@ -91,12 +92,7 @@ def read_conversations(files: Sequence[Path]) -> list[list[Message]]:
 
 
 def parse_record(line: str, where: str) -> list[Message]:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(record, dict):
-        raise DataError(f"{where}: a record must be a JSON object, got {type(record).__name__}")
+    record = json_object(line, where)
     if "messages" in record or "conversations" in record:
         raw = record.get("messages", record.get("conversations"))
         if not isinstance(raw, list) or not raw:

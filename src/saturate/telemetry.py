@@ -140,14 +140,8 @@ class NvmlSource(GpuSource):
         out = []
         for index, h in self.handles:
             r = GpuReading(index=index, name=self.names[index])
-
-            def take(fields: Sequence[str], fn: Callable[[], Any], r: GpuReading = r) -> Any:
-                try:
-                    return fn()
-                except nv.NVMLError as e:  # NotSupported (MIG, some boards), NoPermission, GpuIsLost, …
-                    for f in fields:
-                        r.missing[f] = f"NVML: {e}"
-                    return None
+            # NotSupported (MIG, some boards), NoPermission, GpuIsLost, …
+            take = _sensor_reader(r, nv.NVMLError, lambda e: f"NVML: {e}")
 
             util = take(["util_pct"], lambda h=h: nv.nvmlDeviceGetUtilizationRates(h))
             if util is not None:
@@ -178,6 +172,21 @@ class NvmlSource(GpuSource):
             self._closed = True
             with contextlib.suppress(Exception):
                 self.nv.nvmlShutdown()
+
+
+def _sensor_reader(r: GpuReading, errors: type[BaseException] | tuple[type[BaseException], ...],
+                   why: Callable[[BaseException], str]) -> Callable[[Sequence[str], Callable[[], Any]], Any]:
+    """`take(fields, read)`: the reading, or None with each field marked missing and why (never a made-up value)."""
+
+    def take(fields: Sequence[str], read: Callable[[], Any]) -> Any:
+        try:
+            return read()
+        except errors as e:
+            for f in fields:
+                r.missing[f] = why(e)
+            return None
+
+    return take
 
 
 def _amd_number(value: Any) -> float | None:
@@ -212,14 +221,8 @@ class AmdSmiSource(GpuSource):
         out = []
         for index, h in self.handles:
             r = GpuReading(index=index, name=self.names[index])
-
-            def take(fields: Sequence[str], fn: Callable[[], Any], r: GpuReading = r) -> Any:
-                try:
-                    return fn()
-                except Exception as e:  # AmdSmiLibraryException and friends; the class moved between releases
-                    for f in fields:
-                        r.missing[f] = f"AMD SMI: {_reason(e)}"
-                    return None
+            # AmdSmiLibraryException and friends; the class moved between releases
+            take = _sensor_reader(r, Exception, lambda e: f"AMD SMI: {_reason(e)}")
 
             def number(name: str, value: Any, r: GpuReading = r) -> float | None:
                 v = _amd_number(value)

@@ -9,6 +9,7 @@ import os
 import sysconfig
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from saturate.errors import DataError
 
@@ -109,16 +110,22 @@ def _iter_jsonl(path: Path, text_field: str) -> Iterator[str]:
         raise DataError(f"cannot read data file '{path}': {err.strerror or err}") from None
 
 
+def json_object(line: str, where: str) -> dict[str, Any]:
+    """One JSONL record, which must be a JSON object; a DataError naming `where` (file:line) otherwise."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{where}: invalid JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    return record
+
+
 def _parse_jsonl(path: Path, lines: Iterable[str], text_field: str) -> Iterator[str]:
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}:{lineno}: invalid JSON ({err.msg} at column {err.colno})") from None
-        if not isinstance(record, dict):
-            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+        record = json_object(line, f"{path}:{lineno}")
         if text_field not in record:
             keys = ", ".join(map(str, list(record)[:8])) or "none"
             raise DataError(f"{path}:{lineno}: no '{text_field}' field (keys: {keys})")
