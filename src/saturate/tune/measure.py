@@ -231,7 +231,7 @@ class RealMeasurer:
             with _time_limit(compile_limit_s, interrupt=self.dist.world_size == 1) as expired:
                 stepper.compile_model()
             if agree_any(expired()):  # the alarm may surface wrapped in a compiler error, or not at all
-                raise CompileTimeLimit(f"compiling was stopped at the {compile_limit_s:.1f} s limit")
+                raise CompileTimeLimit(f"compiling was stopped at the {compile_limit_s:.3g} s limit")
             if stepper.step_model is stepper.model:  # compilation failed and fell back
                 raise RuntimeError(notes[-1])
             trial.compile_s = time.perf_counter() - t0
@@ -386,7 +386,7 @@ def _time_limit(seconds: float | None, *, interrupt: bool = True) -> Iterator[Ca
 
     def on_alarm(signum: int, frame: Any) -> None:
         state["expired"] = True
-        raise CompileTimeLimit(f"compiling was stopped at the {seconds:.1f} s limit")
+        raise CompileTimeLimit(f"compiling was stopped at the {seconds:.3g} s limit")
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
