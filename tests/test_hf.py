@@ -86,6 +86,17 @@ def test_gpt2_from_a_config_trains_on_a_local_corpus(tmp_path, folders, corpus, 
     result = train(w, Plan(micro_batch=4, grad_accum=2), RunConfig(run_dir=tmp_path / "run", steps=3, progress=False,
                                                                    tensorboard=False), hardware=cpu)
     assert result.steps == 3 and result.mfu and result.val_loss == pytest.approx(torch.log(torch.tensor(400.)), rel=0.1)
+    # The export opens in Transformers as it is: weights, config and the tokenizer the data went through.
+    from safetensors.torch import load_file
+
+    tf = hf.transformers_module()
+    run = tmp_path / "run"
+    loaded = tf.AutoModelForCausalLM.from_pretrained(run, local_files_only=True)
+    exported = load_file(run / "model.safetensors")
+    state = loaded.state_dict()
+    assert exported and all(torch.equal(state[k], v) for k, v in exported.items())
+    assert loaded.config.use_cache and loaded.config.n_layer == 2
+    assert len(tf.AutoTokenizer.from_pretrained(run, local_files_only=True)) == 400
     import os
 
     assert os.environ["HF_HUB_OFFLINE"] == "1"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import re
 from collections.abc import Sequence
@@ -125,6 +126,22 @@ class HFFolder:
         model.config.use_cache = False  # training: no key/value cache
         model.set_activation_checkpointing = _checkpointing_switch(model)  # the Stepper's hook
         return model.float()
+
+    def export_extras(self, model: nn.Module, out_dir: Path) -> list[Path]:
+        """config.json (and the folder's tokenizer files, when they tokenized the data) beside the exported
+        model.safetensors, so `AutoModelForCausalLM.from_pretrained(run_dir)` opens the trained model."""
+        from saturate.atomic import atomic_write_bytes
+
+        config = model.config.to_dict()
+        config["use_cache"] = True  # off only for training
+        written = [out_dir / "config.json"]
+        atomic_write_bytes(written[0], (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
+        if self.tokenizer is not None:
+            for name in TOKENIZER_FILES + ("chat_template.jinja",):
+                if (self.path / name).is_file():
+                    atomic_write_bytes(out_dir / name, (self.path / name).read_bytes())
+                    written.append(out_dir / name)
+        return written
 
     def flops_per_token(self, seq_len: int) -> float | None:
         """6·N + 12·L·C·T (as for saturate's GPT), from the config; None when it lacks the fields."""
@@ -262,7 +279,7 @@ def hf_workload(path: str | os.PathLike[str], *, task: str = "lm", data: Sequenc
         chat_tok = tok if not isinstance(tok, str) else _saturate_tokenizer(tok, hf)
         return sft_workload(f"{name}-sft", data, chat_tok, seq_len, build_model=hf.build, forward=hf_forward,
                             flops_per_token=hf.flops_per_token(seq_len), optim=optim, seed=seed,
-                            model_identity={"hf": hf.fingerprint}, info=info)
+                            model_identity={"hf": hf.fingerprint}, info=info, export_extras=hf.export_extras)
     if task != "lm":
         raise ConfigError(f"--task {task}: expected lm or sft")
     corpus = prepare_corpus(data, tokenizer=tok, seq_len=seq_len, text_field=text_field)
@@ -284,6 +301,7 @@ def hf_workload(path: str | os.PathLike[str], *, task: str = "lm", data: Sequenc
                                                              "seq_len": seq_len}},
         info=info,
         guide_plans=("rocm-after",),  # the guide that fine-tunes GPT-2 through Transformers
+        export_extras=hf.export_extras,
     )
 
 

@@ -353,7 +353,8 @@ def gpt_forward(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.T
 def sft_workload(name: str, data: Sequence[str] | None, tokenizer: Any, seq_len: int, *,
                  build_model: Callable[[], nn.Module], forward: Forward, flops_per_token: float | None,
                  optim: Optimization, seed: int = 0, model_identity: dict[str, Any] | None = None,
-                 info: dict[str, Any] | None = None) -> Workload:
+                 info: dict[str, Any] | None = None,
+                 export_extras: Callable[[nn.Module, Path], list[Path]] | None = None) -> Workload:
     """A fine-tuning Workload over packed conversations, for any model with a `forward(model, ids, positions)`."""
     from saturate.byo import Epochs
 
@@ -375,6 +376,7 @@ def sft_workload(name: str, data: Sequence[str] | None, tokenizer: Any, seq_len:
               "template": meta["template"], "tokenizer": tokenizer.name,
               **({"dropped": meta["dropped"]} if meta["dropped"] else {}),
               **({"truncated": meta["truncated"]} if meta["truncated"] else {})},
+        export_extras=export_extras,
     )
 
 

@@ -11,6 +11,7 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch.nn as nn
@@ -60,6 +61,9 @@ class Workload:
     # Extra metrics at the end of a run: (eval model, device, batch size) -> {"val/…": value}; None for none.
     evaluate: Callable[[nn.Module, Any, int], dict[str, float]] | None = None
     guide_plans: tuple[str, ...] = ()  # reference plans of the guide this job comes from, for before/after
+    # Files written beside the exported model.safetensors so it opens in its own library (a Transformers
+    # config.json and tokenizer): (trained model, folder) -> the paths written; None for none.
+    export_extras: Callable[[nn.Module, Path], list[Path]] | None = None
 
     def fingerprint(self) -> dict[str, str]:
         """Short hashes of each part of the identity, so a mismatch can be named."""

@@ -605,6 +605,8 @@ def _export_weights(model: nn.Module, run_dir: Path, workload: Workload, strateg
     try:
         with atomic_path(path) as tmp:
             save_model(model, str(tmp))  # save_model de-duplicates the tied embedding/head weight
+        if workload.export_extras is not None:
+            workload.export_extras(model, run_dir)
     except OSError as e:
         raise CheckpointError(f"could not export weights to {path}: {e.strerror or e}") from None
     return path
