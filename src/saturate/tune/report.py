@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +149,7 @@ def _plot_memory(ax: Any, trials: list[Trial], fit: MemoryFit | None, precision:
         ax.plot([m for m, _ in pts], [g for _, g in pts], "o", label="measured peak")
     if fit is not None:
         top = max([m for m, _ in pts] + [1]) * 4
-        xs = [1, top]
+        xs = [2 ** (i / 8) for i in range(int(8 * math.log2(top)) + 1)]  # a line is curved on a log axis
         ax.plot(xs, [fit.predict(x) / 2**30 for x in xs], "-", color="tab:orange", label="fitted line (prediction)")
         ax.axhline(fit.limit / 2**30, color="red", ls="--", label=f"limit ({fit.kind})")
         ax.set(ylabel=f"peak {fit.kind} memory, GiB")
@@ -158,10 +159,10 @@ def _plot_memory(ax: Any, trials: list[Trial], fit: MemoryFit | None, precision:
 
 
 def _log2_axis(ax: Any) -> None:
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import FuncFormatter
 
     ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))  # 1, 2, 4 … (not 1.0, 2.0)
 
 
 def _save(fig: Any, path: Path) -> Path:
