@@ -219,3 +219,30 @@ def test_plans_tuned_at_several_processes_are_cached_apart_and_resplit(workload,
     at4 = _choose_plan(None, None, workload, cpu, config, notes, world=4)  # the 2-process plan, re-split
     assert (at4.micro_batch, at4.grad_accum, at4.provenance["world_size"]) == (2, 1, 2)
     assert any("using the plan tuned" in n for n in notes)
+
+
+def test_samples_that_are_not_tokens_get_no_tokens_column():
+    from saturate.engine.console import ConsoleSink
+    from saturate.tune.measure import Trial
+    from saturate.tune.report import trial_line, trials_table
+    from saturate.tune.run import Row, comparison_table
+
+    plan = Plan(micro_batch=4, grad_accum=2)
+    t = Trial(stage="verify", plan=plan, samples_per_s=100.0, step_s=0.32)
+
+    def text(renderable) -> str:
+        console = Console(record=True, width=200, file=open("/dev/null", "w"))  # noqa: SIM115
+        console.print(renderable)
+        return console.export_text()
+
+    for per_sample, shown in ((1, False), (128, True)):
+        assert ("tokens/s" in trial_line(t, per_sample)) is shown
+        assert ("tokens/s" in text(trials_table([t], per_sample, "device"))) is shown
+        row = Row("naive", plan, 100.0, 100.0 * per_sample, 0.32, None, None, None)
+        assert ("tokens/s" in text(comparison_table([row], SimpleNamespace(name="w", tokens_per_sample=per_sample),
+                                                    "device"))) is shown
+        sink = ConsoleSink(10, console=Console(record=True, width=200, file=open("/dev/null", "w")))  # noqa: SIM115
+        sink.tokens = per_sample > 1
+        sink.log(1, {"train/loss": 1.0, "throughput/tokens_per_s": 100.0 * per_sample,
+                     "throughput/samples_per_s": 100.0, "memory/peak_gib": 0.1})
+        assert ("tok/s" in sink.console.export_text()) is shown

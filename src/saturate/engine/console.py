@@ -23,6 +23,7 @@ class ConsoleSink:
         self.total = total_steps
         self.start_step = start_step
         self.processes = 1
+        self.tokens = True  # False for a workload whose samples are not tokens: rates in samples/s
         self._progress: Progress | None = None
         self._task: Any = None
 
@@ -34,6 +35,7 @@ class ConsoleSink:
               resumed_from: int | None, processes: int = 1) -> None:
         self.total = total_steps
         self.processes = processes
+        self.tokens = workload.tokens_per_sample > 1
         if not self.enabled:
             return
         info = ", ".join(f"{k} {v}" for k, v in workload.info.items())
@@ -66,8 +68,9 @@ class ConsoleSink:
                 text = f"step {step}: val loss {metrics['val/loss']:.4f}"
             (self._progress.console if self._progress else self.console).print(text)
             return
-        parts = [f"loss {metrics['train/loss']:.4f}",
-                 f"{_fmt_rate(metrics['throughput/tokens_per_s'])} tok/s"]
+        rate = (f"{_fmt_rate(metrics['throughput/tokens_per_s'])} tok/s" if self.tokens
+                else f"{_fmt_rate(metrics['throughput/samples_per_s'])} samples/s")
+        parts = [f"loss {metrics['train/loss']:.4f}", rate]
         if "throughput/mfu" in metrics:
             parts.append(f"MFU {100 * metrics['throughput/mfu']:.1f}%")
         if "memory/peak_gib" in metrics:
@@ -95,7 +98,8 @@ class ConsoleSink:
         t.add_row("steps", f"{result.steps} / {result.total_steps}{early}")
         t.add_row("time in steps", f"{result.train_seconds:.1f} s (this session)")
         if result.tokens_per_s is not None:
-            t.add_row("throughput", f"{_fmt_rate(result.tokens_per_s)} tokens/s, {result.samples_per_s:.1f} samples/s")
+            t.add_row("throughput", f"{_fmt_rate(result.tokens_per_s)} tokens/s, {result.samples_per_s:.1f} samples/s"
+                      if self.tokens else f"{result.samples_per_s:,.1f} samples/s")
         if result.mfu is not None:
             t.add_row("MFU", f"{100 * result.mfu:.1f}% of {result.peak_label}")
         if result.peak_memory_bytes is not None:

@@ -34,7 +34,7 @@ def trial_line(t: Trial | LoaderTrial, tokens_per_sample: int) -> str:
             f"{'' if p.compile == 'none' else ' +compile'}{'' if p.strategy == 'single' else ' ' + p.strategy}")
     if not t.ok:
         return f"{what}: {t.status} ({t.error})"
-    tok = f", {t.samples_per_s * tokens_per_sample:,.0f} tokens/s" if tokens_per_sample else ""
+    tok = f", {t.samples_per_s * tokens_per_sample:,.0f} tokens/s" if tokens_per_sample > 1 else ""
     comp = f", compiled in {t.compile_s:.1f} s" if t.compile_s else ""
     return (f"{what}: {t.samples_per_s:.1f} samples/s{tok}, peak {_mib(t.peak_memory_bytes)}{comp} "
             f"({t.seconds:.1f} s)")
@@ -43,9 +43,10 @@ def trial_line(t: Trial | LoaderTrial, tokens_per_sample: int) -> str:
 def trials_table(trials: list[Trial], tokens_per_sample: int, memory_kind: str) -> Table:
     t = Table(title="Trials (every figure measured in this run)", box=box.SIMPLE_HEAVY, title_justify="left")
     several = any(tr.plan.strategy != "single" for tr in trials)  # under torchrun: DDP or FSDP per trial
+    tokens = tokens_per_sample > 1  # samples that are not tokens get no tokens/s column
     for col in ("#", "stage", "micro×accum", "precision", *(["strategy"] if several else []), "AC", "fused",
-                "compile", "samples/s", "tokens/s", "step s", f"peak {memory_kind}", "compile s", "trial s",
-                "outcome"):
+                "compile", "samples/s", *(["tokens/s"] if tokens else []), "step s", f"peak {memory_kind}",
+                "compile s", "trial s", "outcome"):
         t.add_column(col, justify="left" if col in ("stage", "precision", "strategy", "compile", "outcome")
                      else "right")
     for i, tr in enumerate(trials, 1):
@@ -57,7 +58,7 @@ def trials_table(trials: list[Trial], tokens_per_sample: int, memory_kind: str) 
                   *([p.strategy + (" +offload" if p.cpu_offload else "")] if several else []),
                   "on" if p.activation_checkpointing else "", "on" if p.fused_optimizer else "",
                   "" if p.compile == "none" else p.compile,
-                  _num(tr.samples_per_s), _num(tok, "{:,.0f}"), _num(tr.step_s, "{:.3f}"),
+                  _num(tr.samples_per_s), *([_num(tok, "{:,.0f}")] if tokens else []), _num(tr.step_s, "{:.3f}"),
                   _mib(tr.peak_memory_bytes), _num(tr.compile_s), f"{tr.seconds:.1f}", outcome)
     return t
 

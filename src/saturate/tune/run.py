@@ -180,15 +180,17 @@ def _choose_run_dir(run_dir: Path | None, workload: Workload) -> tuple[str, str 
 def comparison_table(rows: list[Row], workload: Workload, memory_kind: str) -> Table:
     t = Table(title=f"{workload.name}: before and after (measured in this run)", box=box.SIMPLE_HEAVY,
               title_justify="left")
-    for col in ("plan", "micro×accum", "precision", "workers", "tokens/s", "samples/s", "step s",
-                f"peak {memory_kind}", "utilisation", "MFU", "× naive"):
+    tokens = workload.tokens_per_sample > 1  # samples that are not tokens get no tokens/s column
+    for col in ("plan", "micro×accum", "precision", "workers", *(["tokens/s"] if tokens else []), "samples/s",
+                "step s", f"peak {memory_kind}", "utilisation", "MFU", "× naive"):
         t.add_column(col, justify="left" if col in ("plan", "precision") else "right")
     base = next((r.samples_per_s for r in rows if r.label == "naive" and r.samples_per_s), None)
     for r in rows:
         p = r.plan
         t.add_row(
             r.label, f"{p.micro_batch}×{p.grad_accum}", p.precision + ("+tf32" if p.tf32 else ""),
-            str(p.num_workers), _f(r.tokens_per_s, "{:,.0f}"), _f(r.samples_per_s, "{:.1f}"), _f(r.step_s, "{:.3f}"),
+            str(p.num_workers), *([_f(r.tokens_per_s, "{:,.0f}")] if tokens else []), _f(r.samples_per_s, "{:.1f}"),
+            _f(r.step_s, "{:.3f}"),
             "-" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes / 2**20:,.0f} MiB",
             _f(r.utilisation, "{:.0%}"), _f(r.mfu, "{:.1%}"),
             _f(r.samples_per_s / base if base and r.samples_per_s else None, "{:.2f}×")
