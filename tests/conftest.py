@@ -11,9 +11,22 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 @pytest.fixture(autouse=True)
-def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Token caches go to a per-session temp folder, never ~/.cache."""
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,
+                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Token caches go to a per-session temp folder, never ~/.cache; in this process each test sees only
+    the tuned plans it cached itself (a command run in a subprocess shares the session's)."""
+    from saturate.tune import cache
+
     monkeypatch.setenv("SATURATE_CACHE", str(tmp_path_factory.getbasetemp() / "saturate-cache"))
+    monkeypatch.setattr(cache, "plans_dir", lambda: tmp_path / "plans")
+
+
+@pytest.fixture(scope="session")
+def cpu():
+    """This machine's CPU as saturate sees it (matmul peaks not measured: tests do not need them)."""
+    from saturate.hardware import probe
+
+    return probe(measure_peaks=False, device="cpu")
 
 
 def make_small_corpus(parent: Path) -> Path:

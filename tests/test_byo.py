@@ -16,21 +16,9 @@ from conftest import cli_env, saturate_cmd
 from saturate.byo import Epochs, count_flops, custom_workload, load_workload
 from saturate.engine.trainer import RunConfig, train
 from saturate.errors import ConfigError
-from saturate.hardware import probe
-from saturate.tune import cache
 from saturate.tune.measure import RealMeasurer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    return probe(measure_peaks=False, device="cpu")
-
-
-@pytest.fixture(autouse=True)
-def _own_plan_cache(tmp_path, monkeypatch):
-    monkeypatch.setattr(cache, "plans_dir", lambda: tmp_path / "plans")
 
 
 def short(run_dir: Path, steps: int = 3) -> RunConfig:

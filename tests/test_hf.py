@@ -21,7 +21,6 @@ from saturate.data.tokenizer import BPETokenizer  # noqa: E402
 from saturate.engine.step import Stepper  # noqa: E402
 from saturate.engine.trainer import RunConfig, train  # noqa: E402
 from saturate.errors import ConfigError  # noqa: E402
-from saturate.hardware import probe  # noqa: E402
 from saturate.plan import Plan  # noqa: E402
 from saturate.sft import ChatFormat  # noqa: E402
 from saturate.tune.run import reference_plans  # noqa: E402
@@ -54,11 +53,6 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hf")
     return {"config": make_folder(root / "config"), "weights": make_folder(root / "weights", weights=True),
             "chat": make_folder(root / "chat", chat=True)}
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    return probe(measure_peaks=False, device="cpu")
 
 
 @pytest.fixture(scope="module")

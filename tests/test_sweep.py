@@ -15,7 +15,7 @@ from saturate.errors import ConfigError
 from saturate.hardware import probe
 from saturate.sweep import grid_points, parse_grid, sweep
 from saturate.timeseries import ts_lstm_workload
-from saturate.tune import api, cache
+from saturate.tune import api
 from saturate.tune.measure import RealMeasurer
 
 TINY = {"layers": 1, "n_series": 2, "length": 300, "effective_batch": 4, "eval_windows": 8, "warmup_steps": 1,
@@ -27,11 +27,6 @@ def cpu():
     """This CPU without bf16: the tests are about the sweep, and bf16 LSTM trials are slow on CPUs."""
     hw = probe(measure_peaks=False, device="cpu")
     return dataclasses.replace(hw, supports={**hw.supports, "bf16": False})
-
-
-@pytest.fixture(autouse=True)
-def _own_plan_cache(tmp_path, monkeypatch):
-    monkeypatch.setattr(cache, "plans_dir", lambda: tmp_path / "plans")
 
 
 def quiet() -> Console:

@@ -13,7 +13,6 @@ from conftest import cli_env, saturate_cmd
 from saturate.byo import count_flops
 from saturate.engine.trainer import RunConfig, train
 from saturate.errors import ConfigError, DataError
-from saturate.hardware import probe
 from saturate.plan import Plan
 from saturate.timeseries import LSTMForecaster, read_csv, synthetic_series, ts_lstm_workload
 from saturate.tune.run import reference_plans
@@ -21,11 +20,6 @@ from saturate.workload import build_workload, preset_names
 
 TINY = {"window": 8, "hidden": 8, "layers": 1, "n_series": 3, "length": 400, "effective_batch": 16,
         "eval_windows": 32}
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    return probe(measure_peaks=False, device="cpu")
 
 
 def write_csv(path, rows: int, header: str = "load,temp", bad: dict | None = None) -> None:

@@ -16,17 +16,11 @@ from toy import Hungry, Samples, mlp_loss_read_every_step, mlp_workload, one_thr
 
 from saturate.doctor.run import DoctorConfig, apply_fix, diagnose, outcome, plan_fix
 from saturate.errors import ConfigError
-from saturate.hardware import probe
 from saturate.plan import Plan
 from saturate.telemetry import read_process_tree
 from saturate.workload import build_workload
 
 QUICK = DoctorConfig(steps=4, warmup=1, count_steps=1, min_seconds=0.0)
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    return probe(measure_peaks=False, device="cpu")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -15,14 +15,8 @@ from saturate.engine.checkpoint import CheckpointManager, load_checkpoint
 from saturate.engine.metrics import read_jsonl
 from saturate.engine.trainer import RunConfig, train
 from saturate.errors import CheckpointError
-from saturate.hardware import probe
 from saturate.plan import Plan
 from saturate.workload import build_workload
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    return probe(measure_peaks=False, device="cpu")
 
 
 def run(tmp_path: Path, corpus: Path, plan: Plan, hw, name: str = "run", **cfg):

@@ -17,22 +17,10 @@ from saturate.engine.hostmem import HostMemoryGuard, relieve
 from saturate.engine.step import OutOfMemoryError
 from saturate.engine.trainer import RunConfig, train
 from saturate.errors import ConfigError
-from saturate.hardware import probe
 from saturate.plan import Plan
 from saturate.tune import cache, tune
 from saturate.tune.measure import RealMeasurer
 from saturate.workload import build_workload
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    return probe(measure_peaks=False, device="cpu")
-
-
-@pytest.fixture(autouse=True)
-def _own_plan_cache(tmp_path, monkeypatch):
-    """Each test sees only the tuned plans it cached itself."""
-    monkeypatch.setattr(cache, "plans_dir", lambda: tmp_path / "plans")
 
 
 @pytest.fixture
