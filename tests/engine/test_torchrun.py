@@ -341,3 +341,41 @@ def test_run_under_torchrun_tunes_compares_and_trains_as_one_job(tmp_path, corpu
     assert max(losses(run_dir)) == 4
     cached = list((Path(env["SATURATE_CACHE"]) / "plans").glob("gpt-tiny-*-2p.toml"))
     assert len(cached) == 1  # kept apart from a one-process plan
+
+
+OPTIMIZER_OOM_ON_RANK_1 = textwrap.dedent("""
+    import os, sys
+    from saturate.engine import step as step_module
+    from saturate.engine.step import OutOfMemoryError
+    from saturate.models import gpt
+
+    seen = [0]
+    real_init, real_step = gpt.GPT.__init__, step_module.optimizer_step
+
+    def init(self, cfg):
+        real_init(self, cfg)
+        self.register_forward_pre_hook(lambda module, args: seen.__setitem__(0, args[0].shape[0]))
+
+    def optimizer_step(*args, **kwargs):  # only rank 1, only after micro-batches above 2 samples
+        if os.environ["RANK"] == "1" and seen[0] > 2:
+            raise OutOfMemoryError(f"simulated in the optimizer step after micro-batch {seen[0]}")
+        return real_step(*args, **kwargs)
+
+    gpt.GPT.__init__ = init
+    step_module.optimizer_step = optimizer_step
+    from saturate.cli import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def test_a_trial_failing_on_one_rank_outside_forward_backward_ends_on_both(tmp_path, corpus, env):
+    """An OOM in one rank's optimizer step (where the optimizer's state is allocated) would leave the other
+    rank waiting in the next all-reduce: both end the trial, as out of memory, and the search backs off."""
+    script = tmp_path / "optimizer_oom.py"
+    script.write_text(OPTIMIZER_OOM_ON_RANK_1)
+    out_dir = tmp_path / "tune"
+    done = run(torchrun(str(script), "tune", "--data", str(corpus), "--effective-batch", "8", "--budget", "150",
+                        "--no-compile", "--out", str(out_dir)), env)
+    assert "rank 1: OutOfMemoryError: simulated in the optimizer step after micro-batch 4" in done.stdout
+    plan = Plan.load(out_dir / "plan.toml")
+    assert plan.micro_batch <= 2 and plan.micro_batch * plan.grad_accum * 2 == 8

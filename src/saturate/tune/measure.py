@@ -179,7 +179,9 @@ class RealMeasurer:
             return t
         views = gather_objects((t.status, t.error, t.step_s, t.peak_memory_bytes, t.compile_s, t.seconds,
                                 t.steps, t.losses))
-        failed = next((v for v in views if v[0] != "ok"), None)
+        failures = [v for v in views if v[0] != "ok"]
+        own = [v for v in failures if not v[1].startswith(PeerFailed.__name__)]  # the rank that failed first
+        failed = (own or failures or [None])[0]
         t.seconds = max(v[5] for v in views)
         t.peak_memory_bytes = max((v[3] for v in views if v[3] is not None), default=None)
         if failed is not None:
@@ -237,12 +239,12 @@ class RealMeasurer:
             trial.compile_s = time.perf_counter() - t0
         losses: list[torch.Tensor] = []
         for _ in range(self.warmup):
-            stepper.step(batches)
+            self._step(stepper, batches)
             losses.append(stepper.take_loss_sum())
         synchronize(self.device)
         start, n = time.perf_counter(), 0
         while True:
-            stepper.step(batches)
+            self._step(stepper, batches)
             losses.append(stepper.take_loss_sum())
             n += 1
             if steps is not None and n >= steps:
@@ -260,6 +262,23 @@ class RealMeasurer:
         trial.losses = [round(float(v), 5) for v in torch.stack(losses).tolist()]
         if not all(math.isfinite(v) for v in trial.losses):
             raise RuntimeError(f"non-finite training loss {trial.losses}")
+
+    def _step(self, stepper: Stepper, batches: Iterator[Any]) -> None:
+        """One optimizer step; under torchrun every rank learns whether any rank failed in it.
+
+        A rank that fails outside forward/backward (an OOM allocating the optimizer's state, say) would
+        otherwise leave the others waiting in the next step's all-reduce: all end the trial together.
+        """
+        if self.dist.world_size == 1:
+            stepper.step(batches)
+            return
+        error: Exception | None = None
+        try:
+            stepper.step(batches)
+        except Exception as e:
+            error = e
+        if agree_any(error is not None):
+            raise error if error is not None else PeerFailed("another rank failed in this step")
 
     def _cycled_batches(self, plan: Plan) -> Iterator[Any]:
         """Two optimizer steps' worth of loader batches, collated once, on the host, repeated."""
@@ -356,6 +375,10 @@ class RealMeasurer:
                     self.workload.loss_fn(model, to_device(batch, self.device, plan.non_blocking))
                 if i >= 2:
                     break
+
+
+class PeerFailed(RuntimeError):
+    """Another rank's trial failed; this rank stopped with it."""
 
 
 class CompileTimeLimit(Exception):
