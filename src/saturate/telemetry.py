@@ -127,12 +127,7 @@ class NvmlSource(GpuSource):
         super().__init__(note)
         self.nv = pynvml
         self.handles = handles  # (reported index, NVML handle)
-        self.names: dict[int, str] = {}
-        for index, handle in handles:
-            try:
-                self.names[index] = _text(pynvml.nvmlDeviceGetName(handle))
-            except pynvml.NVMLError as e:
-                self.names[index] = f"GPU {index} (name unreadable: {e})"
+        self.names = _device_names(handles, lambda h: _text(pynvml.nvmlDeviceGetName(h)), pynvml.NVMLError, "GPU")
         self._closed = False
 
     def read(self) -> list[GpuReading]:
@@ -174,6 +169,18 @@ class NvmlSource(GpuSource):
                 self.nv.nvmlShutdown()
 
 
+def _device_names(handles: list[tuple[int, Any]], read: Callable[[Any], str],
+                  errors: type[BaseException] | tuple[type[BaseException], ...], kind: str) -> dict[int, str]:
+    """Each device's name by its reported index; an unreadable name says so (the readings still go on)."""
+    names = {}
+    for index, handle in handles:
+        try:
+            names[index] = read(handle)
+        except errors as e:
+            names[index] = f"{kind} {index} (name unreadable: {_reason(e)})"
+    return names
+
+
 def _sensor_reader(r: GpuReading, errors: type[BaseException] | tuple[type[BaseException], ...],
                    why: Callable[[BaseException], str]) -> Callable[[Sequence[str], Callable[[], Any]], Any]:
     """`take(fields, read)`: the reading, or None with each field marked missing and why (never a made-up value)."""
@@ -208,12 +215,8 @@ class AmdSmiSource(GpuSource):
         super().__init__(note)
         self.smi = amdsmi
         self.handles = handles
-        self.names: dict[int, str] = {}
-        for index, handle in handles:
-            try:
-                self.names[index] = str(amdsmi.amdsmi_get_gpu_asic_info(handle)["market_name"])
-            except Exception as e:
-                self.names[index] = f"AMD GPU {index} (name unreadable: {_reason(e)})"
+        self.names = _device_names(handles, lambda h: str(amdsmi.amdsmi_get_gpu_asic_info(h)["market_name"]),
+                                   Exception, "AMD GPU")
         self._closed = False
 
     def read(self) -> list[GpuReading]:
