@@ -70,6 +70,21 @@ def test_nvml_readings_are_converted_to_plain_units():
     assert r.missing == {}
 
 
+def test_closing_shuts_the_library_down_once_even_when_shutdown_fails():
+    calls = []
+
+    def shutdown():
+        calls.append(1)
+        raise NVMLError("Uninitialized")
+
+    nv = fake_pynvml()
+    nv.nvmlShutdown = shutdown
+    source = NvmlSource(nv, [(0, "h0")])
+    source.close()
+    source.close()
+    assert calls == [1]
+
+
 def test_a_sensor_that_fails_is_missing_with_its_reason_and_the_rest_is_read():
     nv = fake_pynvml(failing={"power": "Not Supported", "temp": "Insufficient Permissions", "util": "Not Supported"})
     [r] = NvmlSource(nv, [(0, "h0")]).read()

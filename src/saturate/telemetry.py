@@ -106,12 +106,20 @@ class GpuSource:
 
     def __init__(self, note: str | None) -> None:
         self.note = note
+        self._closed = False
 
     def read(self) -> list[GpuReading]:
         return []
 
+    def _shutdown(self) -> None:
+        """The vendor library's shutdown call."""
+
     def close(self) -> None:
-        pass
+        """Shut the library down once; a failure there is not worth reporting (nothing is read after it)."""
+        if not self._closed:
+            self._closed = True
+            with contextlib.suppress(Exception):
+                self._shutdown()
 
 
 def _text(value: str | bytes) -> str:
@@ -128,7 +136,6 @@ class NvmlSource(GpuSource):
         self.nv = pynvml
         self.handles = handles  # (reported index, NVML handle)
         self.names = _device_names(handles, lambda h: _text(pynvml.nvmlDeviceGetName(h)), pynvml.NVMLError, "GPU")
-        self._closed = False
 
     def read(self) -> list[GpuReading]:
         nv = self.nv
@@ -162,11 +169,8 @@ class NvmlSource(GpuSource):
             out.append(r)
         return out
 
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            with contextlib.suppress(Exception):
-                self.nv.nvmlShutdown()
+    def _shutdown(self) -> None:
+        self.nv.nvmlShutdown()
 
 
 def _device_names(handles: list[tuple[int, Any]], read: Callable[[Any], str],
@@ -217,7 +221,6 @@ class AmdSmiSource(GpuSource):
         self.handles = handles
         self.names = _device_names(handles, lambda h: str(amdsmi.amdsmi_get_gpu_asic_info(h)["market_name"]),
                                    Exception, "AMD GPU")
-        self._closed = False
 
     def read(self) -> list[GpuReading]:
         smi = self.smi
@@ -258,11 +261,8 @@ class AmdSmiSource(GpuSource):
             out.append(r)
         return out
 
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            with contextlib.suppress(Exception):
-                self.smi.amdsmi_shut_down()
+    def _shutdown(self) -> None:
+        self.smi.amdsmi_shut_down()
 
 
 def _torch_gpus() -> tuple[int, bool, list[Any]]:

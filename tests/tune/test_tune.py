@@ -230,7 +230,8 @@ def test_samples_that_are_not_tokens_get_no_tokens_column():
         assert ("tokens/s" in text(comparison_table([row], SimpleNamespace(name="w", tokens_per_sample=per_sample),
                                                     "device"))) is shown
         sink = ConsoleSink(10, console=Console(record=True, width=200, file=open("/dev/null", "w")))  # noqa: SIM115
-        sink.tokens = per_sample > 1
+        sink.start(SimpleNamespace(name="w", info={}, tokens_per_sample=per_sample), plan,
+                   SimpleNamespace(torch_device="cpu"), 8, 10, None)
         sink.log(1, {"train/loss": 1.0, "throughput/tokens_per_s": 100.0 * per_sample,
                      "throughput/samples_per_s": 100.0, "memory/peak_gib": 0.1})
         assert ("tok/s" in sink.console.export_text()) is shown
