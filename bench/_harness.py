@@ -34,7 +34,7 @@ from rich.table import Table
 
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.plan import Plan
-from saturate.workload import Workload
+from saturate.workloads import Workload
 
 NEVER = 10**9  # an eval/checkpoint interval no benchmark reaches (the last step still checkpoints)
 

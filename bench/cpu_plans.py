@@ -48,7 +48,7 @@ from _harness import (
 )
 from saturate.hardware import Hardware, measure_matmul_peak, probe
 from saturate.plan import Plan, reference_plan
-from saturate.workload import build_workload
+from saturate.workloads import build_workload
 
 
 def ladder(effective: int, micro: int, bf16: bool) -> list[Plan]:

@@ -46,7 +46,7 @@ from saturate.doctor.run import DoctorConfig, apply_fix, diagnose, measured_figu
 from saturate.hardware import probe
 from saturate.plan import Plan
 from saturate.telemetry import read_process_tree
-from saturate.workload import Optimization, Workload
+from saturate.workloads import Optimization, Workload
 
 
 class Samples(Dataset):

@@ -2,7 +2,7 @@
 
 Goal: train() within 2 % of the bare loop (median over rounds of saturate time / bare time - 1).
 
-Both sides train gpt-tiny: the same model class (saturate.models.gpt.GPT) built under the same
+Both sides train gpt-tiny: the same model class (saturate.workloads.gpt.GPT) built under the same
 seed, the same RandomWindows over the same token array read in the same order, the same
 micro-batch and accumulation, AdamW with the same parameter groups and implementation (fused or
 foreach), the same warm-up/cosine learning rate set every step, the same precision, gradient
@@ -57,9 +57,9 @@ from _harness import (
     write_json,
 )
 from saturate.hardware import probe, synchronize
-from saturate.models.gpt import GPT
 from saturate.plan import Plan, default_plan
-from saturate.workload import PRESETS, Workload, build_workload
+from saturate.workloads import PRESETS, Workload, build_workload
+from saturate.workloads.gpt import GPT
 
 SATURATE, BARE = "saturate train()", "bare loop"
 
@@ -73,7 +73,7 @@ def bare_loop(workload: Workload, plan: Plan, *, warmup: int, steps: int, device
     torch.backends.cudnn.allow_tf32 = plan.tf32
     model = workload.build_model()
     if not isinstance(model, GPT):
-        raise TypeError(f"expected saturate.models.gpt.GPT, got {type(model).__name__}")
+        raise TypeError(f"expected saturate.workloads.gpt.GPT, got {type(model).__name__}")
     model.to(device).train()
     params = list(model.parameters())
 

@@ -4,7 +4,7 @@ Goal: 45 % MFU or more on an H100/H200-class GPU with bf16 autocast, torch.compi
 fused AdamW and TF32, through saturate's train() (what a user gets). The same plan in eager mode
 runs beside it, so the table also shows what compile buys.
 
-MFU = tokens/s x model FLOPs per token (6N + attention, saturate.models.gpt.flops_per_token) over
+MFU = tokens/s x model FLOPs per token (6N + attention, saturate.workloads.gpt.flops_per_token) over
 a peak, given against both denominators:
 
 * measured: the bf16 matmul peak from measure_matmul_peak, taken before and after the rounds (the
@@ -47,7 +47,7 @@ from _harness import (
 )
 from saturate.hardware import measure_matmul_peak, probe
 from saturate.plan import Plan
-from saturate.workload import build_workload
+from saturate.workloads import build_workload
 
 GOAL_MFU = 0.45
 

@@ -41,7 +41,7 @@ def worker(args: argparse.Namespace) -> None:
     from saturate.engine.trainer import RunConfig, train
     from saturate.hardware import probe
     from saturate.plan import Plan
-    from saturate.workload import build_workload
+    from saturate.workloads import build_workload
 
     hw = probe(measure_peaks=False, device=args.device)
     import torch

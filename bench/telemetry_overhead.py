@@ -32,7 +32,7 @@ from _harness import NEVER, Spread, add_run_args, device_label, environment, int
 from saturate.engine.trainer import RunConfig, train
 from saturate.hardware import probe
 from saturate.plan import Plan
-from saturate.workload import build_workload
+from saturate.workloads import build_workload
 
 _samplers: list = []
 

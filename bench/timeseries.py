@@ -31,9 +31,9 @@ from rich.console import Console
 from _harness import Spread, add_run_args, device_label, environment, interleaved, print_table, timed_train, write_json
 from saturate.hardware import probe
 from saturate.plan import Plan, reference_plan
-from saturate.timeseries import ts_lstm_workload
 from saturate.tune import tune
 from saturate.tune.run import at_effective_batch
+from saturate.workloads.timeseries import ts_lstm_workload
 
 
 def side_by_side(workload, hw, plans: dict[str, Plan], args, tmp: Path) -> dict[str, list[float]]:
@@ -79,7 +79,7 @@ def hf_gpt2(args, hw, tmp: Path) -> dict:
     if hw.device_type != "cuda":
         print("no CUDA device: skipped (GPT-2 through Transformers runs on a GPU)")
         return {"skipped": "no CUDA device"}
-    from saturate.hf import hf_workload, transformers_module
+    from saturate.workloads.hf import hf_workload, transformers_module
 
     folder = tmp / "gpt2-124m"
     transformers_module().GPT2Config().save_pretrained(folder)  # GPT-2 124M shape; no weights, nothing downloaded

@@ -32,7 +32,7 @@ from saturate.tune import tune
 from saturate.tune.api import fused_adamw_available
 from saturate.tune.measure import RealMeasurer
 from saturate.tune.run import reference_plans
-from saturate.workload import build_workload
+from saturate.workloads import build_workload
 
 
 def side_by_side(workload, hw, plans: dict[str, Plan], args, tmp: Path) -> dict[str, list[float]]:

@@ -14,9 +14,9 @@ from saturate.engine.checkpoint import CheckpointManager
 from saturate.errors import ConfigError
 from saturate.hardware import probe
 from saturate.sweep import grid_points, parse_grid, sweep
-from saturate.timeseries import ts_lstm_workload
 from saturate.tune import api
 from saturate.tune.measure import RealMeasurer
+from saturate.workloads.timeseries import ts_lstm_workload
 
 TINY = {"layers": 1, "n_series": 2, "length": 300, "effective_batch": 4, "eval_windows": 8, "warmup_steps": 1,
         "window": 4}

@@ -8,7 +8,6 @@
     diagnose(workload, plan)     -> Diagnosis   (the doctor; Profiler for a loop of your own)
 """
 
-from saturate.byo import custom_workload, load_workload
 from saturate.doctor.profiler import Profiler
 from saturate.doctor.rules import Diagnosis
 from saturate.doctor.run import DoctorConfig, diagnose
@@ -17,7 +16,7 @@ from saturate.errors import SaturateError
 from saturate.hardware import Hardware, probe
 from saturate.plan import REFERENCE_PLANS, Plan, default_plan, reference_plan
 from saturate.tune import TuneResult, tune
-from saturate.workload import PRESETS, Optimization, Workload, build_workload
+from saturate.workloads import PRESETS, Optimization, Workload, build_workload, custom_workload, load_workload
 
 __all__ = [
     "PRESETS", "REFERENCE_PLANS", "Diagnosis", "DoctorConfig", "Hardware", "Optimization", "Plan", "Profiler",

@@ -18,7 +18,7 @@ from saturate.doctor.run import DoctorConfig, apply_fix, diagnose, outcome, plan
 from saturate.errors import ConfigError
 from saturate.plan import Plan
 from saturate.telemetry import read_process_tree
-from saturate.workload import build_workload
+from saturate.workloads import build_workload
 
 QUICK = DoctorConfig(steps=4, warmup=1, count_steps=1, min_seconds=0.0)
 

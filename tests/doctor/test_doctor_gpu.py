@@ -20,7 +20,7 @@ from saturate.doctor.run import DoctorConfig, diagnose
 from saturate.hardware import probe
 from saturate.plan import Plan
 from saturate.telemetry import open_gpu_source
-from saturate.workload import build_workload
+from saturate.workloads import build_workload
 
 pytestmark = pytest.mark.gpu
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import Dataset
 
-from saturate.workload import Optimization, Workload
+from saturate.workloads import Optimization, Workload
 
 
 class Samples(Dataset):

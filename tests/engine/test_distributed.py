@@ -31,9 +31,9 @@ from saturate.engine.step import build_optimizer, repeated_blocks
 from saturate.engine.trainer import RunConfig, _checkpoint_plan, train
 from saturate.errors import CheckpointError, ConfigError
 from saturate.hardware import probe
-from saturate.models.gpt import GPT, GPTConfig
 from saturate.plan import Plan, default_plan, fit_to_world
-from saturate.workload import Optimization, build_workload
+from saturate.workloads import Optimization, build_workload
+from saturate.workloads.gpt import GPT, GPTConfig
 
 
 def test_strategy_follows_the_process_count():

@@ -9,7 +9,7 @@ from saturate.engine.metrics import read_jsonl
 from saturate.engine.trainer import RunConfig, train
 from saturate.hardware import probe
 from saturate.plan import Plan
-from saturate.workload import build_workload
+from saturate.workloads import build_workload
 
 pytestmark = pytest.mark.gpu
 

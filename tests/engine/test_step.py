@@ -13,7 +13,7 @@ from saturate.engine.step import MicroBatchOOM, OutOfMemoryError, Stepper, large
 from saturate.engine.trainer import RunConfig, train
 from saturate.hardware import probe
 from saturate.plan import Plan
-from saturate.workload import build_workload
+from saturate.workloads import build_workload
 
 CPU = torch.device("cpu")
 

@@ -16,7 +16,7 @@ from saturate.engine.metrics import read_jsonl
 from saturate.engine.trainer import RunConfig, train
 from saturate.errors import CheckpointError
 from saturate.plan import Plan
-from saturate.workload import build_workload
+from saturate.workloads import build_workload
 
 
 def run(tmp_path: Path, corpus: Path, plan: Plan, hw, name: str = "run", **cfg):
@@ -218,7 +218,7 @@ def test_without_a_plan_a_fresh_run_keeps_the_workloads_effective_batch(tmp_path
 
 
 def test_resume_refuses_another_model_and_names_the_field(tmp_path, small_corpus, cpu):
-    from saturate.workload import PRESETS, GPTPreset
+    from saturate.workloads.gpt import PRESETS, GPTPreset
 
     run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=2), cpu, steps=1)
     tiny = PRESETS["gpt-tiny"]

@@ -14,7 +14,7 @@ from saturate.engine.trainer import RunConfig, train
 from saturate.engine.watch import TrainingWatch
 from saturate.hardware import probe
 from saturate.plan import Plan
-from saturate.workload import Optimization, Workload
+from saturate.workloads import Optimization, Workload
 
 
 class SlowSamples(Dataset):

@@ -20,7 +20,7 @@ from saturate.errors import ConfigError
 from saturate.plan import Plan
 from saturate.tune import cache, tune
 from saturate.tune.measure import RealMeasurer
-from saturate.workload import build_workload
+from saturate.workloads import build_workload
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from rich.console import Console
 from saturate.hardware import probe
 from saturate.tune import tune
 from saturate.tune.measure import RealMeasurer
-from saturate.workload import build_workload
+from saturate.workloads import build_workload
 
 pytestmark = pytest.mark.gpu
 

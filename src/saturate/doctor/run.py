@@ -24,7 +24,7 @@ from saturate.engine.step import OutOfMemoryError, Stepper, split_batch, to_devi
 from saturate.errors import ConfigError, SaturateError
 from saturate.hardware import synchronize
 from saturate.plan import Plan, default_plan
-from saturate.workload import Workload
+from saturate.workloads.base import Workload
 
 
 @dataclass

@@ -33,7 +33,7 @@ from saturate.engine.distributed import DistInfo, agree_any, gather_objects
 from saturate.engine.precision import Precision, make_precision, set_tf32
 from saturate.errors import ConfigError, SaturateError
 from saturate.plan import Plan
-from saturate.workload import Workload
+from saturate.workloads.base import Workload
 
 # torch.OutOfMemoryError is new in 2.5; torch.cuda.OutOfMemoryError is the same class there and older.
 OutOfMemoryError = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)

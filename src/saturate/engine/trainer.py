@@ -55,7 +55,7 @@ from saturate.engine.watch import TrainingWatch
 from saturate.errors import CheckpointError, ConfigError, SaturateError
 from saturate.hardware import synchronize
 from saturate.plan import Plan, default_plan, fit_to_world
-from saturate.workload import Workload
+from saturate.workloads.base import Workload
 
 CHECKPOINT_FORMAT = 1  # the same for a file and a DCP folder's meta.pt
 

@@ -20,7 +20,7 @@ from saturate.tune import cache
 from saturate.tune.measure import LoaderTrial, Measurer, RealMeasurer, Trial
 from saturate.tune.report import plot, print_report, result_dict, trial_line
 from saturate.tune.search import SearchResult, SearchSettings, search
-from saturate.workload import Workload
+from saturate.workloads.base import Workload
 
 
 @dataclass

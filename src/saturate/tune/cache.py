@@ -10,7 +10,7 @@ from typing import Any
 from saturate.data.shards import cache_root
 from saturate.errors import ConfigError
 from saturate.plan import Plan
-from saturate.workload import Workload
+from saturate.workloads.base import Workload
 
 
 def workload_key(workload: Workload, effective_batch: int | None = None) -> str:

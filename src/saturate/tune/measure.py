@@ -30,7 +30,7 @@ from saturate.engine.distributed import DistInfo, agree_any, all_reduce_scalar, 
 from saturate.engine.step import OutOfMemoryError, Stepper, to_device
 from saturate.hardware import synchronize
 from saturate.plan import Plan
-from saturate.workload import Workload
+from saturate.workloads.base import Workload
 
 
 @dataclass

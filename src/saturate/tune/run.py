@@ -33,7 +33,7 @@ from saturate.hardware import measure_matmul_peak
 from saturate.plan import Plan, reference_plan
 from saturate.tune.api import TuneResult, tune
 from saturate.tune.measure import RealMeasurer, Trial
-from saturate.workload import Workload
+from saturate.workloads.base import Workload
 
 # The guide whose "after" plan applies, by device kind (shared/GUIDES.md): the A6000 guide for one
 # NVIDIA GPU, the ROCm guide for AMD. On a CPU no guide applies.

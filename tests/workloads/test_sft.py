@@ -18,9 +18,9 @@ from saturate.engine.metrics import read_jsonl
 from saturate.engine.trainer import RunConfig, train
 from saturate.errors import ConfigError, DataError
 from saturate.hardware import probe
-from saturate.models.gpt import GPT, GPTConfig
 from saturate.plan import Plan
-from saturate.sft import IGNORE, ChatFormat, SFTLoss, gpt_forward, pack, parse_record, preset_sft_workload
+from saturate.workloads.gpt import GPT, GPTConfig
+from saturate.workloads.sft import IGNORE, ChatFormat, SFTLoss, gpt_forward, pack, parse_record, preset_sft_workload
 
 SMALL = {"n_layer": 1, "n_head": 2, "n_embd": 32, "seq_len": 64, "effective_batch": 4, "warmup_steps": 2}
 

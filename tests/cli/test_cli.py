@@ -20,9 +20,9 @@ from conftest import cli_env
 from saturate.data.shards import open_shard, write_shard
 from saturate.engine.checkpoint import load_checkpoint
 from saturate.errors import DataError
-from saturate.models.gpt import GPT, GPTConfig
 from saturate.plan import Plan
-from saturate.workload import PRESETS
+from saturate.workloads import PRESETS
+from saturate.workloads.gpt import GPT, GPTConfig
 
 TEXT = "The quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs.\n" * 60
 

@@ -6,8 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from saturate.cli.args import add_workload_args, workload_from_args
 
-def add_parsers(sub: Any, add_workload_args: Any) -> None:
+
+def add_parsers(sub: Any) -> None:
     p = sub.add_parser("tune", help="find the fastest plan by measurement; writes plan.toml, tune.json, plots")
     add_workload_args(p)
     _add_tuning_args(p)
@@ -35,12 +37,6 @@ def _add_tuning_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-compile", action="store_true", help="do not try torch.compile")
 
 
-def _workload(args: argparse.Namespace) -> Any:
-    from saturate.cli import workload_from_args
-
-    return workload_from_args(args)
-
-
 def _console() -> Any:
     """Rich wraps at 80 columns when output is not a terminal; the trial tables need more."""
     import sys
@@ -55,7 +51,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from saturate.tune import tune
 
     hw = probe(measure_peaks=False, device=args.device)
-    tune(_workload(args), hw, budget_s=args.budget, planned_steps=args.steps,
+    tune(workload_from_args(args), hw, budget_s=args.budget, planned_steps=args.steps,
          allow_batch_change=args.allow_batch_change, out_dir=args.out, seed=args.seed,
          try_compile=not args.no_compile, console=_console())
     return 0
@@ -66,7 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from saturate.tune.run import run
 
     hw = probe(measure_peaks=True, device=args.device)
-    report = run(_workload(args), hw, budget_s=args.budget, steps=args.steps, minutes=args.minutes,
+    report = run(workload_from_args(args), hw, budget_s=args.budget, steps=args.steps, minutes=args.minutes,
                  run_dir=args.run_dir, allow_batch_change=args.allow_batch_change, seed=args.seed,
                  progress=not args.no_progress, try_compile=not args.no_compile, console=_console())
     return 130 if report.training.interrupted else 0

@@ -36,7 +36,7 @@ import torch.nn as nn
 from torch.utils.data import Dataset, default_collate
 
 from saturate.errors import ConfigError, SaturateError
-from saturate.workload import Optimization, Workload
+from saturate.workloads.base import Optimization, Workload
 
 UNBOUNDED = 2**62  # the length of a dataset whose indices are unbounded (RandomWindows and the like)
 PROBE_BATCH = 2  # samples in the batch every check runs on

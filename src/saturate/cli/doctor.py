@@ -7,37 +7,23 @@ import json
 from pathlib import Path
 from typing import Any
 
+from saturate.cli.args import add_workload_args, positive, workload_from_args
 from saturate.errors import ConfigError
-
-
-def _positive(kind: type, name: str) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
-        return value
-
-    return parse
 
 
 def add_parsers(sub: Any) -> None:
     """Add `doctor` and `monitor` to the main parser's subcommands."""
-    from saturate.cli import _add_workload_args
-
     p = sub.add_parser("doctor", help="why is training slow? a short instrumented run, a verdict, ranked fixes")
-    _add_workload_args(p)
+    add_workload_args(p)
     p.add_argument("--plan", metavar="FILE|NAME",
                    help="a plan.toml or a reference plan (naive, a6000-after, …); default: the seed plan")
-    p.add_argument("--steps", type=_positive(int, "--steps"), default=10, metavar="N",
+    p.add_argument("--steps", type=positive(int, "--steps"), default=10, metavar="N",
                    help="optimizer steps timed (default 10; more while under 2 s)")
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="untimed steps first (default 2)")
     p.add_argument("--apply", action="store_true",
                    help="turn the top plan fix into a plan, run it the same way, print predicted against measured")
     p.add_argument("--save-plan", type=Path, metavar="FILE", help="with --apply: write the new plan as TOML")
-    p.add_argument("--host-memory-budget", type=_positive(float, "--host-memory-budget"), metavar="GIB",
+    p.add_argument("--host-memory-budget", type=positive(float, "--host-memory-budget"), metavar="GIB",
                    help="host RAM the job may use (default: what is available when it starts)")
     p.add_argument("--no-scaling", action="store_true", help="skip the batch-scaling probe")
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
@@ -46,7 +32,7 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("monitor", help="GPUs and host live, with the running saturate job's tokens/s")
     p.add_argument("--once", action="store_true", help="one reading, then exit")
     p.add_argument("--json", action="store_true", help="JSON (one object with --once, else one line per reading)")
-    p.add_argument("--interval", type=_positive(float, "--interval"), default=1.0, metavar="S",
+    p.add_argument("--interval", type=positive(float, "--interval"), default=1.0, metavar="S",
                    help="seconds between readings (default 1)")
     p.add_argument("--runs", type=Path, default=Path("runs"), metavar="DIR",
                    help="where to look for a running saturate job (default: ./runs)")
@@ -56,7 +42,6 @@ def add_parsers(sub: Any) -> None:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from saturate.cli import workload_from_args
     from saturate.doctor.report import prediction_text, render
     from saturate.doctor.run import DoctorConfig, apply_fix, diagnose, outcome, plan_fix
     from saturate.hardware import probe

@@ -40,7 +40,7 @@ from saturate.atomic import atomic_path, atomic_write_bytes
 from saturate.data.corpus import json_object
 from saturate.data.windows import _MappedTokens
 from saturate.errors import ConfigError, DataError
-from saturate.workload import Optimization, Workload
+from saturate.workloads.base import Optimization, Workload
 
 FORMAT = 1
 IGNORE = -100  # label of a position that is not a target
@@ -356,7 +356,7 @@ def sft_workload(name: str, data: Sequence[str] | None, tokenizer: Any, seq_len:
                  info: dict[str, Any] | None = None,
                  export_extras: Callable[[nn.Module, Path], list[Path]] | None = None) -> Workload:
     """A fine-tuning Workload over packed conversations, for any model with a `forward(model, ids, positions)`."""
-    from saturate.byo import Epochs
+    from saturate.workloads.custom import Epochs
 
     files = jsonl_files(data)
     train, val, meta = prepare(files, tokenizer, seq_len)
@@ -383,8 +383,8 @@ def sft_workload(name: str, data: Sequence[str] | None, tokenizer: Any, seq_len:
 def preset_sft_workload(preset: str, *, data: Sequence[str] | None, tokenizer: str = "byte", seed: int = 0,
                         **overrides: Any) -> Workload:
     """Fine-tune a GPT preset's shape on chat JSONL, with the byte tokenizer (or a BPE trained on the chats)."""
-    from saturate.models.gpt import GPT, GPTConfig, flops_per_token
-    from saturate.workload import OTHER_PRESETS, preset_with
+    from saturate.workloads.gpt import GPT, GPTConfig, flops_per_token, preset_with
+    from saturate.workloads.registry import OTHER_PRESETS
 
     if preset in OTHER_PRESETS:
         raise ConfigError(f"--task sft fine-tunes a language model; {preset} is not one (use a gpt-* preset or --hf)")

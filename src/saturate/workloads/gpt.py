@@ -1,4 +1,5 @@
-"""A GPT in the nanoGPT mould: pre-norm blocks, PyTorch SDPA attention, tied embeddings.
+"""The GPT presets (gpt-tiny, gpt-small, gpt-medium): a GPT in the nanoGPT mould (pre-norm blocks,
+PyTorch SDPA attention, tied embeddings) trained on a text corpus.
 
 FLOPs per token (forward + backward), the PaLM/nanoGPT estimate:
 
@@ -12,8 +13,11 @@ recomputes the forward but these are *model* FLOPs, so MFU does not reward recom
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -21,6 +25,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from saturate.errors import ConfigError
+from saturate.workloads.base import Optimization, Workload
 
 
 @dataclass(frozen=True)
@@ -175,3 +180,95 @@ def lm_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch
     logits = model(x)
     # Autocast runs cross_entropy in fp32 by itself; no explicit upcast copy of the logits.
     return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+
+
+# --- the presets ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GPTPreset:
+    """A GPT preset: the model's shape and the optimisation it trains with by default."""
+
+    name: str
+    n_layer: int
+    n_head: int
+    n_embd: int
+    seq_len: int
+    optim: Optimization
+    description: str
+
+
+PRESETS: dict[str, GPTPreset] = {
+    "gpt-tiny": GPTPreset(
+        "gpt-tiny", n_layer=4, n_head=4, n_embd=256, seq_len=128,
+        optim=Optimization(effective_batch=32, lr=2e-3, warmup_steps=20, steps=300, eval_every=50),
+        description="~3M parameters; the embedded default, trains on a CPU in minutes",
+    ),
+    "gpt-small": GPTPreset(
+        "gpt-small", n_layer=12, n_head=12, n_embd=768, seq_len=1024,
+        optim=Optimization(effective_batch=128, lr=6e-4, warmup_steps=100, steps=2000, eval_every=200),
+        description="GPT-2 124M shape (85M parameters with the byte tokenizer, 124M with a 50257 BPE)",
+    ),
+    "gpt-medium": GPTPreset(
+        "gpt-medium", n_layer=24, n_head=16, n_embd=1024, seq_len=1024,
+        optim=Optimization(effective_batch=128, lr=3e-4, warmup_steps=100, steps=2000, eval_every=200),
+        description="GPT-2 350M shape (303M parameters with the byte tokenizer)",
+    ),
+}
+
+
+def preset_with(preset: str, overrides: dict[str, Any]) -> tuple[GPTPreset, Optimization]:
+    """A GPT preset with shape overrides applied, and its Optimization with the other overrides."""
+    try:
+        p = PRESETS[preset]
+    except KeyError:
+        raise ConfigError(f"unknown GPT preset {preset!r} (known: {', '.join(PRESETS)})") from None
+    shape_keys = ("n_layer", "n_head", "n_embd", "seq_len")
+    shape = {k: v for k, v in overrides.items() if k in shape_keys}
+    rest = {k: v for k, v in overrides.items() if k not in shape_keys}
+    known = [*shape_keys, *(f.name for f in dataclasses.fields(Optimization))]
+    for k, v in shape.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"preset {preset}: {k} must be a positive integer, got {v!r}")
+    try:
+        return dataclasses.replace(p, **shape), dataclasses.replace(p.optim, **rest)
+    except TypeError as e:
+        raise ConfigError(f"bad override for preset {preset}: {e} (known: {', '.join(known)})") from None
+
+
+def gpt_workload(
+    preset: str = "gpt-tiny",
+    *,
+    data: Sequence[str] | None = None,
+    tokenizer: str = "byte",
+    text_field: str = "text",
+    seed: int = 0,
+    **overrides: Any,
+) -> Workload:
+    """A GPT preset's Workload on the embedded corpus (data=None) or on the user's files.
+
+    `overrides` replace fields of the preset's Optimization (e.g. steps=50, effective_batch=64) or of
+    its model shape (n_layer, n_head, n_embd, seq_len).
+    """
+    from saturate.data.shards import prepare_corpus
+    from saturate.data.windows import FixedWindows, RandomWindows
+
+    p, optim = preset_with(preset, overrides)
+    corpus = prepare_corpus(data, tokenizer=tokenizer, seq_len=p.seq_len, text_field=text_field)
+    cfg = GPTConfig(n_layer=p.n_layer, n_head=p.n_head, n_embd=p.n_embd, seq_len=p.seq_len,
+                    vocab_size=corpus.vocab_size)
+    info = {"preset": preset, "corpus_files": corpus.n_files, "corpus_tokens": corpus.n_tokens,
+            "tokenizer": corpus.tokenizer.name, "vocab_size": corpus.vocab_size,
+            "corpus_cached": corpus.cached}
+    return Workload(
+        name=preset,
+        build_model=lambda: GPT(cfg),
+        train_data=RandomWindows(corpus.train, cfg.seq_len, seed=seed),
+        val_data=FixedWindows(corpus.val, cfg.seq_len, n=optim.eval_samples),
+        loss_fn=lm_loss,
+        optim=optim,
+        tokens_per_sample=cfg.seq_len,
+        flops_per_sample=flops_per_token(cfg) * cfg.seq_len,
+        identity={"model": cfg.to_dict(), "data": {"corpus": corpus.fingerprint, "seed": seed}},
+        info=info,
+    )

@@ -1,4 +1,8 @@
-"""The one command-line entry point; each subcommand is a thin function over the public API."""
+"""The one command-line entry point: the parser, and errors turned into one line and an exit code.
+
+Each verb is a thin module over the public API (`probe`/`train` here; `tune`, `run`, `doctor`, `monitor`
+and `sweep` beside this file); the arguments they share are in `args`. Nothing below imports this module.
+"""
 
 from __future__ import annotations
 
@@ -7,39 +11,15 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+
+from saturate.cli import doctor as doctor_cli
+from saturate.cli import sweep as sweep_cli
+from saturate.cli import tune as tune_cli
+from saturate.cli.args import add_workload_args, workload_from_args
 
 EXIT_ERROR = 2
 EXIT_OOM = 3
 EXIT_INTERRUPTED = 130
-
-
-def _add_workload_args(p: argparse.ArgumentParser) -> None:
-    from saturate.workload import preset_names
-
-    p.add_argument("--preset", default="gpt-tiny", metavar="NAME",
-                   help=f"model preset: {', '.join(preset_names())} (default: gpt-tiny)")
-    p.add_argument("--data", action="append", metavar="PATH",
-                   help="text files, folders or globs of .txt/.md/.py/.jsonl; repeatable "
-                        "(default: the Python standard library's source, always on the machine); "
-                        "ts-lstm: one .csv of numeric columns; --task sft: .jsonl conversations")
-    p.add_argument("--text-field", default="text", help="the JSONL field holding the text (default: text)")
-    p.add_argument("--tokenizer", default="byte", help="byte (default), bpe or bpe:VOCAB, trained locally")
-    p.add_argument("--effective-batch", type=int, metavar="N",
-                   help="samples per optimizer step, kept exactly by every plan (default: the preset's)")
-    p.add_argument("--device", help="cuda, mps or cpu (default: the best one found)")
-    p.add_argument("--seed", type=int, default=0, help="model initialisation and sampling seed (default: 0)")
-    from saturate.sources import add_source_args
-
-    add_source_args(p)  # --workload, --hf, --task, --param
-
-
-def workload_from_args(args: argparse.Namespace, params: dict[str, Any] | None = None) -> Any:
-    """The Workload the common workload arguments describe (a preset, --workload, --hf, --task sft);
-    `params` override --param (a sweep point)."""
-    from saturate.sources import workload_from_args as from_args
-
-    return from_args(args, params)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("train", help="train a preset with a plan; checkpoints, metrics, exact resume")
-    _add_workload_args(p)
+    add_workload_args(p)
     p.add_argument("--plan", metavar="FILE|NAME",
                    help="a plan.toml, or a reference plan (naive, a6000-after, …); default: the checkpoint's "
                         "plan when resuming, else a seed plan keeping the preset's effective batch")
@@ -76,16 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ignore the tuned plan cached for this preset on this machine (with no --plan)")
     p.set_defaults(func=cmd_train)
 
-    from saturate.tune.cli import add_parsers as add_tune_parsers
-
-    add_tune_parsers(sub, _add_workload_args)
-    from saturate.doctor.cli import add_parsers as add_doctor_parsers  # `doctor` and `monitor`
-
-    add_doctor_parsers(sub)
-
-    from saturate.sweep import add_parsers as add_sweep_parsers
-
-    add_sweep_parsers(sub, _add_workload_args)
+    for verbs in (tune_cli, doctor_cli, sweep_cli):  # tune and run; doctor and monitor; sweep
+        verbs.add_parsers(sub)
     return parser
 
 

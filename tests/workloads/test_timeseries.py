@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from conftest import cli_env, saturate_cmd
-from saturate.byo import count_flops
 from saturate.engine.trainer import RunConfig, train
 from saturate.errors import ConfigError, DataError
 from saturate.plan import Plan
-from saturate.timeseries import LSTMForecaster, read_csv, synthetic_series, ts_lstm_workload
 from saturate.tune.run import reference_plans
-from saturate.workload import build_workload, preset_names
+from saturate.workloads import build_workload, preset_names
+from saturate.workloads.custom import count_flops
+from saturate.workloads.timeseries import LSTMForecaster, read_csv, synthetic_series, ts_lstm_workload
 
 TINY = {"window": 8, "hidden": 8, "layers": 1, "n_series": 3, "length": 400, "effective_batch": 16,
         "eval_windows": 32}

@@ -31,7 +31,7 @@ from torch.utils.data import Dataset
 
 from saturate.data.windows import _splitmix64
 from saturate.errors import ConfigError, DataError
-from saturate.workload import Optimization, Workload
+from saturate.workloads.base import Optimization, Workload
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ import torch
 import torch.nn as nn
 
 from conftest import cli_env, saturate_cmd
-from saturate.byo import Epochs, count_flops, custom_workload, load_workload
 from saturate.engine.trainer import RunConfig, train
 from saturate.errors import ConfigError
 from saturate.tune.measure import RealMeasurer
+from saturate.workloads.custom import Epochs, count_flops, custom_workload, load_workload
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def short(run_dir: Path, steps: int = 3) -> RunConfig:

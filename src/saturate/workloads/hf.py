@@ -31,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from saturate.errors import ConfigError, DataError
-from saturate.workload import Optimization, Workload
+from saturate.workloads.base import Optimization, Workload
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -269,7 +269,7 @@ def hf_workload(path: str | os.PathLike[str], *, task: str = "lm", data: Sequenc
     info = {"hf": str(hf.path), "model_type": hf.config.model_type, "parameters": f"{hf.parameters:,}",
             "weights": "local" if hf.weights else "none (initialised from config.json)", "attention": hf.attention}
     if task == "sft":
-        from saturate.sft import sft_workload
+        from saturate.workloads.sft import sft_workload
 
         masking = getattr(transformers_module(), "masking_utils", None)
         if not hasattr(masking, "find_packed_sequence_indices"):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from saturate.errors import ConfigError
-from saturate.models.gpt import GPT, GPTConfig, flops_per_token, lm_loss
+from saturate.workloads.gpt import GPT, GPTConfig, flops_per_token, lm_loss
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, seq_len=16, vocab_size=257)
 
@@ -176,7 +176,7 @@ def test_to_dict_round_trips_the_config():
 
 def test_gpt2_shapes_have_gpt2_parameter_counts():
     """gpt-small / gpt-medium with GPT-2's 50257 vocabulary are the 124M / 350M models (no biases)."""
-    from saturate.workload import PRESETS
+    from saturate.workloads import PRESETS
 
     def count(preset: str) -> int:
         p = PRESETS[preset]

@@ -1,0 +1,54 @@
+"""`saturate sweep`: a grid over workload parameters, each point tuned then trained (see saturate.sweep)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from saturate.cli.args import add_workload_args, workload_from_args
+from saturate.errors import ConfigError
+from saturate.workloads.source import parse_params
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser("sweep", help="a grid over workload parameters: each point tuned, then trained; table, "
+                                     "plot and JSON; rerun to resume")
+    add_workload_args(p)
+    p.add_argument("--grid", nargs="+", required=True, metavar="KEY=V1,V2",
+                   help="parameters and their values, e.g. --grid hidden=128,256 window=30,60,90 (every "
+                        "combination is a point; KEY as for --param)")
+    p.add_argument("--steps", type=int, help="optimizer steps per point (default: the workload's)")
+    p.add_argument("--budget", type=float, metavar="SECONDS", help="tuning budget per point (default: none)")
+    p.add_argument("--no-compile", action="store_true", help="do not try torch.compile when tuning")
+    p.add_argument("--allow-batch-change", action="store_true",
+                   help="let tuning grow the effective batch (learning rate rescaled linearly)")
+    p.add_argument("--out", type=Path, help="the sweep's folder; the same --out resumes it (default: runs/sweep-…)")
+    p.add_argument("--no-progress", action="store_true", help="no progress display while training")
+    p.set_defaults(func=cmd_sweep)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from rich.console import Console as RichConsole
+
+    from saturate.hardware import probe
+    from saturate.sweep import parse_grid, sweep
+
+    if args.steps is not None and args.steps < 1:
+        raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+    grid = parse_grid(args.grid)
+    fixed = parse_params(args.param or [])
+    if clash := sorted(set(grid) & set(fixed)):
+        raise ConfigError(f"{clash[0]} is both a --param and a --grid key")
+    out = args.out or Path("runs") / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    source = {"preset": args.preset, "workload": args.workload, "hf": args.hf, "task": args.task,
+              "data": args.data, "params": fixed, "effective_batch": args.effective_batch,
+              "tokenizer": args.tokenizer, "text_field": args.text_field}
+    hw = probe(measure_peaks=False, device=args.device)
+    console = RichConsole() if sys.stdout.isatty() else RichConsole(width=160)
+    result = sweep(lambda params: workload_from_args(args, params), grid, hw, out_dir=out, steps=args.steps,
+                   budget_s=args.budget, try_compile=not args.no_compile, allow_batch_change=args.allow_batch_change,
+                   seed=args.seed, progress=not args.no_progress, console=console, settings={"source": source})
+    return 130 if result["interrupted"] else 0
