@@ -8,8 +8,8 @@
     diagnose(workload, plan)     -> Diagnosis   (the doctor; Profiler for a loop of your own)
 """
 
+from saturate.doctor.findings import Diagnosis
 from saturate.doctor.profiler import Profiler
-from saturate.doctor.rules import Diagnosis
 from saturate.doctor.run import DoctorConfig, diagnose
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import SaturateError

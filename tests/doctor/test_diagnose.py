@@ -109,7 +109,7 @@ def test_bad_doctor_settings_are_refused(kw):
 
 
 def test_an_applied_fix_keeps_the_plan_valid():
-    from saturate.doctor.rules import Fix, Prediction
+    from saturate.doctor.findings import Fix, Prediction
 
     fix = Fix("num_workers 2 → 0", {"num_workers": 0}, Prediction("host_bytes", 2.0, 1.0, "test"), "test")
     plan = apply_fix(Plan(micro_batch=4, num_workers=2, prefetch_factor=4, persistent_workers=True), fix)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from saturate.doctor.rules import Measurements, ScalingProbe, decide
+from saturate.doctor.findings import Measurements, ScalingProbe
+from saturate.doctor.rules import decide
 from saturate.telemetry import Stat
 
 GIB = 1024**3

@@ -27,8 +27,9 @@ from saturate.engine.distributed import (
     gather_objects,
     resolve_strategy,
 )
-from saturate.engine.step import build_optimizer, repeated_blocks
-from saturate.engine.trainer import RunConfig, _checkpoint_plan, train
+from saturate.engine.resume import checkpoint_plan
+from saturate.engine.trainer import RunConfig, train
+from saturate.engine.wrap import build_optimizer, repeated_blocks
 from saturate.errors import CheckpointError, ConfigError
 from saturate.hardware import probe
 from saturate.plan import Plan, default_plan, fit_to_world
@@ -75,11 +76,11 @@ def test_resume_at_another_process_count_refits_or_refuses_naming_both():
     state = {"plan": Plan(micro_batch=4, grad_accum=1, strategy="ddp").to_dict(), "world_size": 2,
              "path": "ckpt-00000006"}
     notes: list[str] = []
-    assert _checkpoint_plan(state, 1, notes).grad_accum == 2
+    assert checkpoint_plan(state, 1, notes).grad_accum == 2
     assert "2 process(es) with 1: grad_accum 1 -> 2 keeps the effective batch 8" in notes[0]
     refused = r"written by 2 process\(es\), with 3: .*micro_batch × grad_accum × 3 = 8"
     with pytest.raises(CheckpointError, match=refused):
-        _checkpoint_plan(state, 3, [])
+        checkpoint_plan(state, 3, [])
 
 
 def test_collectives_are_identities_in_one_process():

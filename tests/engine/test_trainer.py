@@ -159,14 +159,14 @@ def test_time_budget_stops_the_run_and_checkpoints(tmp_path, small_corpus, cpu):
 
 
 def test_steps_for_budget_predicts_from_measured_step_time():
-    from saturate.engine.trainer import _steps_for_budget
+    from saturate.engine.summary import steps_for_budget
 
     class Quiet:
         def note(self, text):
             self.text = text
 
     console = Quiet()
-    total = _steps_for_budget(5, 0.5, time.monotonic() + 10.0, console)
+    total = steps_for_budget(5, 0.5, time.monotonic() + 10.0, console)
     assert 5 + 18 <= total <= 5 + 20
     assert "prediction" in console.text
 

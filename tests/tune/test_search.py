@@ -8,8 +8,9 @@ import pytest
 
 from saturate.errors import ConfigError, SaturateError
 from saturate.plan import Plan
-from saturate.tune.measure import LoaderTrial, Trial
-from saturate.tune.search import SearchSettings, fit_memory, search
+from saturate.tune.results import SearchSettings, fit_memory
+from saturate.tune.search import search
+from saturate.tune.trial import LoaderTrial, Trial
 
 GiB = 2**30
 

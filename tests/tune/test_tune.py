@@ -189,7 +189,7 @@ def test_a_compilation_past_its_time_limit_is_stopped_in_flight(workload, cpu):
 
 
 def test_plans_tuned_at_several_processes_are_cached_apart_and_resplit(workload, cpu):
-    from saturate.engine.trainer import _choose_plan
+    from saturate.engine.resume import choose_plan
 
     fp = cpu.fingerprint()
     one = Plan(micro_batch=4, grad_accum=2, name="tuned", provenance={"world_size": 1})
@@ -199,21 +199,20 @@ def test_plans_tuned_at_several_processes_are_cached_apart_and_resplit(workload,
     assert cache.lookup(workload, fp)[0].micro_batch == 4
     assert cache.lookup(workload, fp, 2)[0].strategy == "ddp"
     assert cache.lookup(workload, fp, 4)[0].micro_batch == 4  # none tuned at 4: the one-process plan
-    config = RunConfig(progress=False)
-    at2 = _choose_plan(None, None, workload, cpu, config, [], world=2)
+    at2 = choose_plan(None, None, workload, cpu, True, [], world=2)
     assert (at2.micro_batch, at2.grad_accum, at2.strategy) == (2, 2, "ddp")  # as tuned, untouched
     cache.cached_plan_path(workload, fp).unlink()
     notes: list[str] = []
-    at4 = _choose_plan(None, None, workload, cpu, config, notes, world=4)  # the 2-process plan, re-split
+    at4 = choose_plan(None, None, workload, cpu, True, notes, world=4)  # the 2-process plan, re-split
     assert (at4.micro_batch, at4.grad_accum, at4.provenance["world_size"]) == (2, 1, 2)
     assert any("using the plan tuned" in n for n in notes)
 
 
 def test_samples_that_are_not_tokens_get_no_tokens_column():
     from saturate.engine.console import ConsoleSink
-    from saturate.tune.measure import Trial
     from saturate.tune.report import trial_line, trials_table
     from saturate.tune.run import Row, comparison_table
+    from saturate.tune.trial import Trial
 
     plan = Plan(micro_batch=4, grad_accum=2)
     t = Trial(stage="verify", plan=plan, samples_per_s=100.0, step_s=0.32)

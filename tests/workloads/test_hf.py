@@ -16,14 +16,14 @@ import torch
 pytest.importorskip("transformers")
 
 from conftest import cli_env, saturate_cmd  # noqa: E402
-from saturate import hf  # noqa: E402
+from saturate.data.chat import ChatFormat  # noqa: E402
 from saturate.data.tokenizer import BPETokenizer  # noqa: E402
 from saturate.engine.step import Stepper  # noqa: E402
 from saturate.engine.trainer import RunConfig, train  # noqa: E402
 from saturate.errors import ConfigError  # noqa: E402
 from saturate.plan import Plan  # noqa: E402
 from saturate.tune.run import reference_plans  # noqa: E402
-from saturate.workloads.sft import ChatFormat  # noqa: E402
+from saturate.workloads import hf  # noqa: E402
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")

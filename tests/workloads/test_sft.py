@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import cli_env, saturate_cmd
+from saturate.data.chat import IGNORE, ChatFormat, pack, parse_record
 from saturate.data.tokenizer import ByteTokenizer
 from saturate.engine.metrics import read_jsonl
 from saturate.engine.trainer import RunConfig, train
@@ -20,7 +21,7 @@ from saturate.errors import ConfigError, DataError
 from saturate.hardware import probe
 from saturate.plan import Plan
 from saturate.workloads.gpt import GPT, GPTConfig
-from saturate.workloads.sft import IGNORE, ChatFormat, SFTLoss, gpt_forward, pack, parse_record, preset_sft_workload
+from saturate.workloads.sft import SFTLoss, gpt_forward, preset_sft_workload
 
 SMALL = {"n_layer": 1, "n_head": 2, "n_embd": 32, "seq_len": 64, "effective_batch": 4, "warmup_steps": 2}
 

@@ -1,4 +1,4 @@
-"""`saturate doctor` and `saturate monitor`: thin commands over saturate.doctor and saturate.monitor."""
+"""`saturate doctor` and `saturate monitor`: thin commands over saturate.doctor and saturate.telemetry.monitor."""
 
 from __future__ import annotations
 
@@ -118,6 +118,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:
-    from saturate.monitor import run_monitor
+    from saturate.telemetry.monitor import run_monitor
 
     return run_monitor(once=args.once, as_json=args.json, interval=args.interval, root=args.runs)

@@ -28,7 +28,7 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
         return x ^ (x >> np.uint64(31))
 
 
-class _MappedTokens:
+class MappedTokens:
     """Pickles a memory-mapped token array as its file and offset, not its contents.
 
     DataLoader workers started with spawn (macOS, Windows) unpickle the dataset; without this each
@@ -52,7 +52,7 @@ class _MappedTokens:
         self.__dict__.update(state)
 
 
-class RandomWindows(_MappedTokens, Dataset):
+class RandomWindows(MappedTokens, Dataset):
     """Sample i is a window of seq_len+1 tokens at a pseudo-random offset fixed by (seed, i).
 
     Returns (inputs, targets), each (seq_len,) int64, targets shifted by one token.
@@ -80,7 +80,7 @@ class RandomWindows(_MappedTokens, Dataset):
         return window[:-1], window[1:]
 
 
-class FixedWindows(_MappedTokens, Dataset):
+class FixedWindows(MappedTokens, Dataset):
     """Evaluation windows: n evenly spaced, non-overlapping where the split allows, always the same."""
 
     def __init__(self, tokens: np.ndarray, seq_len: int, n: int) -> None:

@@ -5,7 +5,8 @@
     decide(measurements)       -> Diagnosis   the verdict rules alone (a pure function)
 """
 
+from saturate.doctor.findings import VERDICTS, Diagnosis, Fix, Measurements, Prediction, ScalingProbe
 from saturate.doctor.profiler import Profiler
-from saturate.doctor.rules import VERDICTS, Diagnosis, Fix, Measurements, Prediction, ScalingProbe, decide
+from saturate.doctor.rules import decide
 
 __all__ = ["VERDICTS", "Diagnosis", "Fix", "Measurements", "Prediction", "Profiler", "ScalingProbe", "decide"]

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from saturate.doctor.findings import Measurements
 from saturate.doctor.measure import PHASES, PhaseClock, SyncCounter
-from saturate.doctor.rules import Measurements
 from saturate.hardware import synchronize
 from saturate.telemetry import Sampler, Snapshot, Stat, gpu_stat, host_memory_budget, host_stat, swap_traffic
 
@@ -218,9 +218,9 @@ class Instrument:
 
 
 def _cores() -> int:
-    from saturate.hardware import _usable_cores
+    from saturate.hardware import usable_cores
 
-    return _usable_cores()[0]
+    return usable_cores()[0]
 
 
 def loader_worker_pids(iterator: Any) -> set[int]:

@@ -23,8 +23,9 @@ from typing import Any, TypeVar
 import torch
 import torch.nn as nn
 
+from saturate.doctor.findings import Diagnosis
 from saturate.doctor.instrument import Instrument, loader_worker_pids
-from saturate.doctor.rules import Diagnosis, decide
+from saturate.doctor.rules import decide
 from saturate.errors import SaturateError
 
 T = TypeVar("T")

@@ -6,8 +6,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from saturate.doctor.findings import Diagnosis, Fix, Measurements, Prediction
 from saturate.doctor.measure import PHASES
-from saturate.doctor.rules import Diagnosis, Fix, Measurements, Prediction
 from saturate.telemetry import Stat
 
 _GIB = 1024**3

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate
 
+from saturate.doctor.findings import Diagnosis, Fix, ScalingProbe
 from saturate.doctor.instrument import Instrument, loader_worker_pids
-from saturate.doctor.rules import Diagnosis, Fix, ScalingProbe, decide
+from saturate.doctor.rules import decide
 from saturate.engine.schedule import scaled_lr
 from saturate.engine.step import OutOfMemoryError, Stepper, split_batch, to_device
 from saturate.errors import ConfigError, SaturateError

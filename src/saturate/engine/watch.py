@@ -44,9 +44,9 @@ class TrainingWatch:
             index = device.index if device.index is not None else (
                 torch.cuda.current_device() if device.type == "cuda" else None)
             self.sampler = Sampler(interval, torch_indices=[index] if index is not None else [], history=4096)
-        from saturate.hardware import _usable_cores
+        from saturate.hardware import usable_cores
 
-        self.cores = _usable_cores()[0]
+        self.cores = usable_cores()[0]
         self.data_s = 0.0  # seconds spent waiting for the loader since the last record
         self._window_start = time.monotonic()
         self._cpu_start = time.process_time()

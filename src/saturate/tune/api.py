@@ -17,9 +17,11 @@ from saturate.engine.distributed import barrier, broadcast_object, init_distribu
 from saturate.errors import ConfigError
 from saturate.plan import Plan
 from saturate.tune import cache
-from saturate.tune.measure import LoaderTrial, Measurer, RealMeasurer, Trial
+from saturate.tune.measure import RealMeasurer
 from saturate.tune.report import plot, print_report, result_dict, trial_line
-from saturate.tune.search import SearchResult, SearchSettings, search
+from saturate.tune.results import SearchResult, SearchSettings
+from saturate.tune.search import search
+from saturate.tune.trial import LoaderTrial, Measurer, Trial
 from saturate.workloads.base import Workload
 
 

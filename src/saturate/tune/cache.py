@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from saturate.data.shards import cache_root
+from saturate.data.cache import cache_root
 from saturate.errors import ConfigError
 from saturate.plan import Plan
 from saturate.workloads.base import Workload

@@ -1,6 +1,5 @@
-"""Measurements the tuner's search is made of: one trial of a plan, one trial of a loader setting.
+"""`RealMeasurer`: the tuner's trials run for real on this machine (the `Measurer` of trial.py).
 
-`Measurer` is the interface the search sees; `RealMeasurer` runs real steps on this machine.
 Model trials feed pre-collated batches (cycled), so they time the model alone; loader trials time
 the DataLoader alone; `verify` runs real training steps through the real loader plus a validation
 pass, so the chosen plan is proven end to end before it is written.
@@ -8,18 +7,11 @@ pass, so the chosen plan is proven end to end before it is written.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import ctypes.util
 import gc
 import math
-import os
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Iterator
+from typing import Any
 
 import psutil
 import torch
@@ -27,105 +19,20 @@ from torch.utils.data import default_collate
 
 from saturate.data.windows import eval_loader, make_loader
 from saturate.engine.distributed import DistInfo, agree_any, all_reduce_scalar, gather_objects, rank_device
-from saturate.engine.step import OutOfMemoryError, Stepper, to_device
+from saturate.engine.step import Stepper, to_device
 from saturate.hardware import synchronize
 from saturate.plan import Plan
+from saturate.tune.process import (
+    CompileTimeLimit,
+    PeakMemory,
+    PeerFailed,
+    local_processes,
+    release,
+    time_limit,
+    workers_uss,
+)
+from saturate.tune.trial import LoaderTrial, Trial, first_line, is_oom
 from saturate.workloads.base import Workload
-
-
-@dataclass
-class Trial:
-    """One measured plan. `status` is "ok", "oom" or "failed"; figures are None when not measured."""
-
-    stage: str  # what the trial was for: "precision", "memory", "micro-batch", "compile", "verify", …
-    plan: Plan
-    status: str = "ok"
-    samples_per_s: float | None = None
-    step_s: float | None = None  # seconds per optimizer step (the effective batch)
-    peak_memory_bytes: int | None = None
-    compile_s: float | None = None  # torch.compile plus its first micro-batch, when compiled
-    losses: list[float] = field(default_factory=list)  # per-step training loss (same batches for every plan)
-    loss_drift: float | None = None  # largest relative per-step difference from fp32's losses
-    seconds: float = 0.0  # wall time the trial cost, building included
-    steps: int = 0  # timed optimizer steps
-    error: str = ""  # the first line of the error, for "oom" and "failed"
-    verdict: str = ""  # set by the search: "chosen", or why it lost
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    def to_dict(self) -> dict[str, Any]:
-        p = self.plan
-        out: dict[str, Any] = {
-            "stage": self.stage, "status": self.status, "micro_batch": p.micro_batch, "grad_accum": p.grad_accum,
-            "precision": p.precision, "tf32": p.tf32, "compile": p.compile,
-            "activation_checkpointing": p.activation_checkpointing, "fused_optimizer": p.fused_optimizer,
-            "strategy": p.strategy, "cpu_offload": p.cpu_offload, "samples_per_s": self.samples_per_s,
-            "step_s": self.step_s, "peak_memory_bytes": self.peak_memory_bytes,
-            "compile_s": self.compile_s, "losses": self.losses or None, "loss_drift": self.loss_drift,
-            "seconds": round(self.seconds, 3),
-            "steps": self.steps, "error": self.error or None, "verdict": self.verdict or None,
-        }
-        return {k: v for k, v in out.items() if v is not None}  # TOML has no null
-
-
-@dataclass
-class LoaderTrial:
-    """The DataLoader alone at one setting: sustained samples/s and the host memory its workers add."""
-
-    num_workers: int
-    prefetch_factor: int | None
-    pin_memory: bool
-    samples_per_s: float | None = None
-    worker_memory_bytes: int | None = None  # unique memory (USS) of all workers together
-    startup_s: float | None = None  # until the first batch arrived
-    swap_grew_bytes: int = 0
-    status: str = "ok"
-    error: str = ""
-    seconds: float = 0.0
-    verdict: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in ("num_workers", "prefetch_factor", "pin_memory", "samples_per_s",
-                                             "worker_memory_bytes", "startup_s", "swap_grew_bytes", "status",
-                                             "error", "seconds", "verdict")}
-        return {k: v for k, v in out.items() if v not in (None, "")}
-
-
-class Measurer(Protocol):
-    """What the search needs from the machine; tests provide a deterministic fake."""
-
-    device_type: str  # "cuda", "cpu", …
-    memory_capacity: int  # bytes a plan may use (device memory on a GPU, available host RAM on a CPU)
-    memory_kind: str  # "device" or "host RSS"
-    ram_budget: int  # bytes of host RAM the loader's workers may add
-    cores: int  # usable CPU cores
-
-    def model_trial(self, plan: Plan, stage: str, *, steps: int | None = None,
-                    compile_limit_s: float | None = None) -> Trial: ...
-
-    def loader_trial(self, plan: Plan) -> LoaderTrial: ...
-
-    def verify(self, plan: Plan) -> Trial: ...
-
-    def all_agree(self, flag: bool) -> bool:
-        """True when `flag` is true on every process (the identity in one process)."""
-        ...
-
-
-def is_oom(e: BaseException) -> bool:
-    """Device OOM, or the CPU allocator failing (`DefaultCPUAllocator: can't allocate memory`)."""
-    return isinstance(e, OutOfMemoryError) or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
-
-
-def first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
 
 
 class RealMeasurer:
@@ -149,7 +56,7 @@ class RealMeasurer:
         if self.dist.active:
             self.device = rank_device(self.device.type, self.dist)
         self.device_type = self.device.type
-        local = _local_processes(self.dist)
+        local = local_processes(self.dist)
         self.cores = max(1, int(hardware.cpu_cores) // local)
         vm = psutil.virtual_memory()
         if self.device.type == "cuda":
@@ -207,7 +114,7 @@ class RealMeasurer:
         trial = Trial(stage=stage, plan=plan)
         started = time.perf_counter()
         batches = self._cycled_batches(plan)
-        with _PeakMemory(self.device) as mem:
+        with PeakMemory(self.device) as mem:
             try:
                 self._run(trial, plan, batches, steps, compile_limit_s)
             except CompileTimeLimit as e:
@@ -218,7 +125,7 @@ class RealMeasurer:
                 trial.error = first_line(e)
         trial.peak_memory_bytes = mem.peak if trial.ok or trial.status == "oom" else None
         trial.seconds = time.perf_counter() - started
-        _release(self.device)
+        release(self.device)
         return self._agreed(trial)
 
     def _run(self, trial: Trial, plan: Plan, batches: Iterator[Any], steps: int | None,
@@ -230,7 +137,7 @@ class RealMeasurer:
                           compile=False, adapt_oom=False, dist=self.dist)
         if plan.compile != "none":
             # Several ranks: no alarm (it could stop one rank inside a collective); checked afterwards, together.
-            with _time_limit(compile_limit_s, interrupt=self.dist.world_size == 1) as expired:
+            with time_limit(compile_limit_s, interrupt=self.dist.world_size == 1) as expired:
                 stepper.compile_model()
             if agree_any(expired()):  # the alarm may surface wrapped in a compiler error, or not at all
                 raise CompileTimeLimit(f"compiling was stopped at the {compile_limit_s:.3g} s limit")
@@ -317,7 +224,7 @@ class RealMeasurer:
                 n += 1
             elapsed = time.perf_counter() - t0
             trial.samples_per_s = n * plan.micro_batch / elapsed
-            trial.worker_memory_bytes = _workers_uss() if plan.num_workers > 0 else 0
+            trial.worker_memory_bytes = workers_uss() if plan.num_workers > 0 else 0
         except Exception as e:
             trial.status, trial.error = "failed", first_line(e)
         finally:
@@ -347,7 +254,7 @@ class RealMeasurer:
         trial = Trial(stage="verify", plan=plan)
         started = time.perf_counter()
         pin = plan.pin_memory and self.device.type == "cuda"
-        with _PeakMemory(self.device) as mem:
+        with PeakMemory(self.device) as mem:
             try:
                 loader = make_loader(self.workload.train_data, plan, start_step=0, pin_memory=pin,
                                      rank=self.dist.rank, world_size=self.dist.world_size)
@@ -359,7 +266,7 @@ class RealMeasurer:
                 trial.error = first_line(e)
         trial.peak_memory_bytes = mem.peak if trial.status != "failed" else None
         trial.seconds = time.perf_counter() - started
-        _release(self.device)
+        release(self.device)
         return self._agreed(trial)
 
     def _validate(self, plan: Plan, pin: bool) -> None:
@@ -376,112 +283,3 @@ class RealMeasurer:
                 if i >= 2:
                     break
 
-
-class PeerFailed(RuntimeError):
-    """Another rank's trial failed; this rank stopped with it."""
-
-
-class CompileTimeLimit(Exception):
-    """A compilation ran past its time limit and was stopped."""
-
-
-def _local_processes(info: DistInfo) -> int:
-    """How many of the job's processes share this machine (torchrun's LOCAL_WORLD_SIZE)."""
-    if info.world_size == 1:
-        return 1
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size)))
-    except ValueError:
-        return info.world_size
-
-
-@contextlib.contextmanager
-def _time_limit(seconds: float | None, *, interrupt: bool = True) -> Iterator[Callable[[], bool]]:
-    """Interrupt the block after `seconds` (SIGALRM) where `interrupt` and the process allows; yields a
-    function saying whether time ran out."""
-    state = {"expired": False}
-    usable = (interrupt and seconds is not None and hasattr(signal, "setitimer")
-              and threading.current_thread() is threading.main_thread())
-    if not usable:
-        started = time.perf_counter()
-        yield lambda: seconds is not None and time.perf_counter() - started > seconds
-        return
-
-    def on_alarm(signum: int, frame: Any) -> None:
-        state["expired"] = True
-        raise CompileTimeLimit(f"compiling was stopped at the {seconds:.3g} s limit")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
-    try:
-        yield lambda: state["expired"]
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def _workers_uss() -> int:
-    """Unique memory of this process's children (DataLoader workers); RSS where USS is unavailable."""
-    total = 0
-    for child in psutil.Process().children(recursive=True):
-        try:
-            info = child.memory_full_info()
-            total += getattr(info, "uss", info.rss)
-        except (psutil.Error, OSError):
-            continue
-    return total
-
-
-def _release(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    else:
-        _malloc_trim()
-
-
-def _malloc_trim() -> None:
-    """Give freed heap back to the OS (glibc), so the next trial's RSS growth is its own."""
-    name = ctypes.util.find_library("c")
-    if not name:
-        return
-    with contextlib.suppress(OSError, AttributeError):  # AttributeError: not glibc
-        ctypes.CDLL(name).malloc_trim(0)
-
-
-class _PeakMemory:
-    """Peak memory over a block: the CUDA allocator's peak, or host RSS growth sampled every 5 ms."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.peak: int | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def __enter__(self) -> _PeakMemory:
-        _release(self.device)
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self._base = torch.cuda.memory_allocated(self.device)
-        else:
-            proc = psutil.Process()
-            self._base = proc.memory_info().rss
-            self._max = self._base
-
-            def sample() -> None:
-                while not self._stop.wait(0.005):
-                    self._max = max(self._max, proc.memory_info().rss)
-
-            self._thread = threading.Thread(target=sample, daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.device.type == "cuda":
-            self.peak = int(torch.cuda.max_memory_allocated(self.device) - self._base)
-        else:
-            self._stop.set()
-            if self._thread is not None:
-                self._thread.join()
-            self._max = max(self._max, psutil.Process().memory_info().rss)
-            self.peak = int(self._max - self._base)

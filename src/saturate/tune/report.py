@@ -10,8 +10,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from saturate.tune.measure import LoaderTrial, Trial
-from saturate.tune.search import MemoryFit, SearchResult
+from saturate.tune.results import MemoryFit, SearchResult
+from saturate.tune.trial import LoaderTrial, Trial
 
 
 def _num(v: float | None, fmt: str = "{:.1f}") -> str:

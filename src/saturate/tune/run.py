@@ -27,12 +27,14 @@ from saturate.engine.distributed import (
     init_distributed,
     teardown_distributed,
 )
-from saturate.engine.trainer import RunConfig, RunResult, mfu_peak, train
+from saturate.engine.summary import mfu_peak
+from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import ConfigError
 from saturate.hardware import measure_matmul_peak
 from saturate.plan import Plan, reference_plan
 from saturate.tune.api import TuneResult, tune
-from saturate.tune.measure import RealMeasurer, Trial
+from saturate.tune.measure import RealMeasurer
+from saturate.tune.trial import Trial
 from saturate.workloads.base import Workload
 
 # The guide whose "after" plan applies, by device kind (shared/GUIDES.md): the A6000 guide for one

@@ -9,82 +9,22 @@ training and validation steps.
 
 Everything here talks to a `Measurer`, so the logic is tested with a deterministic fake. A plan is
 only ever reported with figures from a trial that ran it; predictions are labelled.
+
+Over 400 lines because `_Search` is one algorithm, its stages reading and narrowing the same
+state (the best trial, the memory fit, the budget) in order; split up, each stage would lose sight
+of the others. Its settings and result types are in results.py.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from saturate.errors import ConfigError, SaturateError
 from saturate.plan import Plan
-from saturate.tune.measure import LoaderTrial, Measurer, Trial
-
-
-@dataclass
-class SearchSettings:
-    effective_batch: int  # the global batch the user asked for
-    planned_steps: int  # optimizer steps the plan will train for (compile must pay back within them)
-    supports: dict[str, bool] = field(default_factory=dict)  # native bf16 / fp16 / tf32
-    fused_available: bool = False  # a fused AdamW kernel exists for this device
-    world_size: int = 1
-    allow_batch_change: bool = False  # may the effective batch grow (learning rate rescaled)?
-    budget_s: float | None = None  # tuning wall-clock budget
-    headroom: float = 0.9  # share of the memory capacity a plan may use
-    min_gain: float = 0.03  # growing the micro-batch stops when it gains less than this
-    loader_margin: float = 1.5  # the loader must feed this many times faster than the model computes
-    loss_tolerance: float = 0.02  # largest relative per-step loss difference against fp32
-    try_compile: bool = True
-    compile_mode: str = "default"
-    probe_micro: int = 8  # micro-batch for the precision trials (the largest candidate up to this)
-    compile_speedup_bound: float = 3.0  # the compile time limit assumes at most this speed-up
-
-
-@dataclass
-class MemoryFit:
-    """Peak memory ≈ intercept + slope × micro-batch, fitted to measured points (least squares)."""
-
-    points: list[tuple[int, int]]
-    intercept: float
-    slope: float
-    limit: int  # bytes a plan may use: headroom × capacity
-    capacity: int
-    kind: str  # "device" or "host RSS"
-
-    def predict(self, micro: int) -> float:
-        return self.intercept + self.slope * micro
-
-    def fits(self, micro: int) -> bool:
-        return self.slope <= 0 or self.predict(micro) <= self.limit
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"points": [list(p) for p in self.points], "intercept": self.intercept, "slope": self.slope,
-                "limit": self.limit, "capacity": self.capacity, "kind": self.kind}
-
-
-@dataclass
-class SearchResult:
-    plan: Plan
-    trials: list[Trial]
-    loader_trials: list[LoaderTrial]
-    fit: MemoryFit | None
-    decisions: list[str]  # one line per knob: what was chosen and the measured reason
-    seconds: float
-    chosen: Trial  # the verification trial of `plan`
-    skipped: list[str] = field(default_factory=list)  # what was not tried, and why
-
-
-def fit_memory(points: list[tuple[int, int]], capacity: int, headroom: float, kind: str) -> MemoryFit:
-    xs = [float(m) for m, _ in points]
-    ys = [float(b) for _, b in points]
-    n = len(points)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx > 0 else 0.0
-    return MemoryFit(points=points, intercept=my - slope * mx, slope=slope, limit=int(capacity * headroom),
-                     capacity=capacity, kind=kind)
+from saturate.tune.results import MemoryFit, SearchResult, SearchSettings, fit_memory
+from saturate.tune.trial import LoaderTrial, Measurer, Trial
 
 
 def search(measurer: Measurer, base: Plan, s: SearchSettings,

@@ -5,7 +5,7 @@
     gpt         the GPT presets (model, FLOPs per token, corpus windows)
     timeseries  the ts-lstm preset (synthetic or CSV series)
     hf          a causal LM from a local Hugging Face folder (--hf)
-    sft         chat/instruction fine-tuning data, templates, packing, the masked loss (--task sft)
+    sft         chat/instruction fine-tuning: the masked loss and the workload (data side: data/chat.py)
     custom      the user's own model: custom_workload(), load_workload("module:function"), its checks
     source      one Workload from a description (preset, --workload, --hf, --task, --param), for every verb
 """

@@ -250,7 +250,7 @@ def gpt_workload(
     `overrides` replace fields of the preset's Optimization (e.g. steps=50, effective_batch=64) or of
     its model shape (n_layer, n_head, n_embd, seq_len).
     """
-    from saturate.data.shards import prepare_corpus
+    from saturate.data.cache import prepare_corpus
     from saturate.data.windows import FixedWindows, RandomWindows
 
     p, optim = preset_with(preset, overrides)

@@ -249,7 +249,7 @@ def hf_workload(path: str | os.PathLike[str], *, task: str = "lm", data: Sequenc
     params: seq_len (default: the model's context, at most 1024) and any Optimization field.
     `tokenizer` (a saturate spec) is used only when the folder has no tokenizer and no weights.
     """
-    from saturate.data.shards import prepare_corpus
+    from saturate.data.cache import prepare_corpus
     from saturate.data.windows import FixedWindows, RandomWindows
 
     optim_keys = {f.name for f in dataclasses.fields(Optimization)}

@@ -12,8 +12,9 @@ import time
 from rich.console import Console
 
 from conftest import cli_env
-from saturate import monitor
-from saturate.telemetry import GpuReading, GpuSource
+from saturate.hardware.gpu_sensors import GpuSource
+from saturate.hardware.readings import GpuReading
+from saturate.telemetry import monitor
 
 
 def _run_dir(root, name: str, pid: int, metrics: list[dict] | None) -> None:

@@ -1,4 +1,7 @@
-"""Tests for saturate.hardware: the CPU probe for real, the CUDA/ROCm/NVML paths through mocks."""
+"""Tests for saturate.hardware.machine and the NVML readings probe() takes.
+
+The CPU probe for real, the CUDA/ROCm/NVML paths through mocks.
+"""
 
 from __future__ import annotations
 
@@ -13,17 +16,9 @@ import pytest
 import torch
 from rich.console import Console
 
-from saturate import hardware
 from saturate.errors import SaturateError
-from saturate.hardware import (
-    DATASHEET_PEAK_FLOPS,
-    DeviceInfo,
-    Hardware,
-    datasheet_peaks,
-    measure_matmul_peak,
-    probe,
-    render_hardware,
-)
+from saturate.hardware import DeviceInfo, Hardware, datasheet_peaks, gpu_sensors, machine, probe, render_hardware
+from saturate.hardware import cpu as host_cpu  # `cpu` is a fixture in conftest
 
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm device")
@@ -94,18 +89,6 @@ def test_probe_without_peaks_measures_nothing() -> None:
     assert any("measure_peaks=False" in note for note in hw.notes)
 
 
-def test_measure_matmul_peak_cpu_is_positive() -> None:
-    assert 1e8 < measure_matmul_peak("cpu", torch.float32, seconds=0.05) < 1e14
-
-
-def test_tf32_setting_is_restored_even_on_error() -> None:
-    before = torch.backends.cuda.matmul.allow_tf32
-    with pytest.raises(RuntimeError), hardware._tf32_matmuls(not before):
-        assert torch.backends.cuda.matmul.allow_tf32 is (not before)
-        raise RuntimeError("boom")
-    assert torch.backends.cuda.matmul.allow_tf32 is before
-
-
 # --- device choice ----------------------------------------------------------------------------------
 
 
@@ -163,123 +146,11 @@ def test_to_dict_is_json_serialisable(cpu_hw: Hardware) -> None:
     assert data["devices"][0]["name"] == "NVIDIA H200"
 
 
-# --- datasheet table --------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("name", "part"),
-    [
-        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
-        ("NVIDIA H100 PCIe", "H100 PCIe"),
-        ("NVIDIA H100 NVL", "H100 NVL"),
-        ("NVIDIA H200", "H200 SXM"),
-        ("NVIDIA H200 NVL", "H200 NVL"),
-        ("NVIDIA A100-SXM4-80GB", "A100"),
-        ("NVIDIA A100 80GB PCIe", "A100"),
-        ("NVIDIA RTX A6000", "RTX A6000"),
-        ("NVIDIA GeForce RTX 4090", "RTX 4090"),
-        ("NVIDIA GeForce RTX 3090", "RTX 3090"),
-        ("NVIDIA L40S", "L40S"),
-        ("NVIDIA L4", "L4 Tensor"),
-        ("Tesla V100-SXM2-16GB", "V100 SXM2"),
-        ("Tesla T4", "T4"),
-        ("AMD Instinct MI300X", "MI300X"),
-        ("AMD Instinct MI250X/MI250", "MI250X"),
-    ],
-)
-def test_datasheet_matches_the_right_row(name: str, part: str) -> None:
-    peaks = datasheet_peaks(name)
-    assert peaks, name
-    sources = {source for _, source in peaks.values()}
-    assert len(sources) == 1 and part in sources.pop()
-
-
-def test_datasheet_dense_figures() -> None:
-    h100 = datasheet_peaks("NVIDIA H100 80GB HBM3")
-    assert h100["bf16"][0] == pytest.approx(989.5e12)  # 1979 TF sparse on the datasheet
-    assert h100["tf32"][0] == pytest.approx(494.5e12)
-    assert datasheet_peaks("NVIDIA H200")["bf16"][0] == pytest.approx(989.5e12)
-    a100 = datasheet_peaks("NVIDIA A100-SXM4-40GB")
-    assert (a100["fp32"][0], a100["tf32"][0], a100["bf16"][0]) == (19.5e12, 156e12, 312e12)
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        "Imaginary GPU 9000",
-        "NVIDIA L40",  # "L4" must not match "L40"
-        "NVIDIA GeForce RTX 3090 Ti",
-        "NVIDIA GeForce RTX 4090 D",
-        "NVIDIA GeForce RTX 4090 Laptop GPU",
-        "NVIDIA GH200 480GB",
-        "AMD EPYC 9654 96-Core Processor",
-        "",
-    ],
-)
-def test_datasheet_has_nothing_for_unknown_or_variant_parts(name: str) -> None:
-    assert datasheet_peaks(name) == {}
-
-
-def test_datasheet_refuses_a_partial_device() -> None:
-    assert datasheet_peaks("NVIDIA H200", 132)
-    assert datasheet_peaks("NVIDIA H200", 16) == {}  # a MIG 1g slice keeps the full name
-
-
-def test_datasheet_rows_are_consistent() -> None:
-    for key, row in DATASHEET_PEAK_FLOPS.items():
-        assert row.source and row.multiprocessors > 0, key
-        assert set(row.flops) <= {"fp32", "tf32", "bf16", "fp16"}, key
-        assert "fp32" in row.flops, key
-        # Tensor-core paths are never slower than plain fp32 on any listed part.
-        for dtype in ("tf32", "bf16", "fp16"):
-            if dtype in row.flops:
-                assert row.flops[dtype] >= row.flops["fp32"], key
-
-
-# --- CPU flags ---------------------------------------------------------------------------------------
-
-_X86_CPUINFO = """\
-processor\t: 0
-vendor_id\t: GenuineIntel
-model name\t: Intel(R) Xeon(R) Platinum 8480+
-flags\t\t: fpu vme sse sse2 avx2 avx512f avx512_bf16 amx_tile amx_bf16 avx512_vnni
-
-processor\t: 1
-model name\t: Intel(R) Xeon(R) Platinum 8480+
-flags\t\t: fpu vme sse sse2 avx2 avx512f avx512_bf16 amx_tile amx_bf16 avx512_vnni
-"""
-
-_ARM_CPUINFO = """\
-processor\t: 0
-BogoMIPS\t: 2000.00
-Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp bf16 i8mm
-CPU implementer\t: 0x41
-"""
-
-
-def test_cpuinfo_parsing_x86() -> None:
-    name, flags = hardware._parse_cpuinfo(_X86_CPUINFO)
-    assert name == "Intel(R) Xeon(R) Platinum 8480+"
-    assert hardware._cpu_supports(flags) == {"bf16": True, "fp16": False, "tf32": False}
-    _, fp16_flags = hardware._parse_cpuinfo(_X86_CPUINFO.replace("amx_bf16", "amx_bf16 amx_fp16"))
-    assert hardware._cpu_supports(fp16_flags)["fp16"] is True
-
-
-def test_cpuinfo_parsing_without_native_low_precision() -> None:
-    name, flags = hardware._parse_cpuinfo("model name\t: Old CPU\nflags\t\t: fpu sse sse2 avx avx2 fma\n")
-    assert name == "Old CPU"
-    assert hardware._cpu_supports(flags) == {"bf16": False, "fp16": False, "tf32": False}
-    assert hardware._parse_cpuinfo("") == (None, set())
-
-
-def test_cpuinfo_parsing_arm() -> None:
-    name, flags = hardware._parse_cpuinfo(_ARM_CPUINFO)
-    assert name is None  # arm64 has no "model name"; probe falls back to platform
-    assert hardware._cpu_supports(flags)["bf16"] is True
+# --- CPU ---------------------------------------------------------------------------------------------
 
 
 def test_missing_cpuinfo_is_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hardware, "_read_cpuinfo", lambda: None)
+    monkeypatch.setattr(host_cpu, "read_cpuinfo", lambda: None)
     hw = probe(measure_peaks=False, device="cpu")
     assert hw.supports == {"bf16": False, "fp16": False, "tf32": False}
     assert hw.cpu_name
@@ -294,14 +165,14 @@ def test_nvml_init_failure_is_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
 
     monkeypatch.setattr(pynvml, "nvmlInit", fail)
-    readings, notes = hardware._nvml_readings({0: "abc"})
+    readings, notes = gpu_sensors.nvml_readings({0: "abc"})
     assert readings.memory_free == {} and readings.driver_version is None
     assert len(notes) == 1 and notes[0].startswith("NVML unavailable:")
 
 
 def test_nvml_missing_module_is_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` fail
-    readings, notes = hardware._nvml_readings({0: "abc"})
+    readings, notes = gpu_sensors.nvml_readings({0: "abc"})
     assert readings.memory_free == {}
     assert notes[0].startswith("NVML unavailable:")
 
@@ -337,7 +208,7 @@ def test_nvml_matches_devices_by_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = _FakeNvml()
     fake.install(monkeypatch)
     # torch's uuid is bare and may differ in case; cuda:2 is a MIG slice NVML does not list.
-    readings, notes = hardware._nvml_readings({0: "BBBB-1111", 1: "aaaa-0000", 2: "MIG-cccc", 3: None})
+    readings, notes = gpu_sensors.nvml_readings({0: "BBBB-1111", 1: "aaaa-0000", 2: "MIG-cccc", 3: None})
     assert readings.driver_version == "570.86.15"
     assert readings.memory_free == {0: fake.free[1], 1: fake.free[0]}
     assert [n for n in notes if "cuda:2" in n] and [n for n in notes if "cuda:3" in n]
@@ -347,7 +218,7 @@ def test_nvml_matches_devices_by_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_nvml_query_failure_still_shuts_down(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = _FakeNvml(fail_on_memory=True)
     fake.install(monkeypatch)
-    readings, notes = hardware._nvml_readings({0: "aaaa-0000"})
+    readings, notes = gpu_sensors.nvml_readings({0: "aaaa-0000"})
     assert readings.memory_free == {}
     assert any(note.startswith("NVML query failed") for note in notes)
     assert fake.shutdowns == 1
@@ -432,7 +303,7 @@ def test_probe_rocm_path(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_nvml(uuids):
         raise AssertionError("NVML must not be used on ROCm")
 
-    monkeypatch.setattr(hardware, "_nvml_readings", no_nvml)
+    monkeypatch.setattr(machine, "nvml_readings", no_nvml)
     hw = probe(measure_peaks=False, device="rocm")
     assert (hw.device_type, hw.torch_device, hw.telemetry) == ("rocm", "cuda", "torch")
     assert hw.devices[0].compute_capability == "gfx942"

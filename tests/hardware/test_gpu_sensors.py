@@ -1,30 +1,14 @@
-"""Telemetry: every reading is measured or missing with a reason; failures never stop sampling."""
+"""GPU sensors (NVML, AMD SMI): every reading is measured or missing with a reason, never made up."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import time
 import types
 
-import psutil
-import pytest
-
-from saturate import telemetry
-from saturate.telemetry import (
-    AmdSmiSource,
-    GpuSource,
-    NvmlSource,
-    Sampler,
-    Stat,
-    gpu_stat,
-    host_memory_budget,
-    open_gpu_source,
-    read_host,
-    read_process_tree,
-    swap_traffic,
-)
+from saturate.hardware import gpu_sensors
+from saturate.hardware.gpu_sensors import AmdSmiSource, NvmlSource, open_gpu_source
+from saturate.hardware.host_sensors import read_host
+from saturate.telemetry import Snapshot, gpu_stat
 
 
 class NVMLError(Exception):
@@ -93,7 +77,7 @@ def test_a_sensor_that_fails_is_missing_with_its_reason_and_the_rest_is_read():
     assert r.missing["temp_c"] == "NVML: Insufficient Permissions"
     assert r.mem_used == 20 * 2**30 and r.power_limit_w == 700.0
     # A window of such readings reports the figure as unmeasured, with the reason, not as 0.
-    snap = telemetry.Snapshot(0.0, 0.0, read_host(), [r], None)
+    snap = Snapshot(0.0, 0.0, read_host(), [r], None)
     stat = gpu_stat([snap, snap], "util_pct")
     assert stat.mean is None and stat.missing == "NVML: Not Supported"
 
@@ -114,7 +98,7 @@ def test_every_nvml_gpu_is_listed_for_the_monitor(monkeypatch):
 
 
 def test_training_telemetry_without_a_gpu_says_so(monkeypatch):
-    monkeypatch.setattr(telemetry, "_torch_gpus", lambda: (0, False, []))
+    monkeypatch.setattr(gpu_sensors, "_torch_gpus", lambda: (0, False, []))
     source = open_gpu_source([0])
     assert source.name == "none" and "no GPU" in source.note
 
@@ -162,102 +146,3 @@ def test_amd_smi_readings_in_bytes_and_watts_with_n_a_as_missing():
     assert r.sm_clock_mhz == 2100.0 and r.mem_clock_mhz is None
     assert "NOT_SUPPORTED" in r.missing["mem_clock_mhz"]
     assert r.temp_c is None and "N/A" in r.missing["temp_c"]
-
-
-def test_host_reading_is_measured():
-    h = read_host()
-    vm = psutil.virtual_memory()
-    assert h.ram_total == vm.total
-    assert 0 < h.ram_available <= h.ram_total
-
-
-def test_process_tree_counts_a_child_and_survives_one_that_ends(monkeypatch):
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        deadline = time.time() + 10
-        while child.pid not in [c.pid for c in psutil.Process().children()] and time.time() < deadline:
-            time.sleep(0.05)
-        tree = read_process_tree(os.getpid(), proportional=True)
-        assert child.pid in tree.children_bytes
-        assert tree.total_bytes >= tree.main_bytes > 0
-        # The child ends between listing and reading: it is left out and said to be, nothing is invented.
-        real = telemetry._smaps_rollup
-
-        def vanished(pid):
-            if pid == child.pid:
-                raise FileNotFoundError(pid)
-            return real(pid)
-
-        monkeypatch.setattr(telemetry, "_smaps_rollup", vanished)
-        tree = read_process_tree(os.getpid(), proportional=True)
-        assert child.pid not in tree.children_bytes
-        assert tree.missing[f"child {child.pid}"] == "ended during sampling"
-        assert tree.main_bytes > 0
-    finally:
-        child.kill()
-        child.wait()
-
-
-def test_a_process_that_has_ended_is_reported_not_read():
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    tree = read_process_tree(proc.pid)
-    assert tree.total_bytes is None and "ended" in tree.missing["process"]
-
-
-class BrokenGpu(GpuSource):
-    name = "broken"
-
-    def __init__(self):
-        super().__init__(None)
-        self.calls = 0
-
-    def read(self):
-        self.calls += 1
-        raise RuntimeError("GPU has fallen off the bus")
-
-
-def test_sampler_keeps_sampling_through_a_failing_sensor():
-    gpu = BrokenGpu()
-    with Sampler(0.01, gpu=gpu, process_pid=os.getpid()) as s:
-        deadline = time.time() + 10
-        while len(s.snapshots) < 3 and time.time() < deadline:
-            time.sleep(0.02)
-    assert len(s.snapshots) >= 3 and gpu.calls >= 3
-    assert all(snap.gpus == [] for snap in s.snapshots)
-    assert "fallen off the bus" in s.errors[0]
-    assert s.latest().process.main_bytes > 0
-    n = len(s.snapshots)
-    time.sleep(0.05)
-    assert len(s.snapshots) == n  # stopped
-
-
-def test_sampler_rejects_a_bad_interval():
-    with pytest.raises(ValueError, match="interval"):
-        Sampler(0, gpu=GpuSource("none"))
-
-
-def test_stat_of_nothing_is_missing_not_zero():
-    assert Stat.of([None, None], ["NVML: Not Supported"]) == Stat(missing="NVML: Not Supported")
-    s = Stat.of([10.0, None, 30.0], [])
-    assert (s.mean, s.low, s.peak, s.samples) == (20.0, 10.0, 30.0, 2)
-
-
-def test_swap_traffic_over_a_window():
-    a, b = read_host(), read_host()
-    a.swap_in, a.swap_out, b.swap_in, b.swap_out = 100, 200, 1100, 1200
-    snaps = [telemetry.Snapshot(0, 0, a, [], None), telemetry.Snapshot(1, 1, b, [], None)]
-    assert swap_traffic(snaps) == (2000, None)
-    a.swap_in = None
-    a.missing["swap_in"] = "swap traffic is only counted on Linux"
-    assert swap_traffic(snaps) == (None, "swap traffic is only counted on Linux")
-
-
-def test_host_memory_budget_respects_a_container_limit(monkeypatch):
-    monkeypatch.setattr(telemetry, "cgroup_memory", lambda: (4 * 2**30, 3 * 2**30))
-    budget, source = host_memory_budget(own_bytes=2**30)
-    assert budget == 4 * 2**30 - 2 * 2**30  # the limit less what the other processes in it use
-    assert "cgroup" in source
-    monkeypatch.setattr(telemetry, "cgroup_memory", lambda: (None, None))
-    budget, source = host_memory_budget(own_bytes=2**30)
-    assert budget >= 2**30 and "available" in source

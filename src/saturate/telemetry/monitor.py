@@ -22,7 +22,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from saturate.telemetry import GpuReading, GpuSource, HostReading, open_gpu_source, read_host
+from saturate.hardware.gpu_sensors import GpuSource, open_gpu_source
+from saturate.hardware.host_sensors import read_host
+from saturate.hardware.readings import GpuReading, HostReading
 
 _GIB = 1024**3
 

@@ -1,0 +1,181 @@
+"""The doctor's vocabulary: the verdicts and their thresholds, what a run measured, and what the rules return.
+
+Measurements (with the batch-scaling probe) go into `decide` (rules.py); a Diagnosis comes out: a
+verdict, its evidence and Fixes, each with a Prediction that says how it was made. Plain data, no
+machine access.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from saturate.telemetry import Stat
+
+VERDICTS = {
+    "oom-risk": "at risk of OOM",
+    "host-memory-bound": "host-memory-bound",
+    "input-bound": "input-bound",
+    "sync-bound": "synchronisation-bound",
+    "overhead-bound": "launch/overhead-bound",
+    "device-memory-underused": "device memory under-used",
+    "compute-bound": "compute-bound (healthy)",
+}
+
+OOM_SHARE = 0.92
+HOST_FREE_MIN = 0.05
+BUDGET_SHARE = 0.90
+SWAP_BYTES = 64 * 1024**2
+INPUT_SHARE = 0.15
+IDLE_SHARE = 0.15
+FIXED_SHARE = 0.50
+IDLE_NO_PROBE = 0.40
+MEMORY_LOW = 0.50
+MEMORY_TARGET = 0.80  # a larger micro-batch is proposed only while predicted peak stays under this
+GAIN_MIN = 1.10
+
+
+@dataclass
+class ScalingProbe:
+    """Forward+backward time (and device memory) of one micro-step at two micro-batch sizes."""
+
+    micro_batches: tuple[int, int]
+    seconds: tuple[float, float]
+    peak_memory: tuple[int | None, int | None] = (None, None)  # device bytes; None on the CPU
+
+    @property
+    def per_sample_s(self) -> float:
+        (b1, b2), (t1, t2) = self.micro_batches, self.seconds
+        return max(0.0, (t2 - t1) / (b2 - b1))
+
+    @property
+    def fixed_s(self) -> float:
+        """The part of a micro-step that does not grow with the batch (launches, Python, framework)."""
+        return max(0.0, self.seconds[0] - self.per_sample_s * self.micro_batches[0])
+
+    def time_at(self, b: int) -> float:
+        return self.fixed_s + self.per_sample_s * b
+
+    def fixed_share(self, b: int) -> float:
+        t = self.time_at(b)
+        return self.fixed_s / t if t > 0 else 0.0
+
+    def memory_at(self, b: int) -> float | None:
+        (b1, b2), (m1, m2) = self.micro_batches, self.peak_memory
+        if m1 is None or m2 is None:
+            return None
+        slope = max(0.0, (m2 - m1) / (b2 - b1))
+        return m1 + slope * (b - b1)
+
+
+@dataclass
+class Measurements:
+    """Everything one instrumented stretch of training measured. None = not measured (see notes)."""
+
+    device_type: str  # "cpu", "cuda", "rocm", "mps"
+    device_name: str
+    timing: str  # how phases were timed
+    steps: int  # optimizer steps timed
+    step_s: float  # wall seconds per optimizer step over the timed window
+    phases: dict[str, float]  # seconds per step by phase (sums to about step_s)
+    context: str = "plan"  # "plan" (a saturate preset) or "loop" (a user's own loop)
+    samples_per_step: float | None = None
+    micro_batch: int | None = None
+    grad_accum: int | None = None  # micro-steps (loader batches) per optimizer step
+    num_workers: int | None = None
+    prefetch_factor: int | None = None
+    pin_memory: bool | None = None
+    non_blocking: bool | None = None
+    precision: str | None = None
+    compile: str | None = None
+    supports_bf16: bool | None = None
+    syncs_per_step: float | None = None
+    syncs_by_phase: dict[str, float] = field(default_factory=dict)
+    sync_method: str = ""
+    sync_missing: str | None = None
+    device_util: Stat = field(default_factory=lambda: Stat(missing="not sampled"))  # percent
+    device_mem_peak: int | None = None  # bytes the process reserved on the device at peak (torch)
+    device_mem_total: int | None = None
+    device_mem_used_peak: int | None = None  # NVML/AMD SMI: all processes on the device
+    host_ram_total: int | None = None
+    host_ram_available_min: int | None = None
+    host_cpu: Stat = field(default_factory=lambda: Stat(missing="not sampled"))  # percent of all cores
+    swap_bytes: int | None = None  # swapped in + out during the window
+    swap_missing: str | None = None
+    tree_peak: int | None = None  # the training process + workers at peak
+    main_peak: int | None = None
+    worker_peak: int | None = None  # the largest single worker's own memory at peak
+    workers_seen: int = 0
+    memory_kind: str = "pss"
+    host_budget: int | None = None
+    host_budget_source: str = ""
+    data_cpu_share: float | None = None  # main-thread CPU time ÷ wall time while waiting for data
+    item_s: float | None = None  # seconds per extra sample of a batch read and collated in the training process
+    cpu_cores: int = 1
+    cpu_threads: int | None = None  # torch intra-op threads of the training process
+    scaling: ScalingProbe | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def accelerator(self) -> bool:
+        return self.device_type in ("cuda", "rocm", "mps")
+
+    def share(self, *phases: str) -> float:
+        return sum(self.phases.get(p, 0.0) for p in phases) / self.step_s if self.step_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Prediction:
+    """A predicted figure after a fix. `after` None: no model predicts it ("not predicted")."""
+
+    metric: str  # "step_s", "sample_s" (seconds per sample), "host_bytes" or "device_bytes"
+    before: float
+    after: float | None
+    basis: str  # how the prediction was made
+
+    @property
+    def gain(self) -> float | None:
+        """Speed-up (step_s) or reduction factor (memory): before ÷ after; > 1 is better."""
+        if self.after is None or self.after <= 0:
+            return None
+        return self.before / self.after
+
+
+@dataclass
+class Fix:
+    title: str
+    changes: dict[str, Any]  # plan fields to change; empty for a change to the user's code
+    prediction: Prediction
+    why: str
+    same_training: bool = True  # False: the fix changes what is learned (e.g. the effective batch)
+
+
+@dataclass
+class Finding:
+    verdict: str  # a VERDICTS key, or "note" for something worth saying that is no verdict
+    evidence: list[str]
+    fixes: list[Fix] = field(default_factory=list)
+
+
+@dataclass
+class Diagnosis:
+    verdict: str  # a VERDICTS key
+    evidence: list[str]
+    fixes: list[Fix]  # ranked: the verdict's fixes by predicted gain, then the other findings'
+    findings: list[Finding]  # every rule that held, the verdict's first, plus notes
+    measurements: Measurements
+
+    @property
+    def label(self) -> str:
+        return VERDICTS[self.verdict]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["label"] = self.label
+        for fix in out["fixes"]:
+            p = fix["prediction"]
+            p["gain"] = None if p["after"] in (None, 0) else p["before"] / p["after"]
+        return out

@@ -1,0 +1,184 @@
+"""A run's folder and its checkpoints' contents: where a run lives, which plan it continues with, what a
+checkpoint holds (`snapshot`), and putting that back (`restore`), refusing a checkpoint of another
+model, other data or another effective batch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from saturate.engine.checkpoint import CheckpointManager, restore_model_and_optimizer
+from saturate.engine.distributed import DistInfo
+from saturate.engine.precision import Precision
+from saturate.engine.schedule import WarmupCosine
+from saturate.engine.step import Stepper, rng_state, set_rng_state
+from saturate.errors import CheckpointError, ConfigError
+from saturate.plan import Plan, default_plan, fit_to_world
+from saturate.workloads.base import Workload
+
+CHECKPOINT_FORMAT = 1  # the same for a file and a DCP folder's meta.pt
+
+
+def prepare_run_dir(run_dir: Path | None, resume: bool, workload: Workload) -> Path:
+    if run_dir is None:
+        if resume:
+            run_dir = latest_run_dir(workload.name)
+            if run_dir is None:
+                raise CheckpointError(f"--resume: no run of {workload.name} with checkpoints under runs/")
+        else:
+            run_dir = Path("runs") / f"{workload.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = Path(run_dir)
+    if resume and not run_dir.is_dir():
+        raise CheckpointError(f"--resume: run folder {run_dir} does not exist")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe_file = run_dir / f".write-test-{os.getpid()}"
+        probe_file.write_bytes(b"")
+        probe_file.unlink()
+    except OSError as e:
+        raise ConfigError(f"run folder {run_dir} is not writable: {e.strerror or e}") from None
+    return run_dir
+
+
+def latest_run_dir(workload_name: str, root: Path = Path("runs")) -> Path | None:
+    """The most recently checkpointed run folder of this workload under `root`."""
+    candidates = []
+    for d in root.glob(f"{workload_name}-*"):
+        found = CheckpointManager(d / "checkpoints").checkpoints()
+        if found:
+            candidates.append((found[-1][1].stat().st_mtime, d))
+    return max(candidates)[1] if candidates else None
+
+
+def load_resume_state(ckpts: CheckpointManager, dist: DistInfo) -> dict[str, Any]:
+    if dist.is_main:
+        ckpts.remove_stale_temporaries()  # nothing is being written yet: every rank is here
+    loaded = ckpts.load_latest()
+    if loaded is None:
+        why = f" ({'; '.join(ckpts.skipped)})" if getattr(ckpts, "skipped", None) else ""
+        raise CheckpointError(f"--resume: no loadable checkpoint in {ckpts.folder}{why}")
+    state, path = loaded
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path} has checkpoint format {state.get('format')}, expected {CHECKPOINT_FORMAT}")
+    state["path"] = str(path)
+    return state
+
+
+def checkpoint_plan(state: dict[str, Any], world: int, notes: list[str]) -> Plan:
+    """The checkpoint's plan, its accumulation re-derived when the process count changed."""
+    plan = Plan.from_dict(state["plan"], source="the checkpoint's plan")
+    saved_world = state.get("world_size", 1)
+    if saved_world == world:
+        return plan
+    effective = plan.samples_per_step(saved_world)
+    try:
+        fitted = fit_to_world(plan, effective, world)
+    except ConfigError as e:
+        raise CheckpointError(f"cannot resume {state['path']}, written by {saved_world} process(es), with {world}: "
+                              f"{e}; pass a --plan with micro_batch × grad_accum × {world} = {effective}") from None
+    notes.append(f"resuming a checkpoint of {saved_world} process(es) with {world}: grad_accum "
+                 f"{plan.grad_accum} -> {fitted.grad_accum} keeps the effective batch {effective}")
+    return fitted
+
+
+def check_fingerprint(state: dict[str, Any], fingerprint: dict[str, str], identity: dict[str, Any],
+                       world: int = 1) -> None:
+    """Refuse to resume another model, other data or another effective batch, naming what differs."""
+    theirs = state["fingerprint"]
+    differ = [k for k in sorted(set(theirs) | set(fingerprint)) if theirs.get(k) != fingerprint.get(k)]
+    if not differ:
+        return
+    old_identity = state.get("identity", {})
+    parts = []
+    for k in differ:
+        if k == "effective_batch":
+            saved_world = state.get("world_size", 1)
+            counts = f" ({saved_world} process(es) then, {world} now)" if saved_world != world else ""
+            parts.append(f"effective batch {theirs.get(k)} -> {fingerprint.get(k)}{counts}")
+            continue
+        old, new = old_identity.get(k), identity.get(k)
+        if isinstance(old, dict) and isinstance(new, dict):
+            fields = [f"{f} {old.get(f)!r:.20} -> {new.get(f)!r:.20}" for f in sorted(set(old) | set(new))
+                      if old.get(f) != new.get(f)]
+            parts.append(f"{k} ({', '.join(fields[:3])})")
+        else:
+            parts.append(k)
+    raise CheckpointError(f"cannot resume from {state['path']}: it was trained with different "
+                          f"{'; '.join(parts)}")
+
+
+def choose_plan(plan: Plan | None, state: dict[str, Any] | None, workload: Workload, hw: Any, use_tuned: bool,
+                notes: list[str], world: int = 1) -> Plan:
+    """The given plan; else the checkpoint's when resuming; else the tuned plan cached for this workload
+    on this hardware; else the seed plan. A plan tuned on other hardware is flagged, never silent.
+    Under torchrun the checkpoint's and the cached plan keep their effective batch over `world` processes."""
+    from saturate.tune import cache
+
+    if plan is not None:
+        if (warning := cache.hardware_mismatch(plan, hw.fingerprint())) is not None:
+            notes.append(warning)
+        return plan
+    if state is not None:
+        return checkpoint_plan(state, world, notes)
+    if use_tuned:
+        cached, cache_notes = cache.lookup(workload, hw.fingerprint(), world)
+        notes.extend(cache_notes)
+        tuned_world = int(cached.provenance.get("world_size", 1)) if cached is not None else world
+        if cached is not None and tuned_world != world:
+            try:
+                cached = fit_to_world(cached, cached.samples_per_step(tuned_world), world).replace(
+                    strategy=cached.strategy if cached.strategy != "single" else "ddp")
+            except ConfigError as e:
+                notes.append(f"the cached tuned plan does not split over {world} processes ({e}); not used")
+                cached = None
+        if cached is not None:
+            notes.append(f"using the plan tuned for {workload.name} on this machine "
+                         f"({cached.provenance.get('tuned_at', 'date unknown')}); --no-tuned ignores it")
+            return cached
+    return default_plan(workload.optim.effective_batch, hw.device_type, hw.supports, world)
+
+
+def snapshot(step: int, stepper: Stepper, precision: Precision, schedule: WarmupCosine, plan: Plan,
+              fingerprint: dict[str, str], identity: dict[str, Any], train_seconds: float, seed: int,
+              world: int) -> dict[str, Any]:
+    """Everything a resume needs; for DDP/FSDP without model and optimizer, which go through DCP."""
+    state: dict[str, Any] = {}
+    if stepper.strategy == "single":
+        state = {"model": stepper.model.state_dict(), "optimizer": stepper.optimizer.state_dict()}
+    return {
+        **state,
+        "format": CHECKPOINT_FORMAT,
+        "step": step,  # the data position: step s next reads global samples [s·E, (s+1)·E)
+        "world_size": world,
+        "scaler": precision.scaler.state_dict() if precision.scaler is not None else None,
+        "schedule": schedule.state_dict(),
+        "rng": rng_state(),
+        "plan": plan.to_dict(),
+        "fingerprint": fingerprint,
+        "identity": identity,  # the values behind the fingerprint, to say what differs on a refusal
+        "train_seconds": train_seconds,
+        "seed": seed,
+    }
+
+
+def restore(state: dict[str, Any], stepper: Stepper, schedule: WarmupCosine, steps: int | None,
+            dist: DistInfo, notes: list[str]) -> None:
+    """Put a checkpoint's model, optimizer, schedule, GradScaler and RNG states back. The schedule keeps
+    its length unless `steps` (the user's --steps) sets a new one; the learning rate is the current plan's."""
+    peak_lr, min_lr = schedule.peak_lr, schedule.min_lr
+    restore_model_and_optimizer(state, Path(state["path"]), stepper.model, stepper.optimizer,
+                                stepper.strategy == "fsdp")
+    schedule.load_state_dict(state["schedule"])
+    schedule.peak_lr, schedule.min_lr = peak_lr, min_lr
+    if stepper.precision.scaler is not None and state.get("scaler"):
+        stepper.precision.scaler.load_state_dict(state["scaler"])
+    if state.get("rng") is not None:
+        set_rng_state(state["rng"])
+    elif dist.is_main:
+        notes.append(f"the checkpoint has no RNG state for some of the {dist.world_size} ranks (it was written by "
+                     f"{state.get('world_size', 1)}); those ranks continue from fresh seeds")
+    if steps is not None:
+        schedule.total_steps = steps

@@ -1,0 +1,237 @@
+"""Everything a run needs, built before its loop: `prepare()` -> `Training`.
+
+In order: the run folder (rank 0 names it), the checkpoint to resume, the plan (given, the
+checkpoint's, the tuned plan cached for this machine, or the seed plan), the process group for
+FSDP, the Stepper (model, optimizer, precision), the schedule, the restored state, compile, the
+MFU denominator, the metric sinks and console, run.json, and the loaders. The loop in
+`trainer.py` then only steps, logs, validates and checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from saturate.data.windows import eval_loader, make_loader
+from saturate.engine.checkpoint import CheckpointManager
+from saturate.engine.console import ConsoleSink
+from saturate.engine.distributed import DistInfo, broadcast_object, init_distributed, rank_device, resolve_strategy
+from saturate.engine.hostmem import HostMemoryGuard
+from saturate.engine.metrics import JsonlSink, Sink, tensorboard_sink
+from saturate.engine.resume import (
+    check_fingerprint,
+    choose_plan,
+    load_resume_state,
+    prepare_run_dir,
+    restore,
+)
+from saturate.engine.schedule import WarmupCosine, scaled_lr
+from saturate.engine.signals import StopFlag
+from saturate.engine.step import Stepper
+from saturate.engine.summary import mfu_peak, write_json
+from saturate.engine.watch import TrainingWatch
+from saturate.errors import CheckpointError, ConfigError
+from saturate.hardware import measure_matmul_peak, synchronize
+from saturate.plan import Plan
+from saturate.workloads.base import Workload
+
+
+@dataclass
+class RunConfig:
+    """How long and where to run; nothing here changes the maths of a step."""
+
+    steps: int | None = None  # optimizer steps in the schedule (default: the workload's)
+    minutes: float | None = None  # wall-clock budget; alone, it also sizes the schedule
+    run_dir: Path | None = None  # default: runs/<workload>-<timestamp>
+    resume: bool = False  # continue from the newest checkpoint in run_dir
+    seed: int = 0
+    device: str | None = None  # default: the best device probe() finds
+    log_every: int = 10  # optimizer steps between metric reads (each read is one host sync)
+    eval_every: int | None = None  # default: the workload's
+    ckpt_every: int | None = None  # default: eval_every
+    keep_checkpoints: int = 3
+    progress: bool = True  # console output (rich progress on a terminal, lines otherwise)
+    tensorboard: bool = True  # also write TensorBoard events when tensorboard is installed
+    telemetry: bool = True  # background GPU/host sampler: gpu/*, host/* metrics and low-utilisation notes
+    export_weights: bool = True  # model.safetensors at the end
+    use_tuned: bool = True  # with no plan given, use the tuned plan cached for this workload and hardware
+    host_memory_guard: bool = True  # lower loader prefetch/workers when host RAM runs short or swap grows
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "log_every", "eval_every", "ckpt_every", "keep_checkpoints"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ConfigError(f"{name.replace('_', '-')} must be >= 1, got {v}")
+        if self.minutes is not None and not self.minutes > 0:
+            raise ConfigError(f"minutes must be > 0, got {self.minutes}")
+
+
+@dataclass
+class Training:
+    """A run, built and ready for its loop; the loop advances `step` and the window counters."""
+
+    workload: Workload
+    cfg: RunConfig
+    dist: DistInfo
+    device: torch.device
+    run_dir: Path
+    ckpts: CheckpointManager
+    plan: Plan  # the plan in force (an absorbed OOM or host-memory relief replaces it)
+    stepper: Stepper
+    schedule: WarmupCosine
+    effective: int  # samples per optimizer step over all ranks
+    fingerprint: dict[str, str]
+    peak: float | None  # the MFU denominator (FLOP/s), None when unknown
+    peak_label: str
+    pin: bool
+    sinks: list[Sink]
+    console: ConsoleSink
+    watch: TrainingWatch
+    guard: HostMemoryGuard | None
+    stop: StopFlag
+    val_loader: Any
+    batches: Iterator[Any]
+    step: int  # optimizer steps done, across resumes (the data position)
+    start_step: int  # where this session started
+    total_steps: int  # the schedule's length
+    elapsed_before: float  # training seconds of earlier sessions (from the checkpoint)
+    eval_every: int
+    ckpt_every: int
+    deadline: float | None  # time.monotonic() when a --minutes budget runs out
+    size_schedule_at: int | None  # the step at which a --minutes-only run sizes its schedule
+    notes: list[str]
+    window_steps: int = 0
+    window_start: float = 0.0
+    train_seconds: float = 0.0  # this session's time in steps (validation and checkpoints excluded)
+    train_loss: float | None = None
+    val_loss: float | None = None
+    last_ckpt: Path | None = None
+    extra_metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def world(self) -> int:
+        return self.dist.world_size
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.stepper.model
+
+    def restart_loaders(self) -> None:
+        """New loaders for the plan in force, reading on from the current step."""
+        self.batches = iter(make_loader(self.workload.train_data, self.plan, start_step=self.step,
+                                        pin_memory=self.pin, rank=self.dist.rank, world_size=self.world))
+        if self.val_loader is not None:
+            self.val_loader = eval_loader(self.workload.val_data, self.plan, self.pin)
+
+    def save_plan(self) -> None:
+        if self.dist.is_main:
+            self.plan.save(self.run_dir / "plan.toml")
+
+
+def now(device: torch.device) -> float:
+    """The clock, read after the device finished what is queued (or GPU time queued behind us is not counted)."""
+    synchronize(device)
+    return time.perf_counter()
+
+
+def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist: DistInfo) -> Training:
+    """Build everything the loop needs; see the module docstring for the order."""
+    device_type = torch.device(hw.torch_device).type
+    notes: list[str] = []
+    world = dist.world_size
+    run_dir = broadcast_object(prepare_run_dir(cfg.run_dir, cfg.resume, workload) if dist.is_main else None)
+    if not dist.is_main:  # rank 0 chose it (a default name has a timestamp); the others check they can write
+        run_dir = prepare_run_dir(run_dir, cfg.resume, workload)
+    ckpts = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
+    state = load_resume_state(ckpts, dist) if cfg.resume else None
+    if state is None and ckpts.checkpoints():
+        raise CheckpointError(f"run folder {run_dir} already holds checkpoints; pass --resume to continue "
+                              "it or choose another --run-dir")
+    plan_given = plan is not None
+    plan = choose_plan(plan, state, workload, hw, cfg.use_tuned, notes, world)
+    strategy, note = resolve_strategy(plan.strategy, world)
+    if note:
+        notes.append(note)
+        plan = plan.replace(strategy=strategy)
+    if strategy == "fsdp" and not dist.active:  # FSDP in one process: a process group of one
+        dist = init_distributed(device_type, one_process_group=True)
+    device = rank_device(device_type, dist) if dist.active else torch.device(hw.torch_device)
+    effective = plan.samples_per_step(world)
+    fingerprint = {**workload.fingerprint(), "effective_batch": str(effective)}
+    if state is not None:
+        check_fingerprint(state, fingerprint, workload.identity, world)
+
+    optim = workload.optim
+    torch.manual_seed(cfg.seed)  # the same on every rank: FSDP ranks build identical models, then shard
+    random.seed(cfg.seed)
+    lr = scaled_lr(optim.lr, optim.effective_batch, effective)
+    if effective != optim.effective_batch:
+        notes.append(f"effective batch {effective} differs from the workload's {optim.effective_batch}: "
+                     f"learning rate scaled linearly {optim.lr:g} -> {lr:g}")
+    stepper = Stepper(workload, plan, device, lr, notes=notes, compile=False, dist=dist)
+    if world > 1:  # after the (identical) build: each rank its own stream, as for dropout on its own data
+        torch.manual_seed(cfg.seed + dist.rank)
+        random.seed(cfg.seed + dist.rank)
+    schedule = WarmupCosine(lr, optim.warmup_steps, cfg.steps or optim.steps, lr * optim.min_lr_ratio)
+    step, elapsed_before = 0, 0.0
+    if state is not None:
+        step, elapsed_before = state["step"], state["train_seconds"]
+        restore(state, stepper, schedule, cfg.steps, dist, notes)
+        if plan_given and state["plan"] != plan.to_dict():
+            notes.append("resumed with a different plan than the checkpoint's (same effective batch)")
+    stepper.compile_model()  # after loading: the compile probe restores the RNG it uses
+    stepper.steps_done = step  # so an OOM adaptation names the global step
+    pin = plan.pin_memory and device.type == "cuda"
+    if plan.pin_memory and not pin:
+        notes.append(f"pin_memory has no effect on {device.type}; not used")
+    peak, peak_label = mfu_peak(hw, plan, measure_matmul_peak)
+    if peak is not None and world > 1:
+        peak, peak_label = peak * world, f"{world} × {peak_label}"  # MFU of all the devices together
+
+    total_steps = schedule.total_steps
+    sinks: list[Sink] = []
+    if dist.is_main:
+        resume_step = step if state is not None else None
+        sinks.append(JsonlSink(run_dir / "metrics.jsonl", resume_step=resume_step))
+        if cfg.tensorboard and (tb := tensorboard_sink(run_dir / "tensorboard", resume_step)) is not None:
+            sinks.append(tb)
+    console = ConsoleSink(total_steps, start_step=step, enabled=cfg.progress and dist.is_main)
+    sinks.append(console)
+    if dist.is_main:
+        plan.save(run_dir / "plan.toml")
+        write_json(run_dir / "run.json", {
+            "workload": workload.name, "info": workload.info, "fingerprint": fingerprint,
+            "effective_batch": effective, "lr": lr, "total_steps": total_steps, "seed": cfg.seed,
+            "device": str(device), "processes": world, "strategy": stepper.strategy,
+            "hardware": hw.fingerprint(), "notes": notes,
+            "pid": os.getpid()})  # `saturate monitor` finds a live run by it
+    for n in notes:
+        console.note(n)
+    console.start(workload, plan, hw, effective, total_steps, resumed_from=step if state else None,
+                  processes=world)
+
+    loader = make_loader(workload.train_data, plan, start_step=step, pin_memory=pin, rank=dist.rank,
+                         world_size=world)
+    # Built once, so persistent workers really persist between validations.
+    val_loader = eval_loader(workload.val_data, plan, pin) if workload.val_data is not None else None
+    eval_every = cfg.eval_every or optim.eval_every
+    return Training(
+        workload=workload, cfg=cfg, dist=dist, device=device, run_dir=run_dir, ckpts=ckpts, plan=plan,
+        stepper=stepper, schedule=schedule, effective=effective, fingerprint=fingerprint, peak=peak,
+        peak_label=peak_label, pin=pin, sinks=sinks, console=console,
+        watch=TrainingWatch(device, console.note, enabled=cfg.telemetry and dist.is_main),
+        guard=HostMemoryGuard() if cfg.host_memory_guard else None,
+        stop=StopFlag(coalesce_s=2.0 if world > 1 else 0.0), val_loader=val_loader, batches=iter(loader),
+        step=step, start_step=step, total_steps=total_steps, elapsed_before=elapsed_before,
+        eval_every=eval_every, ckpt_every=cfg.ckpt_every or eval_every,
+        deadline=time.monotonic() + cfg.minutes * 60 if cfg.minutes else None,
+        size_schedule_at=step + 5 if (cfg.minutes and cfg.steps is None and state is None) else None,
+        notes=notes, window_start=now(device),
+    )

@@ -1,0 +1,153 @@
+"""What a run reports: each logged window's metrics, the MFU denominator, the whole-session summary
+(summary.json), and the exported weights (model.safetensors)."""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from saturate.atomic import atomic_path, atomic_write_bytes
+from saturate.engine.distributed import DistInfo, all_reduce_scalar
+from saturate.errors import CheckpointError
+from saturate.plan import Plan
+from saturate.workloads.base import Workload
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    plan: Plan
+    steps: int  # optimizer steps completed (in total, across resumes)
+    total_steps: int  # the schedule's length
+    train_seconds: float  # wall time spent in steps this session (validation excluded)
+    tokens_per_s: float | None
+    samples_per_s: float | None
+    mfu: float | None  # model FLOPs utilisation against `peak_label`
+    peak_label: str
+    peak_memory_bytes: int | None  # device peak on GPUs; host peak RSS on CPU
+    memory_kind: str  # "device" or "host RSS"
+    train_loss: float | None
+    val_loss: float | None
+    checkpoint: Path | None
+    weights: Path | None
+    stopped_early: bool  # fewer steps than the schedule: a time budget ran out, or Ctrl-C
+    interrupted: bool  # Ctrl-C (SIGINT) asked the run to stop
+    notes: list[str] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)  # the workload's own end-of-run metrics (evaluate)
+
+
+def mfu_peak(hw: Any, plan: Plan, measure: Callable[..., float]) -> tuple[float | None, str]:
+    dtype = {"bf16": "bf16", "fp16": "fp16"}.get(plan.precision, "tf32" if plan.tf32 else "fp32")
+    if dtype == "tf32" and not hw.supports.get("tf32"):
+        dtype = "fp32"
+    peak, label = hw.peak_flops(dtype)
+    if peak is None:
+        torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
+        try:
+            peak = measure(hw.torch_device, torch_dtype, tf32=dtype == "tf32")
+            label = f"measured {dtype} matmul peak"
+        except Exception as e:  # a dtype the device cannot multiply: report MFU as unknown
+            return None, f"unknown ({type(e).__name__})"
+    return peak, label
+
+
+def steps_for_budget(step: int, seconds_per_step: float, deadline: float | None, console: Any) -> int:
+    remaining = max(0.0, (deadline or 0) - time.monotonic())
+    total = step + max(1, int(remaining / max(seconds_per_step, 1e-9)))
+    console.note(f"the time budget fits about {total} steps (a prediction from the first steps' measured "
+                 f"{seconds_per_step:.3f} s/step); the schedule is sized to that")
+    return total
+
+
+def step_metrics(workload: Workload, plan: Plan, effective: int, steps: int, seconds: float, loss: float,
+                  grad_norm: torch.Tensor | None, lr: float, peak: float | None,
+                  device: torch.device) -> dict[str, float]:
+    samples_per_s = steps * effective / seconds if seconds > 0 else 0.0
+    m = {
+        "train/loss": loss,
+        "train/lr": lr,
+        "throughput/samples_per_s": samples_per_s,
+        "throughput/tokens_per_s": samples_per_s * workload.tokens_per_sample,
+        "time/step_s": seconds / steps,
+        "plan/micro_batch": plan.micro_batch,  # changes only when an OOM was absorbed
+    }
+    if grad_norm is not None:
+        m["train/grad_norm"] = float(grad_norm)  # already synchronised by the loss read above
+    if workload.flops_per_sample and peak:
+        m["throughput/mfu"] = samples_per_s * workload.flops_per_sample / peak
+    if device.type == "cuda":
+        m["memory/peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    else:
+        m["memory/host_peak_rss_gib"] = host_peak_rss() / 2**30
+    return m
+
+
+def host_peak_rss() -> int:
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kib if sys.platform == "darwin" else kib * 1024  # macOS reports bytes, Linux KiB
+
+
+def export_weights(model: nn.Module, run_dir: Path, workload: Workload, strategy: str, dist: DistInfo) -> Path:
+    from safetensors.torch import save_model
+
+    path = run_dir / "model.safetensors"
+    if strategy == "fsdp":  # gather the full weights to rank 0 (every rank takes part), into a plain model
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if dist.is_main:
+            plain = workload.build_model()
+            plain.load_state_dict(full)
+            model = plain
+    if not dist.is_main:
+        return path
+    try:
+        with atomic_path(path) as tmp:
+            save_model(model, str(tmp))  # save_model de-duplicates the tied embedding/head weight
+        if workload.export_extras is not None:
+            workload.export_extras(model, run_dir)
+    except OSError as e:
+        raise CheckpointError(f"could not export weights to {path}: {e.strerror or e}") from None
+    return path
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    atomic_write_bytes(path, (json.dumps(data, indent=2, default=str) + "\n").encode())
+
+
+def fill_summary(result: RunResult, workload: Workload, effective: int, steps_this_session: int,
+                  peak: float | None, device: torch.device, run_dir: Path, dist: DistInfo) -> None:
+    """Whole-session figures: steps timed in this process over the time they took (all measured).
+
+    Throughput counts the global batch on rank 0's clock; peak memory is the largest over ranks.
+    """
+    if steps_this_session > 0 and result.train_seconds > 0:
+        result.samples_per_s = steps_this_session * effective / result.train_seconds
+    if result.samples_per_s:
+        result.tokens_per_s = result.samples_per_s * workload.tokens_per_sample
+        if workload.flops_per_sample and peak:
+            result.mfu = result.samples_per_s * workload.flops_per_sample / peak
+    if device.type == "cuda":
+        result.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
+    else:
+        result.peak_memory_bytes = host_peak_rss()
+    result.peak_memory_bytes = int(all_reduce_scalar(result.peak_memory_bytes, "max"))
+    if not dist.is_main:
+        return
+    write_json(run_dir / "summary.json", {
+        "steps": result.steps, "total_steps": result.total_steps, "train_seconds": result.train_seconds,
+        "samples_per_s": result.samples_per_s, "tokens_per_s": result.tokens_per_s, "mfu": result.mfu,
+        "mfu_peak": result.peak_label, "peak_memory_bytes": result.peak_memory_bytes,
+        "memory_kind": result.memory_kind, "train_loss": result.train_loss, "val_loss": result.val_loss,
+        "checkpoint": result.checkpoint, "weights": result.weights, "stopped_early": result.stopped_early,
+        "processes": dist.world_size, "plan": result.plan.to_dict(), "notes": result.notes,
+        "metrics": result.metrics})

@@ -1,0 +1,187 @@
+"""The telemetry sampler: GPU and host readings in a background thread, and statistics over a window.
+
+A ``Sampler`` reads the GPU sensors and the host (``saturate.hardware.gpu_sensors`` and
+``host_sensors``) every ``interval`` seconds into a bounded history of ``Snapshot``s; ``gpu_stat``,
+``host_stat`` and ``swap_traffic`` summarise a window of them. A figure not measured stays missing
+with its reason, never 0. A reading of GPU and host counters costs a fraction of a millisecond
+(see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from saturate.hardware.gpu_sensors import GpuSource, open_gpu_source
+from saturate.hardware.host_sensors import read_host, read_process_tree
+from saturate.hardware.readings import GpuReading, HostReading, ProcessReading, reason
+
+
+@dataclass
+class Snapshot:
+    time: float  # time.monotonic()
+    wall: float  # time.time()
+    host: HostReading
+    gpus: list[GpuReading]
+    gpu_note: str | None  # why there are no GPU readings, or what limits them
+    process: ProcessReading | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sampler
+
+
+class Sampler:
+    """Readings every `interval` seconds in a daemon thread, kept in a bounded history.
+
+    gpu: a GpuSource, or None to open one for `torch_indices` (or every GPU when those are None).
+    process_pid: also read this process tree (`proportional` memory: see read_process_tree).
+    """
+
+    def __init__(self, interval: float = 1.0, *, gpu: GpuSource | None = None,
+                 torch_indices: Sequence[int] | None = None, process_pid: int | None = None,
+                 proportional: bool = False, history: int = 3600) -> None:
+        if not interval > 0:
+            raise ValueError(f"interval must be > 0, got {interval}")
+        self.interval = interval
+        self._own_gpu = gpu is None
+        self.gpu = gpu if gpu is not None else open_gpu_source(torch_indices)
+        self.process_pid = process_pid
+        self.proportional = proportional
+        self.snapshots: deque[Snapshot] = deque(maxlen=history)
+        self.errors: list[str] = []  # unexpected failures of a whole reading (the thread survives them)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.read_seconds = 0.0  # thread CPU time spent reading, for the overhead benchmark
+        self.reads = 0
+        read_host(prime_cpu=True)  # psutil's CPU percentage needs a previous call
+        self._cpu_read_at = time.monotonic()
+
+    def read_once(self) -> Snapshot:
+        start = time.thread_time()
+        host = read_host()
+        now = time.monotonic()
+        if now - self._cpu_read_at < 0.05 and host.cpu_pct is not None:
+            # psutil measures CPU use since the previous call: over a few ms that is 0 or 100 %.
+            host.cpu_pct = None
+            host.missing["cpu_pct"] = "too soon after the previous reading to measure CPU use"
+        self._cpu_read_at = now
+        try:
+            gpus = self.gpu.read()
+        except Exception as e:  # a vendor library failing in a way it does not document
+            gpus = []
+            self.errors.append(f"GPU read failed: {reason(e)}")
+        proc = read_process_tree(self.process_pid, self.proportional) if self.process_pid is not None else None
+        snap = Snapshot(time.monotonic(), time.time(), host, gpus, self.gpu.note, proc)
+        with self._lock:
+            self.snapshots.append(snap)
+        self.read_seconds += time.thread_time() - start
+        self.reads += 1
+        return snap
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.read_once()
+            except Exception as e:  # never let a sensor kill the thread (or the training with it)
+                self.errors.append(reason(e))
+            self._stop.wait(self.interval)
+
+    def start(self) -> Sampler:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="saturate-telemetry", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(5.0, 2 * self.interval))
+            self._thread = None
+        if self._own_gpu:
+            self.gpu.close()
+
+    def __enter__(self) -> Sampler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def latest(self) -> Snapshot | None:
+        with self._lock:
+            return self.snapshots[-1] if self.snapshots else None
+
+    def between(self, start: float, end: float | None = None) -> list[Snapshot]:
+        """Snapshots taken in [start, end] (time.monotonic() values)."""
+        with self._lock:
+            return [s for s in self.snapshots if s.time >= start and (end is None or s.time <= end)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Summaries of a window
+
+
+@dataclass
+class Stat:
+    """A measured figure over a window, or why there is none."""
+
+    mean: float | None = None
+    peak: float | None = None
+    low: float | None = None
+    samples: int = 0
+    missing: str | None = None
+
+    @classmethod
+    def of(cls, values: list[float | None], reasons: list[str]) -> Stat:
+        got = [v for v in values if v is not None]
+        if not got:
+            why = reasons[0] if reasons else "no readings in the window"
+            return cls(missing=why)
+        return cls(sum(got) / len(got), max(got), min(got), len(got))
+
+
+def gpu_stat(snaps: list[Snapshot], attr: str, index: int | None = None) -> Stat:
+    """A GPU field over the window, for one GPU (its reported index) or the first one read."""
+    values, reasons = [], []
+    for s in snaps:
+        gpus = [g for g in s.gpus if index is None or g.index == index][:1]
+        if not gpus:
+            reasons.append(s.gpu_note or "no GPU readings")
+            continue
+        values.append(getattr(gpus[0], attr))
+        if attr in gpus[0].missing:
+            reasons.append(gpus[0].missing[attr])
+    return Stat.of(values, reasons)
+
+
+def host_stat(snaps: list[Snapshot], attr: str) -> Stat:
+    reasons = [s.host.missing[attr] for s in snaps if attr in s.host.missing]
+    return Stat.of([getattr(s.host, attr) for s in snaps], reasons)
+
+
+def swap_traffic(snaps: list[Snapshot]) -> tuple[int | None, str | None]:
+    """Bytes swapped in + out between the first and last snapshot, or (None, why)."""
+    if len(snaps) < 2:
+        return None, "fewer than two readings"
+    a, b = snaps[0].host, snaps[-1].host
+    if None in (a.swap_in, a.swap_out, b.swap_in, b.swap_out):
+        return None, a.missing.get("swap_in") or b.missing.get("swap_in") or "swap counters unreadable"
+    return (b.swap_in - a.swap_in) + (b.swap_out - a.swap_out), None  # type: ignore[operator]
+
+
+def iter_gpu_indices(snaps: list[Snapshot]) -> Iterator[int]:
+    seen: list[int] = []
+    for s in snaps:
+        for g in s.gpus:
+            if g.index not in seen:
+                seen.append(g.index)
+                yield g.index
+

@@ -1,0 +1,60 @@
+"""The telemetry sampler: failures never stop sampling; a window's statistics are measured or missing with a reason."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from saturate.hardware.gpu_sensors import GpuSource
+from saturate.hardware.host_sensors import read_host
+from saturate.telemetry.sampler import Sampler, Snapshot, Stat, swap_traffic
+
+
+class BrokenGpu(GpuSource):
+    name = "broken"
+
+    def __init__(self):
+        super().__init__(None)
+        self.calls = 0
+
+    def read(self):
+        self.calls += 1
+        raise RuntimeError("GPU has fallen off the bus")
+
+
+def test_sampler_keeps_sampling_through_a_failing_sensor():
+    gpu = BrokenGpu()
+    with Sampler(0.01, gpu=gpu, process_pid=os.getpid()) as s:
+        deadline = time.time() + 10
+        while len(s.snapshots) < 3 and time.time() < deadline:
+            time.sleep(0.02)
+    assert len(s.snapshots) >= 3 and gpu.calls >= 3
+    assert all(snap.gpus == [] for snap in s.snapshots)
+    assert "fallen off the bus" in s.errors[0]
+    assert s.latest().process.main_bytes > 0
+    n = len(s.snapshots)
+    time.sleep(0.05)
+    assert len(s.snapshots) == n  # stopped
+
+
+def test_sampler_rejects_a_bad_interval():
+    with pytest.raises(ValueError, match="interval"):
+        Sampler(0, gpu=GpuSource("none"))
+
+
+def test_stat_of_nothing_is_missing_not_zero():
+    assert Stat.of([None, None], ["NVML: Not Supported"]) == Stat(missing="NVML: Not Supported")
+    s = Stat.of([10.0, None, 30.0], [])
+    assert (s.mean, s.low, s.peak, s.samples) == (20.0, 10.0, 30.0, 2)
+
+
+def test_swap_traffic_over_a_window():
+    a, b = read_host(), read_host()
+    a.swap_in, a.swap_out, b.swap_in, b.swap_out = 100, 200, 1100, 1200
+    snaps = [Snapshot(0, 0, a, [], None), Snapshot(1, 1, b, [], None)]
+    assert swap_traffic(snaps) == (2000, None)
+    a.swap_in = None
+    a.missing["swap_in"] = "swap traffic is only counted on Linux"
+    assert swap_traffic(snaps) == (None, "swap traffic is only counted on Linux")
