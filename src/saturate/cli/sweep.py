@@ -1,4 +1,4 @@
-"""`saturate sweep`: a grid over workload parameters, each point tuned then trained (see saturate.sweep)."""
+"""`saturate sweep`: a grid over workload parameters, each point tuned then trained (see saturate.tune.sweep)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.console import Console as RichConsole
 
     from saturate.hardware import probe
-    from saturate.sweep import parse_grid, sweep
+    from saturate.tune.sweep import parse_grid, sweep
 
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
