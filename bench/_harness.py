@@ -1,7 +1,9 @@
-"""What the benchmarks share: timing a train() run after its warm-up, interleaved rounds, summaries.
+"""What the benchmarks share: options, timing a train() run after its warm-up, interleaved rounds,
+per-round ratios and their summaries, tables, JSON and the environment they were measured in.
 
-Not a benchmark itself (the leading underscore). Each bench/*.py script imports it by name, which
-works because Python puts the script's own folder first on sys.path.
+Not a benchmark itself (the leading underscore). Each bench/*.py script imports it by name
+(``import _harness as bench``), which works because Python puts the script's own folder first on
+sys.path.
 
 How a train() run is timed: ``RunConfig(log_every=warmup)`` makes the trainer synchronise the
 device and read the clock at the end of the warm-up (step ``warmup``) and at the last step, and
@@ -15,28 +17,34 @@ falls inside it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import math
 import platform
 import shutil
 import statistics
+import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from saturate.engine.metrics import read_jsonl
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.plan import Plan
-from saturate.workloads import Workload
+from saturate.workloads import Workload, build_workload
 
 NEVER = 10**9  # an eval/checkpoint interval no benchmark reaches (the last step still checkpoints)
+
+K = TypeVar("K", bound=Hashable)  # a competitor's name
+T = TypeVar("T")  # what one measurement of it returns
 
 
 @dataclass
@@ -50,6 +58,23 @@ class Timed:
     peak_memory_bytes: int | None = None
     notes: tuple[str, ...] = ()
 
+    @property
+    def step_s(self) -> float:
+        return self.seconds / self.steps
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def tokens_per_s(runs: Sequence[Timed]) -> list[float]:
+    return [t.tokens_per_s for t in runs]
+
+
+def bench_workload(preset: str, seed: int) -> Workload:
+    """A preset's workload without validation data: no validation pass (it falls outside the timing anyway, but
+    costs time)."""
+    return dataclasses.replace(build_workload(preset, seed=seed), val_data=None)
+
 
 def release_memory(device: torch.device) -> None:
     gc.collect()
@@ -58,26 +83,36 @@ def release_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def timed_train(workload: Workload, plan: Plan, *, warmup: int, steps: int, hardware: Any, run_dir: Path,
-                seed: int = 0) -> tuple[Timed, RunResult]:
-    """Run saturate's train() for warmup + steps optimizer steps; time the last `steps` (see module doc)."""
-    if warmup < 1 or steps < 1:
-        raise ValueError(f"warmup and steps must be >= 1, got {warmup} and {steps}")
-    config = RunConfig(
-        steps=warmup + steps, run_dir=run_dir, seed=seed, device=hardware.torch_device, log_every=warmup,
-        eval_every=NEVER, ckpt_every=NEVER, keep_checkpoints=1, progress=False, tensorboard=False,
-        export_weights=False,
+def run_config(*, warmup: int, steps: int, run_dir: Path, seed: int = 0, **overrides: Any) -> RunConfig:
+    """train()'s settings for a timed run of warmup + steps steps (see the module doc): logs split at the warm-up,
+    no validation or checkpoint before the last step, no console, TensorBoard or exported weights."""
+    return RunConfig(
+        steps=warmup + steps, run_dir=run_dir, seed=seed, log_every=warmup, eval_every=NEVER, ckpt_every=NEVER,
+        keep_checkpoints=1, progress=False, tensorboard=False, export_weights=False, **overrides,
     )
-    device = torch.device(hardware.torch_device)
-    release_memory(device)
+
+
+def train_windows(workload: Workload, plan: Plan, *, warmup: int, steps: int, hardware: Any, run_dir: Path,
+                  seed: int = 0, **overrides: Any) -> tuple[list[dict[str, Any]], RunResult]:
+    """Run train() under run_config() on `hardware`'s device; its read_windows() and its result. The run folder
+    is removed afterwards."""
+    config = run_config(warmup=warmup, steps=steps, run_dir=run_dir, seed=seed, device=hardware.torch_device,
+                        **overrides)
     try:
         result = train(workload, plan, config, hardware=hardware)
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+        windows = read_windows(run_dir)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)  # checkpoints of gpt-small are ~1 GB each
-    if result.steps != warmup + steps:
-        raise RuntimeError(f"train() stopped at step {result.steps} of {warmup + steps}")
-    windows = [r for r in records if "time/step_s" in r]
+    return windows, result
+
+
+def read_windows(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of a run's metrics.jsonl that close a timing window (those with time/step_s)."""
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if "time/step_s" in r]
+
+
+def timed_window(windows: Sequence[dict[str, Any]], *, warmup: int, steps: int) -> tuple[float, float]:
+    """Seconds and mean training loss of the `steps` steps after step `warmup`, from the time/step_s windows."""
     seconds = loss = 0.0
     timed, previous = 0, 0
     for r in windows:
@@ -90,12 +125,25 @@ def timed_train(workload: Workload, plan: Plan, *, warmup: int, steps: int, hard
     if timed != steps or not any(r["step"] == warmup for r in windows):
         logged = [r["step"] for r in windows]
         raise RuntimeError(f"metrics.jsonl windows end at steps {logged}, not split at step {warmup}")
+    return seconds, loss / steps
+
+
+def timed_train(workload: Workload, plan: Plan, *, warmup: int, steps: int, hardware: Any, run_dir: Path,
+                seed: int = 0) -> tuple[Timed, RunResult]:
+    """Run saturate's train() for warmup + steps optimizer steps; time the last `steps` (see module doc)."""
+    if warmup < 1 or steps < 1:
+        raise ValueError(f"warmup and steps must be >= 1, got {warmup} and {steps}")
+    release_memory(torch.device(hardware.torch_device))
+    windows, result = train_windows(workload, plan, warmup=warmup, steps=steps, hardware=hardware,
+                                    run_dir=run_dir, seed=seed)
+    if result.steps != warmup + steps:
+        raise RuntimeError(f"train() stopped at step {result.steps} of {warmup + steps}")
+    seconds, loss = timed_window(windows, warmup=warmup, steps=steps)
     tokens = steps * plan.samples_per_step() * workload.tokens_per_sample
-    return Timed(steps, seconds, tokens / seconds, loss / steps, result.peak_memory_bytes,
-                 tuple(result.notes)), result
+    return Timed(steps, seconds, tokens / seconds, loss, result.peak_memory_bytes, tuple(result.notes)), result
 
 
-def interleaved(names: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
+def interleaved(names: Sequence[K], rounds: int) -> Iterator[tuple[int, K]]:
     """(round, name) for every competitor in every round; odd rounds run in reverse order.
 
     A, B | B, A | A, B ... keeps the competitors side by side, and the reversal stops a slow drift
@@ -104,6 +152,32 @@ def interleaved(names: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
     for r in range(rounds):
         for name in names if r % 2 == 0 else list(reversed(names)):
             yield r, name
+
+
+def run_rounds(names: Sequence[K], rounds: int, run: Callable[[K, Path], T],
+               line: Callable[[int, K, T], str] | None = None) -> dict[K, list[T]]:
+    """Measure every competitor once a round, interleaved(); each one's measurements in round order.
+
+    run(name, run_dir) measures `name` once; run_dir is a fresh path (not created) in a temporary folder that
+    is removed at the end. line(round, name, measurement), when given, is printed after each run.
+    """
+    results: dict[K, list[T]] = {name: [] for name in names}
+    with tempfile.TemporaryDirectory(prefix="saturate-bench-") as tmp:
+        for r, name in interleaved(names, rounds):
+            measured = run(name, Path(tmp) / f"round{r}-{names.index(name)}")
+            results[name].append(measured)
+            if line is not None:
+                print(line(r, name, measured), flush=True)
+    return results
+
+
+def train_rounds(workload: Workload, plans: Mapping[str, Plan], hardware: Any, args: argparse.Namespace,
+                 line: Callable[[int, str, Timed], str] | None = None) -> dict[str, list[Timed]]:
+    """run_rounds() of timed_train(): every plan trained through train() once a round, with the rounds, steps,
+    warm-up and seed of add_run_args()'s options."""
+    return run_rounds(list(plans), args.rounds, lambda name, run_dir: timed_train(
+        workload, plans[name], warmup=args.warmup, steps=args.steps, hardware=hardware, run_dir=run_dir,
+        seed=args.seed)[0], line)
 
 
 @dataclass
@@ -125,6 +199,17 @@ class Spread:
 
     def to_dict(self) -> dict[str, float]:
         return {"median": self.median, "min": self.low, "max": self.high}
+
+
+def ratios(top: Sequence[float], bottom: Sequence[float]) -> list[float]:
+    """Round by round, top ÷ bottom: each figure against the same round's baseline, so that a drift of the
+    machine moves both sides of a ratio together."""
+    return [a / b for a, b in zip(top, bottom, strict=True)]
+
+
+def ratios_to(figures: Mapping[str, Sequence[float]], base: str) -> dict[str, Spread]:
+    """Every competitor's per-round ratio to `base`, summarised."""
+    return {name: Spread.of(ratios(values, figures[base])) for name, values in figures.items()}
 
 
 def device_label(hardware: Any) -> str:
@@ -177,3 +262,20 @@ def add_run_args(ap: argparse.ArgumentParser, *, steps: int | None, warmup: int 
     ap.add_argument("--rounds", type=int, default=rounds, help=f"interleaved rounds (default: {rounds})")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON here")
+
+
+def require_positive(ap: argparse.ArgumentParser, **values: int) -> None:
+    """ap.error() unless every value is >= 1, naming them as options: require_positive(ap, micro=8, steps=0)."""
+    if min(values.values()) < 1:
+        names = [f"--{name.replace('_', '-')}" for name in values]
+        listed = f"{', '.join(names[:-1])} and {names[-1]}" if len(names) > 1 else names[0]
+        ap.error(f"{listed} must be >= 1")
+
+
+def tuning_footer(tuned: Any) -> list[str]:
+    """Table footer lines for a tune() result: how long tuning took and its decisions."""
+    return [f"tuning took {tuned.search.seconds:.0f} s; decisions:", *[f"  {d}" for d in tuned.search.decisions]]
+
+
+def tuning_json(tuned: Any) -> dict[str, Any]:
+    return {"tuning_seconds": tuned.search.seconds, "decisions": tuned.search.decisions}

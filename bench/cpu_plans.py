@@ -28,27 +28,14 @@ again once a round; the highest measurement is used (contention only ever lowers
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
-from _harness import (
-    Spread,
-    Timed,
-    add_run_args,
-    device_label,
-    environment,
-    interleaved,
-    print_table,
-    timed_train,
-    write_json,
-)
+import _harness as bench
 from saturate.hardware import Hardware, measure_matmul_peak, probe
 from saturate.plan import Plan, reference_plan
-from saturate.workloads import build_workload
 
 
 def ladder(effective: int, micro: int, bf16: bool) -> list[Plan]:
@@ -72,12 +59,11 @@ def remeasure_peaks(hw: Hardware) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--micro", type=int, default=32, help="the good plan's micro-batch (default: 32)")
-    add_run_args(ap, steps=6, warmup=2, rounds=3)
+    bench.add_run_args(ap, steps=6, warmup=2, rounds=3)
     args = ap.parse_args(argv)
-    if min(args.micro, args.steps, args.warmup, args.rounds) < 1:
-        ap.error("--micro, --steps, --warmup and --rounds must be >= 1")
+    bench.require_positive(ap, micro=args.micro, steps=args.steps, warmup=args.warmup, rounds=args.rounds)
 
-    workload = dataclasses.replace(build_workload("gpt-tiny", seed=args.seed), val_data=None)  # no validation
+    workload = bench.bench_workload("gpt-tiny", args.seed)
     effective = workload.optim.effective_batch
     naive_micro = reference_plan("naive").micro_batch
     if effective % args.micro or effective % naive_micro:
@@ -91,27 +77,24 @@ def main(argv: list[str] | None = None) -> int:
     if not bf16:
         notes.append("no native bf16 on this CPU (software bf16 is slower than fp32): no +bf16 row; "
                      f"the good plan is +micro {args.micro}")
-    print(f"gpt-tiny on {device_label(hw)}: {len(plans)} plans, {args.warmup} warm-up + {args.steps} timed "
+    print(f"gpt-tiny on {bench.device_label(hw)}: {len(plans)} plans, {args.warmup} warm-up + {args.steps} timed "
           f"steps, {args.rounds} rounds")
 
-    results: dict[str, list[Timed]] = {name: [] for name in plans}
-    with tempfile.TemporaryDirectory(prefix="saturate-bench-") as tmp:
-        for r, name in interleaved(list(plans), args.rounds):
-            if name == "naive":
-                remeasure_peaks(hw)
-            t, _ = timed_train(workload, plans[name], warmup=args.warmup, steps=args.steps, hardware=hw,
-                               run_dir=Path(tmp) / f"run-{r}", seed=args.seed)
-            results[name].append(t)
-            print(f"round {r + 1}/{args.rounds}  {name:<14} {t.tokens_per_s:>10,.0f} tokens/s  "
-                  f"{t.seconds / t.steps:.3f} s/step", flush=True)
+    def run(name: str, run_dir: Path) -> bench.Timed:
+        if name == "naive":
+            remeasure_peaks(hw)
+        return bench.timed_train(workload, plans[name], warmup=args.warmup, steps=args.steps, hardware=hw,
+                                 run_dir=run_dir, seed=args.seed)[0]
 
-    naive_runs = results["naive"]
+    results = bench.run_rounds(list(plans), args.rounds, run, lambda r, name, t: (
+        f"round {r + 1}/{args.rounds}  {name:<14} {t.tokens_per_s:>10,.0f} tokens/s  {t.step_s:.3f} s/step"))
+
+    ratios = bench.ratios_to({name: bench.tokens_per_s(runs) for name, runs in results.items()}, "naive")
     flops_per_token = workload.flops_per_sample / workload.tokens_per_sample
     rows, summary = [], {}
     for name, runs in results.items():
         plan = plans[name]
-        tps = Spread.of([t.tokens_per_s for t in runs])
-        ratio = Spread.of([t.tokens_per_s / n.tokens_per_s for t, n in zip(runs, naive_runs, strict=True)])
+        tps, ratio = bench.Spread.of(bench.tokens_per_s(runs)), ratios[name]
         peak, _ = hw.peak_flops(plan.precision)
         mfu = tps.median * flops_per_token / peak if peak else None
         rows.append([name, f"{plan.micro_batch} x {plan.grad_accum}", plan.precision,
@@ -119,19 +102,19 @@ def main(argv: list[str] | None = None) -> int:
                      ratio.fmt(".2f", unit="x"), f"{mfu:.1%}" if mfu is not None else "?"])
         summary[name] = {"plan": plan.to_dict(), "tokens_per_s": tps.to_dict(),
                          "ratio_vs_naive": ratio.to_dict(), "mfu": mfu,
-                         "per_round": [dataclasses.asdict(t) for t in runs]}
+                         "per_round": [t.to_dict() for t in runs]}
     peaks = ", ".join(f"{d} {hw.measured_peak_flops[d] / 1e9:,.0f} GFLOP/s"
                       for d in ("fp32", "bf16") if d in hw.measured_peak_flops)
-    print_table(
-        f"gpt-tiny on {device_label(hw)}, {torch.get_num_threads()} threads: {args.rounds} rounds x "
+    bench.print_table(
+        f"gpt-tiny on {bench.device_label(hw)}, {torch.get_num_threads()} threads: {args.rounds} rounds x "
         f"{args.steps} timed steps",
         ["plan", "micro x accum", "precision", "AdamW", "tokens/s median (min..max)", "vs naive (per round)",
          "MFU"], rows,
         [*notes, f"MFU against the highest matmul peak measured in this process: {peaks}"])
 
-    write_json(args.json, {
+    bench.write_json(args.json, {
         "benchmark": "cpu_plans", "goal": "baseline tokens/s for the tuner: naive vs a hand-picked good plan",
-        "environment": environment(hw), "effective_batch": effective, "warmup_steps": args.warmup,
+        "environment": bench.environment(hw), "effective_batch": effective, "warmup_steps": args.warmup,
         "timed_steps": args.steps, "rounds": args.rounds, "measured_peak_flops": hw.measured_peak_flops,
         "notes": notes, "plans": summary,
     })

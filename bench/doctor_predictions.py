@@ -41,7 +41,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import Dataset
 
-from _harness import Spread, environment, interleaved, print_table, write_json
+import _harness as bench
 from saturate.doctor.run import DoctorConfig, apply_fix, diagnose, measured_figure, plan_fix
 from saturate.hardware import probe
 from saturate.plan import Plan
@@ -96,6 +96,17 @@ def cases(seconds: float) -> dict[str, tuple[Workload, Plan, DoctorConfig]]:
     }
 
 
+def side_by_side(workload: Workload, plans: dict[str, Plan], cfg: DoctorConfig, hw, rounds: int) -> dict[str, list]:
+    """Each plan diagnosed once a round, interleaved; the diagnoses per plan in round order."""
+    return bench.run_rounds(list(plans), rounds, lambda name, _: diagnose(workload, plans[name], cfg, hardware=hw))
+
+
+def predicted_gain(diagnosis, fix) -> float:
+    """The gain this diagnosis predicts for `fix`; NaN where its top plan fix is another one."""
+    same = plan_fix(diagnosis)
+    return same.prediction.gain if same is not None and same.title == fix.title else float("nan")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", nargs="*", default=None, help="input overhead host-memory (default: all)")
@@ -119,31 +130,23 @@ def main() -> None:
             continue
         fixed = apply_fix(plan, fix)
         metric = fix.prediction.metric
-        per_round: dict[int, dict[str, float]] = {}
-        for r, side in interleaved(["before", "after"], args.rounds):
-            d = diagnose(workload, plan if side == "before" else fixed, cfg, hardware=hw)
-            got = per_round.setdefault(r, {})
-            got[side] = measured_figure(d, metric)
-            if side == "before":
-                same = plan_fix(d)
-                matches = same is not None and same.title == fix.title
-                got["predicted"] = same.prediction.gain if matches else float("nan")
-                got["verdict"] = d.verdict
-        predicted = [g["predicted"] for g in per_round.values()]
-        measured = [g["before"] / g["after"] for g in per_round.values()]
+        runs = side_by_side(workload, {"before": plan, "after": fixed}, cfg, hw, args.rounds)
+        predicted = [predicted_gain(d, fix) for d in runs["before"]]
+        figures = {side: [measured_figure(d, metric) for d in ds] for side, ds in runs.items()}
+        measured = bench.ratios(figures["before"], figures["after"])
         errors = [m / p - 1 for m, p in zip(measured, predicted, strict=True) if p == p]
-        verdicts = sorted({g["verdict"] for g in per_round.values()})
+        verdicts = sorted({d.verdict for d in runs["before"]})
         results[name] = {"verdicts": verdicts, "fix": fix.title, "metric": metric, "predicted": predicted,
                          "measured": measured, "errors": errors}
         within = sum(abs(e) <= 0.25 for e in errors)
-        rows.append([name, ", ".join(verdicts), fix.title.split(" (")[0], Spread.of(predicted).fmt(".2f", unit="×"),
-                     Spread.of(measured).fmt(".2f", unit="×"), Spread.of(errors).fmt("+.0f", 100, " %"),
-                     f"{within}/{len(errors)}"])
-    print_table(f"doctor predictions — {hw.cpu_name}, {hw.cpu_cores} cores, {args.threads} torch thread(s), "
-                f"{args.rounds} rounds", ["case", "verdict", "top plan fix", "predicted gain", "measured gain",
-                                          "measured ÷ predicted − 1", "within ±25 %"], rows)
-    write_json(args.json, {"environment": environment(hw), "rounds": args.rounds, "seconds": args.seconds,
-                           "threads": args.threads, "cases": results})
+        rows.append([name, ", ".join(verdicts), fix.title.split(" (")[0],
+                     bench.Spread.of(predicted).fmt(".2f", unit="×"), bench.Spread.of(measured).fmt(".2f", unit="×"),
+                     bench.Spread.of(errors).fmt("+.0f", 100, " %"), f"{within}/{len(errors)}"])
+    bench.print_table(f"doctor predictions — {hw.cpu_name}, {hw.cpu_cores} cores, {args.threads} torch thread(s), "
+                      f"{args.rounds} rounds", ["case", "verdict", "top plan fix", "predicted gain", "measured gain",
+                                                "measured ÷ predicted − 1", "within ±25 %"], rows)
+    bench.write_json(args.json, {"environment": bench.environment(hw), "rounds": args.rounds,
+                                 "seconds": args.seconds, "threads": args.threads, "cases": results})
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ import dataclasses
 import math
 import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -44,29 +43,19 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from _harness import (
-    Spread,
-    Timed,
-    add_run_args,
-    device_label,
-    environment,
-    interleaved,
-    print_table,
-    release_memory,
-    timed_train,
-    write_json,
-)
+import _harness as bench
 from saturate.hardware import probe, synchronize
 from saturate.plan import Plan, default_plan
-from saturate.workloads import PRESETS, Workload, build_workload
+from saturate.workloads import PRESETS, Workload
 from saturate.workloads.gpt import GPT
 
 SATURATE, BARE = "saturate train()", "bare loop"
 
 
 def bare_loop(workload: Workload, plan: Plan, *, warmup: int, steps: int, device: torch.device,
-              seed: int = 0) -> Timed:
+              seed: int = 0) -> bench.Timed:
     """The loop a careful engineer writes by hand (nanoGPT's shape), for warmup + steps steps."""
+    bench.release_memory(device)  # as timed_train() does before train()
     torch.manual_seed(seed)
     random.seed(seed)
     torch.backends.cuda.matmul.allow_tf32 = plan.tf32
@@ -141,7 +130,7 @@ def bare_loop(workload: Workload, plan: Plan, *, warmup: int, steps: int, device
     seconds = time.perf_counter() - start
     tokens = steps * plan.samples_per_step() * workload.tokens_per_sample
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    return Timed(steps, seconds, tokens / seconds, loss, peak)
+    return bench.Timed(steps, seconds, tokens / seconds, loss, peak)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-model", action="store_true",
                     help="a 1-layer, 16-wide, 16-token variant of gpt-tiny: compute is tiny, so the time is "
                          "almost all per-step Python and framework overhead (use with --steps 300)")
-    add_run_args(ap, steps=None, warmup=None, rounds=5)  # steps: 10 on CPU, 200 on a GPU; warmup >= steps
+    bench.add_run_args(ap, steps=None, warmup=None, rounds=5)  # steps: 10 on CPU, 200 on a GPU; warmup >= steps
     args = ap.parse_args(argv)
     preset = "gpt-tiny"
     if args.micro_model:  # a registry variant: the preset copied with a smaller shape
@@ -167,41 +156,37 @@ def main(argv: list[str] | None = None) -> int:
     micro = args.micro or (32 if gpu else 8)
     steps = args.steps or (200 if gpu else 10)
     warmup = max(args.warmup or steps, steps)
-    if min(micro, args.accum, steps, args.rounds) < 1:
-        ap.error("--micro, --accum, --steps and --rounds must be >= 1")
+    bench.require_positive(ap, micro=micro, accum=args.accum, steps=steps, rounds=args.rounds)
     if args.warmup and args.warmup < steps:
         print(f"note: --warmup raised from {args.warmup} to {steps} (>= --steps keeps train()'s timed "
               "window free of extra log syncs)")
 
-    workload = dataclasses.replace(build_workload(preset, seed=args.seed), val_data=None)  # no validation
+    workload = bench.bench_workload(preset, args.seed)
     base = default_plan(micro * args.accum, hw.device_type, hw.supports)
     plan = base.replace(name="engine-overhead", micro_batch=micro, grad_accum=args.accum,
                         precision=args.precision or ("bf16" if gpu and hw.supports.get("bf16") else "fp32"))
-    print(f"{preset} on {device_label(hw)}: micro "
+    print(f"{preset} on {bench.device_label(hw)}: micro "
           f"{plan.micro_batch} x accum {plan.grad_accum}, {plan.precision}, tf32={plan.tf32}, "
           f"fused AdamW={plan.fused_optimizer}; {warmup} warm-up + {steps} timed steps, {args.rounds} rounds")
 
-    results: dict[str, list[Timed]] = {SATURATE: [], BARE: []}
-    with tempfile.TemporaryDirectory(prefix="saturate-bench-") as tmp:
-        for r, name in interleaved([SATURATE, BARE], args.rounds):
-            if name == SATURATE:
-                t, _ = timed_train(workload, plan, warmup=warmup, steps=steps, hardware=hw,
-                                   run_dir=Path(tmp) / f"run-{r}", seed=args.seed)
-            else:
-                release_memory(device)
-                t = bare_loop(workload, plan, warmup=warmup, steps=steps, device=device, seed=args.seed)
-            results[name].append(t)
-            print(f"round {r + 1}/{args.rounds}  {name:<17} {t.tokens_per_s:>12,.0f} tokens/s  "
-                  f"{t.seconds / t.steps:.4f} s/step  loss {t.loss:.4f}", flush=True)
+    def run(name: str, run_dir: Path) -> bench.Timed:
+        if name == SATURATE:
+            return bench.timed_train(workload, plan, warmup=warmup, steps=steps, hardware=hw, run_dir=run_dir,
+                                     seed=args.seed)[0]
+        return bare_loop(workload, plan, warmup=warmup, steps=steps, device=device, seed=args.seed)
 
-    pairs = list(zip(results[SATURATE], results[BARE], strict=True))  # the two runs of each round
-    overhead = Spread.of([s.seconds / b.seconds - 1 for s, b in pairs])
-    loss_gap = max(abs(s.loss - b.loss) for s, b in pairs)
-    rows = [[name, Spread.of([t.tokens_per_s for t in ts]).fmt(",.0f"),
-             Spread.of([t.seconds / t.steps for t in ts]).fmt(".4f"), f"{ts[-1].loss:.4f}"]
+    results = bench.run_rounds([SATURATE, BARE], args.rounds, run, lambda r, name, t: (
+        f"round {r + 1}/{args.rounds}  {name:<17} {t.tokens_per_s:>12,.0f} tokens/s  "
+        f"{t.step_s:.4f} s/step  loss {t.loss:.4f}"))
+
+    seconds = {name: [t.seconds for t in ts] for name, ts in results.items()}
+    overhead = bench.Spread.of([x - 1 for x in bench.ratios(seconds[SATURATE], seconds[BARE])])
+    loss_gap = max(abs(s.loss - b.loss) for s, b in zip(results[SATURATE], results[BARE], strict=True))
+    rows = [[name, bench.Spread.of(bench.tokens_per_s(ts)).fmt(",.0f"),
+             bench.Spread.of([t.step_s for t in ts]).fmt(".4f"), f"{ts[-1].loss:.4f}"]
             for name, ts in results.items()]
     verdict = "met" if overhead.median <= 0.02 else "NOT met"
-    print_table(
+    bench.print_table(
         f"Engine overhead: {preset}, {plan.micro_batch} x {plan.grad_accum}, {plan.precision}, "
         f"{hw.torch_device}, {args.rounds} rounds x {steps} timed steps",
         ["loop", "tokens/s median (min..max)", "s/step median (min..max)", "loss (last round)"], rows,
@@ -209,13 +194,13 @@ def main(argv: list[str] | None = None) -> int:
          f"goal <= 2 % {verdict} (median)",
          f"largest loss difference between the two in a round: {loss_gap:.2e} (same work: should be ~0)"])
 
-    write_json(args.json, {
+    bench.write_json(args.json, {
         "benchmark": "engine_overhead", "goal": "saturate within 2 % of the bare loop",
-        "environment": environment(hw), "plan": plan.to_dict(), "warmup_steps": warmup, "timed_steps": steps,
+        "environment": bench.environment(hw), "plan": plan.to_dict(), "warmup_steps": warmup, "timed_steps": steps,
         "rounds": args.rounds,
-        "tokens_per_s": {n: Spread.of([t.tokens_per_s for t in ts]).to_dict() for n, ts in results.items()},
+        "tokens_per_s": {n: bench.Spread.of(bench.tokens_per_s(ts)).to_dict() for n, ts in results.items()},
         "overhead": overhead.to_dict(), "goal_met": overhead.median <= 0.02, "max_loss_difference": loss_gap,
-        "per_round": {n: [dataclasses.asdict(t) for t in ts] for n, ts in results.items()},
+        "per_round": {n: [t.to_dict() for t in ts] for n, ts in results.items()},
     })
     return 0
 

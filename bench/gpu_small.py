@@ -27,27 +27,13 @@ On a machine without CUDA it prints "no CUDA device: skipped" and exits 0.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
-import tempfile
-from pathlib import Path
 
 import torch
 
-from _harness import (
-    Spread,
-    Timed,
-    add_run_args,
-    device_label,
-    environment,
-    interleaved,
-    print_table,
-    timed_train,
-    write_json,
-)
+import _harness as bench
 from saturate.hardware import measure_matmul_peak, probe
 from saturate.plan import Plan
-from saturate.workloads import build_workload
 
 GOAL_MFU = 0.45
 
@@ -56,25 +42,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", help="cuda or cuda:N (default: cuda)")
     ap.add_argument("--micro", type=int, default=16, help="micro-batch; accumulation makes 128 (default: 16)")
-    add_run_args(ap, steps=30, warmup=10, rounds=3)
+    bench.add_run_args(ap, steps=30, warmup=10, rounds=3)
     args = ap.parse_args(argv)
-    if min(args.micro, args.steps, args.warmup, args.rounds) < 1:
-        ap.error("--micro, --steps, --warmup and --rounds must be >= 1")
+    bench.require_positive(ap, micro=args.micro, steps=args.steps, warmup=args.warmup, rounds=args.rounds)
 
     if not torch.cuda.is_available():
         print("no CUDA device: skipped")
-        write_json(args.json, {"benchmark": "gpu_small", "skipped": "no CUDA device"})
+        bench.write_json(args.json, {"benchmark": "gpu_small", "skipped": "no CUDA device"})
         return 0
 
-    # val_data=None: no validation pass (it is excluded from the timing anyway, but costs time).
-    workload = dataclasses.replace(build_workload("gpt-small", seed=args.seed), val_data=None)
+    workload = bench.bench_workload("gpt-small", args.seed)
     effective = workload.optim.effective_batch
     if effective % args.micro:
         ap.error(f"--micro {args.micro} must divide gpt-small's effective batch {effective}")
     hw = probe(measure_peaks=False, device=args.device)
     if not hw.supports.get("bf16"):
-        print(f"{device_label(hw)} has no native bf16: skipped")
-        write_json(args.json, {"benchmark": "gpu_small", "skipped": "no native bf16"})
+        print(f"{bench.device_label(hw)} has no native bf16: skipped")
+        bench.write_json(args.json, {"benchmark": "gpu_small", "skipped": "no native bf16"})
         return 0
     compiled = Plan(name="compile", micro_batch=args.micro, grad_accum=effective // args.micro,
                     precision="bf16", tf32=True, compile="default", fused_optimizer=True, pin_memory=True,
@@ -83,18 +67,12 @@ def main(argv: list[str] | None = None) -> int:
 
     measured = [measure_matmul_peak(hw.torch_device, torch.bfloat16, seconds=1.0)]
     hw.measured_peak_flops["bf16"] = measured[0]  # so train() need not measure it again
-    print(f"gpt-small on {device_label(hw)}, torch {torch.__version__}: micro {args.micro} x accum "
+    print(f"gpt-small on {bench.device_label(hw)}, torch {torch.__version__}: micro {args.micro} x accum "
           f"{effective // args.micro}, bf16, TF32, fused AdamW; {args.warmup} warm-up + {args.steps} timed "
           f"steps, {args.rounds} rounds", flush=True)
 
-    results: dict[str, list[Timed]] = {name: [] for name in plans}
-    with tempfile.TemporaryDirectory(prefix="saturate-bench-") as tmp:
-        for r, name in interleaved(list(plans), args.rounds):
-            t, _ = timed_train(workload, plans[name], warmup=args.warmup, steps=args.steps, hardware=hw,
-                               run_dir=Path(tmp) / f"run-{r}-{name}", seed=args.seed)
-            results[name].append(t)
-            print(f"round {r + 1}/{args.rounds} {name:<7} {t.tokens_per_s:>10,.0f} tok/s "
-                  f"{t.seconds / t.steps:.3f} s/step", flush=True)
+    results = bench.train_rounds(workload, plans, hw, args, lambda r, name, t: (
+        f"round {r + 1}/{args.rounds} {name:<7} {t.tokens_per_s:>10,.0f} tok/s {t.step_s:.3f} s/step"))
     measured.append(measure_matmul_peak(hw.torch_device, torch.bfloat16, seconds=1.0))
     peak_measured = max(measured)
     sheet = hw.datasheet_peak_flops.get("bf16")
@@ -103,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     flops_per_token = workload.flops_per_sample / workload.tokens_per_sample
     rows, summary = [], {}
     for name, runs in results.items():
-        tps = Spread.of([t.tokens_per_s for t in runs])
-        mfu_measured = Spread.of([t.tokens_per_s * flops_per_token / peak_measured for t in runs])
-        mfu_sheet = (Spread.of([t.tokens_per_s * flops_per_token / peak_sheet for t in runs])
+        tps = bench.Spread.of(bench.tokens_per_s(runs))
+        mfu_measured = bench.Spread.of([t.tokens_per_s * flops_per_token / peak_measured for t in runs])
+        mfu_sheet = (bench.Spread.of([t.tokens_per_s * flops_per_token / peak_sheet for t in runs])
                      if peak_sheet else None)
         peak_mem = max((t.peak_memory_bytes or 0) for t in runs) / 2**30
         fell_back = any(n.startswith("torch.compile") for t in runs for n in t.notes)
@@ -116,12 +94,12 @@ def main(argv: list[str] | None = None) -> int:
                          "mfu_vs_measured": mfu_measured.to_dict(),
                          "mfu_vs_datasheet": mfu_sheet.to_dict() if mfu_sheet else None,
                          "peak_memory_gib": peak_mem, "notes": sorted({n for t in runs for n in t.notes}),
-                         "per_round": [dataclasses.asdict(t) for t in runs]}
+                         "per_round": [t.to_dict() for t in runs]}
 
-    speedup = Spread.of([c.tokens_per_s / e.tokens_per_s
-                         for c, e in zip(results["compile"], results["eager"], strict=True)])
+    compiled_tps = bench.tokens_per_s(results["compile"])
+    speedup = bench.Spread.of(bench.ratios(compiled_tps, bench.tokens_per_s(results["eager"])))
     goal_peak, goal_label = (peak_sheet, "datasheet") if peak_sheet else (peak_measured, "measured")
-    goal_mfu = Spread.of([t.tokens_per_s for t in results["compile"]]).median * flops_per_token / goal_peak
+    goal_mfu = bench.Spread.of(compiled_tps).median * flops_per_token / goal_peak
     footer = [
         f"compile / eager tokens/s per round: {speedup.fmt('.2f', unit='x')}",
         f"bf16 peaks: measured {peak_measured / 1e12:.3g} TFLOP/s (max of {len(measured)}), datasheet "
@@ -130,14 +108,14 @@ def main(argv: list[str] | None = None) -> int:
         + ("met" if goal_mfu >= GOAL_MFU else "NOT met"),
         *(f"note ({name}): {n}" for name, s in summary.items() for n in s["notes"]),
     ]
-    print_table(
-        f"gpt-small seq 1024, {args.micro} x {effective // args.micro}, bf16, {device_label(hw)}, "
+    bench.print_table(
+        f"gpt-small seq 1024, {args.micro} x {effective // args.micro}, bf16, {bench.device_label(hw)}, "
         f"{args.rounds} rounds x {args.steps} steps",
         ["mode", "tok/s median (min..max)", "MFU measured", "MFU datasheet", "peak GiB"], rows, footer)
 
-    write_json(args.json, {
+    bench.write_json(args.json, {
         "benchmark": "gpu_small", "goal": f"MFU >= {GOAL_MFU:.0%} on H100/H200-class GPUs",
-        "environment": environment(hw), "warmup_steps": args.warmup, "timed_steps": args.steps,
+        "environment": bench.environment(hw), "warmup_steps": args.warmup, "timed_steps": args.steps,
         "rounds": args.rounds, "flops_per_token": flops_per_token,
         "peak_flops_bf16": {"measured": measured, "used_measured": peak_measured, "datasheet": peak_sheet,
                             "datasheet_source": sheet[1] if sheet else None},

@@ -26,26 +26,21 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from _harness import Spread, add_run_args, environment, interleaved, print_table, write_json
+import torch
 
-NEVER = 10**9
+import _harness as bench
+from saturate.engine.distributed import barrier, dist_info, init_distributed, teardown_distributed
+from saturate.engine.trainer import train
+from saturate.hardware import probe
+from saturate.plan import Plan
+from saturate.workloads import build_workload
 
 
 def worker(args: argparse.Namespace) -> None:
     """One torchrun'd run: every rank trains, rank 0 writes what it timed to args.out."""
-    from saturate.engine.distributed import barrier, dist_info, init_distributed, teardown_distributed
-    from saturate.engine.metrics import read_jsonl
-    from saturate.engine.trainer import RunConfig, train
-    from saturate.hardware import probe
-    from saturate.plan import Plan
-    from saturate.workloads import build_workload
-
     hw = probe(measure_peaks=False, device=args.device)
-    import torch
-
     info = init_distributed(torch.device(hw.torch_device).type)
     world = info.world_size
     plan = Plan(micro_batch=args.micro, grad_accum=args.accum, precision=args.precision, compile=args.compile,
@@ -53,22 +48,16 @@ def worker(args: argparse.Namespace) -> None:
                 non_blocking=args.device == "cuda", strategy=args.strategy if world > 1 else "single")
     workload = build_workload(args.preset, seed=args.seed)
     run_dir = Path(args.out).with_suffix(".run")
-    config = RunConfig(steps=args.warmup + args.steps, run_dir=run_dir, seed=args.seed, log_every=args.warmup,
-                       eval_every=NEVER, ckpt_every=NEVER, keep_checkpoints=1, progress=False, tensorboard=False,
-                       export_weights=False, use_tuned=False, host_memory_guard=False)
+    config = bench.run_config(warmup=args.warmup, steps=args.steps, run_dir=run_dir, seed=args.seed,
+                              use_tuned=False, host_memory_guard=False)
     result = train(workload, plan, config, hardware=hw)
     if dist_info().is_main:
-        seconds, previous = 0.0, 0
-        for r in (r for r in read_jsonl(run_dir / "metrics.jsonl") if "time/step_s" in r):
-            if r["step"] > args.warmup:
-                seconds += r["time/step_s"] * (r["step"] - previous)
-                loss = r["train/loss"]
-            previous = r["step"]
+        seconds, loss = bench.timed_window(bench.read_windows(run_dir), warmup=args.warmup, steps=args.steps)
         samples = args.steps * plan.samples_per_step(world)
         Path(args.out).write_text(json.dumps({
             "processes": world, "strategy": result.plan.strategy, "seconds": seconds,
             "tokens_per_s": samples * workload.tokens_per_sample / seconds,
-            "loss": loss, "notes": result.notes, "environment": environment(hw)}))
+            "loss": loss, "notes": result.notes, "environment": bench.environment(hw)}))
     barrier()
     if dist_info().is_main:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -104,7 +93,7 @@ def main() -> None:
     ap.add_argument("--compile", default=None, help="default: none on cpu, default on cuda")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
-    add_run_args(ap, steps=None, warmup=None, rounds=3)
+    bench.add_run_args(ap, steps=None, warmup=None, rounds=3)
     args = ap.parse_args()
     gpu = args.device == "cuda"
     args.preset = args.preset or ("gpt-small" if gpu else "gpt-tiny")
@@ -117,8 +106,6 @@ def main() -> None:
         worker(args)
         return
 
-    import torch
-
     if gpu and not torch.cuda.is_available():
         print("no CUDA device: skipped")
         return
@@ -126,31 +113,26 @@ def main() -> None:
               else [1, torch.cuda.device_count()] if gpu else [1, 2])
     if gpu and max(counts) > torch.cuda.device_count():
         raise SystemExit(f"--nproc {max(counts)} but only {torch.cuda.device_count()} GPU(s)")
-    results: dict[int, list[dict]] = {n: [] for n in counts}
-    with tempfile.TemporaryDirectory(prefix="saturate-scaling-") as tmp:
-        for r, name in interleaved([str(n) for n in counts], args.rounds):
-            n = int(name)
-            res = launch(n, args, Path(tmp) / f"r{r}-n{n}.json")
-            results[n].append(res)
-            print(f"round {r + 1}: {n} process(es) {res['tokens_per_s']:,.0f} tokens/s", flush=True)
+    results = bench.run_rounds(counts, args.rounds, lambda n, run_dir: launch(n, args, run_dir.with_suffix(".json")),
+                               lambda r, n, res: f"round {r + 1}: {n} process(es) {res['tokens_per_s']:,.0f} tokens/s")
 
-    base = results[counts[0]]
-    rows, out = [], {"config": vars(args), "environment": base[0]["environment"], "results": {}}
+    per_process = {n: [x["tokens_per_s"] / n for x in results[n]] for n in counts}
+    rows, out = [], {"config": vars(args), "environment": results[counts[0]][0]["environment"], "results": {}}
     for n in counts:
-        tps = Spread.of([x["tokens_per_s"] for x in results[n]])
-        per = Spread.of([x["tokens_per_s"] / n for x in results[n]])
-        eff = Spread.of([x["tokens_per_s"] / n / (b["tokens_per_s"] / counts[0] * 1.0)
-                         for x, b in zip(results[n], base, strict=True)]) if n != counts[0] else None
+        tps = bench.Spread.of([x["tokens_per_s"] for x in results[n]])
+        per = bench.Spread.of(per_process[n])
+        eff = bench.Spread.of(bench.ratios(per_process[n], per_process[counts[0]])) if n != counts[0] else None
         rows.append([f"{n} ({results[n][0]['strategy']})", tps.fmt(",.0f"), per.fmt(",.0f"),
                      eff.fmt(".1f", 100, " %") if eff else "(baseline)"])
         out["results"][n] = {"tokens_per_s": tps.to_dict(), "per_process": per.to_dict(),
                              "efficiency": eff.to_dict() if eff else None}
     env = out["environment"]
-    print_table(f"{args.preset}, {args.micro} × {args.accum} per process, {args.precision}, compile {args.compile}; "
-                f"{args.warmup} warm-up + {args.steps} timed steps; {args.rounds} rounds",
-                ["processes", "tokens/s median (min..max)", "per process", "efficiency vs 1 (per round)"], rows,
-                footer=[f"{env['device']} {env['device_names'] or env['cpu']}; torch {env['torch']}"])
-    write_json(args.json, out)
+    bench.print_table(
+        f"{args.preset}, {args.micro} × {args.accum} per process, {args.precision}, compile {args.compile}; "
+        f"{args.warmup} warm-up + {args.steps} timed steps; {args.rounds} rounds",
+        ["processes", "tokens/s median (min..max)", "per process", "efficiency vs 1 (per round)"], rows,
+        footer=[f"{env['device']} {env['device_names'] or env['cpu']}; torch {env['torch']}"])
+    bench.write_json(args.json, out)
 
 
 if __name__ == "__main__":

@@ -19,17 +19,13 @@ Two measurements, in one process:
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+import _harness as bench
 import saturate.engine.watch as watch_module
-from _harness import NEVER, Spread, add_run_args, device_label, environment, interleaved, print_table, write_json
-from saturate.engine.trainer import RunConfig, train
 from saturate.hardware import probe
 from saturate.plan import Plan
 from saturate.workloads import build_workload
@@ -45,21 +41,15 @@ class _Recorded(watch_module.Sampler):
         _samplers.append(self)
 
 
-def timed(workload, plan, hw, warmup: int, steps: int, telemetry: bool) -> tuple[float, float | None]:
+def timed(workload, plan, hw, warmup: int, steps: int, telemetry: bool,
+          run_dir: Path) -> tuple[float, float | None]:
     """(seconds per timed step, sampler CPU seconds per wall second or None when off)."""
-    run_dir = Path(tempfile.mkdtemp(prefix="telemetry-bench-"))
-    config = RunConfig(steps=warmup + steps, run_dir=run_dir, log_every=warmup, eval_every=NEVER, ckpt_every=NEVER,
-                       progress=False, tensorboard=False, export_weights=False, telemetry=telemetry,
-                       device=hw.torch_device)
     _samplers.clear()
     start = time.monotonic()
-    try:
-        train(workload, plan, config, hardware=hw)
-        records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    windows, _ = bench.train_windows(workload, plan, warmup=warmup, steps=steps, hardware=hw, run_dir=run_dir,
+                                     telemetry=telemetry)
     wall = time.monotonic() - start
-    last = [r for r in records if "time/step_s" in r][-1]
+    last = windows[-1]
     if last["step"] != warmup + steps:
         raise RuntimeError(f"the last window ends at step {last['step']}")
     cpu_share = None
@@ -70,7 +60,7 @@ def timed(workload, plan, hw, warmup: int, steps: int, telemetry: bool) -> tuple
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_args(ap, steps=20, warmup=20, rounds=6)
+    bench.add_run_args(ap, steps=20, warmup=20, rounds=6)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch intra-op threads (default: torch's; 1 keeps a shared 2-core machine's OpenMP "
@@ -84,29 +74,25 @@ def main() -> None:
     workload = build_workload("gpt-tiny", effective_batch=32 if not gpu else 128)
     plan = Plan(micro_batch=8, grad_accum=4) if not gpu else Plan(micro_batch=32, grad_accum=4, precision="bf16",
                                                                   pin_memory=True, non_blocking=True)
-    step_s: dict[str, list[float]] = {"on": [], "off": []}
-    cpu_shares: list[float] = []
-    rounds: dict[int, dict[str, float]] = {}
-    for r, side in interleaved(["on", "off"], args.rounds):
-        seconds, share = timed(workload, plan, hw, args.warmup, args.steps, side == "on")
-        step_s[side].append(seconds)
-        rounds.setdefault(r, {})[side] = seconds
-        if share is not None:
-            cpu_shares.append(share)
-    costs = [g["on"] / g["off"] - 1 for g in rounds.values()]
+    runs = bench.run_rounds(["on", "off"], args.rounds, lambda side, run_dir: timed(
+        workload, plan, hw, args.warmup, args.steps, side == "on", run_dir))
+    step_s = {side: [seconds for seconds, _ in measured] for side, measured in runs.items()}
+    cpu_shares = [share for _, share in runs["on"] if share is not None]
+    costs = [x - 1 for x in bench.ratios(step_s["on"], step_s["off"])]
     threads = torch.get_num_threads()
     cores = min(threads, hw.cpu_cores) if not gpu else 1
     bound = [s / cores for s in cpu_shares]
-    print_table(f"telemetry overhead — {device_label(hw)}, gpt-tiny {plan.micro_batch} × {plan.grad_accum}, "
-                f"{args.rounds} rounds of {args.steps} timed steps",
-                ["telemetry", "s/step median (min..max)"],
-                [["on", Spread.of(step_s["on"]).fmt(".4f")], ["off", Spread.of(step_s["off"]).fmt(".4f")]],
-                footer=[f"side by side: on ÷ off − 1 per round: {Spread.of(costs).fmt('+.2f', 100, ' %')}",
-                        f"sampler thread CPU: {Spread.of(cpu_shares).fmt('.4f', 100, ' %')} of one core; "
-                        f"bound on the throughput cost over {cores} training core(s): "
-                        f"{Spread.of(bound).fmt('.4f', 100, ' %')}"])
-    write_json(args.json, {"environment": environment(hw), "step_s": step_s, "costs": costs,
-                           "sampler_cpu_share": cpu_shares, "throughput_cost_bound": bound})
+    bench.print_table(
+        f"telemetry overhead — {bench.device_label(hw)}, gpt-tiny {plan.micro_batch} × {plan.grad_accum}, "
+        f"{args.rounds} rounds of {args.steps} timed steps",
+        ["telemetry", "s/step median (min..max)"],
+        [[side, bench.Spread.of(step_s[side]).fmt(".4f")] for side in ("on", "off")],
+        footer=[f"side by side: on ÷ off − 1 per round: {bench.Spread.of(costs).fmt('+.2f', 100, ' %')}",
+                f"sampler thread CPU: {bench.Spread.of(cpu_shares).fmt('.4f', 100, ' %')} of one core; "
+                f"bound on the throughput cost over {cores} training core(s): "
+                f"{bench.Spread.of(bound).fmt('.4f', 100, ' %')}"])
+    bench.write_json(args.json, {"environment": bench.environment(hw), "step_s": step_s, "costs": costs,
+                                 "sampler_cpu_share": cpu_shares, "throughput_cost_bound": bound})
 
 
 if __name__ == "__main__":

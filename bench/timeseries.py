@@ -28,7 +28,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from _harness import Spread, add_run_args, device_label, environment, interleaved, print_table, timed_train, write_json
+import _harness as bench
 from saturate.hardware import probe
 from saturate.plan import Plan, reference_plan
 from saturate.tune import tune
@@ -36,43 +36,34 @@ from saturate.tune.run import at_effective_batch
 from saturate.workloads.timeseries import ts_lstm_workload
 
 
-def side_by_side(workload, hw, plans: dict[str, Plan], args, tmp: Path) -> dict[str, list[float]]:
-    tps: dict[str, list[float]] = {name: [] for name in plans}
-    for r, name in interleaved(list(plans), args.rounds):
-        timed, result = timed_train(workload, plans[name], warmup=args.warmup, steps=args.steps, hardware=hw,
-                                    run_dir=tmp / f"{name.replace(' ', '_')}-{r}", seed=args.seed)
-        tps[name].append(timed.tokens_per_s)
+def compare(title: str, workload, hw, plans: dict[str, Plan], base: str, args, tuned) -> dict:
+    def line(r: int, name: str, timed: bench.Timed) -> str:
         compiled = f" (compile: {plans[name].compile})" if plans[name].compile != "none" else ""
-        print(f"  round {r}: {name:>18}  {timed.tokens_per_s:>10,.1f} samples/s{compiled}"
-              + (f"  notes: {'; '.join(result.notes)}" if result.notes else ""), flush=True)
-    return tps
+        return (f"  round {r}: {name:>18}  {timed.tokens_per_s:>10,.1f} samples/s{compiled}"
+                + (f"  notes: {'; '.join(timed.notes)}" if timed.notes else ""))
 
-
-def compare(title: str, workload, hw, plans: dict[str, Plan], base: str, args, tmp: Path, tuned) -> dict:
-    tps = side_by_side(workload, hw, plans, args, tmp)
-    ratios = {n: Spread.of([t / b for t, b in zip(v, tps[base], strict=True)]) for n, v in tps.items()}
+    tps = {name: bench.tokens_per_s(runs) for name, runs in bench.train_rounds(workload, plans, hw, args, line).items()}
+    ratios = bench.ratios_to(tps, base)
     unit = "tokens/s" if workload.tokens_per_sample > 1 else "samples/s"
     rows = [[n, f"{p.micro_batch}×{p.grad_accum}", p.precision + ("+tf32" if p.tf32 else ""), str(p.num_workers),
-             p.compile, Spread.of(tps[n]).fmt(",.1f"), ratios[n].fmt(".2f", unit="×")] for n, p in plans.items()]
-    print_table(f"{title}: {unit} through train(), interleaved rounds (median (min..max))",
-                ["plan", "micro×accum", "precision", "workers", "compile", unit, f"× {base} (per round)"], rows,
-                footer=[f"tuning took {tuned.search.seconds:.0f} s; decisions:",
-                        *[f"  {d}" for d in tuned.search.decisions]])
+             p.compile, bench.Spread.of(tps[n]).fmt(",.1f"), ratios[n].fmt(".2f", unit="×")] for n, p in plans.items()]
+    bench.print_table(f"{title}: {unit} through train(), interleaved rounds (median (min..max))",
+                      ["plan", "micro×accum", "precision", "workers", "compile", unit, f"× {base} (per round)"], rows,
+                      footer=bench.tuning_footer(tuned))
     return {"throughput": tps, "ratio_to_" + base: {n: r.to_dict() for n, r in ratios.items()},
-            "plans": {n: p.to_dict() | {"provenance": None} for n, p in plans.items()},
-            "tuning_seconds": tuned.search.seconds, "decisions": tuned.search.decisions}
+            "plans": {n: p.to_dict() | {"provenance": None} for n, p in plans.items()}, **bench.tuning_json(tuned)}
 
 
 def timeseries(args, hw, tmp: Path) -> dict:
     workload = ts_lstm_workload(hidden=args.hidden, window=args.window, seed=args.seed)
     e = workload.optim.effective_batch
     print(f"# ts-lstm (hidden {args.hidden}, window {args.window}, {workload.info['series']} series, effective "
-          f"batch {e}) on {device_label(hw)}, {time.strftime('%Y-%m-%d')}", flush=True)
+          f"batch {e}) on {bench.device_label(hw)}, {time.strftime('%Y-%m-%d')}", flush=True)
     tuned = tune(workload, hw, out_dir=tmp / "tune", budget_s=args.budget, console=Console(width=160),
                  use_cache=False, planned_steps=args.planned_steps)
     plans = {name: at_effective_batch(reference_plan(name), e) for name in workload.guide_plans}
     plans["tuned"] = tuned.plan
-    return compare("ts-lstm", workload, hw, plans, "timeseries-before", args, tmp, tuned)
+    return compare("ts-lstm", workload, hw, plans, "timeseries-before", args, tuned)
 
 
 def hf_gpt2(args, hw, tmp: Path) -> dict:
@@ -85,12 +76,12 @@ def hf_gpt2(args, hw, tmp: Path) -> dict:
     transformers_module().GPT2Config().save_pretrained(folder)  # GPT-2 124M shape; no weights, nothing downloaded
     workload = hf_workload(folder, data=None, tokenizer="byte", seq_len=1024, seed=args.seed)
     print(f"# GPT-2 124M via Transformers ({workload.info['parameters']} parameters, {workload.info['attention']} "
-          f"attention) on {device_label(hw)}, {time.strftime('%Y-%m-%d')}", flush=True)
+          f"attention) on {bench.device_label(hw)}, {time.strftime('%Y-%m-%d')}", flush=True)
     tuned = tune(workload, hw, out_dir=tmp / "tune-hf", budget_s=args.budget, console=Console(width=160),
                  use_cache=False, planned_steps=args.planned_steps)
     e = workload.optim.effective_batch
     plans = {"rocm-after": at_effective_batch(reference_plan("rocm-after"), e), "tuned": tuned.plan}
-    return compare("GPT-2 124M via Transformers", workload, hw, plans, "rocm-after", args, tmp, tuned)
+    return compare("GPT-2 124M via Transformers", workload, hw, plans, "rocm-after", args, tuned)
 
 
 def main() -> int:
@@ -101,16 +92,16 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=300, help="tuning budget in seconds (default 300)")
     ap.add_argument("--planned-steps", type=int, help="steps the tuned plan is for (compile must pay back)")
     ap.add_argument("--hf-gpt2", action="store_true", help="also GPT-2 124M through Transformers (CUDA only)")
-    add_run_args(ap, steps=6, warmup=2, rounds=3)
+    bench.add_run_args(ap, steps=6, warmup=2, rounds=3)
     args = ap.parse_args()
     hw = probe(measure_peaks=False, device=args.device)
-    result: dict = {"environment": environment(hw)}
+    result: dict = {"environment": bench.environment(hw)}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         result["ts_lstm"] = timeseries(args, hw, tmp)
         if args.hf_gpt2:
             result["hf_gpt2"] = hf_gpt2(args, hw, tmp)
-    write_json(args.json, result)
+    bench.write_json(args.json, result)
     return 0
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from _harness import Spread, add_run_args, device_label, environment, interleaved, print_table, timed_train, write_json
+import _harness as bench
 from saturate.hardware import probe
 from saturate.plan import Plan
 from saturate.tune import tune
@@ -35,14 +35,10 @@ from saturate.tune.run import reference_plans
 from saturate.workloads import build_workload
 
 
-def side_by_side(workload, hw, plans: dict[str, Plan], args, tmp: Path) -> dict[str, list[float]]:
-    tps: dict[str, list[float]] = {name: [] for name in plans}
-    for r, name in interleaved(list(plans), args.rounds):
-        timed, _ = timed_train(workload, plans[name], warmup=args.warmup, steps=args.steps, hardware=hw,
-                               run_dir=tmp / f"{name.replace(' ', '_').replace(':', '')}-{r}", seed=args.seed)
-        tps[name].append(timed.tokens_per_s)
-        print(f"  round {r}: {name:>24}  {timed.tokens_per_s:>10,.0f} tokens/s", flush=True)
-    return tps
+def side_by_side(workload, hw, plans: dict[str, Plan], args) -> dict[str, list[float]]:
+    runs = bench.train_rounds(workload, plans, hw, args, lambda r, name, timed: (
+        f"  round {r}: {name:>24}  {timed.tokens_per_s:>10,.0f} tokens/s"))
+    return {name: bench.tokens_per_s(timed) for name, timed in runs.items()}
 
 
 def grid(workload, hw, args) -> tuple[list[tuple[Plan, float | None]], float]:
@@ -73,42 +69,39 @@ def main() -> int:
     ap.add_argument("--device")
     ap.add_argument("--no-grid", action="store_true", help="only the speed-up part")
     ap.add_argument("--planned-steps", type=int, help="steps the tuned plan is for (default: the preset's)")
-    add_run_args(ap, steps=8, warmup=2, rounds=3)
+    bench.add_run_args(ap, steps=8, warmup=2, rounds=3)
     args = ap.parse_args()
 
     hw = probe(measure_peaks=False, device=args.device)
     workload = build_workload(args.preset, seed=args.seed)
     console = Console(width=160)
-    print(f"# {args.preset} on {device_label(hw)}, {time.strftime('%Y-%m-%d')}")
-    result: dict = {"environment": environment(hw), "preset": args.preset}
+    print(f"# {args.preset} on {bench.device_label(hw)}, {time.strftime('%Y-%m-%d')}")
+    result: dict = {"environment": bench.environment(hw), "preset": args.preset}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         tuned = tune(workload, hw, out_dir=tmp / "tune", planned_steps=args.planned_steps, console=console,
                      use_cache=False)
         plans = {label: plan for label, plan in reference_plans(workload, hw.device_type)}
         plans["tuned"] = tuned.plan
-        tps = side_by_side(workload, hw, plans, args, tmp)
-        ratios = {n: Spread.of([t / b for t, b in zip(v, tps["naive"], strict=True)]) for n, v in tps.items()}
+        tps = side_by_side(workload, hw, plans, args)
+        ratios = bench.ratios_to(tps, "naive")
         rows = [[n, plans[n].precision, f"{plans[n].micro_batch}×{plans[n].grad_accum}",
-                 Spread.of(v).fmt(",.0f"), ratios[n].fmt(".2f", unit="×")] for n, v in tps.items()]
-        print_table("Tokens/s through train(), interleaved rounds (median (min..max))",
-                    ["plan", "precision", "micro×accum", "tokens/s", "× naive (per round)"], rows,
-                    footer=[f"tuning took {tuned.search.seconds:.0f} s; decisions:",
-                            *[f"  {d}" for d in tuned.search.decisions]])
+                 bench.Spread.of(v).fmt(",.0f"), ratios[n].fmt(".2f", unit="×")] for n, v in tps.items()]
+        bench.print_table("Tokens/s through train(), interleaved rounds (median (min..max))",
+                          ["plan", "precision", "micro×accum", "tokens/s", "× naive (per round)"], rows,
+                          footer=bench.tuning_footer(tuned))
         result["speedup"] = {"tokens_per_s": tps, "ratio_to_naive": {n: r.to_dict() for n, r in ratios.items()},
-                             "tuning_seconds": tuned.search.seconds, "decisions": tuned.search.decisions,
-                             "tuned_plan": tuned.plan.to_dict() | {"provenance": None}}
+                             **bench.tuning_json(tuned), "tuned_plan": tuned.plan.to_dict() | {"provenance": None}}
         if not args.no_grid:
             nocompile = tune(workload, hw, out_dir=tmp / "tune-nc", planned_steps=args.planned_steps,
                              console=Console(file=open("/dev/null", "w")), try_compile=False,  # noqa: SIM115
                              use_cache=False)
             points, grid_s = grid(workload, hw, args)
             best_plan, best = max(((p, s) for p, s in points if s), key=lambda ps: ps[1])
-            final = side_by_side(workload, hw, {"tuned (no compile)": nocompile.plan, "grid best": best_plan},
-                                 args, tmp)
-            q = Spread.of([a / b for a, b in zip(final["tuned (no compile)"], final["grid best"], strict=True)])
+            final = side_by_side(workload, hw, {"tuned (no compile)": nocompile.plan, "grid best": best_plan}, args)
+            q = bench.Spread.of(bench.ratios(final["tuned (no compile)"], final["grid best"]))
             share = nocompile.search.seconds / grid_s
-            print_table("Tuner quality against an exhaustive grid", ["", "value"], [
+            bench.print_table("Tuner quality against an exhaustive grid", ["", "value"], [
                 ["grid points", str(len(points))],
                 ["grid best (grid measurement)", f"{best_plan.micro_batch}×{best_plan.grad_accum} {best_plan.precision}"
                  f" fused={best_plan.fused_optimizer} workers={best_plan.num_workers}: {best:.1f} samples/s"],
@@ -122,7 +115,7 @@ def main() -> int:
                                  "grid_seconds": grid_s, "grid_points": len(points),
                                  "grid_best": best_plan.to_dict(), "tuned": nocompile.plan.to_dict() |
                                  {"provenance": None}}
-    write_json(args.json, result)
+    bench.write_json(args.json, result)
     return 0
 
 
