@@ -97,9 +97,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
+    script = None
+    if "--" in argv:  # `saturate doctor [OPTIONS] -- CMD …`: the user's own command, taken as it is
+        cut = argv.index("--")
+        argv, script = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
     if args.command is None:  # `saturate` alone runs the main job on the embedded default
         args = parser.parse_args([*argv, "run"])
+    if script is not None:
+        if not hasattr(args, "script"):
+            parser.error(f"`saturate {args.command}` takes no command after `--` (`saturate doctor -- CMD` does)")
+        args.script = script
     try:
         return args.func(args)
     except SaturateError as e:

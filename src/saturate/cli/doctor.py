@@ -13,7 +13,12 @@ from saturate.errors import ConfigError
 
 def add_parsers(sub: Any) -> None:
     """Add `doctor` and `monitor` to the main parser's subcommands."""
-    p = sub.add_parser("doctor", help="why is training slow? a short instrumented run, a verdict, ranked fixes")
+    p = sub.add_parser("doctor", help="why is training slow? a short instrumented run, a verdict, ranked fixes",
+                       usage="saturate doctor [OPTIONS] [-- CMD …]",
+                       description="Diagnose a preset or --workload, or your own training command unchanged: "
+                                   "`saturate doctor -- python train.py …` (also python -m, torchrun, accelerate "
+                                   "launch). The command runs its first steps with saturate's hooks, then is "
+                                   "stopped; nothing in your files is changed.")
     add_workload_args(p)
     p.add_argument("--plan", metavar="FILE|NAME",
                    help="a plan.toml or a reference plan (naive, a6000-after, …); default: the seed plan")
@@ -27,7 +32,10 @@ def add_parsers(sub: Any) -> None:
                    help="host RAM the job may use (default: what is available when it starts)")
     p.add_argument("--no-scaling", action="store_true", help="skip the batch-scaling probe")
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
-    p.set_defaults(func=cmd_doctor)
+    p.add_argument("--first-step-timeout", type=positive(float, "--first-step-timeout"), default=300.0,
+                   metavar="S", help="with -- CMD: stop the command if no optimizer step came within S seconds "
+                                     "(default 300)")
+    p.set_defaults(func=cmd_doctor, script=None)
 
     p = sub.add_parser("monitor", help="GPUs and host live, with the running saturate job's tokens/s")
     p.add_argument("--once", action="store_true", help="one reading, then exit")
@@ -47,6 +55,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from saturate.hardware import probe
     from saturate.plan import default_plan, resolve_plan
 
+    if args.script is not None:
+        return _doctor_script(args)
     if args.save_plan and not args.apply:
         raise ConfigError("--save-plan needs --apply")
     if args.warmup < 0:
@@ -114,6 +124,32 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         import tomli_w
 
         console.print("  " + tomli_w.dumps(new_plan.to_dict()).replace("\n", "\n  ").rstrip(), markup=False)
+    return 0
+
+
+def _doctor_script(args: argparse.Namespace) -> int:
+    """`saturate doctor -- CMD`: the user's own command, instrumented, stopped after its measured steps."""
+    from rich.console import Console
+
+    from saturate.integrations.doctor import doctor_command, render_script
+
+    for flag, given in (("--apply", args.apply), ("--plan", args.plan), ("--save-plan", args.save_plan),
+                        ("--workload", args.workload), ("--hf", args.hf)):
+        if given:
+            raise ConfigError(f"{flag} applies to a preset or --workload, not to a command after --")
+    if args.warmup < 0:
+        raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
+    console = Console(highlight=False, stderr=args.json)
+    if not args.json:
+        console.print(f"[dim]doctor: running your command with saturate's hooks: {args.warmup} warm-up steps, "
+                      f"then {args.steps} measured steps; then it is stopped …[/]")
+    diagnosis, run = doctor_command(args.script, warmup=args.warmup, steps=args.steps,
+                                    first_step_timeout=args.first_step_timeout, quiet_stdout=args.json)
+    if args.json:
+        print(json.dumps({**diagnosis.to_dict(), "script": run.report, "command": run.command}, indent=2,
+                         default=str))
+    else:
+        render_script(diagnosis, run, console)
     return 0
 
 

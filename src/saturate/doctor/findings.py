@@ -7,7 +7,7 @@ machine access.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from saturate.telemetry import Stat
@@ -125,6 +125,19 @@ class Measurements:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Measurements:
+        """The inverse of `to_dict` (measurements taken in another process, e.g. a user's script)."""
+        d = dict(d)
+        for name in ("device_util", "host_cpu"):
+            if isinstance(d.get(name), dict):
+                d[name] = Stat(**d[name])
+        if isinstance(d.get("scaling"), dict):
+            s = d["scaling"]
+            d["scaling"] = ScalingProbe(tuple(s["micro_batches"]), tuple(s["seconds"]), tuple(s["peak_memory"]))
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 @dataclass

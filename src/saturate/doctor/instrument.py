@@ -24,10 +24,10 @@ from saturate.telemetry import Sampler, Snapshot, Stat, gpu_stat, host_memory_bu
 
 class Instrument:
     def __init__(self, device: torch.device, *, compiled: bool = False, interval: float = 0.25,
-                 host_budget: int | None = None, telemetry: bool = True) -> None:
+                 host_budget: int | None = None, telemetry: bool = True, optimizer_phase: bool = False) -> None:
         self.device = device
         self.clock = PhaseClock(device)
-        self.counter = SyncCounter(device, compiled)
+        self.counter = SyncCounter(device, compiled, optimizer_phase)
         self.mode = "idle"  # "idle", "count" or "time"
         self.phase = "other"
         self.interval = interval

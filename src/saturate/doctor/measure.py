@@ -102,12 +102,18 @@ class SyncCounter:
     """Counts synchronisations while active, per phase (set `phase` as the step moves on).
 
     `method` names what is counted. Counting is paused in the "data" phase on the CPU, where a
-    dataset reading its own tensors is not a device sync. Not usable with a compiled model on
+    dataset reading its own tensors is not a device sync, and inside the optimizer step (optimizers
+    read their CPU step counters: no sync on a GPU either). Not usable with a compiled model on
     the CPU (the function mode would interpose on compiled code); `available` says so.
     """
 
-    def __init__(self, device: torch.device, compiled: bool = False) -> None:
+    def __init__(self, device: torch.device, compiled: bool = False, optimizer_phase: bool = False) -> None:
         self.device = device
+        # True when the step's optimizer phase is marked (the Stepper, a Profiler given the optimizer): reads
+        # inside it are paused by the phase. Otherwise global optimizer-step hooks pause counting, added at
+        # start() and removed at stop(), which must then not run inside an optimizer hook (it would change
+        # torch's hook dictionaries while they are iterated).
+        self.optimizer_phase = optimizer_phase
         self.cuda = device.type == "cuda"
         self.counts: dict[str, int] = {}
         self.phase = "other"
@@ -131,7 +137,7 @@ class SyncCounter:
         return self.missing is None
 
     def _count(self) -> None:
-        if self._active and not self._paused and not (not self.cuda and self.phase == "data"):
+        if self._active and not self._paused and not (not self.cuda and self.phase in ("data", "optimizer")):
             self.counts[self.phase] = self.counts.get(self.phase, 0) + 1
 
     def start(self) -> None:
@@ -155,12 +161,13 @@ class SyncCounter:
             torch.cuda.set_sync_debug_mode("warn")
             stack.callback(torch.cuda.set_sync_debug_mode, previous)
         else:
-            from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+            if not self.optimizer_phase:
+                from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-            pre = register_optimizer_step_pre_hook(lambda *a: setattr(self, "_paused", True))
-            post = register_optimizer_step_post_hook(lambda *a: setattr(self, "_paused", False))
-            stack.callback(post.remove)
-            stack.callback(pre.remove)
+                pre = register_optimizer_step_pre_hook(lambda *a: setattr(self, "_paused", True))
+                post = register_optimizer_step_post_hook(lambda *a: setattr(self, "_paused", False))
+                stack.callback(post.remove)
+                stack.callback(pre.remove)
             stack.enter_context(_HostReadCounter(self))
         self._stack = stack
         self._active = True

@@ -17,7 +17,7 @@ loss, the user's own code). Without a model or optimizer those phases are part o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -65,7 +65,8 @@ class Profiler:
         self.report = report
         self.device = _device_of(model, device)
         compiled = model is not None and type(model).__name__ == "OptimizedModule"
-        self.instrument = Instrument(self.device, compiled=compiled, interval=interval, host_budget=host_memory_budget)
+        self.instrument = Instrument(self.device, compiled=compiled, interval=interval, host_budget=host_memory_budget,
+                                     optimizer_phase=optimizer is not None)
         self.diagnosis: Diagnosis | None = None
         self._step = 0  # steps finished
         self._handles: list[Any] = []
@@ -86,27 +87,34 @@ class Profiler:
 
     def data(self, loader: Iterable[T]) -> Iterator[T]:
         """Iterate `loader`, timing each wait for the next batch."""
-        self._loader = loader
         iterator = iter(loader)
-        self._iterator = iterator
-        self.instrument.worker_pids |= loader_worker_pids(iterator)
         while True:
-            if self._done:
-                yield from iterator
-                return
-            entered = self.instrument.enter("data")
             try:
-                batch = next(iterator)
+                batch = self.next_batch(iterator, loader)
             except StopIteration:
-                if entered:
-                    self.instrument.leave()
                 return
+            yield batch
+
+    def next_batch(self, iterator: Iterator[T], loader: Any = None, fetch: Callable[[Any], T] = next) -> T:
+        """One batch from `iterator` (`fetch(iterator)`), the wait timed as waiting for data. The body of
+        `data()`; saturate's hooks in a user's unchanged script call it from the DataLoader iterator."""
+        if loader is not None:
+            self._loader = loader
+        if self._done:
+            return fetch(iterator)
+        if iterator is not self._iterator:
+            self._iterator = iterator
+            self.instrument.worker_pids |= loader_worker_pids(iterator)
+        entered = self.instrument.enter("data")
+        try:
+            batch = fetch(iterator)
+        finally:
             if entered:
                 self.instrument.leave()
-            if self.instrument.mode == "time":
-                self._batches += 1
-                self._samples += _batch_len(batch)
-            yield batch
+        if self.instrument.mode == "time":
+            self._batches += 1
+            self._samples += _batch_len(batch)
+        return batch
 
     def step(self) -> None:
         """Mark the end of one optimizer step."""

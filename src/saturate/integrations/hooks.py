@@ -1,0 +1,237 @@
+"""Inside a user's script, unchanged: find its training step without help and measure it.
+
+Installed by the shim (`shim/sitecustomize.py`) in every Python process of the command once it
+imports torch; the parent saturate process passes its settings through the environment and reads
+what this writes into `SATURATE_SCRIPT_DIR`. Nothing in the user's files is touched.
+
+- Optimizer steps come from PyTorch's global optimizer-step hooks; the first optimizer to step is
+  the one followed (a second optimizer's steps are not counted as steps).
+- The model is found without help: until the first optimizer step, global forward hooks note the
+  modules called at the top level; the one owning most of the optimizer's parameters is the model.
+  The global hooks are then removed (they would cost a call per submodule).
+- DataLoaders record where they were made (`train.py:123`) and their settings; waiting for a batch
+  is timed by wrapping the DataLoader iterator's `__next__`.
+- From the first optimizer step on, the doctor's `Profiler` times phases, counts syncs and samples
+  telemetry over warm-up, counted and timed steps, exactly as for a loop that calls it by hand.
+  When its window is complete the measurements are written (rank 0) and, in doctor mode, the
+  process exits at once (`os._exit`), so none of the script's own code (saving, evaluation) runs
+  after saturate stopped it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import sys
+import traceback
+import weakref
+from pathlib import Path
+from typing import Any
+
+ENV_DIR = "SATURATE_SCRIPT_DIR"
+ENV_SETTINGS = "SATURATE_SCRIPT_SETTINGS"
+REPORT = "report.json"
+FIRST_STEP = "first-step"
+
+_script: Script | None = None
+
+
+def install() -> None:
+    """Install the hooks in this process (once); a no-op without saturate's environment."""
+    global _script
+    if _script is not None or not os.environ.get(ENV_DIR):
+        return
+    _script = Script(Path(os.environ[ENV_DIR]), json.loads(os.environ.get(ENV_SETTINGS) or "{}"))
+    _script.install()
+
+
+def caller_site() -> str | None:
+    """`file.py:line` of the innermost frame that is the user's code (not torch's, a library's or ours)."""
+    skip = ("site-packages", "dist-packages", f"{os.sep}torch{os.sep}", f"{os.sep}saturate{os.sep}")
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        name = frame.filename
+        if name.startswith("<") or any(s in name for s in skip) or name.startswith(sys.prefix + os.sep + "lib"):
+            continue
+        with contextlib.suppress(ValueError):
+            name = os.path.relpath(name)
+        return f"{name}:{frame.lineno}"
+    return None
+
+
+class Script:
+    """The hooks and what they saw in one process."""
+
+    def __init__(self, folder: Path, settings: dict[str, Any]) -> None:
+        self.folder = folder
+        self.warmup = int(settings.get("warmup", 2))
+        self.count_steps = int(settings.get("count_steps", 2))
+        self.steps = int(settings.get("steps", 10))
+        self.stop = bool(settings.get("stop", True))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.optimizer: Any = None
+        self.optimizer_steps = 0
+        self.roots: list[weakref.ref] = []  # modules whose forward ran at the top level before the first step
+        self._depth = 0
+        self._forward_hooks: list[Any] = []
+        self.loaders: dict[int, dict[str, Any]] = {}  # id(DataLoader) -> where it was made, settings, batches
+        self.profiler: Any = None
+        self.model_info: dict[str, Any] | None = None
+        self.done = False
+
+    # --- installing ---------------------------------------------------------------------------
+
+    def install(self) -> None:
+        import torch
+        import torch.utils.data.dataloader as dl
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        register_optimizer_step_post_hook(self._after_step)
+        self._forward_hooks = [register_module_forward_pre_hook(self._forward_pre),
+                               register_module_forward_hook(self._forward_post)]
+        script = self
+        loader_init, loader_iter, iter_next = dl.DataLoader.__init__, dl.DataLoader.__iter__, \
+            dl._BaseDataLoaderIter.__next__
+        optimizer_init = torch.optim.Optimizer.__init__
+
+        def init(loader: Any, *args: Any, **kwargs: Any) -> None:
+            loader_init(loader, *args, **kwargs)
+            if id(loader) not in script.loaders:
+                script.loaders[id(loader)] = {"site": caller_site(), "batches": 0, "ref": weakref.ref(loader)}
+
+        def make_iter(loader: Any) -> Any:
+            it = loader_iter(loader)
+            it._saturate_loader = weakref.ref(loader)
+            return it
+
+        def next_batch(it: Any) -> Any:
+            ref = getattr(it, "_saturate_loader", None)
+            loader = ref() if ref is not None else None
+            prof = script.profiler
+            if prof is None or script.done or loader is None:
+                return iter_next(it)
+            info = script.loaders.get(id(loader))
+            if info is not None and prof.instrument.mode == "time":
+                info["batches"] += 1
+            return prof.next_batch(it, loader, iter_next)
+
+        def optimizer_created(opt: Any, *args: Any, **kwargs: Any) -> None:
+            optimizer_init(opt, *args, **kwargs)
+            if not hasattr(opt, "_saturate_site"):
+                opt._saturate_site = caller_site()
+
+        dl.DataLoader.__init__ = init  # type: ignore[method-assign]
+        dl.DataLoader.__iter__ = make_iter  # type: ignore[method-assign]
+        dl._BaseDataLoaderIter.__next__ = next_batch  # type: ignore[method-assign]
+        torch.optim.Optimizer.__init__ = optimizer_created  # type: ignore[method-assign]
+        atexit.register(self._at_exit)
+
+    # --- hooks --------------------------------------------------------------------------------
+
+    def _forward_pre(self, module: Any, args: Any) -> None:
+        if self._depth == 0 and not any(r() is module for r in self.roots):
+            self.roots.append(weakref.ref(module))
+        self._depth += 1
+
+    def _forward_post(self, module: Any, args: Any, output: Any) -> None:
+        self._depth = max(0, self._depth - 1)
+
+    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.done or (self.optimizer is not None and optimizer is not self.optimizer):
+            return
+        self.optimizer_steps += 1
+        if self.optimizer is None:
+            self._start(optimizer)
+            return
+        self.profiler.step()
+        if self.profiler.diagnosis is not None:
+            self._report()
+            if self.stop:
+                self._exit()
+
+    def _start(self, optimizer: Any) -> None:
+        """After the first optimizer step: the model is known; the Profiler takes over."""
+        from saturate.doctor.profiler import Profiler
+
+        self.optimizer = optimizer
+        for h in self._forward_hooks:
+            h.remove()
+        model = self._model_of(optimizer)
+        self.profiler = Profiler(model, optimizer, warmup=self.warmup, count_steps=self.count_steps,
+                                 steps=self.steps, report=False)
+        self._write(FIRST_STEP, "")
+
+    def _model_of(self, optimizer: Any) -> Any:
+        owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        best, best_n = None, 0
+        for ref in self.roots:
+            module = ref()
+            if module is None:
+                continue
+            n = sum(1 for p in module.parameters() if id(p) in owned)
+            if n > best_n:
+                best, best_n = module, n
+        if best is not None:
+            self.model_info = {"class": type(best).__name__,
+                               "parameters": sum(p.numel() for p in best.parameters())}
+        return best
+
+    # --- what is written ----------------------------------------------------------------------
+
+    def _report(self, note: str | None = None) -> None:
+        self.done = True
+        if self.rank != 0:
+            return
+        d = self.profiler.diagnosis
+        m = d.measurements.to_dict()
+        if note:
+            m["notes"].append(note)
+        opt = self.optimizer
+        defaults = getattr(opt, "defaults", {})
+        self._write(REPORT, json.dumps({
+            "world_size": self.world,
+            "measurements": m,
+            "loaders": [{**info, **_loader_settings(ref)} for ref, info in self._live_loaders()],
+            "optimizer": {"class": type(opt).__name__, "site": getattr(opt, "_saturate_site", None),
+                          "fused": defaults.get("fused"), "foreach": defaults.get("foreach")},
+            "model": self.model_info,
+            "optimizer_steps": self.optimizer_steps,
+        }, default=str))
+
+    def _live_loaders(self) -> list[tuple[Any, dict[str, Any]]]:
+        """The DataLoaders still alive with what was recorded of them, the most used first."""
+        found = [(info["ref"](), {k: v for k, v in info.items() if k != "ref"}) for info in self.loaders.values()]
+        return sorted([(loader, info) for loader, info in found if loader is not None], key=lambda x: -x[1]["batches"])
+
+    def _write(self, name: str, text: str) -> None:
+        tmp = self.folder / f".{name}.{os.getpid()}"
+        tmp.write_text(text)
+        os.replace(tmp, self.folder / name)
+
+    def _exit(self) -> None:
+        """Stop the script now: nothing of its own (saving, evaluating) runs after saturate stopped it."""
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(0)
+
+    def _at_exit(self) -> None:
+        """The script ended by itself: report the steps timed so far, or how far it got."""
+        if self.done or self.profiler is None:
+            return
+        inst = self.profiler.instrument
+        if inst.mode == "time" and inst.timed_steps >= 1:
+            self.profiler.finish()
+            self._report(f"the script ended after {inst.timed_steps} timed step(s), fewer than the "
+                         f"{self.steps} asked for")
+        elif self.rank == 0:
+            self._write(f"status-{os.getpid()}.json", json.dumps({"optimizer_steps": self.optimizer_steps}))
+
+
+def _loader_settings(loader: Any) -> dict[str, Any]:
+    return {"batch_size": loader.batch_size, "num_workers": loader.num_workers,
+            "prefetch_factor": loader.prefetch_factor, "pin_memory": loader.pin_memory,
+            "persistent_workers": loader.persistent_workers, "class": type(loader).__name__}

@@ -1,0 +1,67 @@
+"""saturate's hook into every Python process of a command it runs (`saturate doctor -- CMD`).
+
+Python imports `sitecustomize` at start-up from the first folder on sys.path that has one; saturate
+puts this folder first on PYTHONPATH for the command. It does nothing until the process imports
+torch, then installs saturate's hooks (saturate.integrations.hooks), so a launcher or a helper
+process that never imports torch pays nothing. A sitecustomize the machine already had is run too.
+"""
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _chain_other_sitecustomize() -> None:
+    path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:  # the machine's own sitecustomize failing is not ours to stop on
+            print(f"saturate: the existing sitecustomize failed: {e}", file=sys.stderr)
+
+
+class _AfterTorch(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when `torch` is imported, it wraps torch's loader to install the hooks after it."""
+
+    def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None:
+            return spec
+        loader_exec = spec.loader.exec_module
+
+        def exec_module(module):  # type: ignore[no-untyped-def]
+            loader_exec(module)
+            _install()
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _install() -> None:
+    try:
+        from saturate.integrations import hooks
+    except Exception as e:  # saturate or its dependencies missing in this Python: say so to the parent
+        folder = os.environ.get("SATURATE_SCRIPT_DIR")
+        if folder:
+            with open(os.path.join(folder, f"error-{os.getpid()}.txt"), "w") as f:
+                f.write(f"saturate could not be imported in the script's Python ({sys.executable}): "
+                        f"{type(e).__name__}: {e}")
+        return
+    hooks.install()
+
+
+_chain_other_sitecustomize()
+if os.environ.get("SATURATE_SCRIPT_DIR"):
+    if "torch" in sys.modules:
+        _install()
+    else:
+        sys.meta_path.insert(0, _AfterTorch())
