@@ -23,6 +23,14 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scripts"
 FAST = ["--warmup", "1", "--steps", "2"]
 
 
+def line_of(path: Path, text: str) -> str:
+    """`name.py:LINE` of the first line of `path` containing `text`."""
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if text in line:
+            return f"{path.name}:{i}"
+    raise AssertionError(f"{text!r} not in {path}")
+
+
 def doctor(*args: str, cwd: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(saturate_cmd("doctor", *args), env=cli_env(), cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)
@@ -62,19 +70,34 @@ def test_doctor_a_guide_script_unchanged(tmp_path):
     script_view = d["script"]
     assert script_view["model"]["class"] == "GPT" and script_view["optimizer"]["class"] == "AdamW"
     loader = script_view["loaders"][0]
-    assert loader["site"].endswith("train.py:92") and loader["batch_size"] == 4 and loader["num_workers"] == 0
+    assert loader["site"].endswith(line_of(script, "DataLoader(")) and loader["batch_size"] == 4
+    assert loader["num_workers"] == 0
     assert loader["batches"] == 2 * 2  # 2 timed steps × accumulation 2
-    assert script_view["optimizer"]["site"].endswith("train.py:95")
+    assert script_view["optimizer"]["site"].endswith(line_of(script, "torch.optim.AdamW("))
     assert not (tmp_path / "out").exists()  # stopped after its measured steps: the script never saved
     assert script.read_bytes() == before  # nothing of the user's is changed
 
 
+def test_doctor_the_time_series_guide_script_counts_its_per_batch_host_copy(tmp_path):
+    script = EXAMPLES / "timeseries_grid" / "train.py"
+    out = doctor(*FAST, "--json", "--", sys.executable, str(script), "--hidden", "8", "--window", "8",
+                 "--num-workers", "1", "--length", "2000", "--batch-size", "16", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["measurements"]["syncs_per_step"] == 1  # predictions.append(out.detach().cpu().numpy())
+    loader = d["script"]["loaders"][0]
+    assert loader["site"].endswith(line_of(script, "DataLoader(")) and loader["num_workers"] == 1
+    assert loader["batch_size"] == 16
+    assert d["script"]["model"]["class"] == "Forecaster" and d["script"]["optimizer"]["class"] == "Adam"
+
+
 def test_human_report_names_the_script_and_its_knobs(tmp_path):
-    out = doctor(*FAST, "--", sys.executable, str(EXAMPLES / "gpt_pretrain" / "train.py"), "--config", "tiny",
-                 "--out-dir", str(tmp_path / "out"), cwd=tmp_path)
+    script = EXAMPLES / "gpt_pretrain" / "train.py"
+    out = doctor(*FAST, "--", sys.executable, str(script), "--config", "tiny", "--out-dir", str(tmp_path / "out"),
+                 cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "verdict:" in out.stdout and "in your script" in out.stdout
-    assert "training DataLoader at" in out.stdout and "train.py:92" in out.stdout
+    assert "training DataLoader at" in out.stdout and line_of(script, "DataLoader(") in out.stdout
     assert "config: {" in out.stdout  # the script's own output still reaches the terminal
 
 

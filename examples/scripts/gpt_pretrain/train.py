@@ -17,9 +17,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset
-
 from config import get_config
+from torch.utils.data import DataLoader, Dataset
 
 
 class TextWindows(Dataset):
