@@ -112,6 +112,37 @@ def test_a_loop_without_dataloader_gets_the_host_share_named(tmp_path):
     assert not (tmp_path / "finished.txt").exists()
 
 
+DDP_SCRIPT = """
+import torch, torch.nn as nn, torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(4000, 32), torch.randn(4000, 1)), batch_size=16, shuffle=True)
+model = DDP(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(3):
+    for x, y in loader:
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+open(f"finished-{dist.get_rank()}.txt", "w").write("ran to its end")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.dist
+def test_under_torchrun_every_rank_stops_together_and_rank_0_reports(tmp_path):
+    (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
+    out = doctor(*FAST, "--json", "--", sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                 "ddp.py", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["script"]["world_size"] == 2 and d["measurements"]["steps"] == 2
+    assert d["script"]["model"]["class"] == "Sequential"
+    assert d["script"]["model"]["wrapped_in"] == ["DistributedDataParallel"]
+    assert not list(tmp_path.glob("finished-*")) and not running_in(tmp_path)
+
+
 @pytest.mark.parametrize(("command", "message"), [
     ([], "no command after `--`"),
     (["no-such-command-xyz"], "command not found: no-such-command-xyz"),

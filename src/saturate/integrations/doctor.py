@@ -87,7 +87,8 @@ def render_script(d: Diagnosis, run: ScriptRun, console: Console | None = None) 
     console.print(Text("in your script (found by saturate's hooks, nothing edited):", style="bold"))
     model = report.get("model")
     if model:
-        console.print(f"  model: {model['class']} ({model['parameters'] / 1e6:.2f} M parameters)")
+        wrapped = f", in {' in '.join(model['wrapped_in'])}" if model.get("wrapped_in") else ""
+        console.print(f"  model: {model['class']} ({model['parameters'] / 1e6:.2f} M parameters{wrapped})")
     opt = report.get("optimizer") or {}
     console.print(f"  optimizer: {opt.get('class')}" + (f" at {opt['site']}" if opt.get("site") else ""))
     for i, loader in enumerate(report.get("loaders", [])):

@@ -165,6 +165,8 @@ class Script:
         self._write(FIRST_STEP, "")
 
     def _model_of(self, optimizer: Any) -> Any:
+        import torch
+
         owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
         best, best_n = None, 0
         for ref in self.roots:
@@ -175,7 +177,11 @@ class Script:
             if n > best_n:
                 best, best_n = module, n
         if best is not None:
-            self.model_info = {"class": type(best).__name__,
+            inner, wrappers = best, []
+            while isinstance(getattr(inner, "module", getattr(inner, "_orig_mod", None)), torch.nn.Module):
+                wrappers.append(type(inner).__name__)  # DistributedDataParallel, OptimizedModule (compile)
+                inner = getattr(inner, "module", getattr(inner, "_orig_mod", None))
+            self.model_info = {"class": type(inner).__name__, "wrapped_in": wrappers,
                                "parameters": sum(p.numel() for p in best.parameters())}
         return best
 
