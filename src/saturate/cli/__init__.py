@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args([*argv, "run"])
     if script is not None:
         if not hasattr(args, "script"):
-            parser.error(f"`saturate {args.command}` takes no command after `--` (`saturate doctor -- CMD` does)")
+            parser.error(f"`saturate {args.command}` takes no command after `--` (doctor, tune and run do)")
         args.script = script
     try:
         return args.func(args)

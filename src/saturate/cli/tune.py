@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from saturate.cli.args import add_workload_args, workload_from_args
+from saturate.cli.args import add_workload_args, positive, workload_from_args
+from saturate.errors import ConfigError
 
 
 def add_parsers(sub: Any) -> None:
@@ -15,8 +16,10 @@ def add_parsers(sub: Any) -> None:
     _add_tuning_args(p)
     p.add_argument("--steps", type=int, help="steps the plan will train for (compile must pay back within them; "
                                              "default: the preset's)")
-    p.add_argument("--out", type=Path, help="folder for plan.toml, tune.json and plots (default: runs/tune-…)")
-    p.set_defaults(func=cmd_tune)
+    p.add_argument("--out", type=Path, help="folder for plan.toml, tune.json and plots (default: runs/tune-…); "
+                                           "with -- CMD: overrides.json and tune.json")
+    _add_script_args(p)
+    p.set_defaults(func=cmd_tune, script=None)
 
     p = sub.add_parser("run", help="probe, tune, train with the tuned plan, and show the before/after table")
     p.add_argument("preset_arg", nargs="?", metavar="PRESET", help="same as --preset")
@@ -27,7 +30,11 @@ def add_parsers(sub: Any) -> None:
     length.add_argument("--minutes", type=float, help="train for this long after tuning")
     p.add_argument("--run-dir", type=Path, help="default: runs/<preset>-<time>")
     p.add_argument("--no-progress", action="store_true", help="no progress display while training")
-    p.set_defaults(func=cmd_run)
+    _add_script_args(p)
+    p.add_argument("--overrides", type=Path, metavar="FILE",
+                   help="with -- CMD: apply the settings of a `saturate tune -- CMD` (its overrides.json) instead of "
+                        "tuning again")
+    p.set_defaults(func=cmd_run, script=None)
 
 
 def _add_tuning_args(p: argparse.ArgumentParser) -> None:
@@ -35,6 +42,15 @@ def _add_tuning_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-batch-change", action="store_true",
                    help="let the effective batch grow (learning rate rescaled linearly); default: kept exactly")
     p.add_argument("--no-compile", action="store_true", help="do not try torch.compile")
+
+
+def _add_script_args(p: argparse.ArgumentParser) -> None:
+    """Options for a user's own command after `--` (`saturate tune -- python train.py …`)."""
+    p.add_argument("--trial-steps", type=positive(int, "--trial-steps"), default=10, metavar="N",
+                   help="with -- CMD: optimizer steps timed per trial, after 2 warm-up steps (default 10)")
+    p.add_argument("--first-step-timeout", type=positive(float, "--first-step-timeout"), default=300.0, metavar="S",
+                   help="with -- CMD: stop a trial if no optimizer step came within S seconds (default 300)")
+    p.add_argument("--json", action="store_true", help="with -- CMD: one JSON document on stdout")
 
 
 def _console() -> Any:
@@ -48,6 +64,9 @@ def _console() -> Any:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from saturate.hardware import probe
+
+    if args.script is not None:
+        return _tune_script(args)
     from saturate.tune import tune
 
     hw = probe(measure_peaks=False, device=args.device)
@@ -61,8 +80,86 @@ def cmd_run(args: argparse.Namespace) -> int:
     from saturate.hardware import probe
     from saturate.tune.run import run
 
+    if args.script is not None:
+        return _run_script(args)
+    if args.overrides:
+        raise ConfigError("--overrides applies to a command after --")
+
     hw = probe(measure_peaks=True, device=args.device)
     report = run(workload_from_args(args), hw, budget_s=args.budget, steps=args.steps, minutes=args.minutes,
                  run_dir=args.run_dir, allow_batch_change=args.allow_batch_change, seed=args.seed,
                  progress=not args.no_progress, try_compile=not args.no_compile, console=_console())
     return 130 if report.training.interrupted else 0
+
+
+def _refuse_preset_flags(args: argparse.Namespace) -> None:
+    for flag, given in (("--workload", args.workload), ("--hf", args.hf), ("--budget", args.budget),
+                        ("--allow-batch-change", args.allow_batch_change)):
+        if given:
+            raise ConfigError(f"{flag} applies to a preset or --workload, not to a command after --")
+
+
+def _script_tuning(args: argparse.Namespace, console: Any) -> Any:
+    from saturate.hardware import usable_cores
+    from saturate.integrations.tune import tune_command
+
+    console.print(f"[dim]tune: each trial runs your command's first {2 + args.trial_steps} optimizer steps with "
+                  "saturate's hooks, then stops it …[/]")
+    return tune_command(args.script, steps=args.trial_steps, cores=usable_cores()[0],
+                        first_step_timeout=args.first_step_timeout, quiet_stdout=args.json,
+                        on_trial=lambda t: console.print(f"[dim]  {t.name}: {t.step_s:.4g} s/step[/]"))
+
+
+def _tune_script(args: argparse.Namespace) -> int:
+    """`saturate tune -- CMD`: settings the script takes from outside, found by measurement."""
+    import json
+    import time
+
+    from rich.console import Console
+
+    from saturate.integrations.tune import render, write
+
+    _refuse_preset_flags(args)
+    console = Console(highlight=False, stderr=args.json)
+    tuning = _script_tuning(args, console)
+    written = write(tuning, args.out or Path("runs") / f"tune-script-{time.strftime('%Y%m%d-%H%M%S')}")
+    if args.json:
+        print(json.dumps({**tuning.to_dict(), "overrides_file": str(written)}, indent=2, default=str))
+    else:
+        render(tuning, console, written)
+    return 0
+
+
+def _run_script(args: argparse.Namespace) -> int:
+    """`saturate run -- CMD`: tune (or --overrides), as written vs tuned side by side, then the full run."""
+    import json
+
+    from rich.console import Console
+
+    from saturate.integrations.run import ScriptRunReport, full_run, render, side_by_side
+    from saturate.integrations.tune import render as render_tuning
+
+    _refuse_preset_flags(args)
+    console = Console(highlight=False, stderr=args.json)
+    if args.overrides:
+        try:
+            overrides = json.loads(args.overrides.read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"--overrides {args.overrides}: not a readable overrides.json ({e})") from None
+        if not isinstance(overrides, dict):
+            raise ConfigError(f"--overrides {args.overrides}: expected a JSON object of settings")
+    else:
+        tuning = _script_tuning(args, console)
+        render_tuning(tuning, console)
+        overrides = tuning.best.overrides
+    console.print("[dim]run: the script as written and tuned, in alternating rounds …[/]")
+    written, tuned = side_by_side(args.script, overrides, steps=args.trial_steps,
+                                  first_step_timeout=args.first_step_timeout, quiet_stdout=args.json)
+    console.print("[dim]run: the whole script with the tuned settings applied from outside …[/]")
+    full = full_run(args.script, overrides, first_step_timeout=args.first_step_timeout, quiet_stdout=args.json)
+    report = ScriptRunReport(list(full.command), overrides, written, tuned, full)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        render(report, console)
+    return 0 if full.returncode == 0 else 2

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from saturate.errors import ConfigError, SaturateError
-from saturate.integrations.hooks import ENV_DIR, ENV_SETTINGS, FIRST_STEP, REPORT
+from saturate.integrations.hooks import ENV_DIR, ENV_SETTINGS, FIRST_STEP, REPORT, SUMMARY
 
 SHIM = Path(__file__).resolve().parent / "shim"
 LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
@@ -42,6 +42,7 @@ class ScriptRun:
     command: list[str]
     returncode: int
     report: dict[str, Any] | None  # rank 0's measurements, when its window completed
+    summary: dict[str, Any] | None  # a whole run's step times and samples (settings["profile"] False)
     optimizer_steps: int  # the most any process reported (a status or the report)
     seconds: float
     stderr_tail: list[str] = field(default_factory=list)
@@ -130,12 +131,15 @@ def _run(cmd: list[str], settings: dict[str, Any], folder: Path, first_step_time
     if errors:
         raise ConfigError(errors[0].read_text().strip())
     report = json.loads((folder / REPORT).read_text()) if (folder / REPORT).exists() else None
-    steps = max([report["optimizer_steps"]] if report else [], default=0)
+    summary = json.loads((folder / SUMMARY).read_text()) if (folder / SUMMARY).exists() else None
+    steps = max([r["optimizer_steps"] for r in (report, summary) if r], default=0)
     for status in folder.glob("status-*.json"):
         steps = max(steps, json.loads(status.read_text()).get("optimizer_steps", 0))
-    run = ScriptRun(cmd, proc.returncode, report, steps, seconds, list(tail))
-    if report is None:
+    run = ScriptRun(cmd, proc.returncode, report, summary, steps, seconds, list(tail))
+    if settings.get("profile", True) and report is None:
         raise SaturateError(_why_no_report(run, settings))
+    if not settings.get("profile", True) and summary is None:
+        raise SaturateError(_why_no_report(run, {"warmup": 0, "count_steps": 0}))
     return run
 
 

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
 import json
 import os
 import sys
+import time
 import traceback
 import weakref
 from pathlib import Path
@@ -32,7 +34,8 @@ from typing import Any
 
 ENV_DIR = "SATURATE_SCRIPT_DIR"
 ENV_SETTINGS = "SATURATE_SCRIPT_SETTINGS"
-REPORT = "report.json"
+REPORT = "report.json"  # the Profiler's measurements (doctor, tune trials)
+SUMMARY = "summary.json"  # a whole run's step times and samples (run -- CMD)
 FIRST_STEP = "first-step"
 
 _script: Script | None = None
@@ -69,6 +72,10 @@ class Script:
         self.count_steps = int(settings.get("count_steps", 2))
         self.steps = int(settings.get("steps", 10))
         self.stop = bool(settings.get("stop", True))
+        self.profile = bool(settings.get("profile", True))  # False: only count steps and samples (a full run)
+        self.overrides: dict[str, Any] = settings.get("overrides") or {}  # what `tune -- CMD` tries or found
+        self.step_times: list[float] = []  # without the Profiler: when each optimizer step ended
+        self.samples = 0  # without the Profiler: samples fetched from DataLoaders
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.optimizer: Any = None
@@ -97,10 +104,26 @@ class Script:
             dl._BaseDataLoaderIter.__next__
         optimizer_init = torch.optim.Optimizer.__init__
 
+        if self.overrides.get("tf32"):
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        loader_over = self.overrides.get("loader") or {}
+        signature = inspect.signature(loader_init)
+
         def init(loader: Any, *args: Any, **kwargs: Any) -> None:
+            as_written = None
+            if loader_over and id(loader) not in script.loaders:
+                bound = signature.bind(loader, *args, **kwargs)
+                as_written = {k: bound.arguments.get(k, signature.parameters[k].default) for k in loader_over}
+                bound.arguments.update(loader_over)
+                if not bound.arguments.get("num_workers"):  # settings that need workers go with them
+                    bound.arguments["prefetch_factor"] = None
+                    bound.arguments["persistent_workers"] = False
+                args, kwargs = bound.args[1:], bound.kwargs
             loader_init(loader, *args, **kwargs)
             if id(loader) not in script.loaders:
-                script.loaders[id(loader)] = {"site": caller_site(), "batches": 0, "ref": weakref.ref(loader)}
+                script.loaders[id(loader)] = {"site": caller_site(), "batches": 0, "ref": weakref.ref(loader),
+                                              "as_written": as_written}
 
         def make_iter(loader: Any) -> Any:
             it = loader_iter(loader)
@@ -111,6 +134,10 @@ class Script:
             ref = getattr(it, "_saturate_loader", None)
             loader = ref() if ref is not None else None
             prof = script.profiler
+            if not script.profile and loader is not None:
+                batch = iter_next(it)
+                script.samples += batch_len(batch)
+                return batch
             if prof is None or script.done or loader is None:
                 return iter_next(it)
             info = script.loaders.get(id(loader))
@@ -143,6 +170,12 @@ class Script:
         if self.done or (self.optimizer is not None and optimizer is not self.optimizer):
             return
         self.optimizer_steps += 1
+        if not self.profile:
+            if self.optimizer is None:
+                self.optimizer = optimizer
+                self._write(FIRST_STEP, "")
+            self.step_times.append(time.perf_counter())
+            return
         if self.optimizer is None:
             self._start(optimizer)
             return
@@ -226,6 +259,13 @@ class Script:
 
     def _at_exit(self) -> None:
         """The script ended by itself: report the steps timed so far, or how far it got."""
+        if not self.profile:
+            if self.rank == 0 and self.step_times:
+                self._write(SUMMARY, json.dumps({
+                    "world_size": self.world, "optimizer_steps": self.optimizer_steps, "samples": self.samples,
+                    "loaders": [{**info, **_loader_settings(ref)} for ref, info in self._live_loaders()],
+                    "step_times": self.step_times}))
+            return
         if self.done or self.profiler is None:
             return
         inst = self.profiler.instrument
@@ -235,6 +275,17 @@ class Script:
                          f"{self.steps} asked for")
         elif self.rank == 0:
             self._write(f"status-{os.getpid()}.json", json.dumps({"optimizer_steps": self.optimizer_steps}))
+
+
+def batch_len(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor (tensor, tuple, list or dict batches)."""
+    import torch
+
+    if isinstance(batch, dict):
+        batch = next(iter(batch.values()), None)
+    if isinstance(batch, (list, tuple)):
+        batch = next((b for b in batch if isinstance(b, torch.Tensor)), None)
+    return int(batch.shape[0]) if isinstance(batch, torch.Tensor) and batch.dim() else 0
 
 
 def _loader_settings(loader: Any) -> dict[str, Any]:

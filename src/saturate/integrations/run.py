@@ -1,0 +1,94 @@
+"""`saturate run -- CMD`: the script as written and with the tuned settings side by side, then the whole
+run with those settings applied from outside (no edit), and the before/after table.
+
+The side-by-side rounds alternate (as written, tuned, as written, tuned, …) so that a burst of load
+on the machine hits both; the ratio reported is the median of the per-round ratios, with its range.
+"""
+
+from __future__ import annotations
+
+import shlex
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from saturate.integrations.command import ScriptRun, run_instrumented
+from saturate.integrations.tune import ScriptTrial, drained
+
+
+@dataclass
+class ScriptRunReport:
+    command: list[str]
+    overrides: dict[str, Any]
+    as_written: list[ScriptTrial]  # one per round
+    tuned: list[ScriptTrial]
+    full: ScriptRun  # the whole run, with the overrides applied
+
+    @property
+    def ratios(self) -> list[float]:
+        return [a.step_s / t.step_s for a, t in zip(self.as_written, self.tuned, strict=True) if t.step_s > 0]
+
+    def full_rate(self, skip: int = 2) -> tuple[float | None, int]:
+        """Optimizer steps per second over the whole run, its first `skip` steps (start-up) left out."""
+        times = (self.full.summary or {}).get("step_times", [])
+        if len(times) <= skip + 1:
+            return None, len(times)
+        return (len(times) - 1 - skip) / (times[-1] - times[skip]), len(times)
+
+    def to_dict(self) -> dict[str, Any]:
+        rate, n = self.full_rate()
+        return {"command": self.command, "overrides": self.overrides, "ratios": self.ratios,
+                "as_written": [vars(t) for t in self.as_written], "tuned": [vars(t) for t in self.tuned],
+                "full_run": {"returncode": self.full.returncode, "optimizer_steps": self.full.optimizer_steps,
+                             "steps_per_s": rate, "seconds": self.full.seconds}}
+
+
+def side_by_side(command: Sequence[str], overrides: dict[str, Any], *, rounds: int = 2, warmup: int = 2,
+                 steps: int = 10, first_step_timeout: float = 300.0,
+                 quiet_stdout: bool = False) -> tuple[list[ScriptTrial], list[ScriptTrial]]:
+    """The script as written and with `overrides`, measured in alternating rounds."""
+    written, tuned = [], []
+    for _ in range(rounds):
+        for name, over, out in (("as written", {}, written), ("tuned", overrides, tuned)):
+            settings = {"mode": "trial", "warmup": drained(warmup, over), "count_steps": 0, "steps": steps,
+                        "stop": True, "overrides": over}
+            run = run_instrumented(command, settings, first_step_timeout=first_step_timeout,
+                                   quiet_stdout=quiet_stdout)
+            out.append(ScriptTrial.of(name, over, run))
+    return written, tuned
+
+
+def full_run(command: Sequence[str], overrides: dict[str, Any], *, first_step_timeout: float = 300.0,
+             quiet_stdout: bool = False) -> ScriptRun:
+    """The whole script with `overrides` applied from outside; only its step times and samples are recorded."""
+    settings = {"mode": "apply", "profile": False, "stop": False, "overrides": overrides}
+    return run_instrumented(command, settings, first_step_timeout=first_step_timeout, quiet_stdout=quiet_stdout)
+
+
+def render(report: ScriptRunReport, console: Console) -> None:
+    console.print(Text(f"saturate run -- {shlex.join(report.command)}", style="bold"))
+    t = Table(box=None, padding=(0, 1))
+    for col, justify in (("", "left"), ("s/step (median)", "right"), ("samples/s", "right"), ("rounds", "right")):
+        t.add_column(col, justify=justify)
+    for name, trials in (("as written", report.as_written), ("tuned", report.tuned)):
+        step = statistics.median(x.step_s for x in trials)
+        rates = [x.samples_per_s for x in trials if x.samples_per_s]
+        t.add_row(name, f"{step:.4g}", f"{statistics.median(rates):.1f}" if rates else "-", str(len(trials)))
+    console.print(t)
+    r = report.ratios
+    if r:
+        console.print(f"tuned ÷ as written: {statistics.median(r):.2f}× (median of {len(r)} alternating rounds, "
+                      f"{min(r):.2f}..{max(r):.2f})")
+    rate, n = report.full_rate()
+    full = report.full
+    status = "finished" if full.returncode == 0 else f"ended with exit code {full.returncode}"
+    line = f"the full run with the tuned settings: {status} after {full.optimizer_steps} optimizer steps in " \
+           f"{full.seconds:.1f} s"
+    if rate is not None:
+        line += f", {rate:.3g} steps/s after its first steps (measured)"
+    console.print(line)

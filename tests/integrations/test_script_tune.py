@@ -1,0 +1,81 @@
+"""`saturate tune -- CMD` and `saturate run -- CMD`: loader settings found by measurement and applied from
+outside, the script itself unchanged."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import cli_env, saturate_cmd
+from saturate.integrations.tune import ScriptTrial, ScriptTuning, _merge, edits
+
+# A loader-bound loop: each sample takes 4 ms to produce (a sleep, so workers help even on a busy 2-core machine).
+SLOW_DATA = """
+import sys, time, torch, torch.nn as nn
+from torch.utils.data import DataLoader, Dataset
+class Slow(Dataset):
+    def __len__(self):
+        return 100000
+    def __getitem__(self, i):
+        time.sleep(0.004)
+        return torch.randn(16), torch.randn(1)
+steps = int(sys.argv[1])
+loader = DataLoader(Slow(), batch_size=8, num_workers=0)
+model = nn.Linear(16, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step, (x, y) in enumerate(loader):
+    loss = nn.functional.mse_loss(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+    if step + 1 == steps:
+        break
+print(f"trained {steps} steps")
+"""
+
+
+def saturate(*args: str, cwd, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run(saturate_cmd(*args), env=cli_env(), cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_tune_finds_loader_workers_for_an_input_bound_script(tmp_path):
+    (tmp_path / "slow.py").write_text(SLOW_DATA)
+    out = saturate("tune", "--trial-steps", "4", "--json", "--out", str(tmp_path / "t"), "--", sys.executable,
+                   "slow.py", "1000", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["baseline"]["data_share"] > 0.5, d  # as written, the step waits for its samples
+    workers = d["overrides"].get("loader", {}).get("num_workers", 0)
+    assert workers >= 1 and d["speedup"] >= 1.05, d["trials"]
+    assert json.loads((tmp_path / "t" / "overrides.json").read_text()) == d["overrides"]
+    assert d["loaders"][0]["site"] == "slow.py:11"  # the DataLoader(...) line
+    assert [t["name"] for t in d["trials"]][:2] == ["as written", "1 workers"]
+    assert (tmp_path / "slow.py").read_text() == SLOW_DATA
+
+
+def test_run_applies_the_overrides_without_an_edit_and_compares(tmp_path):
+    (tmp_path / "slow.py").write_text(SLOW_DATA)
+    (tmp_path / "over.json").write_text(json.dumps({"loader": {"num_workers": 2, "persistent_workers": True}}))
+    out = saturate("run", "--overrides", "over.json", "--trial-steps", "3", "--json", "--", sys.executable,
+                   "slow.py", "30", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert len(d["as_written"]) == len(d["tuned"]) == 2 and len(d["ratios"]) == 2
+    assert d["full_run"]["returncode"] == 0 and d["full_run"]["optimizer_steps"] == 30
+    assert d["full_run"]["steps_per_s"] > 0
+    assert "trained 30 steps" in out.stderr  # the script's own output, moved off stdout by --json
+
+
+def test_run_refuses_an_unreadable_overrides_file(tmp_path):
+    (tmp_path / "bad.json").write_text("[1, 2")
+    out = saturate("run", "--overrides", "bad.json", "--", sys.executable, "x.py", cwd=tmp_path, timeout=60)
+    assert out.returncode == 2 and "not a readable overrides.json" in out.stderr
+
+
+def test_the_edit_is_said_at_the_loader_call():
+    t = ScriptTrial("2 workers", {"loader": {"num_workers": 2, "persistent_workers": True}}, 0.5, None, 0.1, 3)
+    base = ScriptTrial("as written", {}, 1.0, None, 0.6, 3)
+    tuning = ScriptTuning(["python", "train.py"], base, t, [base, t], loaders=[{"site": "train.py:40"}])
+    assert edits(tuning) == ["train.py:40: DataLoader(..., num_workers=2, persistent_workers=True)"]
+    assert _merge({"loader": {"num_workers": 2}}, {"loader": {"prefetch_factor": 4}, "tf32": True}) == {
+        "loader": {"num_workers": 2, "prefetch_factor": 4}, "tf32": True}
