@@ -1,0 +1,92 @@
+"""A Transformers `Trainer` script, unchanged (guide 3's before): `saturate doctor -- CMD` recognises the
+Trainer and its TrainingArguments, says fixes in their terms, and never writes the script's output_dir."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import cli_env, saturate_cmd
+from saturate.doctor.findings import Fix, Prediction
+from saturate.integrations.doctor import in_your_script
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "scripts" / "gpt2_finetune" / "train.py"
+TINY = ["--size", "toy", "--max-length", "32", "--max-steps", "60"]
+
+
+def line_of(text: str) -> str:
+    for i, line in enumerate(SCRIPT.read_text().splitlines(), 1):
+        if text in line:
+            return f"{SCRIPT.name}:{i}"
+    raise AssertionError(f"{text!r} not in {SCRIPT}")
+
+
+def saturate(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = cli_env()
+    env["OMP_NUM_THREADS"] = "1"  # a toy model on a shared 2-core machine: threads only contend
+    env["COLUMNS"] = "200"  # rich wraps at 80 columns when not on a terminal
+    return subprocess.run(saturate_cmd(*args), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def test_doctor_recognises_the_trainer_and_leaves_its_output_dir_alone(tmp_path):
+    out = saturate("doctor", "--warmup", "1", "--steps", "2", "--json", "--", sys.executable, str(SCRIPT), *TINY,
+                   "--output-dir", "user-out", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    script = d["script"]
+    assert script["model"]["class"] == "GPT2LMHeadModel"
+    trainer = script["trainer"]
+    assert trainer["class"] == "Trainer" and trainer["site"].endswith(line_of("Trainer(model="))
+    assert trainer["args_class"] == "TrainingArguments"
+    assert trainer["args_site"].endswith(line_of("TrainingArguments("))
+    args = trainer["args"]
+    assert (args["per_device_train_batch_size"], args["gradient_accumulation_steps"]) == (8, 1)
+    assert args["dataloader_num_workers"] == 0 and args["bf16"] is False and args["optim"] == "adamw_torch"
+    assert args["output_dir"] == "user-out"
+    assert trainer["in_force"]["output_dir"] != "user-out" and trainer["redirected"]["output_dir"]
+    assert len(trainer["losses"]) == script["optimizer_steps"] and all(3 < x < 7 for x in trainer["losses"])
+    assert script["loaders"][0]["batch_size"] == 8  # the Trainer's batch sampler's
+    assert d["measurements"]["samples_per_step"] == 8
+    assert not (tmp_path / "user-out").exists()  # neither the Trainer's start-up nor a save wrote it
+
+
+def test_human_report_says_the_trainer_and_its_arguments(tmp_path):
+    (tmp_path / "train.py").write_text(SCRIPT.read_text())
+    out = saturate("doctor", "--warmup", "1", "--steps", "2", "--", sys.executable, "train.py", *TINY,
+                   "--output-dir", "user-out", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert f"Transformers Trainer at {line_of('Trainer(model=')}; TrainingArguments at " \
+           f"{line_of('TrainingArguments(')}" in out.stdout
+    assert "per_device_train_batch_size=8" in out.stdout
+    assert "its output_dir 'user-out' was not written" in out.stdout
+
+
+TRAINER = {"class": "Trainer", "site": "train.py:82", "args_class": "TrainingArguments", "args_site": "train.py:65",
+           "args": {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "bf16": False,
+                    "fp16": False, "optim": "adamw_torch"}}
+
+
+@pytest.mark.parametrize(("changes", "edit"), [
+    ({"num_workers": 2, "prefetch_factor": 4}, "dataloader_num_workers=2, dataloader_prefetch_factor=4"),
+    ({"pin_memory": True, "persistent_workers": True},
+     "dataloader_pin_memory=True, dataloader_persistent_workers=True"),
+    ({"micro_batch": 4, "grad_accum": 2}, "per_device_train_batch_size=4, gradient_accumulation_steps=2"),
+    ({"micro_batch": 2}, "per_device_train_batch_size=2, gradient_accumulation_steps=4"),  # effective batch kept
+    ({"precision": "bf16"}, "bf16=True"),
+    ({"compile": "default"}, "torch_compile=True"),
+    ({"compile": "max-autotune"}, "torch_compile=True, torch_compile_mode='max-autotune'"),
+    ({"activation_checkpointing": True}, "gradient_checkpointing=True"),
+    ({"fused": True}, "optim='adamw_torch_fused'"),
+    ({"tf32": True}, "tf32=True"),
+])
+def test_fixes_are_said_as_training_arguments(changes, edit):
+    fix = Fix("t", changes, Prediction("step_s", 1.0, 0.5, "test"), "")
+    lines = in_your_script(fix, {"loaders": [{"site": "train.py:83"}], "trainer": TRAINER}, "cpu")
+    assert lines == [f"train.py:65: TrainingArguments(..., {edit})"]
