@@ -90,3 +90,42 @@ def test_fixes_are_said_as_training_arguments(changes, edit):
     fix = Fix("t", changes, Prediction("step_s", 1.0, 0.5, "test"), "")
     lines = in_your_script(fix, {"loaders": [{"site": "train.py:83"}], "trainer": TRAINER}, "cpu")
     assert lines == [f"train.py:65: TrainingArguments(..., {edit})"]
+
+
+# A Trainer that writes from its first step: a checkpoint every step, and TensorBoard logs.
+SAVES_EVERY_STEP = """
+import torch
+from torch.utils.data import Dataset
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+class Data(Dataset):
+    def __len__(self):
+        return 512
+    def __getitem__(self, i):
+        ids = torch.arange(i, i + 16) % 64
+        return {"input_ids": ids, "labels": ids}
+
+model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2))
+args = TrainingArguments(output_dir="user-out", per_device_train_batch_size=4, max_steps=6, save_steps=1,
+                         logging_steps=1, report_to=["tensorboard"], push_to_hub=False)
+Trainer(model=model, args=args, train_dataset=Data()).train()
+"""
+
+
+def test_trials_write_to_scratch_and_the_full_run_where_the_script_says(tmp_path, monkeypatch):
+    from saturate.integrations.command import run_instrumented
+
+    pytest.importorskip("tensorboard")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "saves.py").write_text(SAVES_EVERY_STEP)
+    # a tune trial (doctor runs: test_doctor_recognises_the_trainer_and_leaves_its_output_dir_alone)
+    run = run_instrumented([sys.executable, "saves.py"], {"mode": "trial", "warmup": 1, "count_steps": 0,
+                                                         "steps": 2, "stop": True})
+    trainer = run.report["trainer"]
+    assert trainer["args"]["output_dir"] == "user-out" and trainer["args"]["report_to"] == ["tensorboard"]
+    assert trainer["redirected"]["report_to"] == [] and "saturate-script-" in trainer["in_force"]["output_dir"]
+    assert run.optimizer_steps >= 3 and not (tmp_path / "user-out").exists()
+    full = run_instrumented([sys.executable, "saves.py"], {"mode": "apply", "profile": False, "stop": False})
+    assert full.returncode == 0 and full.optimizer_steps == 6
+    assert (tmp_path / "user-out" / "checkpoint-1").is_dir()  # the same script writes there when it really runs

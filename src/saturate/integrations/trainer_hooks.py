@@ -33,7 +33,7 @@ from typing import Any
 FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "tf32",
           "dataloader_num_workers", "dataloader_pin_memory", "dataloader_prefetch_factor",
           "dataloader_persistent_workers", "torch_compile", "gradient_checkpointing", "optim", "output_dir",
-          "logging_dir", "max_steps", "num_train_epochs", "learning_rate", "seed")
+          "logging_dir", "max_steps", "num_train_epochs", "learning_rate", "seed", "report_to", "push_to_hub")
 TUNABLE = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "tf32",
            "dataloader_num_workers", "dataloader_pin_memory", "dataloader_prefetch_factor",
            "dataloader_persistent_workers", "torch_compile", "gradient_checkpointing", "optim")
