@@ -129,3 +129,52 @@ def test_trials_write_to_scratch_and_the_full_run_where_the_script_says(tmp_path
     full = run_instrumented([sys.executable, "saves.py"], {"mode": "apply", "profile": False, "stop": False})
     assert full.returncode == 0 and full.optimizer_steps == 6
     assert (tmp_path / "user-out" / "checkpoint-1").is_dir()  # the same script writes there when it really runs
+
+
+def test_tune_tries_the_training_arguments_and_says_them_as_an_edit(tmp_path):
+    from saturate.hardware import probe
+
+    out = saturate("tune", "--trial-steps", "3", "--json", "--out", str(tmp_path / "t"), "--", sys.executable,
+                   str(SCRIPT), *TINY, "--output-dir", "user-out", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["trainer"]["class"] == "Trainer" and json.loads((tmp_path / "t" / "overrides.json").read_text()) == \
+        d["overrides"]
+    trials = {t["name"]: t for t in d["trials"]}
+    base = trials["as written"]
+    assert len(base["losses"]) >= 5  # warm-up and timed steps, each the sum of its micro-steps' losses
+    if probe(measure_peaks=False, device="cpu").supports["bf16"]:
+        bf16 = trials["bf16=True, use_cpu=True"]  # same seed, same batches: its losses are comparable
+        assert bf16["overrides"]["trainer"] == {"bf16": True, "use_cpu": True}
+        assert "losses" in bf16["outcome"] and len(bf16["losses"]) == len(base["losses"])
+    else:
+        assert "precision: fp32 (no lower precision is native on cpu)" in d["decisions"]
+    split = trials["micro-batch 4 × 2"]  # 8 × 1 as written: nothing above, so one step down, same effective batch
+    assert split["samples_per_step"] == 8
+    assert split["overrides"]["trainer"]["per_device_train_batch_size"] == 4
+    assert split["overrides"]["trainer"]["gradient_accumulation_steps"] == 2
+    assert trials['optim="adamw_torch_fused"']["overrides"]["trainer"]["optim"] == "adamw_torch_fused"
+    assert any(x.startswith("torch_compile: not tried on cpu") for x in d["decisions"])
+    assert any(x.startswith("gradient_checkpointing: not tried on cpu") for x in d["decisions"])
+    fields = d["overrides"].get("trainer", {})  # which setting wins is the machine's to say: the edit says it
+    site = d["trainer"]["args_site"]
+    assert site.endswith(line_of("TrainingArguments("))
+    expected = [f"{site}: TrainingArguments(..., {', '.join(f'{k}={v!r}' for k, v in fields.items())})"]
+    assert d["edits"] == (expected if fields else [])
+    assert not (tmp_path / "user-out").exists()  # no trial wrote where the script's real run does
+
+
+def test_run_applies_training_arguments_from_outside_and_the_full_run_writes_its_output(tmp_path):
+    (tmp_path / "over.json").write_text(json.dumps({"trainer": {"optim": "adamw_torch_fused"}}))
+    out = saturate("run", "--overrides", "over.json", "--trial-steps", "2", "--json", "--", sys.executable,
+                   str(SCRIPT), "--size", "toy", "--max-length", "32", "--max-steps", "12", "--output-dir", "user-out",
+                   cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert len(d["as_written"]) == len(d["tuned"]) == 2
+    full = d["full_run"]
+    assert full["returncode"] == 0 and full["optimizer_steps"] == 12
+    assert full["trainer"]["args"]["optim"] == "adamw_torch" and full["trainer"]["in_force"]["optim"] == \
+        "adamw_torch_fused"
+    assert full["trainer"]["redirected"] == {}  # the full run is the real one: its outputs go where the script says
+    assert (tmp_path / "user-out" / "model.safetensors").exists()

@@ -47,7 +47,8 @@ def doctor_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, 
     return decide(m), run
 
 
-def trainer_arguments(changes: dict[str, Any], trainer: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def trainer_arguments(changes: dict[str, Any], trainer: dict[str, Any],
+                      device_type: str = "cuda") -> tuple[dict[str, Any], dict[str, Any]]:
     """Fix or tuning `changes` as `TrainingArguments` fields (for a Transformers `Trainer`), and what has none.
 
     The effective batch is kept: a micro-batch without an accumulation gets the accumulation that keeps
@@ -77,6 +78,8 @@ def trainer_arguments(changes: dict[str, Any], trainer: dict[str, Any]) -> tuple
         for name in ("bf16", "fp16"):  # only what changes from the script's own
             if not fields[name] and not written.get(name):
                 del fields[name]
+        if fields.get("bf16") and device_type == "cpu" and not written.get("use_cpu"):
+            fields["use_cpu"] = True  # the Trainer takes bf16 on a CPU only when told to use the CPU
     if "compile" in changes:
         mode = changes.pop("compile")
         fields["torch_compile"] = bool(mode)
@@ -103,7 +106,7 @@ def in_your_script(fix: Fix, report: dict[str, Any], device_type: str) -> list[s
     """Where and how to make `fix` in the user's own script, as far as the hooks saw it: in a Transformers
     `Trainer`'s `TrainingArguments` when the script has one, else at its DataLoader, optimizer and model."""
     if report.get("trainer"):
-        fields, rest = trainer_arguments(fix.changes, report["trainer"])
+        fields, rest = trainer_arguments(fix.changes, report["trainer"], device_type)
         return ([trainer_edit(fields, report["trainer"])] if fields else []) + [f"{k} = {v!r}" for k, v in rest.items()]
     changes = dict(fix.changes)
     lines: list[str] = []

@@ -99,6 +99,8 @@ class Script:
         self.profiler: Any = None
         self.model_info: dict[str, Any] | None = None
         self.done = False
+        self.started = time.perf_counter()  # about when torch finished importing
+        self.first_step_s: float | None = None  # from then to the end of the first optimizer step
         self.mode = str(settings.get("mode", "doctor"))  # doctor, trial, apply (a full run with the overrides)
         scratch = None if self.mode == "apply" else folder / "trainer"
         self.trainer = TrainerWatch(self.overrides.get("trainer") or {}, scratch, caller_site)
@@ -193,6 +195,8 @@ class Script:
         if self.done or (self.optimizer is not None and optimizer is not self.optimizer):
             return
         self.optimizer_steps += 1
+        if self.first_step_s is None:
+            self.first_step_s = time.perf_counter() - self.started
         self.trainer.end_step()
         if not self.profile:
             if self.optimizer is None:
@@ -262,6 +266,7 @@ class Script:
                           "fused": defaults.get("fused"), "foreach": defaults.get("foreach")},
             "model": self.model_info,
             "optimizer_steps": self.optimizer_steps,
+            "first_step_s": self.first_step_s,
             "trainer": self.trainer.report(),
         }, default=str))
 
@@ -289,7 +294,7 @@ class Script:
                 self._write(SUMMARY, json.dumps({
                     "world_size": self.world, "optimizer_steps": self.optimizer_steps, "samples": self.samples,
                     "loaders": [{**info, **_loader_settings(ref)} for ref, info in self._live_loaders()],
-                    "step_times": self.step_times}))
+                    "step_times": self.step_times, "trainer": self.trainer.report()}))
             return
         if self.done or self.profiler is None:
             return

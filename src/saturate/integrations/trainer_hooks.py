@@ -33,10 +33,11 @@ from typing import Any
 FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "tf32",
           "dataloader_num_workers", "dataloader_pin_memory", "dataloader_prefetch_factor",
           "dataloader_persistent_workers", "torch_compile", "gradient_checkpointing", "optim", "output_dir",
-          "logging_dir", "max_steps", "num_train_epochs", "learning_rate", "seed", "report_to", "push_to_hub")
+          "logging_dir", "max_steps", "num_train_epochs", "learning_rate", "seed", "report_to", "push_to_hub",
+          "use_cpu")
 TUNABLE = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "tf32",
            "dataloader_num_workers", "dataloader_pin_memory", "dataloader_prefetch_factor",
-           "dataloader_persistent_workers", "torch_compile", "gradient_checkpointing", "optim")
+           "dataloader_persistent_workers", "torch_compile", "gradient_checkpointing", "optim", "use_cpu")
 MAX_LOSSES = 1000  # per-step losses kept (a trial needs its first few dozen)
 
 
@@ -144,9 +145,11 @@ class TrainerWatch:
             if getattr(args, "report_to", None):
                 redirected["report_to"] = []
         error = None
-        if changes or redirected:
+        if redirected:  # first and alone, so that an override refused below still leaves the outputs redirected
+            apply(args, redirected)
+        if changes:
             try:
-                apply(args, {**changes, **redirected})
+                apply(args, changes)
             except (ValueError, TypeError) as e:  # an override this Transformers refuses: said in the report
                 error = f"{type(e).__name__}: {e}"
         self.trainer = weakref.ref(trainer)
@@ -162,6 +165,10 @@ class TrainerWatch:
         if self._pending is not None:
             self.losses.append(self._pending)
             self._pending = None
+        trainer = self.trainer() if self.trainer is not None else None
+        if self.info is not None and "planned_steps" not in self.info and trainer is not None:
+            state = getattr(trainer, "state", None)  # the Trainer knows its steps once training started
+            self.info["planned_steps"] = getattr(state, "max_steps", None) or None
 
     def report(self) -> dict[str, Any] | None:
         """The first Trainer and its per-step losses (read from the device now), for the report."""
