@@ -131,6 +131,7 @@ def test_trials_write_to_scratch_and_the_full_run_where_the_script_says(tmp_path
     assert (tmp_path / "user-out" / "checkpoint-1").is_dir()  # the same script writes there when it really runs
 
 
+@pytest.mark.slow
 def test_tune_tries_the_training_arguments_and_says_them_as_an_edit(tmp_path):
     from saturate.hardware import probe
 
@@ -164,6 +165,7 @@ def test_tune_tries_the_training_arguments_and_says_them_as_an_edit(tmp_path):
     assert not (tmp_path / "user-out").exists()  # no trial wrote where the script's real run does
 
 
+@pytest.mark.slow
 def test_run_applies_training_arguments_from_outside_and_the_full_run_writes_its_output(tmp_path):
     (tmp_path / "over.json").write_text(json.dumps({"trainer": {"optim": "adamw_torch_fused"}}))
     out = saturate("run", "--overrides", "over.json", "--trial-steps", "2", "--json", "--", sys.executable,
