@@ -180,3 +180,26 @@ def test_run_applies_training_arguments_from_outside_and_the_full_run_writes_its
         "adamw_torch_fused"
     assert full["trainer"]["redirected"] == {}  # the full run is the real one: its outputs go where the script says
     assert (tmp_path / "user-out" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"trainer": {"learning_rate": 1e-3}}, "learning_rate not among the TrainingArguments fields saturate applies"),
+    ({"trainer": [1]}, '"trainer" must be an object of TrainingArguments fields'),
+])
+def test_run_refuses_trainer_overrides_it_does_not_apply(tmp_path, overrides, message):
+    (tmp_path / "over.json").write_text(json.dumps(overrides))
+    out = saturate("run", "--overrides", "over.json", "--", sys.executable, "x.py", cwd=tmp_path, timeout=60)
+    lines = [x for x in out.stderr.splitlines() if x.strip()]
+    assert out.returncode == 2 and len(lines) == 1 and message in lines[0]
+
+
+def test_run_stops_in_one_line_when_the_trainer_refuses_an_override(tmp_path):
+    # refused by Transformers (fp16 and bf16 together; on a CPU, bf16 without use_cpu)
+    (tmp_path / "over.json").write_text(json.dumps({"trainer": {"fp16": True, "bf16": True}}))
+    out = saturate("run", "--overrides", "over.json", "--trial-steps", "1", "--", sys.executable, str(SCRIPT),
+                   *TINY, "--output-dir", "user-out", cwd=tmp_path)
+    assert out.returncode == 2
+    last = out.stderr.strip().splitlines()[-1]  # after the script's progress bar, which ends without a newline
+    assert "saturate: error: the script's Trainer refused the overrides {'fp16': True, 'bf16': True}: " \
+           "ValueError: " in last
+    assert not (tmp_path / "user-out").exists()  # stopped before the full run

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from saturate.errors import ConfigError
 from saturate.integrations.command import ScriptRun, run_instrumented
 from saturate.integrations.tune import ScriptTrial, drained
 
@@ -60,6 +61,9 @@ def side_by_side(command: Sequence[str], overrides: dict[str, Any], *, rounds: i
                         "stop": True, "overrides": over}
             run = run_instrumented(command, settings, first_step_timeout=first_step_timeout,
                                    quiet_stdout=quiet_stdout)
+            refused = ((run.report or {}).get("trainer") or {}).get("error")
+            if refused and over.get("trainer"):
+                raise ConfigError(f"the script's Trainer refused the overrides {over['trainer']}: {refused}")
             out.append(ScriptTrial.of(name, over, run))
     return written, tuned
 

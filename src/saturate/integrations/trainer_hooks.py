@@ -71,7 +71,7 @@ class TrainerWatch:
     """What the wrapped Trainer saw in this process; `overrides` are `{"trainer": …}` of saturate's settings."""
 
     def __init__(self, overrides: dict[str, Any], scratch: Path | None, site: Callable[[], str | None]) -> None:
-        self.overrides = {k: v for k, v in overrides.items() if k in TUNABLE}
+        self.overrides = dict(overrides)  # TrainingArguments fields (the parent checked them against TUNABLE)
         self.scratch = scratch  # None: leave the output folders as written (a full run)
         self.site = site
         self.info: dict[str, Any] | None = None  # the first Trainer: class, sites, fields as written and in force
