@@ -88,8 +88,14 @@ TRAINER = {"class": "Trainer", "site": "train.py:82", "args_class": "TrainingArg
 ])
 def test_fixes_are_said_as_training_arguments(changes, edit):
     fix = Fix("t", changes, Prediction("step_s", 1.0, 0.5, "test"), "")
-    lines = in_your_script(fix, {"loaders": [{"site": "train.py:83"}], "trainer": TRAINER}, "cpu")
+    lines = in_your_script(fix, {"loaders": [{"site": "train.py:83"}], "trainer": TRAINER}, "cuda")
     assert lines == [f"train.py:65: TrainingArguments(..., {edit})"]
+
+
+def test_bf16_on_a_cpu_is_said_with_use_cpu_which_the_trainer_needs_for_it():
+    fix = Fix("bf16", {"precision": "bf16"}, Prediction("step_s", 1.0, 0.5, "test"), "")
+    assert in_your_script(fix, {"loaders": [], "trainer": TRAINER}, "cpu") == [
+        "train.py:65: TrainingArguments(..., bf16=True, use_cpu=True)"]
 
 
 # A Trainer that writes from its first step: a checkpoint every step, and TensorBoard logs.

@@ -111,7 +111,7 @@ def trainer_stages(search: Search, trainer: dict[str, Any], supports: dict[str, 
         best = search.result.best
         planned = trainer.get("planned_steps") or (written.get("max_steps") or 0)
         t = search.consider("torch_compile=True", with_trainer({"torch_compile": True}),
-                          lambda t: _compile_problem(t, best, planned))
+                            lambda t: _compile_problem(t, best, planned))
         decisions.append(f"torch_compile: {t.outcome}")
 
 
