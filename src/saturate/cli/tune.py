@@ -130,6 +130,19 @@ def _tune_script(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_trainer_overrides(path: Path, overrides: dict[str, Any]) -> None:
+    """A Trainer's overrides name only the TrainingArguments fields saturate tunes (the training stays the same)."""
+    from saturate.integrations.trainer_hooks import TUNABLE
+
+    fields = overrides.get("trainer", {})
+    if not isinstance(fields, dict):
+        raise ConfigError(f"--overrides {path}: \"trainer\" must be an object of TrainingArguments fields")
+    unknown = sorted(set(fields) - set(TUNABLE))
+    if unknown:
+        raise ConfigError(f"--overrides {path}: {', '.join(unknown)} not among the TrainingArguments fields saturate "
+                          f"applies ({', '.join(TUNABLE)})")
+
+
 def _run_script(args: argparse.Namespace) -> int:
     """`saturate run -- CMD`: tune (or --overrides), as written vs tuned side by side, then the full run."""
     import json
@@ -148,6 +161,7 @@ def _run_script(args: argparse.Namespace) -> int:
             raise ConfigError(f"--overrides {args.overrides}: not a readable overrides.json ({e})") from None
         if not isinstance(overrides, dict):
             raise ConfigError(f"--overrides {args.overrides}: expected a JSON object of settings")
+        _check_trainer_overrides(args.overrides, overrides)
     else:
         tuning = _script_tuning(args, console)
         render_tuning(tuning, console)

@@ -162,7 +162,8 @@ class Profiler:
             context["grad_accum"] = round(self._batches / steps)
             context["samples_per_step"] = self._samples / steps if self._samples else None
         if loader is not None:
-            context["micro_batch"] = getattr(loader, "batch_size", None)
+            context["micro_batch"] = getattr(loader, "batch_size", None) or \
+                getattr(getattr(loader, "batch_sampler", None), "batch_size", None)  # Accelerate's, a Trainer's
             context["num_workers"] = getattr(loader, "num_workers", None)
             context["prefetch_factor"] = getattr(loader, "prefetch_factor", None)
             context["pin_memory"] = getattr(loader, "pin_memory", None)

@@ -22,6 +22,12 @@ from saturate.doctor.rules import decide
 from saturate.integrations.command import ScriptRun, run_instrumented
 
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
+# a fix's knob -> the TrainingArguments field of a Transformers Trainer (the rest: `trainer_arguments`)
+SHOWN_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "dataloader_num_workers",
+                "torch_compile", "gradient_checkpointing", "optim")
+TRAINER_TERMS = {"num_workers": "dataloader_num_workers", "pin_memory": "dataloader_pin_memory",
+                 "prefetch_factor": "dataloader_prefetch_factor", "persistent_workers": "dataloader_persistent_workers",
+                 "tf32": "tf32"}
 
 
 def doctor_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, count_steps: int = 2,
@@ -41,8 +47,67 @@ def doctor_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, 
     return decide(m), run
 
 
+def trainer_arguments(changes: dict[str, Any], trainer: dict[str, Any],
+                      device_type: str = "cuda") -> tuple[dict[str, Any], dict[str, Any]]:
+    """Fix or tuning `changes` as `TrainingArguments` fields (for a Transformers `Trainer`), and what has none.
+
+    The effective batch is kept: a micro-batch without an accumulation gets the accumulation that keeps
+    `per_device_train_batch_size × gradient_accumulation_steps` as written, when it divides exactly.
+    """
+    changes = dict(changes)
+    written = trainer.get("args") or {}
+    fields: dict[str, Any] = {}
+    for knob, name in TRAINER_TERMS.items():
+        if knob in changes:
+            fields[name] = changes.pop(knob)
+    if "micro_batch" in changes:
+        micro = changes.pop("micro_batch")
+        fields["per_device_train_batch_size"] = micro
+        accum = changes.pop("grad_accum", None)
+        effective = (written.get("per_device_train_batch_size") or 0) * \
+            (written.get("gradient_accumulation_steps") or 1)
+        if accum is None and micro and effective and effective % micro == 0:
+            accum = effective // micro
+        if accum is not None:
+            fields["gradient_accumulation_steps"] = accum
+    elif "grad_accum" in changes:
+        fields["gradient_accumulation_steps"] = changes.pop("grad_accum")
+    if "precision" in changes:
+        precision = changes.pop("precision")
+        fields["bf16"], fields["fp16"] = precision == "bf16", precision == "fp16"
+        for name in ("bf16", "fp16"):  # only what changes from the script's own
+            if not fields[name] and not written.get(name):
+                del fields[name]
+        if fields.get("bf16") and device_type == "cpu" and not written.get("use_cpu"):
+            fields["use_cpu"] = True  # the Trainer takes bf16 on a CPU only when told to use the CPU
+    if "compile" in changes:
+        mode = changes.pop("compile")
+        fields["torch_compile"] = bool(mode)
+        if mode not in (True, False, None, "default"):
+            fields["torch_compile_mode"] = mode
+    if "activation_checkpointing" in changes:
+        fields["gradient_checkpointing"] = changes.pop("activation_checkpointing")
+    if "fused" in changes:
+        fields["optim"] = "adamw_torch_fused" if changes.pop("fused") else "adamw_torch"
+    if changes.pop("non_blocking", False):
+        fields["dataloader_pin_memory"] = True
+        fields["accelerator_config"] = {"non_blocking": True}
+    return fields, changes
+
+
+def trainer_edit(fields: dict[str, Any], trainer: dict[str, Any]) -> str:
+    """`train.py:LINE: TrainingArguments(..., field=value)`: the edit at the script's own arguments."""
+    args = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+    site = trainer.get("args_site") or trainer.get("site")
+    return f"{site + ': ' if site else ''}{trainer.get('args_class') or 'TrainingArguments'}(..., {args})"
+
+
 def in_your_script(fix: Fix, report: dict[str, Any], device_type: str) -> list[str]:
-    """Where and how to make `fix` in the user's own script, as far as the hooks saw it."""
+    """Where and how to make `fix` in the user's own script, as far as the hooks saw it: in a Transformers
+    `Trainer`'s `TrainingArguments` when the script has one, else at its DataLoader, optimizer and model."""
+    if report.get("trainer"):
+        fields, rest = trainer_arguments(fix.changes, report["trainer"], device_type)
+        return ([trainer_edit(fields, report["trainer"])] if fields else []) + [f"{k} = {v!r}" for k, v in rest.items()]
     changes = dict(fix.changes)
     lines: list[str] = []
     loader = report["loaders"][0] if report["loaders"] else None
@@ -91,8 +156,17 @@ def render_script(d: Diagnosis, run: ScriptRun, console: Console | None = None) 
         console.print(f"  model: {model['class']} ({model['parameters'] / 1e6:.2f} M parameters{wrapped})")
     opt = report.get("optimizer") or {}
     console.print(f"  optimizer: {opt.get('class')}" + (f" at {opt['site']}" if opt.get("site") else ""))
+    trainer = report.get("trainer")
+    if trainer:
+        made = f" at {trainer['site']}" if trainer.get("site") else ""
+        args_at = f" at {trainer['args_site']}" if trainer.get("args_site") else ""
+        fields = ", ".join(f"{k}={v!r}" for k, v in (trainer.get("args") or {}).items() if k in SHOWN_FIELDS)
+        console.print(Text(f"  Transformers {trainer['class']}{made}; {trainer.get('args_class')}{args_at}: {fields}"))
+        if trainer.get("redirected", {}).get("output_dir"):
+            console.print(Text(f"  its output_dir {trainer['args'].get('output_dir')!r} was not written: saturate "
+                               "pointed it to a scratch folder for this run"))
     for i, loader in enumerate(report.get("loaders", [])):
-        role = "training DataLoader" if i == 0 else "DataLoader"
+        role = ("the Trainer's DataLoader" if trainer else "training DataLoader") if i == 0 else "DataLoader"
         console.print(f"  {role} at {loader.get('site') or '?'}: batch_size={loader['batch_size']}, "
                       f"num_workers={loader['num_workers']}, pin_memory={loader['pin_memory']}"
                       + (f", {loader['batches']} batches in the timed steps" if loader.get("batches") else ""))

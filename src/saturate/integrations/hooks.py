@@ -16,6 +16,9 @@ what this writes into `SATURATE_SCRIPT_DIR`. Nothing in the user's files is touc
   When its window is complete the measurements are written (rank 0) and, in doctor mode, the
   process exits at once (`os._exit`), so none of the script's own code (saving, evaluation) runs
   after saturate stopped it.
+- A Transformers `Trainer` is recognised when the script imports Transformers (`trainer_hooks`): its
+  arguments, where it was made, its per-step losses; overrides are applied to its `TrainingArguments`
+  and, in a trial or a doctor run (not a full run), its output folders point to a scratch folder.
 """
 
 from __future__ import annotations
@@ -32,11 +35,14 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from saturate.integrations.trainer_hooks import TrainerWatch
+
 ENV_DIR = "SATURATE_SCRIPT_DIR"
 ENV_SETTINGS = "SATURATE_SCRIPT_SETTINGS"
 REPORT = "report.json"  # the Profiler's measurements (doctor, tune trials)
 SUMMARY = "summary.json"  # a whole run's step times and samples (run -- CMD)
 FIRST_STEP = "first-step"
+WATCHED = ("transformers.training_args", "transformers.trainer")  # handed to `imported` by the shim
 
 _script: Script | None = None
 
@@ -48,6 +54,12 @@ def install() -> None:
         return
     _script = Script(Path(os.environ[ENV_DIR]), json.loads(os.environ.get(ENV_SETTINGS) or "{}"))
     _script.install()
+
+
+def imported(name: str, module: Any) -> None:
+    """The shim's call when a watched Transformers module has run: wrap its Trainer/TrainingArguments."""
+    if _script is not None:
+        _script.trainer.patch(name, module)
 
 
 def caller_site() -> str | None:
@@ -87,6 +99,11 @@ class Script:
         self.profiler: Any = None
         self.model_info: dict[str, Any] | None = None
         self.done = False
+        self.started = time.perf_counter()  # about when torch finished importing
+        self.first_step_s: float | None = None  # from then to the end of the first optimizer step
+        self.mode = str(settings.get("mode", "doctor"))  # doctor, trial, apply (a full run with the overrides)
+        scratch = None if self.mode == "apply" else folder / "trainer"
+        self.trainer = TrainerWatch(self.overrides.get("trainer") or {}, scratch, caller_site)
 
     # --- installing ---------------------------------------------------------------------------
 
@@ -104,6 +121,14 @@ class Script:
             dl._BaseDataLoaderIter.__next__
         optimizer_init = torch.optim.Optimizer.__init__
 
+        for name in WATCHED:  # imported before torch finished importing (a rare order): wrap them now
+            if name in sys.modules:
+                self.trainer.patch(name, sys.modules[name])
+        if self.mode == "trial":  # trials start from the same weights and batches even if the script never seeds
+            import random
+
+            random.seed(0)
+            torch.manual_seed(0)
         if self.overrides.get("tf32"):
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
@@ -170,6 +195,9 @@ class Script:
         if self.done or (self.optimizer is not None and optimizer is not self.optimizer):
             return
         self.optimizer_steps += 1
+        if self.first_step_s is None:
+            self.first_step_s = time.perf_counter() - self.started
+        self.trainer.end_step()
         if not self.profile:
             if self.optimizer is None:
                 self.optimizer = optimizer
@@ -238,6 +266,8 @@ class Script:
                           "fused": defaults.get("fused"), "foreach": defaults.get("foreach")},
             "model": self.model_info,
             "optimizer_steps": self.optimizer_steps,
+            "first_step_s": self.first_step_s,
+            "trainer": self.trainer.report(),
         }, default=str))
 
     def _live_loaders(self) -> list[tuple[Any, dict[str, Any]]]:
@@ -264,7 +294,7 @@ class Script:
                 self._write(SUMMARY, json.dumps({
                     "world_size": self.world, "optimizer_steps": self.optimizer_steps, "samples": self.samples,
                     "loaders": [{**info, **_loader_settings(ref)} for ref, info in self._live_loaders()],
-                    "step_times": self.step_times}))
+                    "step_times": self.step_times, "trainer": self.trainer.report()}))
             return
         if self.done or self.profiler is None:
             return
@@ -289,6 +319,8 @@ def batch_len(batch: Any) -> int:
 
 
 def _loader_settings(loader: Any) -> dict[str, Any]:
-    return {"batch_size": loader.batch_size, "num_workers": loader.num_workers,
+    batch_size = loader.batch_size if loader.batch_size is not None else \
+        getattr(loader.batch_sampler, "batch_size", None)  # a batch sampler's (Accelerate's, a Trainer's)
+    return {"batch_size": batch_size, "num_workers": loader.num_workers,
             "prefetch_factor": loader.prefetch_factor, "pin_memory": loader.pin_memory,
             "persistent_workers": loader.persistent_workers, "class": type(loader).__name__}

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from saturate.errors import ConfigError
 from saturate.integrations.command import ScriptRun, run_instrumented
 from saturate.integrations.tune import ScriptTrial, drained
 
@@ -45,7 +46,8 @@ class ScriptRunReport:
         return {"command": self.command, "overrides": self.overrides, "ratios": self.ratios,
                 "as_written": [vars(t) for t in self.as_written], "tuned": [vars(t) for t in self.tuned],
                 "full_run": {"returncode": self.full.returncode, "optimizer_steps": self.full.optimizer_steps,
-                             "steps_per_s": rate, "seconds": self.full.seconds}}
+                             "steps_per_s": rate, "seconds": self.full.seconds,
+                             "trainer": (self.full.summary or {}).get("trainer")}}
 
 
 def side_by_side(command: Sequence[str], overrides: dict[str, Any], *, rounds: int = 2, warmup: int = 2,
@@ -59,6 +61,9 @@ def side_by_side(command: Sequence[str], overrides: dict[str, Any], *, rounds: i
                         "stop": True, "overrides": over}
             run = run_instrumented(command, settings, first_step_timeout=first_step_timeout,
                                    quiet_stdout=quiet_stdout)
+            refused = ((run.report or {}).get("trainer") or {}).get("error")
+            if refused and over.get("trainer"):
+                raise ConfigError(f"the script's Trainer refused the overrides {over['trainer']}: {refused}")
             out.append(ScriptTrial.of(name, over, run))
     return written, tuned
 

@@ -1,19 +1,30 @@
 """`saturate tune -- CMD`: the settings a user's own script can take from outside, found by measurement.
 
 Each trial is the script's first optimizer steps run with saturate's hooks, some settings applied
-from outside (`hooks`: DataLoader arguments at construction, TF32 at start-up), timed, then
-stopped. What is tried, in order, each kept only when measured faster than the best so far by more
-than `GAIN_MIN` (so a change within the machine's noise is not taken):
+from outside (`hooks`: DataLoader arguments at construction, TF32 at start-up, a Transformers
+`Trainer`'s `TrainingArguments` before the Trainer reads them), timed, then stopped. What is tried,
+in order, each kept only when measured faster than the best so far by more than `GAIN_MIN` (so a
+change within the machine's noise is not taken):
 
-1. loader workers (only when the as-written run waits for data): 1, 2, 4, … up to the usable cores,
+For a Transformers `Trainer` (its fields, `trainer_hooks.TUNABLE`):
+1. precision: `bf16=True` where the device has native bf16 (else `fp16=True` on CUDA), accepted only
+   when every one of the first steps' losses is within the tuner's tolerance (`LOSS_TOLERANCE`) of the
+   script's own (trials start from the same seed, so they see the same weights and batches);
+2. micro-batch × accumulation over the exact splits of the effective batch as written
+   (`per_device_train_batch_size × gradient_accumulation_steps` kept exactly): upwards while each gains;
+   if none above helped, one step down;
+3. activation checkpointing (`gradient_checkpointing=True`), only where memory stopped a larger
+   micro-batch (a trial that ran out of memory), at that micro-batch; not on a CPU;
+4. the fused optimizer (`optim="adamw_torch_fused"`) where the script uses unfused AdamW;
+5. `torch_compile=True`, not on a CPU; accepted only when faster and when the steps the Trainer plans,
+   times the time saved per step, exceed the extra start-up the compile cost.
+For every script:
+6. loader workers (only when the as-written run waits for data): 1, 2, 4, … up to the usable cores,
    with persistent workers; growth stops at the first count from 2 on that does not gain (one worker
    only overlaps loading with the step, so it may not gain where two do);
-2. a deeper prefetch (4) where workers are kept;
-3. pinned memory, on a GPU;
-4. TF32 matmuls, on a GPU that has them.
-
-Micro-batch, precision, compile and the rest need the script's own training code (a Transformers or
-Lightning `Trainer`'s arguments); they are not tried from outside yet.
+7. a deeper prefetch (4) where workers are kept;
+8. pinned memory, on a GPU;
+9. TF32 matmuls, on a GPU that has them.
 """
 
 from __future__ import annotations
@@ -30,10 +41,15 @@ from rich.table import Table
 from rich.text import Text
 
 from saturate.atomic import atomic_write_bytes
+from saturate.errors import SaturateError
 from saturate.integrations.command import ScriptRun, run_instrumented
+from saturate.integrations.doctor import TRAINER_TERMS, trainer_edit
+from saturate.integrations.trainer_tune import trainer_stages
 
 GAIN_MIN = 1.05  # a setting is kept only when measured at least this much faster than the best so far
 INPUT_SHARE_MIN = 0.05  # below this share of the step waiting for data, loader settings cannot gain much
+
+Runner = Callable[..., ScriptRun]  # run_instrumented's signature; tests pass a fake machine
 
 
 @dataclass
@@ -47,14 +63,29 @@ class ScriptTrial:
     data_share: float
     steps: int
     outcome: str = ""  # why it was kept or not
+    losses: list[float] = field(default_factory=list)  # a Trainer's per-step losses, from the first step
+    first_step_s: float | None = None  # from torch's import to the end of the first optimizer step
+    samples_per_step: float | None = None
+    note: str = ""  # what a check found when it passed (the losses' drift)
 
     @classmethod
     def of(cls, name: str, overrides: dict[str, Any], run: ScriptRun) -> ScriptTrial:
-        m = (run.report or {})["measurements"]
+        report = run.report or {}
+        m = report["measurements"]
         step_s = m["step_s"]
         sps = m["samples_per_step"] / step_s if m.get("samples_per_step") and step_s > 0 else None
         data = m["phases"].get("data", 0.0) / step_s if step_s > 0 else 0.0
-        return cls(name, overrides, step_s, sps, data, m["steps"])
+        losses = (report.get("trainer") or {}).get("losses") or []
+        return cls(name, overrides, step_s, sps, data, m["steps"], losses=losses,
+                   first_step_s=report.get("first_step_s"), samples_per_step=m.get("samples_per_step"))
+
+    @classmethod
+    def failed(cls, name: str, overrides: dict[str, Any], why: str) -> ScriptTrial:
+        return cls(name, overrides, float("inf"), None, 0.0, 0, outcome=f"failed: {why}")
+
+    @property
+    def ok(self) -> bool:
+        return self.step_s != float("inf")
 
 
 @dataclass
@@ -66,6 +97,7 @@ class ScriptTuning:
     decisions: list[str] = field(default_factory=list)
     loaders: list[dict[str, Any]] = field(default_factory=list)  # as the as-written run saw them
     device_type: str = "cpu"
+    trainer: dict[str, Any] | None = None  # a Transformers Trainer as the as-written run saw it
 
     @property
     def speedup(self) -> float:
@@ -74,68 +106,126 @@ class ScriptTuning:
     def to_dict(self) -> dict[str, Any]:
         return {"command": self.command, "overrides": self.best.overrides, "speedup": self.speedup,
                 "baseline": vars(self.baseline), "best": vars(self.best), "trials": [vars(t) for t in self.trials],
-                "decisions": self.decisions, "loaders": self.loaders, "device_type": self.device_type}
+                "decisions": self.decisions, "loaders": self.loaders, "device_type": self.device_type,
+                "trainer": self.trainer, "edits": edits(self)}
 
 
 def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, cores: int = 1,
                  first_step_timeout: float = 300.0, quiet_stdout: bool = False,
-                 on_trial: Callable[[ScriptTrial], None] | None = None) -> ScriptTuning:
-    """Measure the script as written, then the settings above one family at a time; the fastest wins."""
-    def trial(name: str, overrides: dict[str, Any]) -> tuple[ScriptTrial, ScriptRun]:
-        settings = {"mode": "trial", "warmup": drained(warmup, overrides), "count_steps": 0, "steps": steps,
-                    "stop": True, "overrides": overrides}
-        run = run_instrumented(command, settings, first_step_timeout=first_step_timeout, quiet_stdout=quiet_stdout)
-        t = ScriptTrial.of(name, overrides, run)
-        if on_trial is not None:
-            on_trial(t)
-        return t, run
+                 on_trial: Callable[[ScriptTrial], None] | None = None, runner: Runner = run_instrumented,
+                 supports: dict[str, bool] | None = None) -> ScriptTuning:
+    """Measure the script as written, then the settings above one family at a time; the fastest wins.
 
-    base, run = trial("as written", {})
+    `supports`: native bf16/fp16/tf32 on the script's device (default: `saturate.hardware.probe`'s)."""
+    search = _Search(list(command), warmup, steps, first_step_timeout, quiet_stdout, on_trial, runner)
+    base, run = search.trial("as written", {})
     base.outcome = "the script's own settings"
     report = run.report or {}
     device = report["measurements"]["device_type"]
+    trainer = report.get("trainer")
     result = ScriptTuning(list(run.command), base, base, [base], loaders=report.get("loaders", []),
-                          device_type=device)
+                          device_type=device, trainer=trainer)
+    search.result = result
+    if trainer is not None:
+        if supports is None:
+            from saturate.hardware import probe
 
-    def consider(name: str, overrides: dict[str, Any]) -> bool:
-        t, _ = trial(name, overrides)
+            supports = probe(measure_peaks=False, device=device).supports
+        trainer_stages(search, trainer, supports)
+    search.loader_stages(cores)
+    if device == "cuda":
+        search.consider("TF32", _merge(result.best.overrides, {"tf32": True}))
+    else:
+        result.decisions.append(f"TF32: not on {device}")
+    if trainer is None:
+        result.decisions.append("micro-batch, precision, compile and fused optimizer: need the script's training "
+                                "code (a Transformers Trainer's arguments); not tried from outside")
+    return result
+
+
+class _Search:
+    """The trials of one tuning: each a run of the script, kept only when measured faster."""
+
+    def __init__(self, command: list[str], warmup: int, steps: int, first_step_timeout: float, quiet_stdout: bool,
+                 on_trial: Callable[[ScriptTrial], None] | None, runner: Runner) -> None:
+        self.command, self.warmup, self.steps = command, warmup, steps
+        self.first_step_timeout, self.quiet_stdout = first_step_timeout, quiet_stdout
+        self.on_trial, self.runner = on_trial, runner
+        self.result: ScriptTuning = None  # type: ignore[assignment]  # set once the baseline is measured
+
+    def trial(self, name: str, overrides: dict[str, Any]) -> tuple[ScriptTrial, ScriptRun]:
+        settings = {"mode": "trial", "warmup": drained(self.warmup, overrides), "count_steps": 0,
+                    "steps": self.steps, "stop": True, "overrides": overrides}
+        run = self.runner(self.command, settings, first_step_timeout=self.first_step_timeout,
+                          quiet_stdout=self.quiet_stdout)
+        t = ScriptTrial.of(name, overrides, run)
+        error = ((run.report or {}).get("trainer") or {}).get("error")
+        if error and overrides.get("trainer"):
+            t = ScriptTrial.failed(name, overrides, f"the Trainer refused the arguments ({error})")
+        if self.on_trial is not None:
+            self.on_trial(t)
+        return t, run
+
+    def consider(self, name: str, overrides: dict[str, Any],
+                 check: Callable[[ScriptTrial], str | None] | None = None) -> ScriptTrial:
+        """Run a trial; keep it when `check` finds nothing wrong and it is at least GAIN_MIN faster."""
+        try:
+            t, _ = self.trial(name, overrides)
+        except SaturateError as e:  # the script failed with this setting (out of memory, refused)
+            t = ScriptTrial.failed(name, overrides, str(e))
+            if self.on_trial is not None:
+                self.on_trial(t)
+        result = self.result
         result.trials.append(t)
+        if not t.ok:
+            return t
+        problem = check(t) if check is not None else None
         gain = result.best.step_s / t.step_s if t.step_s > 0 else 0.0
-        if gain >= GAIN_MIN:
+        if problem:
+            t.outcome = f"not kept: {problem}"
+        elif gain >= GAIN_MIN:
             t.outcome = f"kept: {gain:.2f}× the best so far"
             result.best = t
-            return True
-        t.outcome = f"not kept: {gain:.2f}× the best so far (needs {GAIN_MIN:.2f}×)"
-        return False
+        else:
+            t.outcome = f"not kept: {gain:.2f}× the best so far (needs {GAIN_MIN:.2f}×)"
+        if t.note and not problem:
+            t.outcome += f"; {t.note}"
+        return t
 
-    loader = result.loaders[0] if result.loaders else None
-    if loader is None:
-        result.decisions.append("loader settings: no DataLoader in the timed steps; not tried")
-    elif base.data_share < INPUT_SHARE_MIN:
-        result.decisions.append(f"loader settings: waiting for data is {100 * base.data_share:.0f} % of the step "
-                                f"as written; more workers cannot gain more than that; not tried")
-    else:
+    def kept(self, t: ScriptTrial) -> bool:
+        return self.result.best is t
+
+    def with_trainer(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """The best overrides so far with these TrainingArguments fields added."""
+        return _merge(self.result.best.overrides, {"trainer": fields})
+
+    # --- every script's DataLoaders ----------------------------------------------------------
+
+    def loader_stages(self, cores: int) -> None:
+        result = self.result
+        base = result.baseline
+        loader = result.loaders[0] if result.loaders else None
+        if loader is None:
+            result.decisions.append("loader settings: no DataLoader in the timed steps; not tried")
+            return
+        if base.data_share < INPUT_SHARE_MIN:
+            result.decisions.append(f"loader settings: waiting for data is {100 * base.data_share:.0f} % of the "
+                                    f"step as written; more workers cannot gain more than that; not tried")
+            return
         written = loader.get("num_workers") or 0
         counts = [w for w in _powers_of_two(max(1, cores)) if w != written]
         for w in counts:
-            gained = consider(f"{w} workers", _merge(result.best.overrides, {"loader": {
+            t = self.consider(f"{w} workers", _merge(result.best.overrides, {"loader": {
                 "num_workers": w, "persistent_workers": True}}))
-            if not gained and w >= 2:  # one worker only overlaps loading with the step: 2 is the first real test
+            if not self.kept(t) and w >= 2:  # one worker only overlaps loading with the step: 2 is the first test
                 break
         workers = result.best.overrides.get("loader", {}).get("num_workers", written)
         result.decisions.append(f"loader workers: {workers} (as written {written}; tried "
                                 f"{', '.join(map(str, counts))})")
         if workers:
-            consider("prefetch 4", _merge(result.best.overrides, {"loader": {"prefetch_factor": 4}}))
-        if device == "cuda" and not loader.get("pin_memory"):
-            consider("pinned memory", _merge(result.best.overrides, {"loader": {"pin_memory": True}}))
-    if device == "cuda":
-        consider("TF32", _merge(result.best.overrides, {"tf32": True}))
-    else:
-        result.decisions.append(f"TF32: not on {device}")
-    result.decisions.append("micro-batch, precision, compile and fused optimizer: need the script's training code "
-                            "(a Trainer's arguments); not tried from outside")
-    return result
+            self.consider("prefetch 4", _merge(result.best.overrides, {"loader": {"prefetch_factor": 4}}))
+        if result.device_type == "cuda" and not loader.get("pin_memory"):
+            self.consider("pinned memory", _merge(result.best.overrides, {"loader": {"pin_memory": True}}))
 
 
 def drained(warmup: int, overrides: dict[str, Any]) -> int:
@@ -162,8 +252,15 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 
 def edits(tuning: ScriptTuning) -> list[str]:
-    """The tuned overrides as the edits a user would make in the script."""
+    """The tuned overrides as the edits a user would make in the script: a Trainer's TrainingArguments
+    when the script has one, else its DataLoader call and TF32 at start-up."""
     over = tuning.best.overrides
+    if tuning.trainer:
+        fields = dict(over.get("trainer") or {})
+        fields.update({TRAINER_TERMS[k]: v for k, v in (over.get("loader") or {}).items() if k in TRAINER_TERMS})
+        if over.get("tf32"):
+            fields["tf32"] = True
+        return [trainer_edit(fields, tuning.trainer)] if fields else []
     lines = []
     loader = tuning.loaders[0] if tuning.loaders else {}
     if over.get("loader"):
@@ -185,24 +282,31 @@ def write(tuning: ScriptTuning, folder: Path) -> Path:
 
 def render(tuning: ScriptTuning, console: Console, written: Path | None = None) -> None:
     console.print(Text(f"saturate tune -- {shlex.join(tuning.command)}", style="bold"))
+    if tuning.trainer:
+        tr = tuning.trainer
+        console.print(Text(f"Transformers {tr['class']} at {tr.get('site') or '?'}; its "
+                           f"{tr.get('args_class') or 'TrainingArguments'} at {tr.get('args_site') or '?'}"))
     t = Table(box=None, padding=(0, 1))
     for col, justify in (("trial", "left"), ("s/step", "right"), ("samples/s", "right"), ("data", "right")):
         t.add_column(col, justify=justify)
     for trial in tuning.trials:
+        if not trial.ok:
+            t.add_row(trial.name, "failed", "-", "-")
+            continue
         t.add_row(trial.name, f"{trial.step_s:.4g}", f"{trial.samples_per_s:.1f}" if trial.samples_per_s else "-",
                   f"{100 * trial.data_share:.0f} %")
     console.print(t)
     for trial in tuning.trials[1:]:
-        console.print(f"  {trial.name}: {trial.outcome}")
+        console.print(Text(f"  {trial.name}: {trial.outcome}"))
     for d in tuning.decisions:
-        console.print(f"  {d}")
+        console.print(Text(f"  {d}"))
     console.print(Text(f"best: {tuning.best.name}, {tuning.speedup:.2f}× the script as written (measured, "
                        f"{tuning.best.steps} timed steps each)", style="bold"))
     lines = edits(tuning)
     if lines:
         console.print("the edit to make in your script:")
         for line in lines:
-            console.print(f"  {line}")
+            console.print(Text(f"  {line}"))
     else:
         console.print("no setting measured faster than the script as written; nothing to change")
     if written is not None:

@@ -152,7 +152,7 @@ class _Search:
             if not t.ok:
                 t.verdict = f"{t.status}: {t.error}"
                 continue
-            drift = _loss_drift(t.losses, ref.losses)
+            drift = loss_drift(t.losses, ref.losses)
             if drift > s.loss_tolerance:
                 t.verdict = f"losses differ from fp32 by up to {100 * drift:.1f} % (> {100 * s.loss_tolerance:.0f} %)"
                 self.decisions.append(f"precision: {label} rejected, its first {len(t.losses)} losses differ from "
@@ -453,7 +453,7 @@ def _precision_label(plan: Plan) -> str:
     return plan.precision
 
 
-def _loss_drift(losses: list[float], reference: list[float]) -> float:
+def loss_drift(losses: list[float], reference: list[float]) -> float:
     """Largest relative difference between two loss curves over their common steps."""
     n = min(len(losses), len(reference))
     if n == 0:

@@ -4,6 +4,8 @@ Python imports `sitecustomize` at start-up from the first folder on sys.path tha
 puts this folder first on PYTHONPATH for the command. It does nothing until the process imports
 torch, then installs saturate's hooks (saturate.integrations.hooks), so a launcher or a helper
 process that never imports torch pays nothing. A sitecustomize the machine already had is run too.
+When Transformers' `trainer` or `training_args` module is imported, the hooks are handed it once it
+has run, to wrap its `Trainer`/`TrainingArguments` (nothing of Transformers is imported eagerly).
 """
 
 import importlib.abc
@@ -46,6 +48,39 @@ class _AfterTorch(importlib.abc.MetaPathFinder):
         return spec
 
 
+class _AfterTransformers(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when one of `WATCHED` is imported, hands it to the hooks once it has run."""
+
+    WATCHED = ("transformers.trainer", "transformers.training_args")
+
+    def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+        if name not in self.WATCHED:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader_exec = spec.loader.exec_module
+
+        def exec_module(module):  # type: ignore[no-untyped-def]
+            loader_exec(module)
+            _install()
+            try:
+                from saturate.integrations import hooks
+            except Exception:  # already said by _install
+                return
+            hooks.imported(name, module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
 def _install() -> None:
     try:
         from saturate.integrations import hooks
@@ -65,3 +100,4 @@ if os.environ.get("SATURATE_SCRIPT_DIR"):
         _install()
     else:
         sys.meta_path.insert(0, _AfterTorch())
+    sys.meta_path.insert(0, _AfterTransformers())
