@@ -16,9 +16,11 @@ from saturate.cli import doctor as doctor_cli
 from saturate.cli import sweep as sweep_cli
 from saturate.cli import tune as tune_cli
 from saturate.cli.args import add_workload_args, workload_from_args
+from saturate.engine.signals import PREEMPTION_SIGNALS, Preempted, preemption_raises
 
 EXIT_ERROR = 2
 EXIT_OOM = 3
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM/SIGUSR1 with a checkpoint written; requeue with --resume
 EXIT_INTERRUPTED = 130
 
 
@@ -89,7 +91,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     hw = probe(measure_peaks=False, device=args.device)
     workload = workload_from_args(args)
     result = train(workload, plan, config, hardware=hw)
-    return EXIT_INTERRUPTED if result.interrupted else 0
+    if not result.interrupted:
+        return 0
+    if _rank() == 0:
+        saved = f"checkpoint {result.checkpoint} written" if result.checkpoint else "no checkpoint written"
+        print(f"saturate: stopped by {result.stop_signal} at step {result.steps}; {saved}", file=sys.stderr)
+    return EXIT_PREEMPTED if result.stop_signal in PREEMPTION_SIGNALS else EXIT_INTERRUPTED
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -101,7 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:  # `saturate` alone runs the main job on the embedded default
         args = parser.parse_args([*argv, "run"])
     try:
-        return args.func(args)
+        with preemption_raises():
+            return args.func(args)
     except SaturateError as e:
         if args.debug:
             raise
@@ -129,8 +137,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("saturate: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Preempted as e:  # outside the training loop: nothing of this session to save
+        print(f"saturate: {_rank_prefix()}stopped by {e.signal_name} (any earlier checkpoint is kept)", file=sys.stderr)
+        return EXIT_PREEMPTED
     finally:
         _leave_process_group()
+
+
+def _rank() -> int:
+    import os
+
+    return int(os.environ.get("RANK", "0"))
 
 
 def _rank_prefix() -> str:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-import errno
 import os
 import pickle
 import re
@@ -32,7 +31,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from saturate.atomic import atomic_write, fsync_dir
+from saturate.atomic import DiskFullError, atomic_write, fsync_dir, full_disk_reason, is_disk_full
 from saturate.engine.distributed import agree_any, barrier, dist_info
 from saturate.errors import CheckpointError
 
@@ -61,17 +60,26 @@ class CheckpointManager:
 
     def save(self, step: int, state: dict[str, Any]) -> Path:
         path = self.folder / f"ckpt-{step:08d}.pt"
+        needed = state_bytes(state)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, lambda f: torch.save(state, f))
-        except OSError as e:
-            previous = [s for s, _ in self.checkpoints() if s != step]
-            kept = f"the previous checkpoint (step {previous[-1]}) is kept" if previous else "no earlier checkpoint"
-            reason = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else (e.strerror or str(e))
-            raise CheckpointError(
-                f"could not write checkpoint for step {step} in {self.folder}: {reason}; {kept}") from e
+            atomic_write(path, lambda f: torch.save(state, f), needed=needed)
+        except (OSError, DiskFullError) as e:
+            raise self._save_error(step, e, needed) from None
         self._prune()
         return path
+
+    def _save_error(self, step: int, e: BaseException | None, needed: int) -> CheckpointError:
+        """One line: what failed, why (for a full disk: the folder, the space needed and free), what is kept."""
+        previous = [s for s, _ in self.checkpoints() if s != step]
+        kept = f"the previous checkpoint (step {previous[-1]}) is kept" if previous else "no earlier checkpoint"
+        if e is None:
+            reason = "another rank failed to write its part"
+        elif is_disk_full(e) or any(is_disk_full(getattr(c, "exc", c)) for c in getattr(e, "failures", {}).values()):
+            reason = full_disk_reason(self.folder, needed)
+        else:
+            reason = f"{_first_line(e)} (in {self.folder})"
+        return CheckpointError(f"could not write checkpoint for step {step}: {reason}; {kept}")
 
     def save_sharded(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any],
                      rank_state: dict[str, Any]) -> Path:
@@ -88,23 +96,26 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a killed save of this same step
         barrier()
         error: BaseException | None = None
+        needed = 0
         try:
             model_state, optim_state = get_state_dict(model, optimizer)
+            needed = state_bytes((model_state, optim_state))  # global sizes: every rank's parts together
             with _single_process_quiet():
                 dcp.save({"model": model_state, "optimizer": optim_state},
                          storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True))
             atomic_write(tmp / f"rank-{rank:05d}.pt", lambda f: torch.save(rank_state, f))
             if rank == 0:
                 atomic_write(tmp / META, lambda f: torch.save(meta, f))
-        except (OSError, CheckpointException) as e:  # DCP reports any rank's failure on every rank
+        except (OSError, DiskFullError, CheckpointException) as e:  # DCP reports any rank's failure on every rank
+            error = e
+        except RuntimeError as e:  # torch's writers raise RuntimeError over an OSError
+            if not is_disk_full(e):
+                raise
             error = e
         if agree_any(error is not None):  # also the barrier: every rank has written its part
             if rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
-            previous = [s for s, _ in self.checkpoints() if s != step]
-            kept = f"the previous checkpoint (step {previous[-1]}) is kept" if previous else "no earlier checkpoint"
-            reason = _save_failure(error) if error is not None else "another rank failed to write its part"
-            raise CheckpointError(f"could not write checkpoint for step {step} in {self.folder}: {reason}; {kept}")
+            raise self._save_error(step, error, needed)
         if rank == 0:
             if final.exists():  # an unloadable checkpoint of this step that the resume skipped
                 shutil.rmtree(final)
@@ -229,15 +240,22 @@ def _group_up() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _save_failure(e: BaseException) -> str:
-    causes = [e, *getattr(e, "failures", {}).values()]
-    for c in causes:
-        c = getattr(c, "exc", c)  # DCP wraps each rank's exception
-        if isinstance(c, OSError) and c.errno in (errno.ENOSPC, errno.EDQUOT):
-            return "the disk is full"
-    if isinstance(e, OSError):
-        return e.strerror or str(e)
+def _first_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
     return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+
+
+def state_bytes(obj: Any) -> int:
+    """Bytes of the tensors in a (nested) state: what a checkpoint of it needs on disk, about.
+    A DTensor counts its global size (DCP writes every shard, replicated ones once)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(state_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(state_bytes(v) for v in obj)
+    return 0
 
 
 def check_dcp_metadata(folder: Path) -> None:

@@ -205,6 +205,8 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
     console = ConsoleSink(total_steps, start_step=step, enabled=cfg.progress and dist.is_main)
     sinks.append(console)
     if dist.is_main:
+        # summary.json describes a finished session (a requeue script reads its "stopped_by"): never a stale one
+        (run_dir / "summary.json").unlink(missing_ok=True)
         plan.save(run_dir / "plan.toml")
         write_json(run_dir / "run.json", {
             "workload": workload.name, "info": workload.info, "fingerprint": fingerprint,

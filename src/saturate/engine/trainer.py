@@ -25,6 +25,7 @@ from saturate.data.windows import eval_loader
 from saturate.engine.distributed import (
     agree_any,
     all_reduce_mean_,
+    all_reduce_scalar,
     broadcast_object,
     gather_objects,
     init_distributed,
@@ -82,12 +83,7 @@ def _loop(t: Training) -> RunResult:
             t.step += 1
             t.window_steps += 1
             t.console.advance(t.step)  # host-only: moves the bar and ETA, reads nothing from the device
-            # Read once: a Ctrl-C landing later in this step is seen at the next one, never between the
-            # checkpoint decision and the loop test (which would stop without a checkpoint, or, with
-            # several ranks, stop one rank a step before the others). A budget is not an interruption.
-            stopping = t.stop.requested or (t.deadline is not None and time.monotonic() >= t.deadline)
-            if t.world > 1:  # a Ctrl-C or a budget seen by one rank stops all of them at this same step
-                stopping = agree_any(stopping)
+            stopping = _stop_due(t)
 
             step = t.step
             eval_due = t.val_loader is not None and (step % t.eval_every == 0 or step == t.total_steps)
@@ -111,6 +107,24 @@ def _loop(t: Training) -> RunResult:
 
 
 # --- what the loop calls ----------------------------------------------------------------------
+
+
+def _stop_due(t: Training) -> bool:
+    """Whether to stop after this step, decided once per step and agreed by every rank.
+
+    Read once: a signal landing later in this step is seen at the next one, never between the
+    checkpoint decision and the loop test (which would stop without a checkpoint, or, with several
+    ranks, stop one rank a step before the others). A budget is not an interruption.
+    """
+    budget_out = t.deadline is not None and time.monotonic() >= t.deadline
+    if t.world == 1:
+        return t.stop.requested or budget_out
+    # A signal or a budget seen by one rank stops all of them at this same step, for the same reason:
+    # one all-reduce (max) of 2 × the signal's code + the budget flag.
+    mine = 2 * t.stop.code + int(budget_out)
+    agreed = int(all_reduce_scalar(float(mine), "max"))
+    t.stop.adopt(agreed // 2)
+    return agreed > 0
 
 
 def _log_window(t: Training) -> float:
@@ -178,11 +192,12 @@ def _validate(t: Training) -> None:
 def _checkpoint(t: Training) -> None:
     state = snapshot(t.step, t.stepper, t.stepper.precision, t.schedule, t.plan, t.fingerprint,
                      t.workload.identity, t.elapsed_before + t.train_seconds, t.cfg.seed, t.world)
-    if t.stepper.strategy == "single":
-        t.last_ckpt = t.ckpts.save(t.step, state)
-    else:
-        rng = state.pop("rng")
-        t.last_ckpt = t.ckpts.save_sharded(t.step, t.model, t.stepper.optimizer, state, {"rng": rng})
+    with t.stop.deferred():  # a signal during the write is held until the checkpoint is whole
+        if t.stepper.strategy == "single":
+            t.last_ckpt = t.ckpts.save(t.step, state)
+        else:
+            rng = state.pop("rng")
+            t.last_ckpt = t.ckpts.save_sharded(t.step, t.model, t.stepper.optimizer, state, {"rng": rng})
     t.window_start = now(t.device)
     t.watch.reset()
 
@@ -197,7 +212,8 @@ def _finish(t: Training) -> RunResult:
         tokens_per_s=None, samples_per_s=None, mfu=None, peak_label=t.peak_label,
         peak_memory_bytes=None, memory_kind="device" if t.device.type == "cuda" else "host RSS",
         train_loss=t.train_loss, val_loss=t.val_loss, checkpoint=t.last_ckpt, weights=weights,
-        stopped_early=t.step < t.total_steps, interrupted=t.stop.interrupted, notes=t.notes,
+        stopped_early=t.step < t.total_steps, interrupted=t.stop.interrupted,
+        stop_signal=t.stop.signal_name, notes=t.notes,
         metrics=t.extra_metrics,
     )
     fill_summary(result, t.workload, t.effective, t.step - t.start_step, t.peak, t.device, t.run_dir, t.dist)
