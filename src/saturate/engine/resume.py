@@ -6,6 +6,7 @@ model, other data or another effective batch.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -56,15 +57,25 @@ def latest_run_dir(workload_name: str, root: Path = Path("runs")) -> Path | None
 def load_resume_state(ckpts: CheckpointManager, dist: DistInfo) -> dict[str, Any]:
     if dist.is_main:
         ckpts.remove_stale_temporaries()  # nothing is being written yet: every rank is here
-    loaded = ckpts.load_latest()
+    loaded = ckpts.load_latest(check=_check_format)
     if loaded is None:
         why = f" ({'; '.join(ckpts.skipped)})" if getattr(ckpts, "skipped", None) else ""
         raise CheckpointError(f"--resume: no loadable checkpoint in {ckpts.folder}{why}")
     state, path = loaded
-    if state.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path} has checkpoint format {state.get('format')}, expected {CHECKPOINT_FORMAT}")
+    if ckpts.skipped and dist.is_main:  # the newest was damaged or foreign: say which and why, then what is used
+        for why in ckpts.skipped:
+            print(f"saturate: warning: {why}; skipped", file=sys.stderr)
+        print(f"saturate: warning: resuming from the previous good checkpoint {path} (step {state['step']})",
+              file=sys.stderr)
     state["path"] = str(path)
     return state
+
+
+def _check_format(state: dict[str, Any], path: Path) -> None:
+    if "format" not in state or "step" not in state:
+        raise CheckpointError(f"{path} is not a saturate checkpoint (no format or step in it)")
+    if state["format"] != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path} has checkpoint format {state['format']}, expected {CHECKPOINT_FORMAT}")
 
 
 def checkpoint_plan(state: dict[str, Any], world: int, notes: list[str]) -> Plan:
