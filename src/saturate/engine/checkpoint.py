@@ -272,6 +272,21 @@ def _first_line(e: BaseException) -> str:
     return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
 
 
+def state_is_finite(model: nn.Module, optimizer: torch.optim.Optimizer, *extra: torch.Tensor | None) -> bool:
+    """Whether every parameter, buffer and optimizer state tensor (and `extra`: the last gradient norm) is
+    finite, on every rank. Checked on the device, one flag per tensor, one host sync; a diverged step can
+    leave finite weights beside an infinite Adam second moment, which the next step turns into NaN."""
+    tensors = [*model.parameters(), *model.buffers(), *(t for t in extra if t is not None),
+               *(v for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor))]
+    flags = []
+    for t in tensors:
+        t = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's shard
+        if t.is_floating_point() and t.numel():
+            flags.append(torch.isfinite(t).all())
+    bad = bool(flags) and not bool(torch.stack([f.to(flags[0].device) for f in flags]).all())  # deliberate sync
+    return not agree_any(bad)
+
+
 def state_bytes(obj: Any) -> int:
     """Bytes of the tensors in a (nested) state: what a checkpoint of it needs on disk, about.
     A DTensor counts its global size (DCP writes every shard, replicated ones once)."""

@@ -40,7 +40,7 @@ from saturate.engine.watch import TrainingWatch
 from saturate.errors import CheckpointError, ConfigError
 from saturate.hardware import measure_matmul_peak, synchronize
 from saturate.plan import Plan
-from saturate.workloads.base import Workload
+from saturate.workloads.base import FLOAT32_MAX, Workload
 
 
 @dataclass
@@ -175,6 +175,8 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
     if effective != optim.effective_batch:
         notes.append(f"effective batch {effective} differs from the workload's {optim.effective_batch}: "
                      f"learning rate scaled linearly {optim.lr:g} -> {lr:g}")
+    if not lr <= FLOAT32_MAX:
+        raise ConfigError(f"the learning rate scaled to the effective batch, {lr:g}, is beyond float32's range")
     stepper = Stepper(workload, plan, device, lr, notes=notes, compile=False, dist=dist)
     if world > 1:  # after the (identical) build: each rank its own stream, as for dropout on its own data
         torch.manual_seed(cfg.seed + dist.rank)

@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from saturate.data.windows import eval_loader
+from saturate.engine.checkpoint import state_is_finite
 from saturate.engine.distributed import (
     agree_any,
     all_reduce_mean_,
@@ -190,6 +191,13 @@ def _validate(t: Training) -> None:
 
 
 def _checkpoint(t: Training) -> None:
+    # A diverging step can leave NaN or infinite state behind a finite loss: never save it, so the newest
+    # checkpoint is always one a resume can continue from.
+    if not state_is_finite(t.model, t.stepper.optimizer, t.stepper.grad_norm):
+        kept = t.ckpts.checkpoints()
+        kept_text = f"the last finite checkpoint (step {kept[-1][0]}) is kept" if kept else "no checkpoint was written"
+        raise SaturateError(f"the model or optimizer state became non-finite (nan or inf) by step {t.step}, so it "
+                            f"was not saved; lower the learning rate; {kept_text}")
     state = snapshot(t.step, t.stepper, t.stepper.precision, t.schedule, t.plan, t.fingerprint,
                      t.workload.identity, t.elapsed_before + t.train_seconds, t.cfg.seed, t.world)
     with t.stop.deferred():  # a signal during the write is held until the checkpoint is whole
