@@ -40,27 +40,29 @@ def wait_until(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> Non
         time.sleep(0.02)
 
 
-def test_sigterm_checkpoints_says_so_exits_75_and_resumes(tmp_path, small_corpus):
-    sig = signal.SIGTERM
+def test_sigterm_checkpoints_says_so_exits_75_and_the_printed_resume_works(tmp_path, small_corpus):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(saturate_cmd(*tiny_args(small_corpus, run_dir)), env=cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    args = tiny_args(small_corpus, run_dir)
+    args[args.index("--steps") + 1] = "60"
+    proc = subprocess.Popen(saturate_cmd(*args), env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
     wait_until(lambda: bool(logged_steps(run_dir)), proc)
-    proc.send_signal(sig)
+    proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == EXIT_PREEMPTED, out
     (stopped_at, path), = CheckpointManager(run_dir / "checkpoints").checkpoints()
-    assert stopped_at == max(logged_steps(run_dir))  # the step boundary it stopped at was logged and saved
-    assert f"saturate: stopped by {sig.name} at step {stopped_at}; checkpoint {path} written" in out
+    assert stopped_at == max(logged_steps(run_dir)) < 60  # the step boundary it stopped at was logged and saved
+    hint = f"resume with: saturate train --resume --run-dir {run_dir}"
+    assert f"saturate: stopped by SIGTERM at step {stopped_at}; checkpoint {path} written; {hint}" in out
     assert "Traceback" not in out
     assert load_checkpoint(path)["step"] == stopped_at
 
-    # What a requeued job does: the same command with --resume continues it.
-    args = tiny_args(small_corpus, run_dir, "--resume")
-    args[args.index("--steps") + 1] = str(stopped_at + 2)
-    done = subprocess.run(saturate_cmd(*args), env=cli_env(), capture_output=True, text=True, timeout=120)
+    # What a requeued job does: the command exactly as printed (the run's workload flags are in its run.json).
+    done = subprocess.run(saturate_cmd(*hint.split()[3:]), env=cli_env(), capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
-    assert logged_steps(run_dir) == list(range(1, stopped_at + 3))
+    assert f"resuming at step {stopped_at}" in done.stdout
+    assert max(logged_steps(run_dir)) == 60 and (run_dir / "model.safetensors").is_file()
 
 
 SLOW_STOP_SAVE = textwrap.dedent("""

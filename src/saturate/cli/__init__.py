@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,8 +16,9 @@ from pathlib import Path
 from saturate.cli import doctor as doctor_cli
 from saturate.cli import sweep as sweep_cli
 from saturate.cli import tune as tune_cli
-from saturate.cli.args import add_workload_args, workload_from_args
+from saturate.cli.args import add_workload_args, recorded_source, source_from_args, source_record
 from saturate.engine.signals import PREEMPTION_SIGNALS, Preempted, preemption_raises
+from saturate.workloads.source import Source, from_source
 
 EXIT_ERROR = 2
 EXIT_OOM = 3
@@ -81,21 +83,28 @@ def cmd_train(args: argparse.Namespace) -> int:
     from saturate.hardware import probe
     from saturate.plan import resolve_plan
 
+    src = source_from_args(args)
+    if args.resume and args.run_dir is not None and src == Source():
+        # `--resume --run-dir R` alone: the workload the run was started with (its flags, in run.json)
+        src = recorded_source(args.run_dir) or src
     config = RunConfig(
-        steps=args.steps, minutes=args.minutes, run_dir=args.run_dir, resume=args.resume, seed=args.seed,
+        steps=args.steps, minutes=args.minutes, run_dir=args.run_dir, resume=args.resume, seed=src.seed,
         device=args.device, log_every=args.log_every, eval_every=args.eval_every,
         ckpt_every=args.ckpt_every, keep_checkpoints=args.keep, progress=not args.no_progress,
-        use_tuned=not args.no_tuned,
+        use_tuned=not args.no_tuned, source=source_record(src),
     )
     plan = resolve_plan(args.plan) if args.plan else None  # None: the checkpoint's, or the seed plan
     hw = probe(measure_peaks=False, device=args.device)
-    workload = workload_from_args(args)
+    workload = from_source(src)
     result = train(workload, plan, config, hardware=hw)
     if not result.interrupted:
         return 0
     if _rank() == 0:
         saved = f"checkpoint {result.checkpoint} written" if result.checkpoint else "no checkpoint written"
-        print(f"saturate: stopped by {result.stop_signal} at step {result.steps}; {saved}", file=sys.stderr)
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        launch = f"torchrun --nproc_per_node={world} -m saturate" if world > 1 else "saturate"
+        print(f"saturate: stopped by {result.stop_signal} at step {result.steps}; {saved}; resume with: "
+              f"{launch} train --resume --run-dir {result.run_dir}", file=sys.stderr)
     return EXIT_PREEMPTED if result.stop_signal in PREEMPTION_SIGNALS else EXIT_INTERRUPTED
 
 
@@ -145,22 +154,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _rank() -> int:
-    import os
-
     return int(os.environ.get("RANK", "0"))
 
 
 def _rank_prefix() -> str:
     """Under torchrun every rank reports its own error: say which one."""
-    import os
-
     return f"[rank {os.environ['RANK']}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
 
 
 def _lost_a_peer(e: BaseException) -> bool:
     """A collective failed because another rank went away (it crashed, or torchrun stopped it)."""
-    import os
-
     text = str(e)
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and any(
         k in text for k in ("closed by peer", "reset by peer", "Broken pipe", "Connection refused"))

@@ -2,13 +2,18 @@
 
     add_workload_args(parser)   --preset, --data, --workload, --hf, --task, --param, --effective-batch, …
     source_from_args(args)      -> workloads.source.Source
+    source_record(src), recorded_source(run_dir)   a run's Source in its run.json, for `--resume --run-dir R`
     workload_from_args(args)    -> Workload (params: a sweep point's overrides)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from saturate.workloads.base import Workload
@@ -51,6 +56,33 @@ def source_from_args(args: argparse.Namespace) -> Source:
         task=args.task or "lm", data=args.data, text_field=args.text_field, tokenizer=args.tokenizer,
         effective_batch=args.effective_batch, seed=args.seed, params=parse_params(args.param or []),
     )
+
+
+def source_record(src: Source) -> dict[str, Any]:
+    """`src` as JSON data for run.json, its paths made absolute so a resume from another folder finds them."""
+    record = dataclasses.asdict(src)
+    record["data"] = [os.path.abspath(os.path.expanduser(d)) for d in src.data] if src.data else None
+    record["hf"] = os.path.abspath(os.path.expanduser(src.hf)) if src.hf else None
+    if src.workload and ":" in src.workload:
+        where, _, function = src.workload.rpartition(":")
+        if where.endswith(".py") or os.sep in where:  # a file, not a module name
+            record["workload"] = f"{os.path.abspath(os.path.expanduser(where))}:{function}"
+    return record
+
+
+def recorded_source(run_dir: Path) -> Source | None:
+    """The Source a run recorded in its run.json (None when it recorded none: a run started from Python)."""
+    try:
+        record = json.loads((Path(run_dir) / "run.json").read_text()).get("source")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    known = {f.name for f in dataclasses.fields(Source)}
+    try:
+        return Source(**{k: v for k, v in record.items() if k in known})
+    except TypeError:
+        return None
 
 
 def workload_from_args(args: argparse.Namespace, params: Mapping[str, Any] | None = None) -> Workload:

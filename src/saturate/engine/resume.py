@@ -121,6 +121,28 @@ def check_fingerprint(state: dict[str, Any], fingerprint: dict[str, str], identi
                           f"{'; '.join(parts)}")
 
 
+# The fields of an Optimization that change the maths of the rest of a run (not its length or validation).
+OPTIMIZATION_FIELDS = ("effective_batch", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "betas", "grad_clip")
+
+
+def optimization_record(optim: Any) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k in OPTIMIZATION_FIELDS for v in [getattr(optim, k)]}
+
+
+def check_optimization(state: dict[str, Any], optim: Any) -> None:
+    """Refuse to continue a run with another optimisation (an --effective-batch or --param lr=… that differs
+    from the run's would rescale or replace the learning rate mid-run), naming what differs."""
+    theirs = state.get("optimization")
+    if theirs is None:  # written before the optimisation was recorded
+        return
+    mine = optimization_record(optim)
+    differ = [f"{k} {theirs.get(k)!r} -> {mine[k]!r}" for k in OPTIMIZATION_FIELDS if theirs.get(k) != mine[k]]
+    if differ:
+        raise CheckpointError(f"cannot resume from {state['path']}: it was trained with a different optimisation "
+                              f"({', '.join(differ)}); resume with the run's own settings (--resume --run-dir "
+                              "alone reuses them)")
+
+
 def choose_plan(plan: Plan | None, state: dict[str, Any] | None, workload: Workload, hw: Any, use_tuned: bool,
                 notes: list[str], world: int = 1) -> Plan:
     """The given plan; else the checkpoint's when resuming; else the tuned plan cached for this workload
@@ -154,7 +176,7 @@ def choose_plan(plan: Plan | None, state: dict[str, Any] | None, workload: Workl
 
 def snapshot(step: int, stepper: Stepper, precision: Precision, schedule: WarmupCosine, plan: Plan,
               fingerprint: dict[str, str], identity: dict[str, Any], train_seconds: float, seed: int,
-              world: int) -> dict[str, Any]:
+              world: int, optimization: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything a resume needs; for DDP/FSDP without model and optimizer, which go through DCP."""
     state: dict[str, Any] = {}
     if stepper.strategy == "single":
@@ -172,6 +194,7 @@ def snapshot(step: int, stepper: Stepper, precision: Precision, schedule: Warmup
         "identity": identity,  # the values behind the fingerprint, to say what differs on a refusal
         "train_seconds": train_seconds,
         "seed": seed,
+        "optimization": optimization,  # the workload's Optimization fields a resume must keep (check_optimization)
     }
 
 

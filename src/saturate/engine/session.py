@@ -27,6 +27,7 @@ from saturate.engine.hostmem import HostMemoryGuard
 from saturate.engine.metrics import JsonlSink, Sink, tensorboard_sink
 from saturate.engine.resume import (
     check_fingerprint,
+    check_optimization,
     choose_plan,
     load_resume_state,
     prepare_run_dir,
@@ -61,6 +62,9 @@ class RunConfig:
     tensorboard: bool = True  # also write TensorBoard events when tensorboard is installed
     telemetry: bool = True  # background GPU/host sampler: gpu/*, host/* metrics and low-utilisation notes
     export_weights: bool = True  # model.safetensors at the end
+    # How the workload was described (a Source as a dict: preset, --param, --data, …), recorded in run.json so
+    # that `saturate train --resume --run-dir R` alone rebuilds it; None from the Python API.
+    source: dict[str, Any] | None = None
     use_tuned: bool = True  # with no plan given, use the tuned plan cached for this workload and hardware
     host_memory_guard: bool = True  # lower loader prefetch/workers when host RAM runs short or swap grows
 
@@ -141,6 +145,12 @@ def now(device: torch.device) -> float:
     return time.perf_counter()
 
 
+def _settings(plan: dict[str, Any]) -> dict[str, Any]:
+    """A plan's settings, without its provenance (notes on where it came from, which a TOML round trip or
+    a later tuning may word differently)."""
+    return {k: v for k, v in plan.items() if k != "provenance"}
+
+
 def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist: DistInfo) -> Training:
     """Build everything the loop needs; see the module docstring for the order."""
     device_type = torch.device(hw.torch_device).type
@@ -167,6 +177,7 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
     fingerprint = {**workload.fingerprint(), "effective_batch": str(effective)}
     if state is not None:
         check_fingerprint(state, fingerprint, workload.identity, world)
+        check_optimization(state, workload.optim)
 
     optim = workload.optim
     torch.manual_seed(cfg.seed)  # the same on every rank: FSDP ranks build identical models, then shard
@@ -186,7 +197,7 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
     if state is not None:
         step, elapsed_before = state["step"], state["train_seconds"]
         restore(state, stepper, schedule, cfg.steps, dist, notes)
-        if plan_given and state["plan"] != plan.to_dict():
+        if plan_given and _settings(state["plan"]) != _settings(plan.to_dict()):
             notes.append("resumed with a different plan than the checkpoint's (same effective batch)")
     stepper.compile_model()  # after loading: the compile probe restores the RNG it uses
     stepper.steps_done = step  # so an OOM adaptation names the global step
@@ -214,7 +225,7 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
             "workload": workload.name, "info": workload.info, "fingerprint": fingerprint,
             "effective_batch": effective, "lr": lr, "total_steps": total_steps, "seed": cfg.seed,
             "device": str(device), "processes": world, "strategy": stepper.strategy,
-            "hardware": hw.fingerprint(), "notes": notes,
+            "hardware": hw.fingerprint(), "notes": notes, "source": cfg.source,
             "pid": os.getpid()})  # `saturate monitor` finds a live run by it
     for n in notes:
         console.note(n)

@@ -35,7 +35,7 @@ from saturate.engine.distributed import (
 from saturate.engine.hostmem import relieve
 from saturate.engine.metrics import Sink
 from saturate.engine.precision import Precision
-from saturate.engine.resume import snapshot
+from saturate.engine.resume import optimization_record, snapshot
 from saturate.engine.session import RunConfig, Training, now, prepare
 from saturate.engine.step import to_device
 from saturate.engine.summary import RunResult, export_weights, fill_summary, step_metrics, steps_for_budget
@@ -199,7 +199,8 @@ def _checkpoint(t: Training) -> None:
         raise SaturateError(f"the model or optimizer state became non-finite (nan or inf) by step {t.step}, so it "
                             f"was not saved; lower the learning rate; {kept_text}")
     state = snapshot(t.step, t.stepper, t.stepper.precision, t.schedule, t.plan, t.fingerprint,
-                     t.workload.identity, t.elapsed_before + t.train_seconds, t.cfg.seed, t.world)
+                     t.workload.identity, t.elapsed_before + t.train_seconds, t.cfg.seed, t.world,
+                     optimization_record(t.workload.optim))
     with t.stop.deferred():  # a signal during the write is held until the checkpoint is whole
         if t.stepper.strategy == "single":
             t.last_ckpt = t.ckpts.save(t.step, state)
