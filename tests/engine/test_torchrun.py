@@ -404,3 +404,33 @@ def test_sigusr1_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint(tmp_
     # torchrun's report: the first rank to leave exits 75 (torchrun then stops any rank still exiting)
     assert "exitcode  : 75" in out, out[-3000:]
     assert "saturate/engine" not in out, out[-3000:]  # torchrun's own traceback (ChildFailedError) only
+
+
+def test_a_stopped_rank_is_named_by_the_others_within_the_timeout(tmp_path, corpus, env, plans):
+    """Rank 1 stopped with SIGSTOP: rank 0's next collective times out after --stuck-after seconds and it exits
+    in one line naming rank 1 (whose heartbeat in the rendezvous store went stale), instead of waiting forever."""
+    run_dir = tmp_path / "stuck"
+    args = [*train_args(corpus, plans["ddp"], run_dir), "--param", "n_layer=1", "--param", "n_embd=32",
+            "--param", "n_head=2", "--param", "seq_len=32", "--stuck-after", "5", "--no-progress"]
+    args[args.index("--steps") + 1] = "100000"
+    launcher = subprocess.Popen(torchrun("-m", "saturate", *args), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    victim = psutil.Process(rank_pid(launcher, 1))
+    deadline = time.monotonic() + TIMEOUT
+    while not ((run_dir / "metrics.jsonl").exists() and losses(run_dir)):
+        assert launcher.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    seen = []
+    for line in launcher.stdout:  # until rank 0 reports; torchrun would then wait 30 s to SIGKILL the stopped rank
+        seen.append(line)
+        if "saturate: error:" in line:
+            break
+    noticed_after = time.monotonic() - stopped_at
+    victim.kill()  # what the scheduler does in the end; it also spares the test torchrun's 30 s wait
+    out = "".join(seen) + launcher.communicate(timeout=120)[0]
+    assert ("saturate: error: [rank 0] rank 1 (no sign of life for " in out
+            and ") did not answer within 5 s: stopped, frozen or dead" in out), out[-3000:]
+    assert noticed_after < 60, noticed_after
+    assert "saturate/engine" not in out, out[-3000:]  # no traceback from the ranks

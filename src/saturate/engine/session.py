@@ -22,7 +22,14 @@ import torch
 from saturate.data.windows import eval_loader, make_loader
 from saturate.engine.checkpoint import CheckpointManager
 from saturate.engine.console import ConsoleSink
-from saturate.engine.distributed import DistInfo, broadcast_object, init_distributed, rank_device, resolve_strategy
+from saturate.engine.distributed import (
+    DistInfo,
+    broadcast_object,
+    init_distributed,
+    rank_device,
+    resolve_strategy,
+    stuck_after_s,
+)
 from saturate.engine.hostmem import HostMemoryGuard
 from saturate.engine.metrics import JsonlSink, Sink, tensorboard_sink
 from saturate.engine.resume import (
@@ -65,6 +72,9 @@ class RunConfig:
     # How the workload was described (a Source as a dict: preset, --param, --data, …), recorded in run.json so
     # that `saturate train --resume --run-dir R` alone rebuilds it; None from the Python API.
     source: dict[str, Any] | None = None
+    # Seconds a collective or a data-loader batch may take before the run stops as stuck (a rank or a loader
+    # worker that does not answer); None: $SATURATE_STUCK_AFTER, else 600.
+    stuck_after: float | None = None
     use_tuned: bool = True  # with no plan given, use the tuned plan cached for this workload and hardware
     host_memory_guard: bool = True  # lower loader prefetch/workers when host RAM runs short or swap grows
 
@@ -75,6 +85,8 @@ class RunConfig:
                 raise ConfigError(f"{name.replace('_', '-')} must be >= 1, got {v}")
         if self.minutes is not None and not self.minutes > 0:
             raise ConfigError(f"minutes must be > 0, got {self.minutes}")
+        if self.stuck_after is not None and not self.stuck_after > 0:
+            raise ConfigError(f"stuck-after must be > 0 seconds, got {self.stuck_after}")
 
 
 @dataclass
@@ -130,9 +142,10 @@ class Training:
     def restart_loaders(self) -> None:
         """New loaders for the plan in force, reading on from the current step."""
         self.batches = iter(make_loader(self.workload.train_data, self.plan, start_step=self.step,
-                                        pin_memory=self.pin, rank=self.dist.rank, world_size=self.world))
+                                        pin_memory=self.pin, rank=self.dist.rank, world_size=self.world,
+                                        timeout=stuck_after_s()))
         if self.val_loader is not None:
-            self.val_loader = eval_loader(self.workload.val_data, self.plan, self.pin)
+            self.val_loader = eval_loader(self.workload.val_data, self.plan, self.pin, stuck_after_s())
 
     def save_plan(self) -> None:
         if self.dist.is_main:
@@ -171,7 +184,7 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
         notes.append(note)
         plan = plan.replace(strategy=strategy)
     if strategy == "fsdp" and not dist.active:  # FSDP in one process: a process group of one
-        dist = init_distributed(device_type, one_process_group=True)
+        dist = init_distributed(device_type, one_process_group=True, stuck_after=cfg.stuck_after)
     device = rank_device(device_type, dist) if dist.active else torch.device(hw.torch_device)
     effective = plan.samples_per_step(world)
     fingerprint = {**workload.fingerprint(), "effective_batch": str(effective)}
@@ -233,9 +246,9 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
                   processes=world)
 
     loader = make_loader(workload.train_data, plan, start_step=step, pin_memory=pin, rank=dist.rank,
-                         world_size=world)
+                         world_size=world, timeout=stuck_after_s())
     # Built once, so persistent workers really persist between validations.
-    val_loader = eval_loader(workload.val_data, plan, pin) if workload.val_data is not None else None
+    val_loader = eval_loader(workload.val_data, plan, pin, stuck_after_s()) if workload.val_data is not None else None
     eval_every = cfg.eval_every or optim.eval_every
     return Training(
         workload=workload, cfg=cfg, dist=dist, device=device, run_dir=run_dir, ckpts=ckpts, plan=plan,

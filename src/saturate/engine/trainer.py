@@ -30,6 +30,7 @@ from saturate.engine.distributed import (
     broadcast_object,
     gather_objects,
     init_distributed,
+    stuck_after_s,
     teardown_distributed,
 )
 from saturate.engine.hostmem import relieve
@@ -60,7 +61,7 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     hw = hardware or probe(measure_peaks=False, device=cfg.device)
     device_type = torch.device(hw.torch_device).type
     made_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
-    dist = init_distributed(device_type)  # joins torchrun's group; a no-op in one process
+    dist = init_distributed(device_type, stuck_after=cfg.stuck_after)  # joins torchrun's group; no-op in one process
     result = _loop(prepare(workload, plan, cfg, hw, dist))
     # On an error the group is left up: the traceback still holds DDP/DCP objects that must be freed
     # before the group is destroyed, so the CLI tears it down once the error is handled.
@@ -160,7 +161,7 @@ def _absorbed_oom(t: Training) -> None:
     t.save_plan()
     t.console.note(t.notes[-1])
     if t.val_loader is not None:  # validation runs at the smaller micro-batch too
-        t.val_loader = eval_loader(t.workload.val_data, t.plan, t.pin)
+        t.val_loader = eval_loader(t.workload.val_data, t.plan, t.pin, stuck_after_s())
 
 
 def _relieve_host_memory(t: Training) -> None:
