@@ -20,6 +20,11 @@ from saturate.errors import CheckpointError, ConfigError
 from saturate.plan import Plan, default_plan, fit_to_world
 from saturate.workloads.base import Workload
 
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; the run folder is not locked
+    fcntl = None  # type: ignore[assignment]
+
 CHECKPOINT_FORMAT = 1  # the same for a file and a DCP folder's meta.pt
 
 
@@ -30,7 +35,7 @@ def prepare_run_dir(run_dir: Path | None, resume: bool, workload: Workload) -> P
             if run_dir is None:
                 raise CheckpointError(f"--resume: no run of {workload.name} with checkpoints under runs/")
         else:
-            run_dir = Path("runs") / f"{workload.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+            run_dir = _new_default_dir(Path("runs") / f"{workload.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = Path(run_dir)
     if resume and not run_dir.is_dir():
         raise CheckpointError(f"--resume: run folder {run_dir} does not exist")
@@ -42,6 +47,55 @@ def prepare_run_dir(run_dir: Path | None, resume: bool, workload: Workload) -> P
     except OSError as e:
         raise ConfigError(f"run folder {run_dir} is not writable: {e.strerror or e}") from None
     return run_dir
+
+
+def _new_default_dir(base: Path) -> Path:
+    """`base`, or `base-2`, `base-3`…: the first that did not exist (mkdir is the atomic claim), so two runs
+    started in the same second never share a folder."""
+    for i in range(1, 1000):
+        candidate = base if i == 1 else base.with_name(f"{base.name}-{i}")
+        try:
+            candidate.mkdir(parents=True)
+            return candidate
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise ConfigError(f"run folder {candidate} is not writable: {e.strerror or e}") from None
+    raise ConfigError(f"could not find a free run folder name next to {base}")
+
+
+_LOCK = ".lock"
+_held: dict[str, int] = {}  # run folder -> the descriptor holding its lock (this process)
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Claim the run folder for this process: a second run writing the same folder (duplicated metrics,
+    overwritten checkpoints) is refused in one line naming the holder's PID. An advisory lock (flock) on
+    `.lock`, released by the kernel when the holder exits, however it exits (SIGKILL included)."""
+    key = os.path.abspath(run_dir)
+    if key in _held or fcntl is None:
+        return
+    path = Path(run_dir) / _LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ConfigError(f"run folder {run_dir} is not writable: {e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ConfigError(f"run folder {run_dir} is in use by another saturate run (pid {holder}); wait for it to "
+                          "end or choose another --run-dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _held[key] = fd
+
+
+def release_run_dirs() -> None:
+    """Release the run folders this process locked (train() does, however it ends)."""
+    while _held:
+        os.close(_held.popitem()[1])
 
 
 def latest_run_dir(workload_name: str, root: Path = Path("runs")) -> Path | None:

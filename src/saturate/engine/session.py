@@ -37,6 +37,7 @@ from saturate.engine.resume import (
     check_optimization,
     choose_plan,
     load_resume_state,
+    lock_run_dir,
     prepare_run_dir,
     restore,
 )
@@ -45,7 +46,7 @@ from saturate.engine.signals import StopFlag
 from saturate.engine.step import Stepper
 from saturate.engine.summary import mfu_peak, write_json
 from saturate.engine.watch import TrainingWatch
-from saturate.errors import CheckpointError, ConfigError
+from saturate.errors import CheckpointError, ConfigError, SaturateError
 from saturate.hardware import measure_matmul_peak, synchronize
 from saturate.plan import Plan
 from saturate.workloads.base import FLOAT32_MAX, Workload
@@ -169,7 +170,18 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
     device_type = torch.device(hw.torch_device).type
     notes: list[str] = []
     world = dist.world_size
-    run_dir = broadcast_object(prepare_run_dir(cfg.run_dir, cfg.resume, workload) if dist.is_main else None)
+    run_dir, refused = None, None
+    if dist.is_main:
+        try:
+            run_dir = prepare_run_dir(cfg.run_dir, cfg.resume, workload)
+            lock_run_dir(run_dir)  # one run per folder; held until train() returns
+        except SaturateError as e:
+            refused = e
+    run_dir, why = broadcast_object((run_dir, str(refused) if refused else None))
+    if refused is not None:
+        raise refused
+    if why is not None:  # every rank refuses with rank 0's reason, rather than wait for it
+        raise ConfigError(why)
     if not dist.is_main:  # rank 0 chose it (a default name has a timestamp); the others check they can write
         run_dir = prepare_run_dir(run_dir, cfg.resume, workload)
     ckpts = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)

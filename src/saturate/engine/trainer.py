@@ -36,7 +36,7 @@ from saturate.engine.distributed import (
 from saturate.engine.hostmem import relieve
 from saturate.engine.metrics import Sink
 from saturate.engine.precision import Precision
-from saturate.engine.resume import optimization_record, snapshot
+from saturate.engine.resume import optimization_record, release_run_dirs, snapshot
 from saturate.engine.session import RunConfig, Training, now, prepare
 from saturate.engine.step import to_device
 from saturate.engine.summary import RunResult, export_weights, fill_summary, step_metrics, steps_for_budget
@@ -62,7 +62,10 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     device_type = torch.device(hw.torch_device).type
     made_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     dist = init_distributed(device_type, stuck_after=cfg.stuck_after)  # joins torchrun's group; no-op in one process
-    result = _loop(prepare(workload, plan, cfg, hw, dist))
+    try:
+        result = _loop(prepare(workload, plan, cfg, hw, dist))
+    finally:  # the run folder's lock, taken by prepare (rank 0)
+        release_run_dirs()
     # On an error the group is left up: the traceback still holds DDP/DCP objects that must be freed
     # before the group is destroyed, so the CLI tears it down once the error is handled.
     if made_group:
