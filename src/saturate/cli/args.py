@@ -31,10 +31,10 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
                         "ts-lstm: one .csv of numeric columns; --task sft: .jsonl conversations")
     p.add_argument("--text-field", default="text", help="the JSONL field holding the text (default: text)")
     p.add_argument("--tokenizer", default="byte", help="byte (default), bpe or bpe:VOCAB, trained locally")
-    p.add_argument("--effective-batch", type=int, metavar="N",
+    p.add_argument("--effective-batch", type=positive(int, "--effective-batch"), metavar="N",
                    help="samples per optimizer step, kept exactly by every plan (default: the preset's)")
     p.add_argument("--device", help="cuda, mps or cpu (default: the best one found)")
-    p.add_argument("--seed", type=int, default=0, help="model initialisation and sampling seed (default: 0)")
+    p.add_argument("--seed", type=seed_value, default=0, help="model initialisation and sampling seed (default: 0)")
     p.add_argument("--workload", metavar="MODULE:FUNCTION",
                    help="your own workload: a function returning saturate.Workload (package.module:function or "
                         "path/to/file.py:function); replaces --preset")
@@ -88,6 +88,17 @@ def recorded_source(run_dir: Path) -> Source | None:
 def workload_from_args(args: argparse.Namespace, params: Mapping[str, Any] | None = None) -> Workload:
     """The Workload the common workload arguments describe; `params` (a sweep point) override --param."""
     return from_source(source_from_args(args), params)
+
+
+def seed_value(text: str) -> int:
+    """An argparse type: a seed, an integer in [0, 2**64) (what torch and the sample hash take)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seed must be an integer, got {text!r}") from None
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"--seed must be between 0 and 2**64 - 1, got {text}")
+    return value
 
 
 def positive(kind: type, name: str) -> Any:

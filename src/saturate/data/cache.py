@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import secrets
+import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,7 +120,12 @@ def prepare_corpus(
             if not cached:
                 if reason:
                     log.warning("rebuilding token cache %s: %s", folder, reason)
-                _build(folder, files, text_field, want, vocab, described)
+                try:
+                    _build(folder, files, text_field, want, vocab, described)
+                except BaseException:
+                    if {p.name for p in folder.iterdir()} <= {".lock"}:  # nothing built: no lock-only folder
+                        shutil.rmtree(folder, ignore_errors=True)
+                    raise
                 found, reason = _open_cached(folder, want)
                 if found is None:
                     raise DataError(f"token cache {folder} cannot be read back after writing: {reason}")

@@ -92,6 +92,14 @@ def lock_run_dir(run_dir: Path) -> None:
     _held[key] = fd
 
 
+def remove_stale_temporaries(run_dir: Path) -> None:
+    """The `.NAME.tmp-*` files an atomic write leaves when its process is killed (model.safetensors,
+    run.json, plan.toml…); only called by the process holding the folder's lock."""
+    for p in Path(run_dir).glob(".*.tmp-*"):
+        if p.is_file():
+            p.unlink(missing_ok=True)
+
+
 def release_run_dirs() -> None:
     """Release the run folders this process locked (train() does, however it ends)."""
     while _held:

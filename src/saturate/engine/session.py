@@ -39,6 +39,7 @@ from saturate.engine.resume import (
     load_resume_state,
     lock_run_dir,
     prepare_run_dir,
+    remove_stale_temporaries,
     restore,
 )
 from saturate.engine.schedule import WarmupCosine, scaled_lr
@@ -86,6 +87,8 @@ class RunConfig:
                 raise ConfigError(f"{name.replace('_', '-')} must be >= 1, got {v}")
         if self.minutes is not None and not self.minutes > 0:
             raise ConfigError(f"minutes must be > 0, got {self.minutes}")
+        if not (isinstance(self.seed, int) and 0 <= self.seed < 2**64):
+            raise ConfigError(f"seed must be an integer between 0 and 2**64 - 1, got {self.seed!r}")
         if self.stuck_after is not None and not self.stuck_after > 0:
             raise ConfigError(f"stuck-after must be > 0 seconds, got {self.stuck_after}")
 
@@ -175,6 +178,7 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
         try:
             run_dir = prepare_run_dir(cfg.run_dir, cfg.resume, workload)
             lock_run_dir(run_dir)  # one run per folder; held until train() returns
+            remove_stale_temporaries(run_dir)  # of a process killed mid-write (an export, say): ours now
         except SaturateError as e:
             refused = e
     run_dir, why = broadcast_object((run_dir, str(refused) if refused else None))
