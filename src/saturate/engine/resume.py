@@ -5,6 +5,7 @@ model, other data or another effective batch.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -64,32 +65,45 @@ def _new_default_dir(base: Path) -> Path:
     raise ConfigError(f"could not find a free run folder name next to {base}")
 
 
-_LOCK = ".lock"
 _held: dict[str, int] = {}  # run folder -> the descriptor holding its lock (this process)
 
 
 def lock_run_dir(run_dir: Path) -> None:
     """Claim the run folder for this process: a second run writing the same folder (duplicated metrics,
     overwritten checkpoints) is refused in one line naming the holder's PID. An advisory lock (flock) on
-    `.lock`, released by the kernel when the holder exits, however it exits (SIGKILL included)."""
+    the folder itself, so no file is left behind; the kernel releases it when the holder exits, however
+    it exits (SIGKILL included)."""
     key = os.path.abspath(run_dir)
     if key in _held or fcntl is None:
         return
-    path = Path(run_dir) / _LOCK
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(run_dir, os.O_RDONLY)
     except OSError as e:
-        raise ConfigError(f"run folder {run_dir} is not writable: {e.strerror or e}") from None
+        raise ConfigError(f"run folder {run_dir} is not readable: {e.strerror or e}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise ConfigError(f"run folder {run_dir} is in use by another saturate run (pid {holder}); wait for it to "
-                          "end or choose another --run-dir") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+        raise ConfigError(f"run folder {run_dir} is in use by another saturate run (pid {_lock_holder(run_dir)}); "
+                          "wait for it to end or choose another --run-dir") from None
     _held[key] = fd
+
+
+def _lock_holder(run_dir: Path) -> str:
+    """The PID holding the folder's flock, from /proc/locks (Linux); else the PID its run.json records."""
+    st = os.stat(run_dir)
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
+    try:
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            if "FLOCK" in fields and where in f"{line} " and len(fields) > 4:
+                return fields[4]
+    except OSError:
+        pass
+    try:
+        return str(json.loads((Path(run_dir) / "run.json").read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return "unknown"
 
 
 def remove_stale_temporaries(run_dir: Path) -> None:
