@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,71 @@ def make_small_corpus(parent: Path) -> Path:
 @pytest.fixture
 def small_corpus(tmp_path: Path) -> Path:
     return make_small_corpus(tmp_path)
+
+
+class SmallDisk:
+    """A folder on a real small filesystem (a tmpfs of a few MiB) that `fill()` fills to the last few KiB,
+    so the next large write fails with the kernel's own ENOSPC.
+
+    Where no tmpfs can be mounted (not root), writes go to /dev/full instead once `fill()` is called:
+    every file saturate writes atomically (its temporary) is then a link to /dev/full, whose writes the
+    kernel fails with ENOSPC, and `full_file(name)` gives such a link for a file written in place.
+    """
+
+    def __init__(self, folder: Path, mounted: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.folder, self.mounted, self._monkeypatch = folder, mounted, monkeypatch
+
+    def fill(self, leave: int = 16 * 1024) -> None:
+        if not self.mounted:
+            from saturate import atomic
+
+            real = atomic.temporary_name
+
+            def to_dev_full(path: Path) -> Path:
+                tmp = real(path)
+                if Path(path).resolve().is_relative_to(self.folder.resolve()):
+                    tmp.symlink_to("/dev/full")
+                return tmp
+
+            self._monkeypatch.setattr(atomic, "temporary_name", to_dev_full)
+            return
+        import shutil
+
+        filler = self.folder / ".filler"
+        free = shutil.disk_usage(self.folder).free
+        with open(filler, "ab") as f:
+            f.truncate(0)
+            chunk = b"\0" * 65536
+            try:
+                while free - f.tell() > leave:
+                    f.write(chunk[: max(4096, min(65536, free - f.tell() - leave))])
+                    f.flush()
+            except OSError:
+                pass
+        os.sync()
+
+    def full_file(self, name: str) -> Path:
+        """A path in the folder whose writes fail with ENOSPC once filled (for files not written atomically)."""
+        path = self.folder / name
+        if not self.mounted:
+            path.symlink_to("/dev/full")
+        return path
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SmallDisk]:
+    """8 MiB of real filesystem; see SmallDisk."""
+    import subprocess
+
+    folder = tmp_path / "small-disk"
+    folder.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder)], capture_output=True).returncode == 0
+    try:
+        yield SmallDisk(folder, mounted, monkeypatch)
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True)
 
 
 def cli_env() -> dict[str, str]:

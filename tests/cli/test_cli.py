@@ -282,7 +282,7 @@ def test_train_writes_every_promised_file(trained):
     assert plan.samples_per_step() == 32  # the default plan keeps gpt-tiny's effective batch
     assert plan == Plan.from_dict(summary["plan"])
 
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["ckpt-00000002.pt"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["ckpt-00000002.pt", "ckpt-00000002.pt.sha256"]
     state = load_checkpoint(run / "checkpoints" / "ckpt-00000002.pt")
     assert state["step"] == 2
 

@@ -379,3 +379,58 @@ def test_a_trial_failing_on_one_rank_outside_forward_backward_ends_on_both(tmp_p
     assert "rank 1: OutOfMemoryError: simulated in the optimizer step after micro-batch 4" in done.stdout
     plan = Plan.load(out_dir / "plan.toml")
     assert plan.micro_batch <= 2 and plan.micro_batch * plan.grad_accum * 2 == 8
+
+
+def test_sigusr1_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint(tmp_path, corpus, env, plans):
+    """SLURM's early warning may reach the ranks at different moments (here: rank 1 only): the ranks agree
+    on the step and on the reason, every rank writes its part of the checkpoint, rank 0 says so, exit 75."""
+    run_dir = tmp_path / "preempted"
+    args = [*train_args(corpus, plans["ddp"], run_dir), "--param", "n_layer=1", "--param", "n_embd=32",
+            "--param", "n_head=2", "--param", "seq_len=32", "--ckpt-every", "100000", "--no-progress"]
+    args[args.index("--steps") + 1] = "100000"
+    launcher = subprocess.Popen(torchrun("-m", "saturate", *args), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    victim = rank_pid(launcher, 1)
+    deadline = time.monotonic() + TIMEOUT
+    while not ((run_dir / "metrics.jsonl").exists() and losses(run_dir)):
+        assert launcher.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    psutil.Process(victim).send_signal(signal.SIGUSR1)
+    out, _ = launcher.communicate(timeout=120)
+    (stopped_at, path), = CheckpointManager(run_dir / "checkpoints").checkpoints()
+    assert stopped_at == max(losses(run_dir)), out[-3000:]
+    assert sorted(p.name for p in path.glob("rank-*.pt")) == ["rank-00000.pt", "rank-00001.pt"]
+    assert f"saturate: stopped by SIGUSR1 at step {stopped_at}; checkpoint {path} written" in out
+    # torchrun's report: the first rank to leave exits 75 (torchrun then stops any rank still exiting)
+    assert "exitcode  : 75" in out, out[-3000:]
+    assert "saturate/engine" not in out, out[-3000:]  # torchrun's own traceback (ChildFailedError) only
+
+
+def test_a_stopped_rank_is_named_by_the_others_within_the_timeout(tmp_path, corpus, env, plans):
+    """Rank 1 stopped with SIGSTOP: rank 0's next collective times out after --stuck-after seconds and it exits
+    in one line naming rank 1 (whose heartbeat in the rendezvous store went stale), instead of waiting forever."""
+    run_dir = tmp_path / "stuck"
+    args = [*train_args(corpus, plans["ddp"], run_dir), "--param", "n_layer=1", "--param", "n_embd=32",
+            "--param", "n_head=2", "--param", "seq_len=32", "--stuck-after", "5", "--no-progress"]
+    args[args.index("--steps") + 1] = "100000"
+    launcher = subprocess.Popen(torchrun("-m", "saturate", *args), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    victim = psutil.Process(rank_pid(launcher, 1))
+    deadline = time.monotonic() + TIMEOUT
+    while not ((run_dir / "metrics.jsonl").exists() and losses(run_dir)):
+        assert launcher.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    seen = []
+    for line in launcher.stdout:  # until rank 0 reports; torchrun would then wait 30 s to SIGKILL the stopped rank
+        seen.append(line)
+        if "saturate: error:" in line:
+            break
+    noticed_after = time.monotonic() - stopped_at
+    victim.kill()  # what the scheduler does in the end; it also spares the test torchrun's 30 s wait
+    out = "".join(seen) + launcher.communicate(timeout=120)[0]
+    assert ("saturate: error: [rank 0] rank 1 (no sign of life for " in out
+            and ") did not answer within 5 s: stopped, frozen or dead" in out), out[-3000:]
+    assert noticed_after < 60, noticed_after
+    assert "saturate/engine" not in out, out[-3000:]  # no traceback from the ranks

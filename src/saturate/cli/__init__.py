@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,10 +16,13 @@ from pathlib import Path
 from saturate.cli import doctor as doctor_cli
 from saturate.cli import sweep as sweep_cli
 from saturate.cli import tune as tune_cli
-from saturate.cli.args import add_workload_args, workload_from_args
+from saturate.cli.args import add_workload_args, positive, recorded_source, source_from_args, source_record
+from saturate.engine.signals import PREEMPTION_SIGNALS, Preempted, preemption_raises
+from saturate.workloads.source import Source, from_source
 
 EXIT_ERROR = 2
 EXIT_OOM = 3
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM/SIGUSR1 with a checkpoint written; requeue with --resume
 EXIT_INTERRUPTED = 130
 
 
@@ -54,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no console output while training")
     p.add_argument("--no-tuned", action="store_true",
                    help="ignore the tuned plan cached for this preset on this machine (with no --plan)")
+    p.add_argument("--stuck-after", type=positive(float, "--stuck-after"), metavar="SECONDS",
+                   help="stop the run when a rank (under torchrun) or a data-loader worker gives no answer for "
+                        "this long, naming it (default: $SATURATE_STUCK_AFTER, else 600)")
     p.set_defaults(func=cmd_train)
 
     for verbs in (tune_cli, doctor_cli, sweep_cli):  # tune and run; doctor and monitor; sweep
@@ -79,17 +86,29 @@ def cmd_train(args: argparse.Namespace) -> int:
     from saturate.hardware import probe
     from saturate.plan import resolve_plan
 
+    src = source_from_args(args)
+    if args.resume and args.run_dir is not None and src == Source():
+        # `--resume --run-dir R` alone: the workload the run was started with (its flags, in run.json)
+        src = recorded_source(args.run_dir) or src
     config = RunConfig(
-        steps=args.steps, minutes=args.minutes, run_dir=args.run_dir, resume=args.resume, seed=args.seed,
+        steps=args.steps, minutes=args.minutes, run_dir=args.run_dir, resume=args.resume, seed=src.seed,
         device=args.device, log_every=args.log_every, eval_every=args.eval_every,
         ckpt_every=args.ckpt_every, keep_checkpoints=args.keep, progress=not args.no_progress,
-        use_tuned=not args.no_tuned,
+        use_tuned=not args.no_tuned, source=source_record(src), stuck_after=args.stuck_after,
     )
     plan = resolve_plan(args.plan) if args.plan else None  # None: the checkpoint's, or the seed plan
     hw = probe(measure_peaks=False, device=args.device)
-    workload = workload_from_args(args)
+    workload = from_source(src)
     result = train(workload, plan, config, hardware=hw)
-    return EXIT_INTERRUPTED if result.interrupted else 0
+    if not result.interrupted:
+        return 0
+    if _rank() == 0:
+        saved = f"checkpoint {result.checkpoint} written" if result.checkpoint else "no checkpoint written"
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        launch = f"torchrun --nproc_per_node={world} -m saturate" if world > 1 else "saturate"
+        print(f"saturate: stopped by {result.stop_signal} at step {result.steps}; {saved}; resume with: "
+              f"{launch} train --resume --run-dir {result.run_dir}", file=sys.stderr)
+    return EXIT_PREEMPTED if result.stop_signal in PREEMPTION_SIGNALS else EXIT_INTERRUPTED
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -109,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"`saturate {args.command}` takes no command after `--` (doctor, tune and run do)")
         args.script = script
     try:
-        return args.func(args)
+        with preemption_raises():
+            return args.func(args)
     except SaturateError as e:
         if args.debug:
             raise
@@ -129,6 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"saturate: error: {_rank_prefix()}out of memory ({first}); lower plan.micro_batch and raise "
                   "plan.grad_accum, or enable activation_checkpointing", file=sys.stderr)
             return EXIT_OOM
+        if (stuck := _stuck(e)) is not None and not args.debug:
+            print(f"saturate: error: {_rank_prefix()}{stuck}", file=sys.stderr)
+            return EXIT_ERROR
         if _lost_a_peer(e) and not args.debug:
             print(f"saturate: error: {_rank_prefix()}lost contact with another rank ({_first_line(e)}); that "
                   "rank's own error, above, is the cause", file=sys.stderr)
@@ -137,24 +160,63 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("saturate: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Preempted as e:  # outside the training loop: nothing of this session to save
+        print(f"saturate: {_rank_prefix()}stopped by {e.signal_name} (any earlier checkpoint is kept)", file=sys.stderr)
+        return EXIT_PREEMPTED
     finally:
         _leave_process_group()
 
 
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
 def _rank_prefix() -> str:
     """Under torchrun every rank reports its own error: say which one."""
-    import os
-
     return f"[rank {os.environ['RANK']}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
 
 
 def _lost_a_peer(e: BaseException) -> bool:
     """A collective failed because another rank went away (it crashed, or torchrun stopped it)."""
-    import os
-
     text = str(e)
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and any(
         k in text for k in ("closed by peer", "reset by peer", "Broken pipe", "Connection refused"))
+
+
+def _stuck(e: BaseException) -> str | None:
+    """For a collective or a data-loader batch that timed out, one line naming what did not answer."""
+    from saturate.engine.distributed import stuck_after_s, unresponsive_ranks
+
+    text = str(e)
+    limit = f"{stuck_after_s():g} s"
+    if "DataLoader timed out" in text:
+        import multiprocessing
+
+        import psutil
+
+        workers = multiprocessing.active_children()  # this process's own loader workers
+        stopped = []
+        for w in workers:
+            try:
+                if psutil.Process(w.pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_DISK_SLEEP):
+                    stopped.append(w.pid)
+            except psutil.Error:
+                pass
+            w.kill()  # a stopped worker ignores SIGTERM, and the exit would wait for it forever
+        who = (f"worker pid {', '.join(map(str, stopped))} is stopped" if stopped
+               else f"a worker (pids {', '.join(str(w.pid) for w in workers)}) is stuck")
+        return (f"the data loader gave no batch for {limit}: {who}; raise --stuck-after if a batch can "
+                "legitimately take longer")
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not ("Timed out" in text or "timed out" in text):
+        return None
+    silent = unresponsive_ranks(int(os.environ["WORLD_SIZE"]))
+    if silent:
+        who = ", ".join(f"rank {r}" + (f" (no sign of life for {age:.0f} s)" if age is not None else " (never seen)")
+                        for r, age in silent)
+        return (f"{who} did not answer within {limit}: stopped, frozen or dead; the other ranks stop "
+                "(raise --stuck-after if a step can legitimately take longer)")
+    return (f"a collective timed out after {limit} waiting for another rank, whose process is alive but stuck "
+            "(raise --stuck-after if a step can legitimately take longer)")
 
 
 def _first_line(e: BaseException) -> str:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from saturate.cli.args import add_workload_args, positive, workload_from_args
+from saturate.cli.args import add_workload_args, positive, source_from_args, source_record, workload_from_args
 from saturate.errors import ConfigError
 
 
@@ -77,6 +77,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from saturate.engine.signals import PREEMPTION_SIGNALS
     from saturate.hardware import probe
     from saturate.tune.run import run
 
@@ -88,8 +89,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     hw = probe(measure_peaks=True, device=args.device)
     report = run(workload_from_args(args), hw, budget_s=args.budget, steps=args.steps, minutes=args.minutes,
                  run_dir=args.run_dir, allow_batch_change=args.allow_batch_change, seed=args.seed,
-                 progress=not args.no_progress, try_compile=not args.no_compile, console=_console())
-    return 130 if report.training.interrupted else 0
+                 progress=not args.no_progress, try_compile=not args.no_compile, console=_console(),
+                 source=source_record(source_from_args(args)))
+    if not report.training.interrupted:
+        return 0
+    return 75 if report.training.stop_signal in PREEMPTION_SIGNALS else 130
 
 
 def _refuse_preset_flags(args: argparse.Namespace) -> None:

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import secrets
+import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,7 @@ class TokenCorpus:
     n_tokens: int  # train + val, end-of-text separators included
     cache_dir: Path  # folder holding train.bin, val.bin (and tokenizer.json for BPE)
     cached: bool  # True when the shards were already there and nothing was tokenised
+    skipped: list[str] = field(default_factory=list)  # data files left out, each with why (binary, a FIFO…)
 
 
 def cache_root() -> Path:
@@ -86,10 +88,11 @@ def prepare_corpus(
         given, kind, vocab, spec = tokenizer, "given", None, tokenizer.name
     if (folder := _shard_folder(paths)) is not None:
         return load_shard_folder(folder, seq_len=seq_len, tokenizer=given)
+    skipped: list[str] = []
     if paths is None:
         files, described = default_corpus(), "(the Python standard library)"
     else:
-        files = resolve_paths(paths)
+        files = resolve_paths(paths, skipped)
         described = repr(", ".join(map(str, paths)))
     if not files:
         raise DataError("corpus is empty: no data paths were given")
@@ -117,7 +120,12 @@ def prepare_corpus(
             if not cached:
                 if reason:
                     log.warning("rebuilding token cache %s: %s", folder, reason)
-                _build(folder, files, text_field, want, vocab, described)
+                try:
+                    _build(folder, files, text_field, want, vocab, described)
+                except BaseException:
+                    if {p.name for p in folder.iterdir()} <= {".lock"}:  # nothing built: no lock-only folder
+                        shutil.rmtree(folder, ignore_errors=True)
+                    raise
                 found, reason = _open_cached(folder, want)
                 if found is None:
                     raise DataError(f"token cache {folder} cannot be read back after writing: {reason}")
@@ -135,6 +143,7 @@ def prepare_corpus(
         n_tokens=n_train + n_val,
         cache_dir=folder,
         cached=cached,
+        skipped=skipped,
     )
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import logging
 import os
+import stat
 import sysconfig
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -18,6 +20,9 @@ JSONL_SUFFIX = ".jsonl"
 DATA_SUFFIXES = (*TEXT_SUFFIXES, JSONL_SUFFIX)
 _SUFFIX_LIST = "/".join(DATA_SUFFIXES)
 _HASH_CHUNK = 1 << 20
+_SNIFF = 1 << 16  # bytes read to tell text from binary (git reads 8000)
+
+log = logging.getLogger(__name__)
 
 
 def default_corpus() -> list[Path]:
@@ -32,19 +37,50 @@ def default_corpus() -> list[Path]:
     return files
 
 
-def resolve_paths(specs: Sequence[str]) -> list[Path]:
-    """Expand files, folders (recursive) and globs into a sorted, de-duplicated list of data files."""
+def resolve_paths(specs: Sequence[str], skipped: list[str] | None = None) -> list[Path]:
+    """Expand files, folders (recursive) and globs into a sorted, de-duplicated list of data files.
+
+    Files that cannot be training text are skipped with a warning naming each, and listed in `skipped`:
+    special files (a FIFO would block the read for ever; sockets, devices) and binary files (NUL bytes
+    in their first 64 KiB: an executable named `.txt`).
+    """
     found: dict[str, Path] = {}
     for spec in specs:
         for path in _expand(str(spec)):
-            _check_readable(path)
+            if (why := _not_text(path)) is not None:
+                log.warning("saturate: warning: skipping data file %s: %s", path, why)
+                if skipped is not None:
+                    skipped.append(f"{path} ({why})")
+                continue
             # abspath, not resolve: keep the names the user gave (symlinks stay symlinks) but drop dups.
             found.setdefault(os.path.abspath(path), path)
     return [Path(p) for p in sorted(found)]
 
 
+def _not_text(path: Path) -> str | None:
+    """Why `path` is not a text file to train on, or None. Never opens a special file (a FIFO blocks)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as err:
+        raise DataError(f"cannot read data file '{path}': {err.strerror or err}") from None
+    if not stat.S_ISREG(mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+        return f"{kind}, not a regular file"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_SNIFF)
+    except OSError as err:
+        raise DataError(f"cannot read data file '{path}': {err.strerror or err}") from None
+    if b"\0" in head:
+        return "binary: it holds NUL bytes"
+    return None
+
+
 def _expand(spec: str) -> list[Path]:
     path = Path(spec).expanduser()
+    if path.exists() and not path.is_dir() and not path.is_file():  # named explicitly: refused, never opened
+        raise DataError(f"data path '{spec}' is {_not_text(path)}")
     if path.is_file():
         if path.suffix.lower() not in DATA_SUFFIXES:
             raise DataError(f"data file '{spec}' has suffix '{path.suffix}'; expected one of {_SUFFIX_LIST}")
@@ -77,14 +113,6 @@ def _walk(folder: Path) -> list[Path]:
             Path(root, n) for n in names if not n.startswith(".") and Path(n).suffix.lower() in DATA_SUFFIXES
         )
     return sorted(files)
-
-
-def _check_readable(path: Path) -> None:
-    try:
-        with open(path, "rb"):
-            pass
-    except OSError as err:
-        raise DataError(f"cannot read data file '{path}': {err.strerror or err}") from None
 
 
 def iter_documents(files: Sequence[Path], text_field: str = "text") -> Iterator[str]:

@@ -49,6 +49,7 @@ def write_shard(path: Path, tokens: np.ndarray, meta: dict) -> None:
         raise ValueError("shard metadata needs 'vocab_size'")
     vocab_size = int(meta["vocab_size"])
     dtype = shard_dtype(vocab_size)
+    hi = -1
     if tokens.size:
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= vocab_size:
@@ -59,6 +60,7 @@ def write_shard(path: Path, tokens: np.ndarray, meta: dict) -> None:
         "dtype": dtype.name,
         "n_tokens": int(tokens.size),
         "vocab_size": vocab_size,
+        "max_id": hi,  # checked against the vocabulary, and against the ids themselves, on every open
     }
     raw = json.dumps(header, sort_keys=True).encode("utf-8")
     raw += b" " * (-(_PREFIX + len(raw)) % _ALIGN)
@@ -128,7 +130,24 @@ def open_shard(path: Path) -> TokenShard:
         tokens.flags.writeable = False
     else:
         tokens = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(n_tokens,))
+    _check_ids(path, tokens, meta)
     return TokenShard(path=path, tokens=tokens, meta=meta)
+
+
+def _check_ids(path: Path, tokens: np.ndarray, meta: dict) -> None:
+    """Every id below the vocabulary: an id beyond it (a damaged file, shards of another tokenizer) would
+    index past the model's embedding mid-run. One pass over the ids (memory bandwidth, in chunks)."""
+    vocab, recorded = meta["vocab_size"], meta.get("max_id")
+    if isinstance(recorded, int) and recorded >= vocab:
+        raise DataError(f"{path} has a corrupt header: max_id {recorded} for vocab_size {vocab}")
+    if vocab >= 1 << (8 * tokens.dtype.itemsize):
+        return  # the dtype cannot hold an id beyond the vocabulary
+    for start in range(0, len(tokens), _WRITE_CHUNK):
+        chunk = tokens[start : start + _WRITE_CHUNK]
+        if chunk.size and int(chunk.max()) >= vocab:
+            at = start + int(np.argmax(chunk >= vocab))
+            raise DataError(f"{path} holds token id {int(tokens[at])} at position {at}, beyond its vocabulary of "
+                            f"{vocab} (a damaged shard, or one made with another tokenizer)")
 
 
 def _parse_header(path: Path, raw: bytes) -> dict:

@@ -137,9 +137,12 @@ class StepSampler(Sampler[list[int]]):
 
 def make_loader(
     dataset: Dataset, plan: Plan, *, start_step: int = 0, stop_step: int | None = None,
-    rank: int = 0, world_size: int = 1, pin_memory: bool | None = None,
+    rank: int = 0, world_size: int = 1, pin_memory: bool | None = None, timeout: float = 0,
 ) -> DataLoader:
-    """A DataLoader that honours the plan's workers, prefetch, pinning and persistence."""
+    """A DataLoader that honours the plan's workers, prefetch, pinning and persistence.
+
+    With workers, `timeout` > 0 seconds bounds the wait for a batch: a worker that hangs (stopped, stuck in
+    a read) raises "DataLoader timed out" instead of stalling the run forever."""
     sampler = StepSampler(plan.micro_batch, plan.grad_accum, start_step, rank, world_size, stop_step)
     workers = plan.num_workers
     return DataLoader(
@@ -149,14 +152,15 @@ def make_loader(
         prefetch_factor=plan.prefetch_factor if workers > 0 else None,
         pin_memory=plan.pin_memory if pin_memory is None else pin_memory,
         persistent_workers=plan.persistent_workers if workers > 0 else False,
+        timeout=timeout if workers > 0 else 0,
     )
 
 
-def eval_loader(dataset: Dataset, plan: Plan, pin_memory: bool) -> DataLoader:
+def eval_loader(dataset: Dataset, plan: Plan, pin_memory: bool, timeout: float = 0) -> DataLoader:
     """Evaluation batches at the plan's micro-batch; workers only when they persist (else startup dominates)."""
     workers = plan.num_workers if plan.persistent_workers else 0
     return DataLoader(
         dataset, batch_size=plan.micro_batch, shuffle=False, num_workers=workers,
         prefetch_factor=plan.prefetch_factor if workers > 0 else None,
-        pin_memory=pin_memory, persistent_workers=workers > 0,
+        pin_memory=pin_memory, persistent_workers=workers > 0, timeout=timeout if workers > 0 else 0,
     )

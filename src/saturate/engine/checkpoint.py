@@ -11,29 +11,39 @@ checkpoint under a real name, so the newest checkpoint is always complete. Two f
   commit: a folder under its final name is complete.
 
 Either form resumes at any process count: DCP reshards FSDP's sharded state on load, and a
-single-process file is loaded whole into DDP replicas or FSDP shards.
+single-process file is loaded whole into DDP replicas or FSDP shards. Every checkpoint carries the
+SHA-256 of its files (`integrity.py`), checked on load: a damaged newest checkpoint is skipped, with its
+reason, for the previous good one.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import enum
-import errno
 import os
-import pickle
 import re
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from saturate.atomic import atomic_write, fsync_dir
-from saturate.engine.distributed import agree_any, barrier, dist_info
+from saturate.atomic import DiskFullError, atomic_path, atomic_write, fsync_dir, full_disk_reason, is_disk_full
+from saturate.engine.distributed import agree_any, barrier, dist_info, gather_objects
+from saturate.engine.integrity import (
+    HASH_SUFFIX,
+    check_dcp_metadata,
+    file_sha256,
+    files_written_by,
+    hash_path,
+    record_hash,
+    torch_load,
+    verify_file,
+    verify_folder_part,
+    write_manifest,
+)
 from saturate.errors import CheckpointError
 
 _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
@@ -61,17 +71,29 @@ class CheckpointManager:
 
     def save(self, step: int, state: dict[str, Any]) -> Path:
         path = self.folder / f"ckpt-{step:08d}.pt"
+        needed = state_bytes(state)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, lambda f: torch.save(state, f))
-        except OSError as e:
-            previous = [s for s, _ in self.checkpoints() if s != step]
-            kept = f"the previous checkpoint (step {previous[-1]}) is kept" if previous else "no earlier checkpoint"
-            reason = "the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else (e.strerror or str(e))
-            raise CheckpointError(
-                f"could not write checkpoint for step {step} in {self.folder}: {reason}; {kept}") from e
+            with atomic_path(path, needed) as tmp:
+                with open(tmp, "wb") as f:
+                    torch.save(state, f)
+                record_hash(path, tmp)  # before the checkpoint has its name, so a named one always has its hash
+        except (OSError, DiskFullError) as e:
+            raise self._save_error(step, e, needed) from None
         self._prune()
         return path
+
+    def _save_error(self, step: int, e: BaseException | None, needed: int) -> CheckpointError:
+        """One line: what failed, why (for a full disk: the folder, the space needed and free), what is kept."""
+        previous = [s for s, _ in self.checkpoints() if s != step]
+        kept = f"the previous checkpoint (step {previous[-1]}) is kept" if previous else "no earlier checkpoint"
+        if e is None:
+            reason = "another rank failed to write its part"
+        elif is_disk_full(e) or any(is_disk_full(getattr(c, "exc", c)) for c in getattr(e, "failures", {}).values()):
+            reason = full_disk_reason(self.folder, needed)
+        else:
+            reason = f"{_first_line(e)} (in {self.folder})"
+        return CheckpointError(f"could not write checkpoint for step {step}: {reason}; {kept}")
 
     def save_sharded(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict[str, Any],
                      rank_state: dict[str, Any]) -> Path:
@@ -88,23 +110,34 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a killed save of this same step
         barrier()
         error: BaseException | None = None
+        needed = 0
+        hashes: dict[str, str] = {}
         try:
             model_state, optim_state = get_state_dict(model, optimizer)
+            needed = state_bytes((model_state, optim_state))  # global sizes: every rank's parts together
             with _single_process_quiet():
                 dcp.save({"model": model_state, "optimizer": optim_state},
                          storage_writer=dcp.FileSystemWriter(str(tmp), sync_files=True))
             atomic_write(tmp / f"rank-{rank:05d}.pt", lambda f: torch.save(rank_state, f))
             if rank == 0:
                 atomic_write(tmp / META, lambda f: torch.save(meta, f))
-        except (OSError, CheckpointException) as e:  # DCP reports any rank's failure on every rank
+            hashes = {p.name: file_sha256(p) for p in files_written_by(tmp, rank)}
+        except (OSError, DiskFullError, CheckpointException) as e:  # DCP reports any rank's failure on every rank
             error = e
+        except RuntimeError as e:  # torch's writers raise RuntimeError over an OSError
+            if not is_disk_full(e):
+                raise
+            error = e
+        every = gather_objects(hashes if error is None else None)
+        if rank == 0 and all(h is not None for h in every):
+            try:  # the manifest, inside the folder before its rename: a named folder always has one
+                write_manifest(tmp, {name: h for part in every for name, h in part.items()})
+            except (OSError, DiskFullError) as e:
+                error = e
         if agree_any(error is not None):  # also the barrier: every rank has written its part
             if rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
-            previous = [s for s, _ in self.checkpoints() if s != step]
-            kept = f"the previous checkpoint (step {previous[-1]}) is kept" if previous else "no earlier checkpoint"
-            reason = _save_failure(error) if error is not None else "another rank failed to write its part"
-            raise CheckpointError(f"could not write checkpoint for step {step} in {self.folder}: {reason}; {kept}")
+            raise self._save_error(step, error, needed)
         if rank == 0:
             if final.exists():  # an unloadable checkpoint of this step that the resume skipped
                 shutil.rmtree(final)
@@ -120,22 +153,31 @@ class CheckpointManager:
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 old.unlink(missing_ok=True)
+                hash_path(old).unlink(missing_ok=True)
 
     def remove_stale_temporaries(self) -> None:
         """Temporaries left by a process killed mid-write; only called when resuming (by rank 0)."""
         if self.folder.is_dir():
-            for p in self.folder.glob(".ckpt-*.pt.tmp-*"):
+            for p in self.folder.glob(".ckpt-*.tmp-*"):  # a checkpoint's or its hash's temporary
                 p.unlink(missing_ok=True)
+            for p in self.folder.glob(f"ckpt-*.pt{HASH_SUFFIX}"):  # a hash whose checkpoint never got its name
+                if not p.with_name(p.name.removesuffix(HASH_SUFFIX)).exists():
+                    p.unlink(missing_ok=True)
             for p in self.folder.iterdir():
                 if _TMP_DIR.match(p.name) and p.is_dir():
                     shutil.rmtree(p, ignore_errors=True)
 
-    def load_latest(self, map_location: str | torch.device = "cpu") -> tuple[dict[str, Any], Path] | None:
-        """The newest checkpoint that loads; a damaged one is skipped with its reason kept."""
+    def load_latest(self, map_location: str | torch.device = "cpu",
+                    check: Callable[[dict[str, Any], Path], None] | None = None) -> tuple[dict[str, Any], Path] | None:
+        """The newest checkpoint that loads, matches its recorded hashes and passes `check`; a damaged or
+        foreign one is skipped, its reason kept in `skipped` (one line each, newest first)."""
         self.skipped: list[str] = []
         for _, path in reversed(self.checkpoints()):
             try:
-                return load_checkpoint(path, map_location), path
+                state = load_checkpoint(path, map_location)
+                if check is not None:
+                    check(state, path)
+                return state, path
             except CheckpointError as e:
                 self.skipped.append(str(e))
         return None
@@ -148,22 +190,17 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     """
     path = Path(path)
     if path.is_dir():
-        state = _torch_load(path / META, map_location)
+        rank, world = (dist_info().rank, dist_info().world_size) if _group_up() else (0, 1)
+        damage = [d for d in gather_objects(verify_folder_part(path, rank, world)) if d]  # the ranks share the reading
+        if damage:
+            raise CheckpointError(damage[0])
+        state = torch_load(path / META, map_location)
         state["sharded"] = True
         rank_file = path / f"rank-{dist_info().rank if _group_up() else 0:05d}.pt"
-        state["rng"] = _torch_load(rank_file, map_location)["rng"] if rank_file.is_file() else None
+        state["rng"] = torch_load(rank_file, map_location)["rng"] if rank_file.is_file() else None
         return state
-    return _torch_load(path, map_location)
-
-
-def _torch_load(path: Path, map_location: str | torch.device) -> dict[str, Any]:
-    try:
-        # weights_only: a checkpoint is data, never code to run.
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {path} does not exist") from None
-    except Exception as e:  # torch raises several types for a damaged archive
-        raise CheckpointError(f"checkpoint {path} cannot be loaded: {type(e).__name__}: {e}") from None
+    verify_file(path)
+    return torch_load(path, map_location)
 
 
 def restore_model_and_optimizer(state: dict[str, Any], path: Path, model: nn.Module,
@@ -229,46 +266,34 @@ def _group_up() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _save_failure(e: BaseException) -> str:
-    causes = [e, *getattr(e, "failures", {}).values()]
-    for c in causes:
-        c = getattr(c, "exc", c)  # DCP wraps each rank's exception
-        if isinstance(c, OSError) and c.errno in (errno.ENOSPC, errno.EDQUOT):
-            return "the disk is full"
-    if isinstance(e, OSError):
-        return e.strerror or str(e)
+def _first_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
     return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
 
 
-def check_dcp_metadata(folder: Path) -> None:
-    """Refuse a DCP folder whose `.metadata` pickle names anything but DCP's own data classes.
-
-    DCP unpickles `.metadata` with plain pickle; checked first with a restricted unpickler, a
-    checkpoint folder, like a checkpoint file (weights_only=True), is data and never code to run.
-    """
-    path = Path(folder) / ".metadata"
-    try:
-        with open(path, "rb") as f:
-            _MetadataUnpickler(f).load()
-    except CheckpointError:
-        raise
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {folder} has no .metadata (not a complete DCP checkpoint)") from None
-    except Exception as e:
-        raise CheckpointError(f"checkpoint {folder} has unreadable metadata: {type(e).__name__}: {e}") from None
+def state_is_finite(model: nn.Module, optimizer: torch.optim.Optimizer, *extra: torch.Tensor | None) -> bool:
+    """Whether every parameter, buffer and optimizer state tensor (and `extra`: the last gradient norm) is
+    finite, on every rank. Checked on the device, one flag per tensor, one host sync; a diverged step can
+    leave finite weights beside an infinite Adam second moment, which the next step turns into NaN."""
+    tensors = [*model.parameters(), *model.buffers(), *(t for t in extra if t is not None),
+               *(v for st in optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor))]
+    flags = []
+    for t in tensors:
+        t = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's shard
+        if t.is_floating_point() and t.numel():
+            flags.append(torch.isfinite(t).all())
+    bad = bool(flags) and not bool(torch.stack([f.to(flags[0].device) for f in flags]).all())  # deliberate sync
+    return not agree_any(bad)
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        obj = super().find_class(module, name)
-        if module.startswith("torch.distributed.checkpoint.") and isinstance(obj, type) and (
-                dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum)):
-            return obj
-        if module == "torch" and (name == "Size" or isinstance(obj, (torch.dtype, torch.layout, torch.memory_format))):
-            return obj
-        if (module, name) in {("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-                              ("builtins", "set"), ("builtins", "frozenset")}:
-            return obj
-        if module == "pathlib" and name in {"Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"}:
-            return obj  # DCP records the checkpoint's path
-        raise CheckpointError(f"checkpoint metadata refers to {module}.{name}, which is not checkpoint data")
+def state_bytes(obj: Any) -> int:
+    """Bytes of the tensors in a (nested) state: what a checkpoint of it needs on disk, about.
+    A DTensor counts its global size (DCP writes every shard, replicated ones once)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(state_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(state_bytes(v) for v in obj)
+    return 0

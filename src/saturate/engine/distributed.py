@@ -10,8 +10,11 @@ decisions (an OOM flag, a stop request), so agreeing on a decision never waits f
 from __future__ import annotations
 
 import contextlib
+import datetime
 import gc
 import os
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +25,7 @@ import torch.distributed as dist
 from saturate.errors import ConfigError
 
 _created_here = False  # whether init_distributed made the process group (then teardown destroys it)
+_stuck_after: float | None = None  # the collective timeout in force, seconds
 
 
 @dataclass(frozen=True)
@@ -52,17 +56,35 @@ def dist_info() -> DistInfo:
         raise ConfigError(f"RANK / LOCAL_RANK / WORLD_SIZE must be integers: {e}") from None
 
 
-def init_distributed(device_type: str, *, one_process_group: bool = False) -> DistInfo:
+def stuck_after_default() -> float:
+    """Seconds a collective (or a data-loader batch) may take before the run is stopped as stuck:
+    $SATURATE_STUCK_AFTER, else 600 (NCCL's own default; long enough for a large checkpoint or compile)."""
+    text = os.environ.get("SATURATE_STUCK_AFTER", "600")
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"SATURATE_STUCK_AFTER must be a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise ConfigError(f"SATURATE_STUCK_AFTER must be > 0, got {text}")
+    return value
+
+
+def init_distributed(device_type: str, *, one_process_group: bool = False,
+                     stuck_after: float | None = None) -> DistInfo:
     """Join torchrun's process group (idempotent) and bind this rank to its GPU.
 
     `device_type` is "cuda" (ROCm too), "cpu" or "mps". With WORLD_SIZE 1 nothing happens, unless
     `one_process_group` asks for a group of one (FSDP in a single process, for its CPU offload and
-    mixed-precision policy). Returns the ranks as the group sees them.
+    mixed-precision policy). Collectives time out after `stuck_after` seconds (default
+    `stuck_after_default()`), and each rank leaves a heartbeat in the rendezvous store so that the
+    ranks that time out can name the one that did not answer (`unresponsive_ranks`).
+    Returns the ranks as the group sees them.
     """
-    global _created_here
+    global _created_here, _stuck_after
     info = dist_info()
     if dist.is_available() and dist.is_initialized():
         return DistInfo(dist.get_rank(), info.local_rank, dist.get_world_size())
+    _stuck_after = stuck_after  # also in one process: the data loader's timeout
     if info.world_size == 1 and not one_process_group:
         return info
     if not dist.is_available():
@@ -78,12 +100,68 @@ def init_distributed(device_type: str, *, one_process_group: bool = False) -> Di
         backend = "cuda:nccl,cpu:gloo"  # NCCL/RCCL for gradients, gloo for CPU decision flags
     else:
         backend = "gloo"
+    timeout = datetime.timedelta(seconds=stuck_after_s())
     if info.world_size == 1 and "MASTER_ADDR" not in os.environ:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     else:
-        dist.init_process_group(backend)  # env:// rendezvous set up by torchrun
+        dist.init_process_group(backend, timeout=timeout)  # env:// rendezvous set up by torchrun
+        if dist.get_world_size() > 1:
+            _Heartbeat.start(dist.get_rank(), stuck_after_s())
     _created_here = True
     return DistInfo(dist.get_rank(), info.local_rank, dist.get_world_size())
+
+
+class _Heartbeat:
+    """A daemon thread writing `saturate/alive/<rank>` = the time, every few seconds, to the rendezvous store
+    (its own connection): a rank that is stopped (SIGSTOP), frozen or dead stops writing, which is how the
+    ranks whose collective timed out tell which rank did not answer."""
+
+    PREFIX = "saturate/alive/"
+    store: Any = None
+    interval = 5.0
+
+    @classmethod
+    def start(cls, rank: int, stuck_after: float) -> None:
+        if cls.store is not None or "MASTER_ADDR" not in os.environ:
+            return
+        cls.interval = max(0.5, min(5.0, stuck_after / 4))
+        try:
+            cls.store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                      timeout=datetime.timedelta(seconds=max(5.0, cls.interval)))
+        except (RuntimeError, KeyError, ValueError):
+            return  # no heartbeat: a timeout is still reported, without naming the rank
+
+        def beat() -> None:
+            while True:
+                try:
+                    cls.store.set(f"{cls.PREFIX}{rank}", f"{time.time():.3f}")
+                except Exception:  # the store went away (the job is ending)
+                    return
+                time.sleep(cls.interval)
+
+        threading.Thread(target=beat, name="saturate-heartbeat", daemon=True).start()
+
+
+def unresponsive_ranks(world_size: int) -> list[tuple[int, float | None]]:
+    """The ranks whose heartbeat is stale (older than three beats), with its age in seconds (None: never seen)."""
+    store = _Heartbeat.store
+    if store is None:
+        return []
+    stale = []
+    now = time.time()
+    for rank in range(world_size):
+        try:
+            age: float | None = now - float(store.get(f"{_Heartbeat.PREFIX}{rank}").decode())
+        except Exception:
+            age = None
+        if age is None or age > 3 * _Heartbeat.interval:
+            stale.append((rank, age))
+    return stale
+
+
+def stuck_after_s() -> float:
+    """The timeout in force for collectives and data-loader batches (seconds)."""
+    return _stuck_after if _stuck_after is not None else stuck_after_default()
 
 
 def teardown_distributed() -> None:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Protocol
 
-from saturate.atomic import atomic_write_bytes
+from saturate.atomic import DiskFullError, atomic_write_bytes, full_disk_reason, is_disk_full
 
 
 class Sink(Protocol):
@@ -22,6 +22,7 @@ class JsonlSink:
         if resume_step is not None and path.exists():
             self._truncate_after(resume_step)
         self._f = open(path, "a", buffering=1)  # noqa: SIM115 - held open for the run, closed by close()
+        self._failed = False
 
     def _truncate_after(self, step: int) -> None:
         # A killed run may have logged steps past its last checkpoint; the resumed run logs
@@ -36,10 +37,22 @@ class JsonlSink:
         atomic_write_bytes(self.path, "".join(k + "\n" for k in kept).encode())
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        self._f.write(json.dumps({"step": step, **metrics}) + "\n")
+        line = json.dumps({"step": step, **metrics}) + "\n"
+        try:
+            self._f.write(line)
+        except OSError as e:
+            self._failed = True
+            if is_disk_full(e):
+                reason = full_disk_reason(self.path.parent, len(line.encode()))
+                raise DiskFullError(f"could not append to {self.path.name}: {reason}") from None
+            raise
 
     def close(self) -> None:
-        self._f.close()
+        try:
+            self._f.close()
+        except OSError:
+            if not self._failed:  # the line that failed was already reported
+                raise
 
 
 class TensorBoardSink:

@@ -5,7 +5,9 @@ model, other data or another effective batch.
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,11 @@ from saturate.errors import CheckpointError, ConfigError
 from saturate.plan import Plan, default_plan, fit_to_world
 from saturate.workloads.base import Workload
 
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; the run folder is not locked
+    fcntl = None  # type: ignore[assignment]
+
 CHECKPOINT_FORMAT = 1  # the same for a file and a DCP folder's meta.pt
 
 
@@ -29,7 +36,7 @@ def prepare_run_dir(run_dir: Path | None, resume: bool, workload: Workload) -> P
             if run_dir is None:
                 raise CheckpointError(f"--resume: no run of {workload.name} with checkpoints under runs/")
         else:
-            run_dir = Path("runs") / f"{workload.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+            run_dir = _new_default_dir(Path("runs") / f"{workload.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = Path(run_dir)
     if resume and not run_dir.is_dir():
         raise CheckpointError(f"--resume: run folder {run_dir} does not exist")
@@ -41,6 +48,76 @@ def prepare_run_dir(run_dir: Path | None, resume: bool, workload: Workload) -> P
     except OSError as e:
         raise ConfigError(f"run folder {run_dir} is not writable: {e.strerror or e}") from None
     return run_dir
+
+
+def _new_default_dir(base: Path) -> Path:
+    """`base`, or `base-2`, `base-3`…: the first that did not exist (mkdir is the atomic claim), so two runs
+    started in the same second never share a folder."""
+    for i in range(1, 1000):
+        candidate = base if i == 1 else base.with_name(f"{base.name}-{i}")
+        try:
+            candidate.mkdir(parents=True)
+            return candidate
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise ConfigError(f"run folder {candidate} is not writable: {e.strerror or e}") from None
+    raise ConfigError(f"could not find a free run folder name next to {base}")
+
+
+_held: dict[str, int] = {}  # run folder -> the descriptor holding its lock (this process)
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Claim the run folder for this process: a second run writing the same folder (duplicated metrics,
+    overwritten checkpoints) is refused in one line naming the holder's PID. An advisory lock (flock) on
+    the folder itself, so no file is left behind; the kernel releases it when the holder exits, however
+    it exits (SIGKILL included)."""
+    key = os.path.abspath(run_dir)
+    if key in _held or fcntl is None:
+        return
+    try:
+        fd = os.open(run_dir, os.O_RDONLY)
+    except OSError as e:
+        raise ConfigError(f"run folder {run_dir} is not readable: {e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ConfigError(f"run folder {run_dir} is in use by another saturate run (pid {_lock_holder(run_dir)}); "
+                          "wait for it to end or choose another --run-dir") from None
+    _held[key] = fd
+
+
+def _lock_holder(run_dir: Path) -> str:
+    """The PID holding the folder's flock, from /proc/locks (Linux); else the PID its run.json records."""
+    st = os.stat(run_dir)
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
+    try:
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            if "FLOCK" in fields and where in f"{line} " and len(fields) > 4:
+                return fields[4]
+    except OSError:
+        pass
+    try:
+        return str(json.loads((Path(run_dir) / "run.json").read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        return "unknown"
+
+
+def remove_stale_temporaries(run_dir: Path) -> None:
+    """The `.NAME.tmp-*` files an atomic write leaves when its process is killed (model.safetensors,
+    run.json, plan.toml…); only called by the process holding the folder's lock."""
+    for p in Path(run_dir).glob(".*.tmp-*"):
+        if p.is_file():
+            p.unlink(missing_ok=True)
+
+
+def release_run_dirs() -> None:
+    """Release the run folders this process locked (train() does, however it ends)."""
+    while _held:
+        os.close(_held.popitem()[1])
 
 
 def latest_run_dir(workload_name: str, root: Path = Path("runs")) -> Path | None:
@@ -56,15 +133,25 @@ def latest_run_dir(workload_name: str, root: Path = Path("runs")) -> Path | None
 def load_resume_state(ckpts: CheckpointManager, dist: DistInfo) -> dict[str, Any]:
     if dist.is_main:
         ckpts.remove_stale_temporaries()  # nothing is being written yet: every rank is here
-    loaded = ckpts.load_latest()
+    loaded = ckpts.load_latest(check=_check_format)
     if loaded is None:
         why = f" ({'; '.join(ckpts.skipped)})" if getattr(ckpts, "skipped", None) else ""
         raise CheckpointError(f"--resume: no loadable checkpoint in {ckpts.folder}{why}")
     state, path = loaded
-    if state.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path} has checkpoint format {state.get('format')}, expected {CHECKPOINT_FORMAT}")
+    if ckpts.skipped and dist.is_main:  # the newest was damaged or foreign: say which and why, then what is used
+        for why in ckpts.skipped:
+            print(f"saturate: warning: {why}; skipped", file=sys.stderr)
+        print(f"saturate: warning: resuming from the previous good checkpoint {path} (step {state['step']})",
+              file=sys.stderr)
     state["path"] = str(path)
     return state
+
+
+def _check_format(state: dict[str, Any], path: Path) -> None:
+    if "format" not in state or "step" not in state:
+        raise CheckpointError(f"{path} is not a saturate checkpoint (no format or step in it)")
+    if state["format"] != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path} has checkpoint format {state['format']}, expected {CHECKPOINT_FORMAT}")
 
 
 def checkpoint_plan(state: dict[str, Any], world: int, notes: list[str]) -> Plan:
@@ -110,6 +197,28 @@ def check_fingerprint(state: dict[str, Any], fingerprint: dict[str, str], identi
                           f"{'; '.join(parts)}")
 
 
+# The fields of an Optimization that change the maths of the rest of a run (not its length or validation).
+OPTIMIZATION_FIELDS = ("effective_batch", "lr", "warmup_steps", "min_lr_ratio", "weight_decay", "betas", "grad_clip")
+
+
+def optimization_record(optim: Any) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k in OPTIMIZATION_FIELDS for v in [getattr(optim, k)]}
+
+
+def check_optimization(state: dict[str, Any], optim: Any) -> None:
+    """Refuse to continue a run with another optimisation (an --effective-batch or --param lr=… that differs
+    from the run's would rescale or replace the learning rate mid-run), naming what differs."""
+    theirs = state.get("optimization")
+    if theirs is None:  # written before the optimisation was recorded
+        return
+    mine = optimization_record(optim)
+    differ = [f"{k} {theirs.get(k)!r} -> {mine[k]!r}" for k in OPTIMIZATION_FIELDS if theirs.get(k) != mine[k]]
+    if differ:
+        raise CheckpointError(f"cannot resume from {state['path']}: it was trained with a different optimisation "
+                              f"({', '.join(differ)}); resume with the run's own settings (--resume --run-dir "
+                              "alone reuses them)")
+
+
 def choose_plan(plan: Plan | None, state: dict[str, Any] | None, workload: Workload, hw: Any, use_tuned: bool,
                 notes: list[str], world: int = 1) -> Plan:
     """The given plan; else the checkpoint's when resuming; else the tuned plan cached for this workload
@@ -143,7 +252,7 @@ def choose_plan(plan: Plan | None, state: dict[str, Any] | None, workload: Workl
 
 def snapshot(step: int, stepper: Stepper, precision: Precision, schedule: WarmupCosine, plan: Plan,
               fingerprint: dict[str, str], identity: dict[str, Any], train_seconds: float, seed: int,
-              world: int) -> dict[str, Any]:
+              world: int, optimization: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything a resume needs; for DDP/FSDP without model and optimizer, which go through DCP."""
     state: dict[str, Any] = {}
     if stepper.strategy == "single":
@@ -161,6 +270,7 @@ def snapshot(step: int, stepper: Stepper, precision: Precision, schedule: Warmup
         "identity": identity,  # the values behind the fingerprint, to say what differs on a refusal
         "train_seconds": train_seconds,
         "seed": seed,
+        "optimization": optimization,  # the workload's Optimization fields a resume must keep (check_optimization)
     }
 
 

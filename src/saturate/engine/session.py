@@ -22,14 +22,24 @@ import torch
 from saturate.data.windows import eval_loader, make_loader
 from saturate.engine.checkpoint import CheckpointManager
 from saturate.engine.console import ConsoleSink
-from saturate.engine.distributed import DistInfo, broadcast_object, init_distributed, rank_device, resolve_strategy
+from saturate.engine.distributed import (
+    DistInfo,
+    broadcast_object,
+    init_distributed,
+    rank_device,
+    resolve_strategy,
+    stuck_after_s,
+)
 from saturate.engine.hostmem import HostMemoryGuard
 from saturate.engine.metrics import JsonlSink, Sink, tensorboard_sink
 from saturate.engine.resume import (
     check_fingerprint,
+    check_optimization,
     choose_plan,
     load_resume_state,
+    lock_run_dir,
     prepare_run_dir,
+    remove_stale_temporaries,
     restore,
 )
 from saturate.engine.schedule import WarmupCosine, scaled_lr
@@ -37,10 +47,10 @@ from saturate.engine.signals import StopFlag
 from saturate.engine.step import Stepper
 from saturate.engine.summary import mfu_peak, write_json
 from saturate.engine.watch import TrainingWatch
-from saturate.errors import CheckpointError, ConfigError
+from saturate.errors import CheckpointError, ConfigError, SaturateError
 from saturate.hardware import measure_matmul_peak, synchronize
 from saturate.plan import Plan
-from saturate.workloads.base import Workload
+from saturate.workloads.base import FLOAT32_MAX, Workload
 
 
 @dataclass
@@ -61,6 +71,12 @@ class RunConfig:
     tensorboard: bool = True  # also write TensorBoard events when tensorboard is installed
     telemetry: bool = True  # background GPU/host sampler: gpu/*, host/* metrics and low-utilisation notes
     export_weights: bool = True  # model.safetensors at the end
+    # How the workload was described (a Source as a dict: preset, --param, --data, …), recorded in run.json so
+    # that `saturate train --resume --run-dir R` alone rebuilds it; None from the Python API.
+    source: dict[str, Any] | None = None
+    # Seconds a collective or a data-loader batch may take before the run stops as stuck (a rank or a loader
+    # worker that does not answer); None: $SATURATE_STUCK_AFTER, else 600.
+    stuck_after: float | None = None
     use_tuned: bool = True  # with no plan given, use the tuned plan cached for this workload and hardware
     host_memory_guard: bool = True  # lower loader prefetch/workers when host RAM runs short or swap grows
 
@@ -71,6 +87,10 @@ class RunConfig:
                 raise ConfigError(f"{name.replace('_', '-')} must be >= 1, got {v}")
         if self.minutes is not None and not self.minutes > 0:
             raise ConfigError(f"minutes must be > 0, got {self.minutes}")
+        if not (isinstance(self.seed, int) and 0 <= self.seed < 2**64):
+            raise ConfigError(f"seed must be an integer between 0 and 2**64 - 1, got {self.seed!r}")
+        if self.stuck_after is not None and not self.stuck_after > 0:
+            raise ConfigError(f"stuck-after must be > 0 seconds, got {self.stuck_after}")
 
 
 @dataclass
@@ -126,9 +146,10 @@ class Training:
     def restart_loaders(self) -> None:
         """New loaders for the plan in force, reading on from the current step."""
         self.batches = iter(make_loader(self.workload.train_data, self.plan, start_step=self.step,
-                                        pin_memory=self.pin, rank=self.dist.rank, world_size=self.world))
+                                        pin_memory=self.pin, rank=self.dist.rank, world_size=self.world,
+                                        timeout=stuck_after_s()))
         if self.val_loader is not None:
-            self.val_loader = eval_loader(self.workload.val_data, self.plan, self.pin)
+            self.val_loader = eval_loader(self.workload.val_data, self.plan, self.pin, stuck_after_s())
 
     def save_plan(self) -> None:
         if self.dist.is_main:
@@ -141,12 +162,30 @@ def now(device: torch.device) -> float:
     return time.perf_counter()
 
 
+def _settings(plan: dict[str, Any]) -> dict[str, Any]:
+    """A plan's settings, without its provenance (notes on where it came from, which a TOML round trip or
+    a later tuning may word differently)."""
+    return {k: v for k, v in plan.items() if k != "provenance"}
+
+
 def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist: DistInfo) -> Training:
     """Build everything the loop needs; see the module docstring for the order."""
     device_type = torch.device(hw.torch_device).type
     notes: list[str] = []
     world = dist.world_size
-    run_dir = broadcast_object(prepare_run_dir(cfg.run_dir, cfg.resume, workload) if dist.is_main else None)
+    run_dir, refused = None, None
+    if dist.is_main:
+        try:
+            run_dir = prepare_run_dir(cfg.run_dir, cfg.resume, workload)
+            lock_run_dir(run_dir)  # one run per folder; held until train() returns
+            remove_stale_temporaries(run_dir)  # of a process killed mid-write (an export, say): ours now
+        except SaturateError as e:
+            refused = e
+    run_dir, why = broadcast_object((run_dir, str(refused) if refused else None))
+    if refused is not None:
+        raise refused
+    if why is not None:  # every rank refuses with rank 0's reason, rather than wait for it
+        raise ConfigError(why)
     if not dist.is_main:  # rank 0 chose it (a default name has a timestamp); the others check they can write
         run_dir = prepare_run_dir(run_dir, cfg.resume, workload)
     ckpts = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
@@ -161,12 +200,13 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
         notes.append(note)
         plan = plan.replace(strategy=strategy)
     if strategy == "fsdp" and not dist.active:  # FSDP in one process: a process group of one
-        dist = init_distributed(device_type, one_process_group=True)
+        dist = init_distributed(device_type, one_process_group=True, stuck_after=cfg.stuck_after)
     device = rank_device(device_type, dist) if dist.active else torch.device(hw.torch_device)
     effective = plan.samples_per_step(world)
     fingerprint = {**workload.fingerprint(), "effective_batch": str(effective)}
     if state is not None:
         check_fingerprint(state, fingerprint, workload.identity, world)
+        check_optimization(state, workload.optim)
 
     optim = workload.optim
     torch.manual_seed(cfg.seed)  # the same on every rank: FSDP ranks build identical models, then shard
@@ -175,6 +215,8 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
     if effective != optim.effective_batch:
         notes.append(f"effective batch {effective} differs from the workload's {optim.effective_batch}: "
                      f"learning rate scaled linearly {optim.lr:g} -> {lr:g}")
+    if not lr <= FLOAT32_MAX:
+        raise ConfigError(f"the learning rate scaled to the effective batch, {lr:g}, is beyond float32's range")
     stepper = Stepper(workload, plan, device, lr, notes=notes, compile=False, dist=dist)
     if world > 1:  # after the (identical) build: each rank its own stream, as for dropout on its own data
         torch.manual_seed(cfg.seed + dist.rank)
@@ -184,7 +226,7 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
     if state is not None:
         step, elapsed_before = state["step"], state["train_seconds"]
         restore(state, stepper, schedule, cfg.steps, dist, notes)
-        if plan_given and state["plan"] != plan.to_dict():
+        if plan_given and _settings(state["plan"]) != _settings(plan.to_dict()):
             notes.append("resumed with a different plan than the checkpoint's (same effective batch)")
     stepper.compile_model()  # after loading: the compile probe restores the RNG it uses
     stepper.steps_done = step  # so an OOM adaptation names the global step
@@ -205,12 +247,14 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
     console = ConsoleSink(total_steps, start_step=step, enabled=cfg.progress and dist.is_main)
     sinks.append(console)
     if dist.is_main:
+        # summary.json describes a finished session (a requeue script reads its "stopped_by"): never a stale one
+        (run_dir / "summary.json").unlink(missing_ok=True)
         plan.save(run_dir / "plan.toml")
         write_json(run_dir / "run.json", {
             "workload": workload.name, "info": workload.info, "fingerprint": fingerprint,
             "effective_batch": effective, "lr": lr, "total_steps": total_steps, "seed": cfg.seed,
             "device": str(device), "processes": world, "strategy": stepper.strategy,
-            "hardware": hw.fingerprint(), "notes": notes,
+            "hardware": hw.fingerprint(), "notes": notes, "source": cfg.source,
             "pid": os.getpid()})  # `saturate monitor` finds a live run by it
     for n in notes:
         console.note(n)
@@ -218,9 +262,9 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
                   processes=world)
 
     loader = make_loader(workload.train_data, plan, start_step=step, pin_memory=pin, rank=dist.rank,
-                         world_size=world)
+                         world_size=world, timeout=stuck_after_s())
     # Built once, so persistent workers really persist between validations.
-    val_loader = eval_loader(workload.val_data, plan, pin) if workload.val_data is not None else None
+    val_loader = eval_loader(workload.val_data, plan, pin, stuck_after_s()) if workload.val_data is not None else None
     eval_every = cfg.eval_every or optim.eval_every
     return Training(
         workload=workload, cfg=cfg, dist=dist, device=device, run_dir=run_dir, ckpts=ckpts, plan=plan,

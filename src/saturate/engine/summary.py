@@ -15,7 +15,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from saturate.atomic import atomic_path, atomic_write_bytes
+from saturate.atomic import DiskFullError, atomic_path, atomic_write_bytes
+from saturate.engine.checkpoint import state_bytes
 from saturate.engine.distributed import DistInfo, all_reduce_scalar
 from saturate.errors import CheckpointError
 from saturate.plan import Plan
@@ -40,7 +41,8 @@ class RunResult:
     checkpoint: Path | None
     weights: Path | None
     stopped_early: bool  # fewer steps than the schedule: a time budget ran out, or Ctrl-C
-    interrupted: bool  # Ctrl-C (SIGINT) asked the run to stop
+    interrupted: bool  # a signal (Ctrl-C, SIGTERM, SIGUSR1) asked the run to stop
+    stop_signal: str | None = None  # which one ("SIGTERM"); under torchrun, agreed by every rank
     notes: list[str] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)  # the workload's own end-of-run metrics (evaluate)
 
@@ -111,10 +113,13 @@ def export_weights(model: nn.Module, run_dir: Path, workload: Workload, strategy
     if not dist.is_main:
         return path
     try:
-        with atomic_path(path) as tmp:
+        with atomic_path(path, needed=state_bytes(model.state_dict())) as tmp:
             save_model(model, str(tmp))  # save_model de-duplicates the tied embedding/head weight
         if workload.export_extras is not None:
             workload.export_extras(model, run_dir)
+    except DiskFullError as e:  # the checkpoints are whole: the export can be redone from the last one
+        raise CheckpointError(f"could not export weights to {path.name}: {str(e).split(': ', 1)[1]}; "
+                              "the last checkpoint is kept") from None
     except OSError as e:
         raise CheckpointError(f"could not export weights to {path}: {e.strerror or e}") from None
     return path
@@ -149,5 +154,6 @@ def fill_summary(result: RunResult, workload: Workload, effective: int, steps_th
         "mfu_peak": result.peak_label, "peak_memory_bytes": result.peak_memory_bytes,
         "memory_kind": result.memory_kind, "train_loss": result.train_loss, "val_loss": result.val_loss,
         "checkpoint": result.checkpoint, "weights": result.weights, "stopped_early": result.stopped_early,
+        "stopped_by": result.stop_signal,
         "processes": dist.world_size, "plan": result.plan.to_dict(), "notes": result.notes,
         "metrics": result.metrics})

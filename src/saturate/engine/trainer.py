@@ -22,18 +22,21 @@ import torch
 import torch.nn as nn
 
 from saturate.data.windows import eval_loader
+from saturate.engine.checkpoint import state_is_finite
 from saturate.engine.distributed import (
     agree_any,
     all_reduce_mean_,
+    all_reduce_scalar,
     broadcast_object,
     gather_objects,
     init_distributed,
+    stuck_after_s,
     teardown_distributed,
 )
 from saturate.engine.hostmem import relieve
 from saturate.engine.metrics import Sink
 from saturate.engine.precision import Precision
-from saturate.engine.resume import snapshot
+from saturate.engine.resume import optimization_record, release_run_dirs, snapshot
 from saturate.engine.session import RunConfig, Training, now, prepare
 from saturate.engine.step import to_device
 from saturate.engine.summary import RunResult, export_weights, fill_summary, step_metrics, steps_for_budget
@@ -58,8 +61,11 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     hw = hardware or probe(measure_peaks=False, device=cfg.device)
     device_type = torch.device(hw.torch_device).type
     made_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
-    dist = init_distributed(device_type)  # joins torchrun's group; a no-op in one process
-    result = _loop(prepare(workload, plan, cfg, hw, dist))
+    dist = init_distributed(device_type, stuck_after=cfg.stuck_after)  # joins torchrun's group; no-op in one process
+    try:
+        result = _loop(prepare(workload, plan, cfg, hw, dist))
+    finally:  # the run folder's lock, taken by prepare (rank 0)
+        release_run_dirs()
     # On an error the group is left up: the traceback still holds DDP/DCP objects that must be freed
     # before the group is destroyed, so the CLI tears it down once the error is handled.
     if made_group:
@@ -82,12 +88,7 @@ def _loop(t: Training) -> RunResult:
             t.step += 1
             t.window_steps += 1
             t.console.advance(t.step)  # host-only: moves the bar and ETA, reads nothing from the device
-            # Read once: a Ctrl-C landing later in this step is seen at the next one, never between the
-            # checkpoint decision and the loop test (which would stop without a checkpoint, or, with
-            # several ranks, stop one rank a step before the others). A budget is not an interruption.
-            stopping = t.stop.requested or (t.deadline is not None and time.monotonic() >= t.deadline)
-            if t.world > 1:  # a Ctrl-C or a budget seen by one rank stops all of them at this same step
-                stopping = agree_any(stopping)
+            stopping = _stop_due(t)
 
             step = t.step
             eval_due = t.val_loader is not None and (step % t.eval_every == 0 or step == t.total_steps)
@@ -111,6 +112,24 @@ def _loop(t: Training) -> RunResult:
 
 
 # --- what the loop calls ----------------------------------------------------------------------
+
+
+def _stop_due(t: Training) -> bool:
+    """Whether to stop after this step, decided once per step and agreed by every rank.
+
+    Read once: a signal landing later in this step is seen at the next one, never between the
+    checkpoint decision and the loop test (which would stop without a checkpoint, or, with several
+    ranks, stop one rank a step before the others). A budget is not an interruption.
+    """
+    budget_out = t.deadline is not None and time.monotonic() >= t.deadline
+    if t.world == 1:
+        return t.stop.requested or budget_out
+    # A signal or a budget seen by one rank stops all of them at this same step, for the same reason:
+    # one all-reduce (max) of 2 × the signal's code + the budget flag.
+    mine = 2 * t.stop.code + int(budget_out)
+    agreed = int(all_reduce_scalar(float(mine), "max"))
+    t.stop.adopt(agreed // 2)
+    return agreed > 0
 
 
 def _log_window(t: Training) -> float:
@@ -145,7 +164,7 @@ def _absorbed_oom(t: Training) -> None:
     t.save_plan()
     t.console.note(t.notes[-1])
     if t.val_loader is not None:  # validation runs at the smaller micro-batch too
-        t.val_loader = eval_loader(t.workload.val_data, t.plan, t.pin)
+        t.val_loader = eval_loader(t.workload.val_data, t.plan, t.pin, stuck_after_s())
 
 
 def _relieve_host_memory(t: Training) -> None:
@@ -176,13 +195,22 @@ def _validate(t: Training) -> None:
 
 
 def _checkpoint(t: Training) -> None:
+    # A diverging step can leave NaN or infinite state behind a finite loss: never save it, so the newest
+    # checkpoint is always one a resume can continue from.
+    if not state_is_finite(t.model, t.stepper.optimizer, t.stepper.grad_norm):
+        kept = t.ckpts.checkpoints()
+        kept_text = f"the last finite checkpoint (step {kept[-1][0]}) is kept" if kept else "no checkpoint was written"
+        raise SaturateError(f"the model or optimizer state became non-finite (nan or inf) by step {t.step}, so it "
+                            f"was not saved; lower the learning rate; {kept_text}")
     state = snapshot(t.step, t.stepper, t.stepper.precision, t.schedule, t.plan, t.fingerprint,
-                     t.workload.identity, t.elapsed_before + t.train_seconds, t.cfg.seed, t.world)
-    if t.stepper.strategy == "single":
-        t.last_ckpt = t.ckpts.save(t.step, state)
-    else:
-        rng = state.pop("rng")
-        t.last_ckpt = t.ckpts.save_sharded(t.step, t.model, t.stepper.optimizer, state, {"rng": rng})
+                     t.workload.identity, t.elapsed_before + t.train_seconds, t.cfg.seed, t.world,
+                     optimization_record(t.workload.optim))
+    with t.stop.deferred():  # a signal during the write is held until the checkpoint is whole
+        if t.stepper.strategy == "single":
+            t.last_ckpt = t.ckpts.save(t.step, state)
+        else:
+            rng = state.pop("rng")
+            t.last_ckpt = t.ckpts.save_sharded(t.step, t.model, t.stepper.optimizer, state, {"rng": rng})
     t.window_start = now(t.device)
     t.watch.reset()
 
@@ -197,7 +225,8 @@ def _finish(t: Training) -> RunResult:
         tokens_per_s=None, samples_per_s=None, mfu=None, peak_label=t.peak_label,
         peak_memory_bytes=None, memory_kind="device" if t.device.type == "cuda" else "host RSS",
         train_loss=t.train_loss, val_loss=t.val_loss, checkpoint=t.last_ckpt, weights=weights,
-        stopped_early=t.step < t.total_steps, interrupted=t.stop.interrupted, notes=t.notes,
+        stopped_early=t.step < t.total_steps, interrupted=t.stop.interrupted,
+        stop_signal=t.stop.signal_name, notes=t.notes,
         metrics=t.extra_metrics,
     )
     fill_summary(result, t.workload, t.effective, t.step - t.start_step, t.peak, t.device, t.run_dir, t.dist)

@@ -75,8 +75,6 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
                        try_compile=try_compile, **settings)
     out_dir = Path(broadcast_object(str(out_dir) if out_dir is not None else str(
         Path("runs") / f"tune-{workload.name}-{time.strftime('%Y%m%d-%H%M%S')}")))  # rank 0's name on every rank
-    if dist.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
     console.print(f"[bold]saturate tune[/bold] {workload.name} on {_describe(hw)}: effective batch "
                   f"{s.effective_batch}, {steps} planned steps"
                   + (f", budget {budget_s:g} s" if budget_s else "")
@@ -88,6 +86,8 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
 
     base = Plan(name="base", strategy="ddp" if world > 1 else "single")
     result = search(measurer, base, s, progress)  # raises before anything is written
+    if dist.is_main:  # only now: a failed or interrupted search leaves no empty folder behind
+        out_dir.mkdir(parents=True, exist_ok=True)
 
     hw_fp = hw.fingerprint()
     plan = result.plan.replace(name="tuned", provenance={

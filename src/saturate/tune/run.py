@@ -124,7 +124,7 @@ def _row(label: str, plan: Plan, t: Trial, util: float | None, workload: Workloa
 def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = None, steps: int | None = None,
         minutes: float | None = None, run_dir: Path | None = None, allow_batch_change: bool = False,
         seed: int = 0, progress: bool = True, console: Console | None = None,
-        try_compile: bool = True) -> RunReport:
+        try_compile: bool = True, source: dict[str, Any] | None = None) -> RunReport:
     from saturate.hardware import probe
 
     hw = hardware or probe(measure_peaks=True)
@@ -145,7 +145,7 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
     plans = [*reference_plans(workload, hw.device_type, dist.world_size), ("tuned", tuned.plan)]
     rows = compare(workload, hw, plans, seed=seed, dist=dist)
     config = RunConfig(steps=steps, minutes=minutes, run_dir=run_dir, seed=seed, device=hw.torch_device,
-                       progress=progress)
+                       progress=progress, source=source)  # source: so `train --resume --run-dir` alone continues
     training = train(workload, tuned.plan, config, hardware=hw)
     rows.append(Row("tuned: the training run", training.plan, training.samples_per_s, training.tokens_per_s,
                     training.train_seconds / max(1, training.steps) if training.steps else None,

@@ -18,6 +18,8 @@ from torch.utils.data import Dataset
 
 from saturate.errors import ConfigError
 
+FLOAT32_MAX = 3.4028234663852886e38  # an optimizer's float32 arithmetic: larger learning rates overflow
+
 
 @dataclass
 class Optimization:
@@ -39,6 +41,8 @@ class Optimization:
             raise ConfigError(f"effective_batch must be >= 1, got {self.effective_batch}")
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if not self.lr <= FLOAT32_MAX:  # beyond it the optimizer cannot even represent the update
+            raise ConfigError(f"lr must be a finite number below {FLOAT32_MAX:.3g} (float32's largest), got {self.lr}")
         if self.warmup_steps < 0 or self.steps < 1:
             raise ConfigError(f"warmup_steps must be >= 0 and steps >= 1, got {self.warmup_steps}, {self.steps}")
         if self.grad_clip is not None and not self.grad_clip > 0:

@@ -260,6 +260,8 @@ def gpt_workload(
     info = {"preset": preset, "corpus_files": corpus.n_files, "corpus_tokens": corpus.n_tokens,
             "tokenizer": corpus.tokenizer.name, "vocab_size": corpus.vocab_size,
             "corpus_cached": corpus.cached}
+    if corpus.skipped:  # not text (binary, a FIFO…): left out, and said so in the run's info
+        info["skipped_files"] = "; ".join(corpus.skipped)
     return Workload(
         name=preset,
         build_model=lambda: GPT(cfg),

@@ -1,0 +1,84 @@
+"""The small ones, each provoked for real: refused values, an export killed mid-write, a corpus build that
+fails, a tune that fails; none leaves a traceback or a stray file or folder behind."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import cli_env
+from saturate.cli import main
+from saturate.data.cache import cache_root, prepare_corpus
+from saturate.errors import DataError
+
+TINY = ("--param", "n_layer=1", "--param", "n_embd=32", "--param", "n_head=2", "--param", "seq_len=32")
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--effective-batch", "0", "--effective-batch must be > 0, got 0"),
+    ("--seed", "-1", "--seed must be between 0 and 2**64 - 1, got -1"),
+])
+def test_refused_values(flag, value, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", flag, value])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"saturate train: error: argument {flag}: {message}" in err and "Traceback" not in err
+
+
+SLOW_EXPORT = textwrap.dedent("""
+    import pathlib, sys, time
+    import safetensors.torch
+
+    def save_model(model, filename, *args, **kwargs):  # half a file, then hang until killed
+        pathlib.Path(filename).write_bytes(b"half an export" * 1000)
+        pathlib.Path(sys.argv[1]).write_text("writing")
+        time.sleep(600)
+
+    safetensors.torch.save_model = save_model
+    from saturate.cli import main
+    sys.exit(main(sys.argv[2:]))
+""")
+
+
+def test_an_export_killed_mid_write_leaves_no_temporary_for_ever(tmp_path, small_corpus, capsys):
+    run_dir, marker, script = tmp_path / "run", tmp_path / "writing", tmp_path / "slow_export.py"
+    script.write_text(SLOW_EXPORT)
+    argv = ["train", "--data", str(small_corpus), *TINY, "--effective-batch", "4", "--steps", "2", "--no-progress",
+            "--run-dir", str(run_dir)]
+    proc = subprocess.Popen([sys.executable, str(script), str(marker), *argv], env=cli_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(2400):
+            if marker.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert marker.exists(), "the export never started"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert list(run_dir.glob(".model.safetensors.tmp-*")), "the killed export left its temporary"
+    assert main(["train", "--resume", "--run-dir", str(run_dir), "--no-progress"]) == 0  # redoes the export
+    assert not list(run_dir.glob(".*.tmp-*")) and (run_dir / "model.safetensors").is_file()
+
+
+def test_a_failed_corpus_build_leaves_no_cache_folder(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    before = set((cache_root() / "tokens").glob("*")) if (cache_root() / "tokens").is_dir() else set()
+    with pytest.raises(DataError, match="is empty"):
+        prepare_corpus([str(tmp_path / "empty.txt")], seq_len=32)
+    after = set((cache_root() / "tokens").glob("*")) if (cache_root() / "tokens").is_dir() else set()
+    assert after == before  # no folder holding only the builders' .lock
+
+
+def test_a_failed_tune_leaves_no_folder(tmp_path, small_corpus, capsys):
+    out = tmp_path / "tune"
+    code = main(["tune", "--data", str(small_corpus), *TINY, "--effective-batch", "4", "--budget", "0.01",
+                 "--out", str(out)])
+    assert code == 2 and "tuning budget 0.01 s is too small" in capsys.readouterr().err
+    assert not out.exists()
