@@ -201,7 +201,7 @@ def test_one_process_checkpoint_resumes_under_fsdp(tmp_path, single, env, corpus
 OOM_ON_RANK_1 = textwrap.dedent("""
     import os, sys
     from saturate.engine.step import OutOfMemoryError
-    from saturate.models import gpt
+    from saturate.workloads import gpt
 
     real_init = gpt.GPT.__init__
 
@@ -237,7 +237,7 @@ RANK_1_FAILS_AT_STEP_3 = textwrap.dedent("""
     import os, sys
     import torch
     from saturate.engine.step import OutOfMemoryError
-    from saturate.models import gpt
+    from saturate.workloads import gpt
 
     KIND = sys.argv[1]
     real_init = gpt.GPT.__init__
@@ -347,7 +347,7 @@ OPTIMIZER_OOM_ON_RANK_1 = textwrap.dedent("""
     import os, sys
     from saturate.engine import step as step_module
     from saturate.engine.step import OutOfMemoryError
-    from saturate.models import gpt
+    from saturate.workloads import gpt
 
     seen = [0]
     real_init, real_step = gpt.GPT.__init__, step_module.optimizer_step
