@@ -43,7 +43,7 @@ def wait_until(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> Non
 def test_sigterm_checkpoints_says_so_exits_75_and_the_printed_resume_works(tmp_path, small_corpus):
     run_dir = tmp_path / "run"
     args = tiny_args(small_corpus, run_dir)
-    args[args.index("--steps") + 1] = "60"
+    args[args.index("--steps") + 1] = "30"
     proc = subprocess.Popen(saturate_cmd(*args), env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     wait_until(lambda: bool(logged_steps(run_dir)), proc)
@@ -51,7 +51,7 @@ def test_sigterm_checkpoints_says_so_exits_75_and_the_printed_resume_works(tmp_p
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == EXIT_PREEMPTED, out
     (stopped_at, path), = CheckpointManager(run_dir / "checkpoints").checkpoints()
-    assert stopped_at == max(logged_steps(run_dir)) < 60  # the step boundary it stopped at was logged and saved
+    assert stopped_at == max(logged_steps(run_dir)) < 30  # the step boundary it stopped at was logged and saved
     hint = f"resume with: saturate train --resume --run-dir {run_dir}"
     assert f"saturate: stopped by SIGTERM at step {stopped_at}; checkpoint {path} written; {hint}" in out
     assert "Traceback" not in out
@@ -62,7 +62,7 @@ def test_sigterm_checkpoints_says_so_exits_75_and_the_printed_resume_works(tmp_p
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert f"resuming at step {stopped_at}" in done.stdout
-    assert max(logged_steps(run_dir)) == 60 and (run_dir / "model.safetensors").is_file()
+    assert max(logged_steps(run_dir)) == 30 and (run_dir / "model.safetensors").is_file()
 
 
 SLOW_STOP_SAVE = textwrap.dedent("""
