@@ -123,9 +123,10 @@ class CompileScope:
         self._noted: dict[int, psutil.Process] = {}
 
     def note_processes(self) -> None:
-        for driver, below in self._jobs():
-            for p in (driver, *below):
-                self._noted.setdefault(p.pid, p)
+        with contextlib.suppress(psutil.Error):  # called from the alarm handler: never raise anything else
+            for driver, below in self._jobs():
+                for p in (*below, *([driver] if driver is not None else [])):
+                    self._noted.setdefault(p.pid, p)
 
     def discard(self) -> None:
         """End the compiler's processes and threads, and forget its compiled code and in-memory caches."""
@@ -162,8 +163,8 @@ class CompileScope:
     def _end_jobs(self, patience_s: float = 10.0) -> None:
         """Kill each job's compiler (its driver then deletes its temporaries and exits), not its linker."""
         deadline = time.monotonic() + patience_s
-        while jobs := self._jobs():
-            late = time.monotonic() > deadline
+        while (jobs := self._jobs()) and time.monotonic() < deadline + patience_s:
+            late = time.monotonic() > deadline  # then everything, drivers and links too
             for driver, below in jobs:
                 if late:
                     targets = [*below, *([driver] if driver is not None else [])]

@@ -1,0 +1,186 @@
+"""Training speed after a stopped torch.compile, against a fresh process (issue 17).
+
+Goal: a process whose compile trial was stopped in flight trains as fast as a fresh one (ratio 1.0).
+
+Each round starts two subprocesses of this script, so both pay the same start-up:
+
+* fresh:   eager gpt-tiny training through saturate's train(), timed (bench/_harness.timed_train:
+           warm-up W steps excluded, the next N steps timed by the trainer's own clock);
+* stopped: first the tuner's compile trial (RealMeasurer.model_trial with compile="default") on
+           the same model, stopped in flight, then the same timed training.
+
+The stop is provoked where it used to leave work running: while inductor's compile threads build
+the C++ kernels (each a g++). By default the alarm rings as the first kernel build starts (so the
+whole queue of kernels is still to build, the worst case, whatever the machine's speed); `--limit S`
+uses a plain time limit of S seconds instead, which lands wherever the compilation is by then.
+Every stopped child gets an empty inductor cache (as on a first run), so there are kernels to build.
+The two run in the same order each round, reversed every other round; tokens/s stopped ÷ fresh
+is taken per round, and its median and min..max are printed, with the compiler processes still
+running when the trial returned and after the timed training.
+
+`--without-fix` is for this benchmark only (the before-the-fix figure): in the stopped child it puts
+back what a stopped compile trial did before issue 17 (torch._dynamo.reset() and nothing else, no
+set-up before the clock, one alarm).
+
+    PYTHONPATH=src python3 bench/compile_stop.py                       # 3 rounds, W=2, N=8
+    PYTHONPATH=src python3 bench/compile_stop.py --rounds 2 --json compile_stop.json
+    PYTHONPATH=src python3 bench/compile_stop.py --without-fix         # the figure before the fix
+    PYTHONPATH=src python3 bench/compile_stop.py --limit 20            # a time limit instead
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from _harness import Spread, add_run_args, environment, interleaved, print_table, write_json
+
+SIDES = ("fresh", "stopped")
+
+
+def compiler_processes() -> list[str]:
+    """This process's descendants, by name (none are started by eager training with num_workers 0)."""
+    out = []
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if c.status() != psutil.STATUS_ZOMBIE:
+                out.append(c.name())
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def undo_fix() -> None:
+    """What a stopped compile trial did before issue 17: reset dynamo, nothing else."""
+    import torch
+
+    from saturate.tune import measure, process
+
+    measure.prepare_compiler = lambda device: None
+    process._RING_AGAIN_S = 0.0  # one alarm
+    process.CompileScope.discard = lambda self: torch._dynamo.reset()
+
+
+def ring_at_first_build() -> threading.Event:
+    """Ring the alarm (the trial's own handler) when a compile thread starts building the first kernel."""
+    from torch._inductor import cpp_builder
+
+    build = cpp_builder.run_compile_cmd
+    rang = threading.Event()
+
+    def build_and_ring(cmd_line: str, cwd: str) -> None:
+        if threading.current_thread() is not threading.main_thread() and not rang.is_set():
+            rang.set()
+            os.kill(os.getpid(), signal.SIGALRM)
+        build(cmd_line, cwd)
+
+    cpp_builder.run_compile_cmd = build_and_ring
+    return rang
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    """One side of a round, in its own process; returns what it measured."""
+    from _harness import timed_train
+    from saturate.hardware import probe
+    from saturate.plan import Plan
+    from saturate.tune.measure import RealMeasurer
+    from saturate.workloads import build_workload
+
+    hw = probe(measure_peaks=False, device="cpu")
+    workload = build_workload("gpt-tiny", seed=args.seed, effective_batch=args.micro)
+    plan = Plan(name="eager", micro_batch=args.micro, grad_accum=1, num_workers=0)
+    out: dict[str, Any] = {"side": args.child}
+    if args.child == "stopped":
+        if args.without_fix:
+            undo_fix()
+        rang = ring_at_first_build() if args.limit is None else None
+        measurer = RealMeasurer(workload, hw, seed=args.seed, min_steps=1, max_steps=1, min_seconds=0.0)
+        started = time.perf_counter()
+        trial = measurer.model_trial(plan.replace(compile="default"), "compile",
+                                     compile_limit_s=args.limit if args.limit is not None else 3600.0)
+        out["trial_s"] = time.perf_counter() - started
+        out["trial_status"] = trial.status
+        out["stopped_while_building"] = rang.is_set() if rang is not None else None
+        out["compilers_after_trial"] = compiler_processes()
+    with tempfile.TemporaryDirectory(prefix="compile_stop-") as tmp:
+        timed, _ = timed_train(workload, plan, warmup=args.warmup, steps=args.steps, hardware=hw,
+                               run_dir=Path(tmp) / "run", seed=args.seed)
+    out["tokens_per_s"] = timed.tokens_per_s
+    out["compilers_after_training"] = compiler_processes()
+    return out
+
+
+def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", side, "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--micro", str(args.micro), "--seed", str(args.seed)]
+    if args.without_fix:
+        cmd.append("--without-fix")
+    if args.limit is not None:
+        cmd += ["--limit", str(args.limit)]
+    with tempfile.TemporaryDirectory(prefix="compile_stop-inductor-") as cache:
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)  # empty: a first run's compilation
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{side} child failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_run_args(ap, steps=8, warmup=2, rounds=3)
+    ap.add_argument("--micro", type=int, default=8, help="micro-batch = effective batch (default: 8)")
+    ap.add_argument("--limit", type=float, help="stop the compilation at this time limit (default: at its "
+                                                "first kernel build)")
+    ap.add_argument("--without-fix", action="store_true", help="benchmark only: the behaviour before issue 17")
+    ap.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args)))
+        return 0
+
+    results: dict[int, dict[str, dict[str, Any]]] = {}
+    for r, side in interleaved(SIDES, args.rounds):
+        results.setdefault(r, {})[side] = got = run_side(side, args)
+        print(f"round {r + 1} {side}: {got['tokens_per_s']:.0f} tokens/s"
+              + (f" (trial {got['trial_status']} after {got['trial_s']:.1f} s, compilers left "
+                 f"{len(got['compilers_after_trial'])}, after training {len(got['compilers_after_training'])})"
+                 if side == "stopped" else ""), flush=True)
+
+    ratios = [results[r]["stopped"]["tokens_per_s"] / results[r]["fresh"]["tokens_per_s"] for r in sorted(results)]
+    rows = []
+    for r in sorted(results):
+        f, s = results[r]["fresh"], results[r]["stopped"]
+        rows.append([str(r + 1), f"{f['tokens_per_s']:.0f}", f"{s['tokens_per_s']:.0f}", f"{ratios[r]:.2f}",
+                     f"{s['trial_s']:.1f} s", str(len(s["compilers_after_trial"])),
+                     str(len(s["compilers_after_training"]))])
+    spread = Spread.of(ratios)
+    title = ("gpt-tiny eager training after a stopped compile vs a fresh process"
+             + (" — WITHOUT the fix" if args.without_fix else ""))
+    print_table(title, ["round", "fresh tok/s", "stopped tok/s", "stopped/fresh", "compile trial",
+                        "compilers left", "after training"], rows,
+                footer=[f"stopped/fresh: {spread.fmt('.2f')} (median, min..max over {len(ratios)} rounds)",
+                        f"micro-batch {args.micro}, warm-up {args.warmup}, timed {args.steps} steps; stop: "
+                        + ("at the first kernel build" if args.limit is None else f"{args.limit:g} s limit")])
+    import torch  # noqa: F401 - environment() reads torch's version
+
+    from saturate.hardware import probe
+
+    write_json(args.json, {"environment": environment(probe(measure_peaks=False, device="cpu")),
+                           "without_fix": args.without_fix, "limit": args.limit, "rounds": results,
+                           "ratio": spread.to_dict()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
