@@ -4,10 +4,12 @@ Goal: a process whose compile trial was stopped in flight trains as fast as a fr
 
 Each round starts two subprocesses of this script, so both pay the same start-up:
 
-* fresh:   eager gpt-tiny training through saturate's train(), timed (bench/_harness.timed_train:
-           warm-up W steps excluded, the next N steps timed by the trainer's own clock);
+* fresh:   eager gpt-tiny optimizer steps through saturate's Stepper (the code that trains), on
+           pre-collated batches as in the tuner's model trials: W warm-up steps, then N steps each
+           timed; tokens/s is taken at the median step (the machine may be shared: a burst of other
+           load then moves the figure less), the mean is kept in the JSON;
 * stopped: first the tuner's compile trial (RealMeasurer.model_trial with compile="default") on
-           the same model, stopped in flight, then the same timed training.
+           the same model, stopped in flight, then the same timed steps.
 
 The stop is provoked where it used to leave work running: while inductor's compile threads build
 the C++ kernels (each a g++). By default the alarm rings as the first kernel build starts (so the
@@ -22,7 +24,7 @@ running when the trial returned and after the timed training.
 back what a stopped compile trial did before issue 17 (torch._dynamo.reset() and nothing else, no
 set-up before the clock, one alarm).
 
-    PYTHONPATH=src python3 bench/compile_stop.py                       # 3 rounds, W=2, N=8
+    PYTHONPATH=src python3 bench/compile_stop.py                       # 3 rounds, W=2, N=16
     PYTHONPATH=src python3 bench/compile_stop.py --rounds 2 --json compile_stop.json
     PYTHONPATH=src python3 bench/compile_stop.py --without-fix         # the figure before the fix
     PYTHONPATH=src python3 bench/compile_stop.py --limit 20            # a time limit instead
@@ -31,15 +33,16 @@ set-up before the clock, one alarm).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -89,9 +92,32 @@ def ring_at_first_build() -> threading.Event:
     return rang
 
 
+def timed_steps(workload: Any, plan: Any, warmup: int, steps: int) -> list[float]:
+    """Seconds of each of `steps` eager optimizer steps after `warmup`, through saturate's Stepper (the code
+    that trains) on pre-collated batches, so the model alone is timed (the tuner's model trials do the same)."""
+    import torch
+    from torch.utils.data import default_collate
+
+    from saturate.engine.step import Stepper
+
+    torch.manual_seed(0)
+    stepper = Stepper(workload, plan, torch.device("cpu"), workload.optim.lr, compile=False)
+    m, data = plan.micro_batch, workload.train_data
+    held = [default_collate([data[i] for i in range(j * m, (j + 1) * m)]) for j in range(4)]
+    batches = itertools.cycle(held)
+    for _ in range(warmup):
+        stepper.step(batches)
+    seconds = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        stepper.step(batches)  # on the CPU every op has finished when step() returns
+        seconds.append(time.perf_counter() - started)
+    stepper.take_loss_sum()
+    return seconds
+
+
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """One side of a round, in its own process; returns what it measured."""
-    from _harness import timed_train
     from saturate.hardware import probe
     from saturate.plan import Plan
     from saturate.tune.measure import RealMeasurer
@@ -111,12 +137,14 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                                      compile_limit_s=args.limit if args.limit is not None else 3600.0)
         out["trial_s"] = time.perf_counter() - started
         out["trial_status"] = trial.status
-        out["stopped_while_building"] = rang.is_set() if rang is not None else None
+        if rang is not None and not rang.is_set():
+            raise RuntimeError("the compilation built no kernel, so it was not stopped while building")
         out["compilers_after_trial"] = compiler_processes()
-    with tempfile.TemporaryDirectory(prefix="compile_stop-") as tmp:
-        timed, _ = timed_train(workload, plan, warmup=args.warmup, steps=args.steps, hardware=hw,
-                               run_dir=Path(tmp) / "run", seed=args.seed)
-    out["tokens_per_s"] = timed.tokens_per_s
+    seconds = timed_steps(workload, plan, args.warmup, args.steps)
+    tokens = plan.samples_per_step() * workload.tokens_per_sample
+    out["step_s"] = seconds
+    out["tokens_per_s"] = tokens / statistics.median(seconds)  # the median step: robust to a burst of load
+    out["tokens_per_s_mean"] = tokens * len(seconds) / sum(seconds)
     out["compilers_after_training"] = compiler_processes()
     return out
 
@@ -138,7 +166,7 @@ def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_run_args(ap, steps=8, warmup=2, rounds=3)
+    add_run_args(ap, steps=16, warmup=2, rounds=3)
     ap.add_argument("--micro", type=int, default=8, help="micro-batch = effective batch (default: 8)")
     ap.add_argument("--limit", type=float, help="stop the compilation at this time limit (default: at its "
                                                 "first kernel build)")
@@ -162,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in sorted(results):
         f, s = results[r]["fresh"], results[r]["stopped"]
         rows.append([str(r + 1), f"{f['tokens_per_s']:.0f}", f"{s['tokens_per_s']:.0f}", f"{ratios[r]:.2f}",
-                     f"{s['trial_s']:.1f} s", str(len(s["compilers_after_trial"])),
+                     f"{s['trial_status']} {s['trial_s']:.1f} s", str(len(s["compilers_after_trial"])),
                      str(len(s["compilers_after_training"]))])
     spread = Spread.of(ratios)
     title = ("gpt-tiny eager training after a stopped compile vs a fresh process"
@@ -172,8 +200,6 @@ def main(argv: list[str] | None = None) -> int:
                 footer=[f"stopped/fresh: {spread.fmt('.2f')} (median, min..max over {len(ratios)} rounds)",
                         f"micro-batch {args.micro}, warm-up {args.warmup}, timed {args.steps} steps; stop: "
                         + ("at the first kernel build" if args.limit is None else f"{args.limit:g} s limit")])
-    import torch  # noqa: F401 - environment() reads torch's version
-
     from saturate.hardware import probe
 
     write_json(args.json, {"environment": environment(probe(measure_peaks=False, device="cpu")),
