@@ -5,9 +5,8 @@ Goal: a process whose compile trial was stopped in flight trains as fast as a fr
 Each round starts two subprocesses of this script, so both pay the same start-up:
 
 * fresh:   eager gpt-tiny optimizer steps through saturate's Stepper (the code that trains), on
-           pre-collated batches as in the tuner's model trials: W warm-up steps, then N steps each
-           timed; tokens/s is taken at the median step (the machine may be shared: a burst of other
-           load then moves the figure less), the mean is kept in the JSON;
+           pre-collated batches as in the tuner's model trials: W warm-up steps, then N steps, each
+           timed; tokens/s over the N steps (the JSON keeps every step and the median step's rate);
 * stopped: first the tuner's compile trial (RealMeasurer.model_trial with compile="default") on
            the same model, stopped in flight, then the same timed steps.
 
@@ -18,13 +17,15 @@ uses a plain time limit of S seconds instead, which lands wherever the compilati
 Every stopped child gets an empty inductor cache (as on a first run), so there are kernels to build.
 The two run in the same order each round, reversed every other round; tokens/s stopped ÷ fresh
 is taken per round, and its median and min..max are printed, with the compiler processes still
-running when the trial returned and after the timed training.
+running when the trial returned and during the timed steps (steps with any running, of N). The
+timed stretch follows the stop at once and is short by default (N=8): left running, gpt-tiny's
+queue of kernel builds lasts tens of seconds, a larger model's longer.
 
 `--without-fix` is for this benchmark only (the before-the-fix figure): in the stopped child it puts
 back what a stopped compile trial did before issue 17 (torch._dynamo.reset() and nothing else, no
 set-up before the clock, one alarm).
 
-    PYTHONPATH=src python3 bench/compile_stop.py                       # 3 rounds, W=2, N=16
+    PYTHONPATH=src python3 bench/compile_stop.py                       # 3 rounds, W=2, N=8
     PYTHONPATH=src python3 bench/compile_stop.py --rounds 2 --json compile_stop.json
     PYTHONPATH=src python3 bench/compile_stop.py --without-fix         # the figure before the fix
     PYTHONPATH=src python3 bench/compile_stop.py --limit 20            # a time limit instead
@@ -92,9 +93,10 @@ def ring_at_first_build() -> threading.Event:
     return rang
 
 
-def timed_steps(workload: Any, plan: Any, warmup: int, steps: int) -> list[float]:
+def timed_steps(workload: Any, plan: Any, warmup: int, steps: int) -> tuple[list[float], list[int]]:
     """Seconds of each of `steps` eager optimizer steps after `warmup`, through saturate's Stepper (the code
-    that trains) on pre-collated batches, so the model alone is timed (the tuner's model trials do the same)."""
+    that trains) on pre-collated batches, so the model alone is timed (the tuner's model trials do the same);
+    and the compiler processes running after each."""
     import torch
     from torch.utils.data import default_collate
 
@@ -107,13 +109,14 @@ def timed_steps(workload: Any, plan: Any, warmup: int, steps: int) -> list[float
     batches = itertools.cycle(held)
     for _ in range(warmup):
         stepper.step(batches)
-    seconds = []
+    seconds, compilers = [], []
     for _ in range(steps):
         started = time.perf_counter()
         stepper.step(batches)  # on the CPU every op has finished when step() returns
         seconds.append(time.perf_counter() - started)
+        compilers.append(len(compiler_processes()))  # outside the timed interval
     stepper.take_loss_sum()
-    return seconds
+    return seconds, compilers
 
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
@@ -140,11 +143,11 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         if rang is not None and not rang.is_set():
             raise RuntimeError("the compilation built no kernel, so it was not stopped while building")
         out["compilers_after_trial"] = compiler_processes()
-    seconds = timed_steps(workload, plan, args.warmup, args.steps)
+    seconds, compilers = timed_steps(workload, plan, args.warmup, args.steps)
     tokens = plan.samples_per_step() * workload.tokens_per_sample
-    out["step_s"] = seconds
-    out["tokens_per_s"] = tokens / statistics.median(seconds)  # the median step: robust to a burst of load
-    out["tokens_per_s_mean"] = tokens * len(seconds) / sum(seconds)
+    out["step_s"], out["compilers_per_step"] = seconds, compilers
+    out["tokens_per_s"] = tokens * len(seconds) / sum(seconds)
+    out["tokens_per_s_median_step"] = tokens / statistics.median(seconds)
     out["compilers_after_training"] = compiler_processes()
     return out
 
@@ -166,7 +169,7 @@ def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_run_args(ap, steps=16, warmup=2, rounds=3)
+    add_run_args(ap, steps=8, warmup=2, rounds=3)
     ap.add_argument("--micro", type=int, default=8, help="micro-batch = effective batch (default: 8)")
     ap.add_argument("--limit", type=float, help="stop the compilation at this time limit (default: at its "
                                                 "first kernel build)")
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         results.setdefault(r, {})[side] = got = run_side(side, args)
         print(f"round {r + 1} {side}: {got['tokens_per_s']:.0f} tokens/s"
               + (f" (trial {got['trial_status']} after {got['trial_s']:.1f} s, compilers left "
-                 f"{len(got['compilers_after_trial'])}, after training {len(got['compilers_after_training'])})"
+                 f"{len(got['compilers_after_trial'])}, per step {got['compilers_per_step']})"
                  if side == "stopped" else ""), flush=True)
 
     ratios = [results[r]["stopped"]["tokens_per_s"] / results[r]["fresh"]["tokens_per_s"] for r in sorted(results)]
@@ -191,12 +194,12 @@ def main(argv: list[str] | None = None) -> int:
         f, s = results[r]["fresh"], results[r]["stopped"]
         rows.append([str(r + 1), f"{f['tokens_per_s']:.0f}", f"{s['tokens_per_s']:.0f}", f"{ratios[r]:.2f}",
                      f"{s['trial_status']} {s['trial_s']:.1f} s", str(len(s["compilers_after_trial"])),
-                     str(len(s["compilers_after_training"]))])
+                     f"{sum(1 for n in s['compilers_per_step'] if n)} of {args.steps}"])
     spread = Spread.of(ratios)
     title = ("gpt-tiny eager training after a stopped compile vs a fresh process"
              + (" — WITHOUT the fix" if args.without_fix else ""))
     print_table(title, ["round", "fresh tok/s", "stopped tok/s", "stopped/fresh", "compile trial",
-                        "compilers left", "after training"], rows,
+                        "compilers left", "steps beside compilers"], rows,
                 footer=[f"stopped/fresh: {spread.fmt('.2f')} (median, min..max over {len(ratios)} rounds)",
                         f"micro-batch {args.micro}, warm-up {args.warmup}, timed {args.steps} steps; stop: "
                         + ("at the first kernel build" if args.limit is None else f"{args.limit:g} s limit")])
