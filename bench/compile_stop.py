@@ -76,6 +76,21 @@ def undo_fix() -> None:
     process.CompileScope.discard = lambda self: torch._dynamo.reset()
 
 
+def time_discard() -> list[float]:
+    """The seconds CompileScope.discard (the cleanup after a stopped compile) takes, appended per call."""
+    from saturate.tune import process
+
+    discard, took = process.CompileScope.discard, []
+
+    def timed(self: Any) -> None:
+        started = time.perf_counter()
+        discard(self)
+        took.append(time.perf_counter() - started)
+
+    process.CompileScope.discard = timed
+    return took
+
+
 def ring_at_first_build() -> threading.Event:
     """Ring the alarm (the trial's own handler) when a compile thread starts building the first kernel."""
     from torch._inductor import cpp_builder
@@ -134,12 +149,14 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         if args.without_fix:
             undo_fix()
         rang = ring_at_first_build() if args.limit is None else None
+        discard_s = time_discard()
         measurer = RealMeasurer(workload, hw, seed=args.seed, min_steps=1, max_steps=1, min_seconds=0.0)
         started = time.perf_counter()
         trial = measurer.model_trial(plan.replace(compile="default"), "compile",
                                      compile_limit_s=args.limit if args.limit is not None else 3600.0)
         out["trial_s"] = time.perf_counter() - started
         out["trial_status"] = trial.status
+        out["discard_s"] = sum(discard_s)
         if rang is not None and not rang.is_set():
             raise RuntimeError("the compilation built no kernel, so it was not stopped while building")
         out["compilers_after_trial"] = compiler_processes()
@@ -193,12 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     for r in sorted(results):
         f, s = results[r]["fresh"], results[r]["stopped"]
         rows.append([str(r + 1), f"{f['tokens_per_s']:.0f}", f"{s['tokens_per_s']:.0f}", f"{ratios[r]:.2f}",
-                     f"{s['trial_status']} {s['trial_s']:.1f} s", str(len(s["compilers_after_trial"])),
+                     f"{s['trial_status']} {s['trial_s']:.1f} s", f"{s['discard_s']:.2f} s",
+                     str(len(s["compilers_after_trial"])),
                      f"{sum(1 for n in s['compilers_per_step'] if n)} of {args.steps}"])
     spread = Spread.of(ratios)
     title = ("gpt-tiny eager training after a stopped compile vs a fresh process"
              + (" — WITHOUT the fix" if args.without_fix else ""))
-    print_table(title, ["round", "fresh tok/s", "stopped tok/s", "stopped/fresh", "compile trial",
+    print_table(title, ["round", "fresh tok/s", "stopped tok/s", "stopped/fresh", "compile trial", "cleanup",
                         "compilers left", "steps beside compilers"], rows,
                 footer=[f"stopped/fresh: {spread.fmt('.2f')} (median, min..max over {len(ratios)} rounds)",
                         f"micro-batch {args.micro}, warm-up {args.warmup}, timed {args.steps} steps; stop: "
