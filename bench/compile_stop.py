@@ -11,9 +11,10 @@ Each round starts two subprocesses of this script, so both pay the same start-up
            the same model, stopped in flight, then the same timed steps.
 
 The stop is provoked where it used to leave work running: while inductor's compile threads build
-the C++ kernels (each a g++). By default the alarm rings as the first kernel build starts (so the
-whole queue of kernels is still to build, the worst case, whatever the machine's speed); `--limit S`
-uses a plain time limit of S seconds instead, which lands wherever the compilation is by then.
+the C++ kernels (each a g++). By default the alarm rings as the compilation starts waiting for its
+kernel builds (all the forward graph's kernels queued, whatever the machine's speed: where a time
+limit most often lands, since building takes most of a CPU compilation); `--limit S` uses a plain
+time limit of S seconds instead, which lands wherever the compilation is by then.
 Every stopped child gets an empty inductor cache (as on a first run), so there are kernels to build.
 The two run in the same order each round, reversed every other round; tokens/s stopped ÷ fresh
 is taken per round, and its median and min..max are printed, with the compiler processes still
@@ -42,7 +43,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Any
 
@@ -91,21 +91,25 @@ def time_discard() -> list[float]:
     return took
 
 
-def ring_at_first_build() -> threading.Event:
-    """Ring the alarm (the trial's own handler) when a compile thread starts building the first kernel."""
-    from torch._inductor import cpp_builder
+def ring_at_the_wait() -> dict[str, int]:
+    """Ring the alarm (the trial's own handler) as the compilation starts waiting for its kernel builds: all
+    of the graph's kernels are queued then, the compile threads building the first two. Returns a record
+    of how many kernels the compilation was waiting for."""
+    from concurrent.futures import Future
 
-    build = cpp_builder.run_compile_cmd
-    rang = threading.Event()
+    from torch._inductor.async_compile import AsyncCompile, CodeCacheFuture
 
-    def build_and_ring(cmd_line: str, cwd: str) -> None:
-        if threading.current_thread() is not threading.main_thread() and not rang.is_set():
-            rang.set()
+    wait = AsyncCompile._wait_futures
+    seen: dict[str, int] = {}
+
+    def ring_then_wait(self: Any, scope: dict[str, Any]) -> None:
+        if not seen:
+            seen["kernels"] = sum(1 for v in scope.values() if isinstance(v, (Future, CodeCacheFuture)))
             os.kill(os.getpid(), signal.SIGALRM)
-        build(cmd_line, cwd)
+        wait(self, scope)
 
-    cpp_builder.run_compile_cmd = build_and_ring
-    return rang
+    AsyncCompile._wait_futures = ring_then_wait
+    return seen
 
 
 def timed_steps(workload: Any, plan: Any, warmup: int, steps: int) -> tuple[list[float], list[int]]:
@@ -148,7 +152,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     if args.child == "stopped":
         if args.without_fix:
             undo_fix()
-        rang = ring_at_first_build() if args.limit is None else None
+        rang = ring_at_the_wait() if args.limit is None else None
         discard_s = time_discard()
         measurer = RealMeasurer(workload, hw, seed=args.seed, min_steps=1, max_steps=1, min_seconds=0.0)
         started = time.perf_counter()
@@ -157,8 +161,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         out["trial_s"] = time.perf_counter() - started
         out["trial_status"] = trial.status
         out["discard_s"] = sum(discard_s)
-        if rang is not None and not rang.is_set():
-            raise RuntimeError("the compilation built no kernel, so it was not stopped while building")
+        if rang is not None and not rang:
+            raise RuntimeError("the compilation waited for no kernel build, so it was not stopped while building")
+        out["kernels_at_stop"] = rang.get("kernels") if rang is not None else None
         out["compilers_after_trial"] = compiler_processes()
     seconds, compilers = timed_steps(workload, plan, args.warmup, args.steps)
     tokens = plan.samples_per_step() * workload.tokens_per_sample
@@ -188,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_run_args(ap, steps=8, warmup=2, rounds=3)
     ap.add_argument("--micro", type=int, default=8, help="micro-batch = effective batch (default: 8)")
-    ap.add_argument("--limit", type=float, help="stop the compilation at this time limit (default: at its "
-                                                "first kernel build)")
+    ap.add_argument("--limit", type=float, help="stop the compilation at this time limit (default: as it "
+                                                "starts waiting for its kernel builds)")
     ap.add_argument("--without-fix", action="store_true", help="benchmark only: the behaviour before issue 17")
     ap.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -210,17 +215,20 @@ def main(argv: list[str] | None = None) -> int:
     for r in sorted(results):
         f, s = results[r]["fresh"], results[r]["stopped"]
         rows.append([str(r + 1), f"{f['tokens_per_s']:.0f}", f"{s['tokens_per_s']:.0f}", f"{ratios[r]:.2f}",
-                     f"{s['trial_status']} {s['trial_s']:.1f} s", f"{s['discard_s']:.2f} s",
+                     f"{s['trial_status']} {s['trial_s']:.1f} s", str(s["kernels_at_stop"]),
+                     f"{s['discard_s']:.2f} s",
                      str(len(s["compilers_after_trial"])),
                      f"{sum(1 for n in s['compilers_per_step'] if n)} of {args.steps}"])
     spread = Spread.of(ratios)
     title = ("gpt-tiny eager training after a stopped compile vs a fresh process"
              + (" — WITHOUT the fix" if args.without_fix else ""))
-    print_table(title, ["round", "fresh tok/s", "stopped tok/s", "stopped/fresh", "compile trial", "cleanup",
-                        "compilers left", "steps beside compilers"], rows,
-                footer=[f"stopped/fresh: {spread.fmt('.2f')} (median, min..max over {len(ratios)} rounds)",
+    print_table(title, ["round", "fresh tok/s", "stopped tok/s", "ratio", "compile trial", "kernels", "cleanup",
+                        "compilers left", "steps beside them"], rows,
+                footer=[f"ratio stopped/fresh: {spread.fmt('.2f')} (median, min..max over {len(ratios)} rounds); "
+                        "kernels: the compilation's queued kernel builds at the stop; compilers left: processes "
+                        "running when the trial returned; steps beside them: timed steps with any running",
                         f"micro-batch {args.micro}, warm-up {args.warmup}, timed {args.steps} steps; stop: "
-                        + ("at the first kernel build" if args.limit is None else f"{args.limit:g} s limit")])
+                        + ("as it waits for its kernel builds" if args.limit is None else f"{args.limit:g} s limit")])
     from saturate.hardware import probe
 
     write_json(args.json, {"environment": environment(probe(measure_peaks=False, device="cpu")),

@@ -1,9 +1,10 @@
 """A compilation stopped in flight leaves nothing behind (issue 17): no compiler processes or threads
 running beside what follows, no compiled code or frame callback, the process usable.
 
-The stop is provoked where it used to leave work running: while inductor's compile threads build C++
-kernels (each a g++). The alarm is rung by the first build itself rather than by a short time limit,
-whose landing point would depend on the machine's speed; the trial handles it as it handles its limit.
+The stop is provoked where it used to leave work running: as the compilation waits for inductor's
+compile threads to build its C++ kernels (each a g++), all of them queued. The alarm is rung there
+rather than by a short time limit, whose landing point would depend on the machine's speed; the
+trial handles it as it handles its limit.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def running_children(me: psutil.Process, before: set[int]) -> list[str]:
 
 
 def test_a_compilation_stopped_while_building_kernels_leaves_nothing_behind(workload, cpu, tmp_path, monkeypatch):
-    from torch._inductor import cpp_builder
+    from torch._inductor.async_compile import AsyncCompile
     from torch._inductor.utils import clear_caches
 
     prepare_compiler(torch.device("cpu"))  # the CPU probe, built in the usual cache, not the empty one below
@@ -56,18 +57,18 @@ def test_a_compilation_stopped_while_building_kernels_leaves_nothing_behind(work
     threads_before = set(threading.enumerate())
     torch_threads = torch.get_num_threads()
 
-    build = cpp_builder.run_compile_cmd
+    wait = AsyncCompile._wait_futures
     rang = threading.Event()
 
-    def build_and_ring(cmd_line: str, cwd: str) -> None:
-        if threading.current_thread() is not threading.main_thread() and not rang.is_set():
-            rang.set()  # a compile thread starts the first kernel: stop the compilation now
+    def ring_then_wait(self, scope):
+        if not rang.is_set():
+            rang.set()  # the graph's kernels are queued, the compile threads building: stop the compilation now
             os.kill(os.getpid(), signal.SIGALRM)
-        build(cmd_line, cwd)
+        wait(self, scope)
 
-    monkeypatch.setattr(cpp_builder, "run_compile_cmd", build_and_ring)
+    monkeypatch.setattr(AsyncCompile, "_wait_futures", ring_then_wait)
     stopped = m.model_trial(plan.replace(compile="default"), "compile", compile_limit_s=3600.0)
-    assert rang.is_set(), "the compilation built no kernel: nothing was provoked"
+    assert rang.is_set(), "the compilation waited for no kernel build: nothing was provoked"
     assert stopped.status == "timeout", (stopped.status, stopped.error)
 
     assert running_children(me, children_before) == []  # no g++ building the rest of the queue

@@ -146,10 +146,11 @@ class RealMeasurer:
         torch.manual_seed(self.seed)  # every trial starts from the same weights: losses are comparable
         notes: list[str] = []
         t0 = time.perf_counter()
+        # What the process has before this trial's compilation: what the compilation starts can then be ended.
+        self._compile_scope = scope = CompileScope() if plan.compile != "none" else None
         stepper = Stepper(self.workload, plan, self.device, self.workload.optim.lr, notes=notes,
                           compile=False, adapt_oom=False, dist=self.dist)
-        if plan.compile != "none":
-            self._compile_scope = scope = CompileScope()
+        if scope is not None:
             prepared = time.perf_counter()
             prepare_compiler(self.device)  # not interruptible; its time counts against the limit
             left = None if compile_limit_s is None else compile_limit_s - (time.perf_counter() - prepared)
