@@ -31,6 +31,7 @@ class FakeMachine:
         self.verify_oom_above = verify_oom_above
         self.tried: list[Plan] = []
         self.compile_limits: list[float | None] = []
+        self.discarded = 0  # compile trials the search discarded (rejected)
 
     def model_trial(self, plan: Plan, stage: str, *, steps: int | None = None,
                     compile_limit_s: float | None = None) -> Trial:
@@ -50,6 +51,9 @@ class FakeMachine:
         t.compile_s = 30.0 if plan.compile != "none" else None
         t.losses = self.losses(plan)
         return t
+
+    def discard_compiled(self) -> None:
+        self.discarded += 1
 
     def loader_trial(self, plan: Plan) -> LoaderTrial:
         rate, mem = self.loader(plan)
@@ -269,3 +273,14 @@ def test_budget_running_out_keeps_the_best_so_far_and_says_what_was_not_tried(mo
     unbounded = FakeMachine(speed=saturating(1000), memory=linear_memory(GiB, 0.01 * GiB))
     search(unbounded, Plan(), settings(try_compile=False))
     assert len(machine.tried) < len(unbounded.tried)
+
+
+def test_a_rejected_compilation_is_discarded_an_accepted_one_kept():
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB))
+    kept = search(machine, Plan(), settings(planned_steps=100_000))
+    assert kept.plan.compile == "default" and machine.discarded == 0
+    # Within the limit (the fake stops none over 30 s) but saving less than the 30 s it took to compile.
+    rejected = search(machine, Plan(), settings(planned_steps=2000))
+    trial = next(t for t in rejected.trials if t.stage == "compile")
+    assert trial.ok and rejected.plan.compile == "none" and "to compile" in trial.verdict
+    assert machine.discarded == 1

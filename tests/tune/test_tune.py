@@ -176,7 +176,10 @@ def test_a_compilation_past_its_time_limit_is_stopped_in_flight(workload, cpu):
 
     import torch
 
+    from saturate.tune.process import prepare_compiler
+
     torch._dynamo.reset()  # an earlier test's compiled GPT would otherwise be reused in well under the limit
+    prepare_compiler(torch.device("cpu"))  # the compiler's once-per-process set-up is not interruptible
     m = quick(workload, cpu)
     started = time.perf_counter()
     stopped = m.model_trial(Plan(micro_batch=4, grad_accum=2, compile="default"), "compile", compile_limit_s=0.02)

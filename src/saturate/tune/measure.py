@@ -23,10 +23,12 @@ from saturate.engine.step import Stepper, to_device
 from saturate.hardware import synchronize
 from saturate.plan import Plan
 from saturate.tune.process import (
+    CompileScope,
     CompileTimeLimit,
     PeakMemory,
     PeerFailed,
     local_processes,
+    prepare_compiler,
     release,
     time_limit,
     workers_uss,
@@ -76,6 +78,7 @@ class RealMeasurer:
             self.memory_capacity = int(all_reduce_scalar(self.memory_capacity, "min"))
             self.ram_budget = int(all_reduce_scalar(self.ram_budget, "min"))
             self.cores = int(all_reduce_scalar(self.cores, "min"))
+        self._compile_scope: CompileScope | None = None  # what the last compilation started, to end it
 
     def all_agree(self, flag: bool) -> bool:
         return not agree_any(not flag)
@@ -119,25 +122,42 @@ class RealMeasurer:
                 self._run(trial, plan, batches, steps, compile_limit_s)
             except CompileTimeLimit as e:
                 trial.status, trial.error = "timeout", str(e)
-                torch._dynamo.reset()  # drop whatever the interrupted compilation left half-built
             except Exception as e:
                 trial.status = "oom" if is_oom(e) else "failed"
                 trial.error = first_line(e)
         trial.peak_memory_bytes = mem.peak if trial.ok or trial.status == "oom" else None
         trial.seconds = time.perf_counter() - started
         release(self.device)
-        return self._agreed(trial)
+        trial = self._agreed(trial)
+        if plan.compile != "none" and not trial.ok:  # the agreed status: every rank discards alike
+            self.discard_compiled()
+        return trial
+
+    def discard_compiled(self) -> None:
+        """Leave nothing of the last compilation: its kernel builds, worker processes and threads ended, its
+        compiled code and caches dropped, so the process runs as fast as a fresh one. For a compilation
+        stopped, failed or rejected; local to this process (no collective)."""
+        if self._compile_scope is not None:
+            self._compile_scope.discard()
+            self._compile_scope = None
 
     def _run(self, trial: Trial, plan: Plan, batches: Iterator[Any], steps: int | None,
              compile_limit_s: float | None = None) -> None:
         torch.manual_seed(self.seed)  # every trial starts from the same weights: losses are comparable
         notes: list[str] = []
         t0 = time.perf_counter()
+        # What the process has before this trial's compilation: what the compilation starts can then be ended.
+        self._compile_scope = scope = CompileScope() if plan.compile != "none" else None
         stepper = Stepper(self.workload, plan, self.device, self.workload.optim.lr, notes=notes,
                           compile=False, adapt_oom=False, dist=self.dist)
-        if plan.compile != "none":
+        if scope is not None:
+            prepared = time.perf_counter()
+            prepare_compiler(self.device)  # not interruptible; its time counts against the limit
+            left = None if compile_limit_s is None else compile_limit_s - (time.perf_counter() - prepared)
+            if left is not None and left <= 0 and self.dist.world_size == 1:  # several ranks: agreed below
+                raise CompileTimeLimit(f"compiling was stopped at the {compile_limit_s:.3g} s limit")
             # Several ranks: no alarm (it could stop one rank inside a collective); checked afterwards, together.
-            with time_limit(compile_limit_s, interrupt=self.dist.world_size == 1) as expired:
+            with time_limit(left, interrupt=self.dist.world_size == 1, on_alarm=scope.note_processes) as expired:
                 stepper.compile_model()
             if agree_any(expired()):  # the alarm may surface wrapped in a compiler error, or not at all
                 raise CompileTimeLimit(f"compiling was stopped at the {compile_limit_s:.3g} s limit")

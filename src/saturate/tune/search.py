@@ -55,6 +55,7 @@ class _Search:
         self.skipped: list[str] = []
         self.started = time.monotonic()
         self.all_agree: Callable[[bool], bool] = getattr(measurer, "all_agree", lambda flag: flag)
+        self.discard_compiled: Callable[[], None] = getattr(measurer, "discard_compiled", lambda: None)
 
     # --- helpers --------------------------------------------------------------------------------
 
@@ -331,6 +332,7 @@ class _Search:
         if not self.affordable("torch.compile"):
             return best
         t = self.trial(best.plan.replace(compile=s.compile_mode), "compile", compile_limit_s=limit)
+        # A stopped or failed trial was discarded by the measurer; a rejected one is discarded below.
         if t.status == "timeout":
             t.verdict = f"{t.error}: a longer compilation cannot pay back over {s.planned_steps} steps"
             self.decisions.append(f"compile: none ({t.verdict})")
@@ -353,6 +355,7 @@ class _Search:
                                   f"{t.compile_s or 0:.1f} s to compile — a prediction from the trial)")
             return t
         self.decisions.append(f"compile: none ({t.verdict})")
+        self.discard_compiled()  # every rank reached this verdict: all discard alike
         return best
 
     def loader(self, best: Trial) -> Plan:

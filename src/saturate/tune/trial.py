@@ -98,6 +98,10 @@ class Measurer(Protocol):
         """True when `flag` is true on every process (the identity in one process)."""
         ...
 
+    def discard_compiled(self) -> None:
+        """Leave nothing of the last compile trial running or cached (the search rejected it)."""
+        ...
+
 
 def is_oom(e: BaseException) -> bool:
     """Device OOM, or the CPU allocator failing (`DefaultCPUAllocator: can't allocate memory`)."""
