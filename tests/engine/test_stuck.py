@@ -55,7 +55,9 @@ def test_a_hanging_loader_worker_ends_the_run_in_one_line(tmp_path, small_corpus
         time.sleep(0.05)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, err
-    (line,) = err.strip().splitlines()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    (line,) = lines
     m = re.fullmatch(r"saturate: error: the data loader gave no batch for 3 s: a worker \(pids ([\d, ]+)\) is "
                      r"stuck; raise --stuck-after if a batch can legitimately take longer", line)
     assert m, line

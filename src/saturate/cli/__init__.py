@@ -203,6 +203,13 @@ def _stuck(e: BaseException) -> str | None:
             except psutil.Error:
                 pass
             w.kill()  # a stopped worker ignores SIGTERM, and the exit would wait for it forever
+        # torch's SIGCHLD handler would call a killed worker an error again when the loader is freed at exit
+        # (an "Exception ignored in __del__" traceback after this line): the workers are ours to reap now.
+        import signal
+
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for w in workers:
+            w.join(timeout=5)
         who = (f"worker pid {', '.join(map(str, stopped))} is stopped" if stopped
                else f"a worker (pids {', '.join(str(w.pid) for w in workers)}) is stuck")
         return (f"the data loader gave no batch for {limit}: {who}; raise --stuck-after if a batch can "
