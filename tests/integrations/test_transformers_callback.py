@@ -63,7 +63,7 @@ def test_one_line_adds_telemetry_samples_per_s_mfu_and_the_verdict(tmp_path):
         assert 0 < s["mfu"] <= 1 and "FLOP/s" in s["mfu_note"]
     else:
         assert s["mfu_note"].startswith(("MFU not shown", "MFU unknown"))
-    assert "host_cpu_pct" in s["telemetry"]
+    assert "host/cpu_pct" in s["telemetry"]
     assert r["metrics"]["samples_per_s"] > 0  # the last logging window's
     assert "saturate (SaturateCallback): the doctor on 4 timed steps" in out.stdout
     assert "saturate: 14 steps" in out.stdout and f"verdict: {r['verdict']}" in out.stdout

@@ -23,12 +23,11 @@ from collections.abc import Callable
 
 import torch
 
-from saturate.telemetry import Sampler, Snapshot, gpu_stat, host_stat
+from saturate.telemetry import Sampler, window_means
 
 LOW_UTIL_PCT = 50.0
 SUSTAINED_S = 30.0
 _NULL = contextlib.nullcontext()
-_GIB = 1024**3
 
 
 class TrainingWatch:
@@ -94,7 +93,7 @@ class TrainingWatch:
             metrics["cpu/util_pct"] = util
         snaps = self.sampler.between(self._window_start, now) if self.sampler is not None else []
         if snaps:
-            metrics.update(_means(snaps))
+            metrics.update(window_means(snaps))
             if self.device.type != "cpu":
                 util = metrics.get("gpu/util_pct")
         self._history.append((self._window_start, now, util, metrics.get("time/data_wait_share", 0.0), metrics))
@@ -152,20 +151,3 @@ class _DataTimer:
 
     def __exit__(self, *exc: object) -> None:
         self.watch.data_s += time.perf_counter() - self.t0
-
-
-def _means(snaps: list[Snapshot]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for key, attr, scale in (("gpu/util_pct", "util_pct", 1.0), ("gpu/mem_used_gib", "mem_used", 1 / _GIB),
-                             ("gpu/power_w", "power_w", 1.0), ("gpu/temp_c", "temp_c", 1.0),
-                             ("gpu/sm_clock_mhz", "sm_clock_mhz", 1.0)):
-        s = gpu_stat(snaps, attr)
-        if s.mean is not None:
-            out[key] = s.mean * scale
-    cpu = host_stat(snaps, "cpu_pct")
-    if cpu.mean is not None:
-        out["host/cpu_pct"] = cpu.mean
-    last = snaps[-1].host
-    out["host/ram_used_pct"] = 100 * last.ram_used / last.ram_total
-    out["host/swap_used_gib"] = last.swap_used / _GIB
-    return out

@@ -28,8 +28,7 @@ import torch
 from transformers import TrainerCallback
 
 from saturate.errors import SaturateError
-
-_GIB = 1024**3
+from saturate.telemetry import window_means
 
 
 def mfu(samples_per_s: float, flops_per_sample: float, peak: float | None, source: str,
@@ -143,7 +142,7 @@ class SaturateCallback(TrainerCallback):
             value, _ = mfu(sps, per_sample, self.peak[0], self.peak[1], self._processes)
             if value is not None:
                 metrics["mfu"] = value
-        metrics.update(self._telemetry(self.sampler.between(_monotonic_of(start, now), None) if self.sampler else []))
+        metrics.update(window_means(self.sampler.between(_monotonic_of(start, now), None) if self.sampler else []))
         self.metrics = metrics
         self._mark = (now, state.global_step, float(state.total_flos))
         if logs is not None:
@@ -171,7 +170,7 @@ class SaturateCallback(TrainerCallback):
         summary: dict[str, Any] = {"steps": steps, "samples_per_step": self._samples_per_step,
                                    "samples_per_s": sps, "steps_timed_from": steady_step,
                                    "flops_per_sample": per_sample or None, "peak_flops": self.peak[0],
-                                   "peak_source": self.peak[1], "telemetry": self._telemetry(snaps)}
+                                   "peak_source": self.peak[1], "telemetry": window_means(snaps)}
         if sps is not None:
             summary["mfu"], summary["mfu_note"] = mfu(sps, per_sample, self.peak[0], self.peak[1], self._processes)
         summary["verdict"] = self.diagnosis.verdict if self.diagnosis is not None else None
@@ -200,26 +199,6 @@ class SaturateCallback(TrainerCallback):
             return None, f"unknown ({e})"
         return hw.peak_flops(_peak_dtype(args))
 
-    @staticmethod
-    def _telemetry(snaps: list[Any]) -> dict[str, float]:
-        from saturate.telemetry import gpu_stat, host_stat
-
-        out: dict[str, float] = {}
-        if not snaps:
-            return out
-        for key, attr, scale in (("gpu_util_pct", "util_pct", 1.0), ("gpu_mem_used_gib", "mem_used", 1 / _GIB),
-                                 ("gpu_power_w", "power_w", 1.0)):
-            s = gpu_stat(snaps, attr)
-            if s.mean is not None:
-                out[key] = s.mean * scale
-        cpu = host_stat(snaps, "cpu_pct")
-        if cpu.mean is not None:
-            out["host_cpu_pct"] = cpu.mean
-        last = snaps[-1].host
-        if last.ram_used is not None and last.ram_total:
-            out["host_ram_used_pct"] = 100 * last.ram_used / last.ram_total
-        return out
-
 
 def _summary_line(s: dict[str, Any]) -> str:
     parts = [f"saturate: {s['steps']} steps"]
@@ -230,10 +209,10 @@ def _summary_line(s: dict[str, Any]) -> str:
     elif s.get("mfu_note"):
         parts.append(s["mfu_note"])
     tel = s.get("telemetry") or {}
-    if "gpu_util_pct" in tel:
-        parts.append(f"GPU {tel['gpu_util_pct']:.0f} % busy")
-    if "host_cpu_pct" in tel:
-        parts.append(f"host CPU {tel['host_cpu_pct']:.0f} %")
+    if "gpu/util_pct" in tel:
+        parts.append(f"GPU {tel['gpu/util_pct']:.0f} % busy")
+    if "host/cpu_pct" in tel:
+        parts.append(f"host CPU {tel['host/cpu_pct']:.0f} %")
     if s.get("verdict"):
         parts.append(f"verdict: {s['verdict']}")
     return "; ".join(parts)

@@ -185,3 +185,26 @@ def iter_gpu_indices(snaps: list[Snapshot]) -> Iterator[int]:
                 seen.append(g.index)
                 yield g.index
 
+
+def window_means(snaps: list[Snapshot]) -> dict[str, float]:
+    """Telemetry means over a window of snapshots, as metrics ("gpu/util_pct", "host/cpu_pct", …); a figure
+    that was not read is left out."""
+    out: dict[str, float] = {}
+    if not snaps:
+        return out
+    gib = 1024**3
+    for key, attr, scale in (("gpu/util_pct", "util_pct", 1.0), ("gpu/mem_used_gib", "mem_used", 1 / gib),
+                             ("gpu/power_w", "power_w", 1.0), ("gpu/temp_c", "temp_c", 1.0),
+                             ("gpu/sm_clock_mhz", "sm_clock_mhz", 1.0)):
+        s = gpu_stat(snaps, attr)
+        if s.mean is not None:
+            out[key] = s.mean * scale
+    cpu = host_stat(snaps, "cpu_pct")
+    if cpu.mean is not None:
+        out["host/cpu_pct"] = cpu.mean
+    last = snaps[-1].host
+    if last.ram_used is not None and last.ram_total:
+        out["host/ram_used_pct"] = 100 * last.ram_used / last.ram_total
+    if last.swap_used is not None:
+        out["host/swap_used_gib"] = last.swap_used / gib
+    return out
