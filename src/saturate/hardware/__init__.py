@@ -6,6 +6,7 @@
     readings      what a GPU, host or process-tree reading holds
     gpu_sensors   NVML and AMD SMI: live GPU sources, and what probe() reads through NVML
     host_sensors  RAM, swap, CPU, a process tree's memory, the memory a job may use
+    contention    what other processes use of our CPU cores and GPUs while we measure
 """
 
 from saturate.hardware.cpu import usable_cores
