@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +22,9 @@ from saturate.data.windows import eval_loader, make_loader
 from saturate.engine.distributed import DistInfo, agree_any, all_reduce_scalar, gather_objects, rank_device
 from saturate.engine.step import Stepper, to_device
 from saturate.hardware import synchronize
+from saturate.hardware.contention import ContentionMeter
 from saturate.plan import Plan
+from saturate.tune.noise import WindowRule
 from saturate.tune.process import (
     CompileScope,
     CompileTimeLimit,
@@ -48,11 +51,17 @@ class RealMeasurer:
     """
 
     def __init__(self, workload: Workload, hardware: Any, *, seed: int = 0, warmup: int = 1,
-                 min_steps: int = 3, min_seconds: float = 1.0, max_steps: int = 12,
+                 min_steps: int = 3, min_seconds: float = 0.0, max_steps: int | None = None,
+                 window_s: float = 0.25, rule: WindowRule | None = None,
                  memory_headroom_bytes: int | None = None, ram_budget: int | None = None,
                  dist: DistInfo | None = None) -> None:
+        """A trial is timed in windows of at least `window_s` (and at least `min_seconds / min_windows`)
+        until the `rule` says its throughput is known (noise.py), with at least `min_steps` timed steps
+        and `min_seconds`, and at most `max_steps` when given."""
         self.workload, self.hw, self.seed = workload, hardware, seed
         self.warmup, self.min_steps, self.min_seconds, self.max_steps = warmup, min_steps, min_seconds, max_steps
+        self.rule = rule or WindowRule()
+        self.window_s = max(window_s, min_seconds / self.rule.min_windows)
         self.dist = dist or DistInfo()
         self.device = torch.device(hardware.torch_device)
         if self.dist.active:
@@ -87,8 +96,8 @@ class RealMeasurer:
         """The trial as every rank sees it: any rank's failure, the slowest step, the largest peak."""
         if self.dist.world_size == 1:
             return t
-        views = gather_objects((t.status, t.error, t.step_s, t.peak_memory_bytes, t.compile_s, t.seconds,
-                                t.steps, t.losses))
+        views = gather_objects((t.status, t.error, t.window_samples_per_s, t.peak_memory_bytes, t.compile_s,
+                                t.seconds, t.steps, t.losses, t.busy_cores, t.contended))
         failures = [v for v in views if v[0] != "ok"]
         own = [v for v in failures if not v[1].startswith(PeerFailed.__name__)]  # the rank that failed first
         failed = (own or failures or [None])[0]
@@ -97,10 +106,12 @@ class RealMeasurer:
         if failed is not None:
             rank = views.index(failed)
             t.status, t.error = failed[0], f"rank {rank}: {failed[1]}"
-            t.step_s = t.samples_per_s = t.compile_s = None
+            t.step_s = t.samples_per_s = t.compile_s = t.spread = None
             return t
-        t.step_s = max(v[2] for v in views)
-        t.samples_per_s = t.plan.samples_per_step() / t.step_s
+        # Each window's rate is the slowest rank's (every rank ran the same steps in it).
+        self._summarise(t, t.plan, [min(r) for r in zip(*(v[2] for v in views), strict=True)])
+        t.busy_cores = max((v[8] for v in views if v[8] is not None), default=None)
+        t.contended = any(v[9] for v in views)
         t.compile_s = max((v[4] for v in views if v[4] is not None), default=None)
         t.steps, t.losses = views[0][6], views[0][7]
         return t
@@ -169,26 +180,66 @@ class RealMeasurer:
             self._step(stepper, batches)
             losses.append(stepper.take_loss_sum())
         synchronize(self.device)
-        start, n = time.perf_counter(), 0
-        while True:
-            self._step(stepper, batches)
-            losses.append(stepper.take_loss_sum())
-            n += 1
-            if steps is not None and n >= steps:
-                break
-            if steps is None and n >= self.min_steps:
-                synchronize(self.device)
-                # Every rank runs the same number of steps (each one's all-reduce pairs with the others').
-                if agree_any(n >= self.max_steps or time.perf_counter() - start >= self.min_seconds):
-                    break
-        synchronize(self.device)
-        elapsed = time.perf_counter() - start
-        trial.steps = n
-        trial.step_s = elapsed / n
-        trial.samples_per_s = plan.samples_per_step() / trial.step_s
+        self._timed_windows(trial, plan, stepper, batches, losses, steps)
         trial.losses = [round(float(v), 5) for v in torch.stack(losses).tolist()]
         if not all(math.isfinite(v) for v in trial.losses):
             raise RuntimeError(f"non-finite training loss {trial.losses}")
+
+    def _timed_windows(self, trial: Trial, plan: Plan, stepper: Stepper, batches: Iterator[Any],
+                       losses: list[torch.Tensor], steps: int | None) -> None:
+        """Timed windows of equal step counts until the throughput is known (noise.py's rule) or a cap.
+
+        The first window's length in steps (at least `window_s`) is agreed by every rank, so every rank
+        runs the same steps; each later window syncs the device once, at its end. The trial's meter of
+        other processes' use raises the caps when the windows disagree on a busy machine.
+        """
+        meter = ContentionMeter(os.getppid() if self.dist.world_size > 1 else None).start()
+        rule, per_step = self.rule, plan.samples_per_step()
+        rates: list[float] = []
+        size, n, busy = 0, 0, None
+        start = time.perf_counter()
+        while True:
+            w0, k = time.perf_counter(), 0
+            while True:
+                self._step(stepper, batches)
+                losses.append(stepper.take_loss_sum())
+                k, n = k + 1, n + 1
+                if steps is not None:
+                    if n >= steps:
+                        break
+                elif size:  # a later window: as many steps as the first
+                    if k >= size or (self.max_steps is not None and n >= self.max_steps):
+                        break
+                else:
+                    synchronize(self.device)
+                    # Every rank runs the same number of steps (each one's all-reduce pairs with the others').
+                    if agree_any(time.perf_counter() - w0 >= self.window_s
+                                 or (self.max_steps is not None and n >= self.max_steps)):
+                        size = k
+                        break
+            synchronize(self.device)
+            rates.append(k * per_step / (time.perf_counter() - w0))
+            elapsed = time.perf_counter() - start
+            agreed = rule.agreed(rates) and n >= self.min_steps and elapsed >= self.min_seconds
+            if not agreed and busy is None and rule.capped(rates, elapsed):
+                busy = meter.stop().significant()  # read once, when the windows failed to agree in time
+            done = (steps is not None or agreed or rule.capped(rates, elapsed, bool(busy))
+                    or (self.max_steps is not None and n >= self.max_steps))
+            if not agree_any(not done):  # every rank is done
+                break
+        seen = meter.stop()
+        trial.busy_cores, trial.contended = seen.other_cores, seen.significant()
+        self._summarise(trial, plan, rates)
+        trial.steps = n
+
+    def _summarise(self, trial: Trial, plan: Plan, rates: list[float]) -> None:
+        """The trial's figures from its windows' throughputs (a single window has no spread)."""
+        summary = self.rule.result(rates)
+        trial.window_samples_per_s = rates
+        trial.windows = summary.windows
+        trial.samples_per_s = summary.median
+        trial.spread = summary.spread if len(rates) > 1 else None
+        trial.step_s = plan.samples_per_step() / summary.median
 
     def _step(self, stepper: Stepper, batches: Iterator[Any]) -> None:
         """One optimizer step; under torchrun every rank learns whether any rank failed in it.
@@ -237,13 +288,23 @@ class RealMeasurer:
             buffered = plan.num_workers * (plan.prefetch_factor or 2)
             for _ in range(buffered):  # what the workers prefetched during start-up is not sustained rate
                 next(it)
-            t0, n = time.perf_counter(), 0
-            target = max(20, 4 * buffered)
-            while n < target or (time.perf_counter() - t0 < 0.3 and n < 2000):
-                next(it)
-                n += 1
-            elapsed = time.perf_counter() - t0
-            trial.samples_per_s = n * plan.micro_batch / elapsed
+            # Windows (each at least a few batches and 50 ms), until they agree (noise.py) after at least
+            # `target` batches and 0.3 s, or a cap (the rule's, or 2000 batches).
+            t0, n, rates = time.perf_counter(), 0, []
+            target, chunk = max(20, 4 * buffered), max(5, buffered)
+            while True:
+                w0, k = time.perf_counter(), 0
+                while k < chunk or (time.perf_counter() - w0 < 0.05 and n + k < 2000):
+                    next(it)
+                    k += 1
+                n += k
+                rates.append(k * plan.micro_batch / (time.perf_counter() - w0))
+                elapsed = time.perf_counter() - t0
+                if (n >= 2000 or self.rule.capped(rates, elapsed)
+                        or (n >= target and elapsed >= 0.3 and self.rule.agreed(rates))):
+                    break
+            summary = self.rule.result(rates)
+            trial.samples_per_s, trial.spread, trial.windows = summary.median, summary.spread, summary.windows
             trial.worker_memory_bytes = workers_uss() if plan.num_workers > 0 else 0
         except Exception as e:
             trial.status, trial.error = "failed", first_line(e)
@@ -254,13 +315,14 @@ class RealMeasurer:
         trial.seconds = time.perf_counter() - started
         if self.dist.world_size > 1:  # every rank's loader: the slowest, the hungriest, any failure
             views = gather_objects((trial.status, trial.error, trial.samples_per_s, trial.worker_memory_bytes,
-                                    trial.swap_grew_bytes, trial.startup_s, trial.seconds))
+                                    trial.swap_grew_bytes, trial.startup_s, trial.seconds, trial.spread))
             failed = next((v for v in views if v[0] != "ok"), None)
             if failed is not None:
                 trial.status, trial.error = failed[0], f"rank {views.index(failed)}: {failed[1]}"
                 trial.samples_per_s = None
             else:
-                trial.samples_per_s = min(v[2] for v in views)
+                slowest = min(views, key=lambda v: v[2])
+                trial.samples_per_s, trial.spread = slowest[2], slowest[7]
                 trial.worker_memory_bytes = max(v[3] or 0 for v in views)
                 trial.startup_s = max(v[5] for v in views)
             trial.swap_grew_bytes = max(v[4] for v in views)

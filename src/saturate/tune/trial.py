@@ -21,8 +21,13 @@ class Trial:
     stage: str  # what the trial was for: "precision", "memory", "micro-batch", "compile", "verify", …
     plan: Plan
     status: str = "ok"
-    samples_per_s: float | None = None
-    step_s: float | None = None  # seconds per optimizer step (the effective batch)
+    samples_per_s: float | None = None  # the median over timed windows (noise.py)
+    step_s: float | None = None  # seconds per optimizer step (the effective batch), at the median rate
+    spread: float | None = None  # relative half-range of the windows: samples/s is known to ± this share
+    windows: int = 0  # timed windows
+    window_samples_per_s: list[float] = field(default_factory=list)  # each window's throughput
+    busy_cores: float | None = None  # mean CPU cores other processes kept busy during the trial
+    contended: bool = False  # other processes used enough of the machine to move the figure
     peak_memory_bytes: int | None = None
     compile_s: float | None = None  # torch.compile plus its first micro-batch, when compiled
     losses: list[float] = field(default_factory=list)  # per-step training loss (same batches for every plan)
@@ -44,6 +49,10 @@ class Trial:
             "activation_checkpointing": p.activation_checkpointing, "fused_optimizer": p.fused_optimizer,
             "strategy": p.strategy, "cpu_offload": p.cpu_offload, "samples_per_s": self.samples_per_s,
             "step_s": self.step_s, "peak_memory_bytes": self.peak_memory_bytes,
+            "spread": self.spread, "windows": self.windows or None,
+            "window_samples_per_s": [round(r, 3) for r in self.window_samples_per_s] or None,
+            "busy_cores": None if self.busy_cores is None else round(self.busy_cores, 2),
+            "contended": self.contended or None,
             "compile_s": self.compile_s, "losses": self.losses or None, "loss_drift": self.loss_drift,
             "seconds": round(self.seconds, 3),
             "steps": self.steps, "error": self.error or None, "verdict": self.verdict or None,
@@ -58,7 +67,9 @@ class LoaderTrial:
     num_workers: int
     prefetch_factor: int | None
     pin_memory: bool
-    samples_per_s: float | None = None
+    samples_per_s: float | None = None  # the median over timed windows (noise.py)
+    spread: float | None = None  # relative half-range of the windows
+    windows: int = 0
     worker_memory_bytes: int | None = None  # unique memory (USS) of all workers together
     startup_s: float | None = None  # until the first batch arrived
     swap_grew_bytes: int = 0
@@ -72,8 +83,8 @@ class LoaderTrial:
         return self.status == "ok"
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in ("num_workers", "prefetch_factor", "pin_memory", "samples_per_s",
-                                             "worker_memory_bytes", "startup_s", "swap_grew_bytes", "status",
+        out = {k: getattr(self, k) for k in ("num_workers", "prefetch_factor", "pin_memory", "samples_per_s", "spread",
+                                             "windows", "worker_memory_bytes", "startup_s", "swap_grew_bytes", "status",
                                              "error", "seconds", "verdict")}
         return {k: v for k, v in out.items() if v not in (None, "")}
 

@@ -1,0 +1,61 @@
+"""How well a trial's throughput is known: timed windows, their median and spread, and when to stop.
+
+A trial is timed in repeated windows (each a few steps, or batches for a loader trial). Its figure
+is the median of the windows' throughputs and its spread the relative half-range of those windows,
+`(max - min) / (2 · median)`: the median is known to about ± that share. With five windows or
+more the single highest and lowest are left out of the spread first (one burst of load, or one
+lucky window, does not decide it).
+
+A trial stops (`WindowRule.done`) when its last `min_windows` windows agree within `target`, or at
+the cap on windows or timed seconds. The figure reported is over the windows that decided: the
+last `min_windows` when they agreed, every window when the cap was reached. Under contention
+(another process busy on our cores or GPU) the caps are raised by `busy_factor`, since a busy
+machine needs more windows for the same certainty.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The throughput of a set of windows: median, relative half-range, and how many windows."""
+
+    median: float
+    spread: float  # relative half-range: the median is known to about ± this share
+    windows: int
+
+
+def summarize(rates: list[float]) -> Summary:
+    """Median and relative half-range of window throughputs (trimmed of the extremes from five on)."""
+    if not rates:
+        raise ValueError("no windows to summarise")
+    med = statistics.median(rates)
+    kept = sorted(rates)[1:-1] if len(rates) >= 5 else rates
+    spread = (max(kept) - min(kept)) / (2 * med) if med > 0 and len(kept) > 1 else 0.0
+    return Summary(median=med, spread=spread, windows=len(rates))
+
+
+@dataclass
+class WindowRule:
+    """When a trial has been timed for long enough (see the module docstring)."""
+
+    target: float = 0.015  # the last windows agree within ± this share (a 3 % range)
+    min_windows: int = 3
+    max_windows: int = 8
+    max_seconds: float = 8.0  # timed seconds, whatever the windows say
+    busy_factor: float = 2.0  # caps are raised this much when the machine is busy
+
+    def agreed(self, rates: list[float]) -> bool:
+        """The last `min_windows` windows agree within the target."""
+        return len(rates) >= self.min_windows and summarize(rates[-self.min_windows:]).spread <= self.target
+
+    def capped(self, rates: list[float], seconds: float, busy: bool = False) -> bool:
+        factor = self.busy_factor if busy else 1.0
+        return len(rates) >= self.max_windows * factor or seconds >= self.max_seconds * factor
+
+    def result(self, rates: list[float]) -> Summary:
+        """The figure over the windows that decided: the agreeing last ones, else all of them."""
+        return replace(summarize(rates[-self.min_windows:] if self.agreed(rates) else rates), windows=len(rates))
