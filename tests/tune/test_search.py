@@ -22,13 +22,17 @@ class FakeMachine:
                  device_type: str = "cuda", cores: int = 8, ram_budget: int = 64 * GiB,
                  loader: Callable[[Plan], tuple[float, int]] | None = None,
                  losses: Callable[[Plan], list[float]] | None = None, trial_seconds: float = 0.0,
-                 verify_oom_above: int | None = None) -> None:
+                 verify_oom_above: int | None = None, spread: float | None = None,
+                 verify_speed: Callable[[Plan, int], float] | None = None) -> None:
         self.speed, self.memory, self.memory_capacity = speed, memory, capacity
         self.device_type, self.cores, self.ram_budget, self.memory_kind = device_type, cores, ram_budget, "device"
         self.loader = loader or (lambda p: (1e9, p.num_workers * 100 * 2**20))
         self.losses = losses or (lambda p: [5.0, 4.5, 4.2, 4.0])
         self.trial_seconds = trial_seconds
         self.verify_oom_above = verify_oom_above
+        self.spread = spread  # every trial's reported spread (None: a single window)
+        self.verify_speed = verify_speed  # samples/s of the n-th verification of a plan (1, 2, …)
+        self.verifications = 0
         self.tried: list[Plan] = []
         self.compile_limits: list[float | None] = []
         self.discarded = 0  # compile trials the search discarded (rejected)
@@ -47,6 +51,7 @@ class FakeMachine:
             t.status, t.error = "oom", "simulated OOM"
             return t
         t.samples_per_s = self.speed(plan)
+        t.spread = self.spread
         t.step_s = plan.samples_per_step() / t.samples_per_s
         t.compile_s = 30.0 if plan.compile != "none" else None
         t.losses = self.losses(plan)
@@ -62,6 +67,9 @@ class FakeMachine:
 
     def verify(self, plan: Plan) -> Trial:
         t = self.model_trial(plan, "verify")
+        self.verifications += 1
+        if t.ok and self.verify_speed is not None:
+            t.samples_per_s = self.verify_speed(plan, self.verifications)
         if self.verify_oom_above is not None and plan.micro_batch > self.verify_oom_above:
             t.status, t.error, t.samples_per_s = "oom", "simulated OOM in validation", None
         return t
@@ -73,7 +81,7 @@ def saturating(peak_at: int, factor: float = 1.0) -> Callable[[Plan], float]:
         m = p.micro_batch
         base = 1000 * min(m, peak_at) / (min(m, peak_at) + 2) - (5 if m > peak_at else 0)
         f = factor * (1.8 if p.precision == "bf16" else 1.0) * (0.75 if p.activation_checkpointing else 1.0)
-        f *= 1.02 if p.fused_optimizer else 1.0
+        f *= 1.05 if p.fused_optimizer else 1.0  # over the 3 % a change must gain
         f *= 1.3 if p.compile != "none" else 1.0
         return base * f
     return speed

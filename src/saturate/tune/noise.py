@@ -59,3 +59,12 @@ class WindowRule:
     def result(self, rates: list[float]) -> Summary:
         """The figure over the windows that decided: the agreeing last ones, else all of them."""
         return replace(summarize(rates[-self.min_windows:] if self.agreed(rates) else rates), windows=len(rates))
+
+
+def rate_text(samples_per_s: float | None, spread: float | None, unit: str = " samples/s") -> str:
+    """"812.3 ±1.2 % samples/s" (no ± when the spread is unknown: a single window)."""
+    if samples_per_s is None:
+        return "-"
+    digits = 1 if samples_per_s < 1000 else 0
+    pm = "" if spread is None else f" ±{100 * spread:.1f} %"
+    return f"{samples_per_s:,.{digits}f}{pm}{unit}"

@@ -21,7 +21,8 @@ class SearchSettings:
     allow_batch_change: bool = False  # may the effective batch grow (learning rate rescaled)?
     budget_s: float | None = None  # tuning wall-clock budget
     headroom: float = 0.9  # share of the memory capacity a plan may use
-    min_gain: float = 0.03  # growing the micro-batch stops when it gains less than this
+    min_gain: float = 0.03  # a change is taken only when it gains more than this, and more than the noise
+    verify_tolerance: float = 0.10  # the verification may be this much below its plan's model trial (the loader)
     loader_margin: float = 1.5  # the loader must feed this many times faster than the model computes
     loss_tolerance: float = LOSS_TOLERANCE  # largest relative per-step loss difference against fp32
     try_compile: bool = True
@@ -62,6 +63,7 @@ class SearchResult:
     seconds: float
     chosen: Trial  # the verification trial of `plan`
     skipped: list[str] = field(default_factory=list)  # what was not tried, and why
+    warnings: list[str] = field(default_factory=list)  # what makes the result uncertain (said at the top)
 
 
 def fit_memory(points: list[tuple[int, int]], capacity: int, headroom: float, kind: str) -> MemoryFit:

@@ -23,6 +23,8 @@ from typing import Any
 
 from saturate.errors import ConfigError, SaturateError
 from saturate.plan import Plan
+from saturate.tune.decide import compare, keep_candidate
+from saturate.tune.noise import rate_text
 from saturate.tune.results import MemoryFit, SearchResult, SearchSettings, fit_memory
 from saturate.tune.trial import LoaderTrial, Measurer, Trial
 
@@ -33,8 +35,8 @@ def search(measurer: Measurer, base: Plan, s: SearchSettings,
     return _Search(measurer, base, s, on_trial).run()
 
 
-def _pct(a: float, b: float) -> str:
-    return f"{100 * (a / b - 1):+.1f} %"
+def _rate(t: Trial) -> str:
+    return rate_text(t.samples_per_s, t.spread)
 
 
 def _gib(n: float | None) -> str:
@@ -53,6 +55,7 @@ class _Search:
         self.loader_trials: list[LoaderTrial] = []
         self.decisions: list[str] = []
         self.skipped: list[str] = []
+        self.warnings: list[str] = []  # what the user must know about the result (an inconsistent verification)
         self.started = time.monotonic()
         self.all_agree: Callable[[bool], bool] = getattr(measurer, "all_agree", lambda flag: flag)
         self.discard_compiled: Callable[[], None] = getattr(measurer, "discard_compiled", lambda: None)
@@ -104,15 +107,14 @@ class _Search:
         best = self.fused(best)
         best = self.compile(best)
         plan = self.loader(best)
-        chosen = self.verify(plan)
-        chosen.verdict = "chosen"
+        chosen = self.consistent(self.verify(plan), best)
         effective = chosen.plan.samples_per_step(self.s.world_size)
         if effective != self.s.effective_batch:
             self.decisions.append(f"effective batch: {self.s.effective_batch} -> {effective} (allowed); training "
                                   "rescales the learning rate linearly")
         return SearchResult(plan=chosen.plan, trials=self.trials, loader_trials=self.loader_trials, fit=fit,
                             decisions=self.decisions, seconds=time.monotonic() - self.started, chosen=chosen,
-                            skipped=self.skipped)
+                            skipped=self.skipped, warnings=self.warnings)
 
     def precision(self) -> Trial:
         s = self.s
@@ -160,20 +162,25 @@ class _Search:
                                       f"fp32 by up to {100 * drift:.1f} %")
                 continue
             t.loss_drift = drift
-            if t.samples_per_s > best.samples_per_s:
-                best.verdict = f"slower than {label}"
+            take, c = keep_candidate(t, best, s.min_gain)
+            if take:
+                best.verdict = f"{label}: {c.text()}" + ("" if c.faster else ", the simpler is kept")
                 best = t
             else:
-                t.verdict = f"slower than {_precision_label(best.plan)}"
+                t.verdict = f"{c.text()} vs {_precision_label(best.plan)}" + ("" if c.slower else
+                                                                              ", the simpler is kept")
         if best is ref:
-            why = "no lower precision is native here" if not options else "lower precisions measured no faster"
-            self.decisions.append(f"precision: fp32 ({why}; {ref.samples_per_s:.1f} samples/s at micro-batch {m0})")
+            why = ("no lower precision is native here" if not options else
+                   "; ".join(f"{_precision_label(t.plan)} {t.verdict}" for t in self.trials[-len(options):]
+                             if t.ok and t.samples_per_s))
+            self.decisions.append(f"precision: fp32 ({why or 'no lower precision could be used'}; "
+                                  f"{ref.samples_per_s:.1f} samples/s at micro-batch {ref.plan.micro_batch})")
         else:
             drift = best.loss_drift or 0.0
             self.decisions.append(
                 f"precision: {_precision_label(best.plan)}, {best.samples_per_s / ref.samples_per_s:.2f}× fp32 "
-                f"samples/s at micro-batch {best.plan.micro_batch}; its first {len(best.losses)} losses are within "
-                f"{100 * drift:.2f} % of fp32's")
+                f"samples/s at micro-batch {best.plan.micro_batch} ({compare(best, ref, s.min_gain).text()}); its "
+                f"first {len(best.losses)} losses are within {100 * drift:.2f} % of fp32's")
         return best
 
     def memory(self, best: Trial) -> MemoryFit | None:
@@ -228,13 +235,13 @@ class _Search:
                 self.memory_capped = self.memory_capped or t.status == "oom"
                 stop = f"{m} ran out of memory"
                 break
-            if t.samples_per_s > best.samples_per_s * (1 + self.s.min_gain):
-                best.verdict = f"{m} was {_pct(t.samples_per_s, best.samples_per_s)} faster"
+            c = compare(t, best, self.s.min_gain)
+            if c.faster:
+                best.verdict = f"{m}: {c.text()}"
                 best = t
                 continue
-            t.verdict = f"{_pct(t.samples_per_s, best.samples_per_s)} vs {best.plan.micro_batch}: under the " \
-                        f"{100 * self.s.min_gain:.0f} % needed to grow"
-            stop = f"{m} gained {_pct(t.samples_per_s, best.samples_per_s)}"
+            t.verdict = f"{c.text()} vs {best.plan.micro_batch}: not enough to grow"
+            stop = f"{m} measured {c.text()}"
             self.memory_capped = False
             break
         else:
@@ -244,16 +251,16 @@ class _Search:
                 if not self.affordable(f"micro-batch {m}"):
                     break
                 t = self.trial(self.at(best.plan, m), "micro-batch")
-                if t.ok and t.samples_per_s > best.samples_per_s * (1 + self.s.min_gain):
-                    best.verdict = f"{m} was {_pct(t.samples_per_s, best.samples_per_s)} faster"
+                c = compare(t, best, self.s.min_gain) if t.ok else None
+                if c is not None and c.faster:
+                    best.verdict = f"{m}: {c.text()}"
                     best = t
                     continue
-                t.verdict = (f"{t.status}: {t.error}" if not t.ok else
-                             f"{_pct(t.samples_per_s, best.samples_per_s)} vs {best.plan.micro_batch}")
+                t.verdict = f"{t.status}: {t.error}" if c is None else f"{c.text()} vs {best.plan.micro_batch}"
                 break
         p = best.plan
         self.decisions.append(f"micro-batch: {p.micro_batch} × {p.grad_accum} accumulation "
-                              f"({best.samples_per_s:.1f} samples/s measured; stopped because {stop})")
+                              f"({_rate(best)} measured; stopped because {stop})")
         return best
 
     def activation_checkpointing(self, best: Trial, fit: MemoryFit | None) -> Trial:
@@ -268,18 +275,19 @@ class _Search:
             if not self.affordable(f"activation checkpointing at micro-batch {m}"):
                 break
             t = self.trial(self.at(best.plan, m).replace(activation_checkpointing=True), "activation-checkpointing")
-            if t.ok and t.samples_per_s > best.samples_per_s * (1 + self.s.min_gain):
-                best.verdict = f"checkpointing at {m} was {_pct(t.samples_per_s, best.samples_per_s)} faster"
+            c = compare(t, best, self.s.min_gain) if t.ok else None
+            if c is not None and c.faster:
+                best.verdict = f"checkpointing at {m}: {c.text()}"
                 best = t
                 continue
-            t.verdict = f"{t.status}: {t.error}" if not t.ok else f"{_pct(t.samples_per_s, best.samples_per_s)}"
+            t.verdict = f"{t.status}: {t.error}" if c is None else c.text()
             break
         if best is start:
             self.decisions.append("activation checkpointing: off (tried; larger micro-batches with recompute "
-                                  "measured no faster)")
+                                  f"measured no faster: {t.verdict})")
         else:
             self.decisions.append(f"activation checkpointing: on, micro-batch {best.plan.micro_batch} with recompute "
-                                  f"is {_pct(best.samples_per_s, start.samples_per_s)} vs {start.plan.micro_batch} "
+                                  f"is {compare(best, start, self.s.min_gain).text()} vs {start.plan.micro_batch} "
                                   "without")
         return best
 
@@ -294,12 +302,13 @@ class _Search:
         if not self.affordable("FSDP"):
             return best
         t = self.trial(best.plan.replace(strategy="fsdp"), "strategy")
-        if t.ok and t.samples_per_s > best.samples_per_s * (1 + self.s.min_gain):
-            best.verdict = f"FSDP was {_pct(t.samples_per_s, best.samples_per_s)} faster"
-            self.decisions.append(f"strategy: FSDP2 ({_pct(t.samples_per_s, best.samples_per_s)} samples/s per process "
-                                  f"vs DDP at micro-batch {t.plan.micro_batch})")
+        c = compare(t, best, self.s.min_gain) if t.ok else None
+        if c is not None and c.faster:
+            best.verdict = f"FSDP: {c.text()}"
+            self.decisions.append(f"strategy: FSDP2 ({c.text()} samples/s per process vs DDP at micro-batch "
+                                  f"{t.plan.micro_batch})")
             return t
-        t.verdict = f"{t.status}: {t.error}" if not t.ok else f"{_pct(t.samples_per_s, best.samples_per_s)} vs DDP"
+        t.verdict = f"{t.status}: {t.error}" if c is None else f"{c.text()} vs DDP"
         self.decisions.append(f"strategy: DDP (FSDP2 measured {t.verdict})")
         return best
 
@@ -310,11 +319,12 @@ class _Search:
         if not self.affordable("fused optimizer"):
             return best
         t = self.trial(best.plan.replace(fused_optimizer=True), "fused-optimizer")
-        if t.ok and t.samples_per_s > best.samples_per_s:
-            best.verdict = f"unfused: {_pct(best.samples_per_s, t.samples_per_s)}"
-            self.decisions.append(f"fused optimizer: on ({_pct(t.samples_per_s, best.samples_per_s)} samples/s)")
+        c = compare(t, best, self.s.min_gain) if t.ok else None
+        if c is not None and c.faster:
+            best.verdict = f"fused: {c.text()}"
+            self.decisions.append(f"fused optimizer: on ({c.text()} samples/s)")
             return t
-        t.verdict = f"{t.status}: {t.error}" if not t.ok else f"{_pct(t.samples_per_s, best.samples_per_s)}"
+        t.verdict = f"{t.status}: {t.error}" if c is None else f"{c.text()}; unfused is simpler"
         self.decisions.append(f"fused optimizer: off ({t.verdict})")
         return best
 
@@ -342,15 +352,18 @@ class _Search:
             self.decisions.append(f"compile: none (torch.compile failed: {t.error}; eager is used)")
             return best
         saved = s.planned_steps * (best.step_s - t.step_s)
+        c = compare(t, best, s.min_gain)
         # `limit` may hold each rank's own clock (the budget left): all ranks must reach one verdict.
         if not self.all_agree(t.compile_s is None or t.compile_s <= limit):
             t.verdict = f"compiling took {t.compile_s:.1f} s, over the {limit:.1f} s limit"
+        elif not c.faster:
+            t.verdict = f"{c.text()} steady state; eager is simpler"
         elif saved <= (t.compile_s or 0.0):
-            t.verdict = (f"{_pct(t.samples_per_s, best.samples_per_s)} steady state; over {s.planned_steps} steps "
+            t.verdict = (f"{c.text()} steady state; over {s.planned_steps} steps "
                          f"saves {saved:.1f} s < {t.compile_s or 0:.1f} s to compile")
         else:
             best.verdict = f"compiled saves {saved:.0f} s over the run"
-            self.decisions.append(f"compile: {s.compile_mode} ({_pct(t.samples_per_s, best.samples_per_s)} steady "
+            self.decisions.append(f"compile: {s.compile_mode} ({c.text()} steady "
                                   f"state; saves ~{saved:.0f} s over {s.planned_steps} steps against "
                                   f"{t.compile_s or 0:.1f} s to compile — a prediction from the trial)")
             return t
@@ -448,6 +461,36 @@ class _Search:
             self.decisions.append(f"verification: micro-batch {plan.micro_batch} ran out of memory with the real "
                                   f"loader and validation; backed off to {smaller[-1]}")
             plan = self.at(plan, smaller.pop())
+
+
+    def consistent(self, chosen: Trial, model: Trial) -> Trial:
+        """The verification against the chosen plan's own model trial: re-measured once when it is far
+        below (beyond `verify_tolerance` and the two trials' noise), then said, not hidden, if still so.
+        The verification also reads the real loader, so it may be a little slower; not 40 % slower."""
+        if chosen.plan.micro_batch != model.plan.micro_batch or not (chosen.samples_per_s and model.samples_per_s):
+            chosen.verdict = "chosen"  # backed off after an OOM: no earlier trial of this plan to agree with
+            return chosen
+        for again in (True, False):
+            c = compare(chosen, model, 0.0)
+            if c.gain >= -max(self.s.verify_tolerance, c.noise):
+                chosen.verdict = "chosen"
+                return chosen
+            if not again or not self.affordable("re-measuring the verification"):
+                break
+            t = self.m.verify(chosen.plan)
+            self.trials.append(t)
+            self.on_trial(t)
+            chosen.verdict = f"{c.text()} vs its model trial ({_rate(model)}): measured again"
+            if not t.ok:
+                break
+            chosen = t
+        line = (f"the chosen plan verified at {_rate(chosen)}, {c.text()} against its own earlier trial "
+                f"({_rate(model)}), beyond the {100 * self.s.verify_tolerance:.0f} % a real loader may cost: the "
+                "machine was likely busier during one of them; its figures are uncertain")
+        chosen.verdict = f"chosen, but inconsistent: {c.text()} vs its model trial"
+        self.decisions.append(f"verification: {line}")
+        self.warnings.append(line)
+        return chosen
 
 
 def _precision_label(plan: Plan) -> str:

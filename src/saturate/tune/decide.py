@@ -1,0 +1,90 @@
+"""The tuner's comparisons, aware of each trial's noise: is a change faster, or within noise?
+
+Two trials' figures are each known to ± their spread (noise.py), so their ratio is known to about
+± the sum of the two spreads (ranges add; the sum is the cautious choice). A change is taken only
+when its gain exceeds both that combined noise and `min_gain` (a few percent: a smaller gain is not
+worth a change even when measured exactly). Otherwise the simpler of the two plans is kept, and
+the decision says "within noise" when the difference is inside the combined noise.
+
+Simplicity (`complexity`), the weight of a plan's changes from fp32 eager single-process training
+with the unfused optimizer, smallest first:
+
+  fp32 (0) < fused optimizer (1) = fp32+TF32 (1) < bf16 (2) < fp16 with a GradScaler (3)
+  < activation checkpointing (3) = FSDP (3) < torch.compile (4); CPU offload adds 1.
+
+A plan's complexity is the sum of its changes' weights; between equally simple plans (two
+micro-batches, say) the one already kept stays. The micro-batch and the loader are not weighed:
+they change no numerics and no code path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from saturate.plan import Plan
+from saturate.tune.trial import Trial
+
+
+class Measured(Protocol):
+    samples_per_s: float | None
+    spread: float | None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A candidate against the incumbent: the relative gain and what it must beat."""
+
+    gain: float  # candidate / incumbent - 1
+    noise: float  # the two spreads together: the ratio is known to about ± this
+    min_gain: float
+
+    @property
+    def faster(self) -> bool:
+        """The candidate is faster beyond the noise and by at least `min_gain`."""
+        return self.gain > max(self.noise, self.min_gain)
+
+    @property
+    def slower(self) -> bool:
+        """The candidate is slower beyond the noise and by at least `min_gain`."""
+        return -self.gain > max(self.noise, self.min_gain)
+
+    @property
+    def within_noise(self) -> bool:
+        return abs(self.gain) <= self.noise
+
+    def text(self) -> str:
+        """The gain and how it compares with the noise, e.g. "+2.0 %, within noise (±5.0 %)"."""
+        head = f"{100 * self.gain:+.1f} %"
+        noise = f"±{100 * self.noise:.1f} %"
+        if self.within_noise:
+            return f"{head}, within noise ({noise})"
+        if abs(self.gain) <= self.min_gain:
+            return f"{head}, under the {100 * self.min_gain:.0f} % a change must gain (noise {noise})"
+        return f"{head}, beyond noise ({noise})"
+
+
+def compare(candidate: Measured, incumbent: Measured, min_gain: float) -> Comparison:
+    """How `candidate`'s samples/s compares with `incumbent`'s, given both trials' spreads."""
+    if not candidate.samples_per_s or not incumbent.samples_per_s:
+        raise ValueError("compare needs two measured trials")
+    return Comparison(gain=candidate.samples_per_s / incumbent.samples_per_s - 1,
+                      noise=(candidate.spread or 0.0) + (incumbent.spread or 0.0), min_gain=min_gain)
+
+
+def complexity(plan: Plan) -> int:
+    """How far a plan is from the simplest one (see the module docstring for the ordering)."""
+    precision = {"fp32": 1 if plan.tf32 else 0, "bf16": 2, "fp16": 3}.get(plan.precision, 3)
+    return (precision + (1 if plan.fused_optimizer else 0) + (3 if plan.activation_checkpointing else 0)
+            + (3 if plan.strategy == "fsdp" else 0) + (1 if plan.cpu_offload else 0)
+            + (4 if plan.compile != "none" else 0))
+
+
+def keep_candidate(candidate: Trial, incumbent: Trial, min_gain: float) -> tuple[bool, Comparison]:
+    """Whether the candidate replaces the incumbent: faster beyond the noise, or as fast and simpler."""
+    c = compare(candidate, incumbent, min_gain)
+    if c.faster:
+        return True, c
+    if c.slower:
+        return False, c
+    return complexity(candidate.plan) < complexity(incumbent.plan), c

@@ -1,0 +1,143 @@
+"""Noise-aware trials: when a trial has been timed enough, and decisions that respect the spread."""
+
+from __future__ import annotations
+
+import pytest
+from test_search import GiB, FakeMachine, linear_memory, saturating, settings
+
+from saturate.plan import Plan
+from saturate.tune.decide import compare, complexity
+from saturate.tune.noise import WindowRule, rate_text, summarize
+from saturate.tune.search import search
+from saturate.tune.trial import Trial
+
+
+def test_summary_is_median_and_half_range_trimmed_from_five_windows():
+    s = summarize([100.0, 104.0, 96.0])
+    assert s.median == 100.0 and s.spread == pytest.approx(0.04) and s.windows == 3
+    # One outlying window (a burst of load) among five moves neither the median nor the spread much.
+    s = summarize([100.0, 101.0, 99.0, 100.0, 50.0])
+    assert s.median == 100.0 and s.spread == pytest.approx(0.005)  # 99 … 100 once 50 and 101 are left out
+
+
+def test_a_trial_stops_early_when_its_windows_agree():
+    rule = WindowRule(target=0.015, min_windows=3, max_windows=8)
+    rates: list[float] = []
+    for r in [130.0, 100.0, 101.0, 100.5, 99.0]:  # a slow first window (warm-up), then agreement
+        rates.append(r)
+        if rule.agreed(rates) or rule.capped(rates, 0.0):
+            break
+    assert len(rates) == 4
+    res = rule.result(rates)
+    assert res.windows == 4 and res.median == 100.5 and res.spread < 0.015  # the agreeing windows decide
+
+
+def test_a_trial_stops_at_the_cap_when_windows_disagree_and_later_on_a_busy_machine():
+    rule = WindowRule(target=0.015, min_windows=3, max_windows=8, max_seconds=1e9)
+    noisy = [100.0, 80.0, 120.0] * 10
+
+    def windows(busy: bool) -> list[float]:
+        rates: list[float] = []
+        for r in noisy:
+            rates.append(r)
+            if rule.agreed(rates) or rule.capped(rates, 0.0, busy):
+                break
+        return rates
+
+    quiet, busy = windows(False), windows(True)
+    assert len(quiet) == 8 and len(busy) == 16
+    res = rule.result(quiet)
+    assert res.windows == 8 and res.spread > 0.1  # the figure says how uncertain it is
+    timed = WindowRule(max_seconds=8.0)  # the time cap, raised alike on a busy machine
+    assert timed.capped([100.0], seconds=8.0) and not timed.capped([100.0], seconds=8.0, busy=True)
+
+
+def test_rate_text_shows_the_spread_when_there_is_one():
+    assert rate_text(812.34, 0.012) == "812.3 ±1.2 % samples/s"
+    assert rate_text(812.34, None) == "812.3 samples/s"
+    assert rate_text(None, None) == "-"
+
+
+def test_comparison_needs_the_gain_to_beat_the_combined_noise_and_the_minimum():
+    def t(rate: float, spread: float) -> Trial:
+        return Trial(stage="x", plan=Plan(), samples_per_s=rate, spread=spread)
+
+    within = compare(t(102.0, 0.025), t(100.0, 0.025), 0.03)
+    assert not within.faster and within.within_noise and "within noise (±5.0 %)" in within.text()
+    clear = compare(t(130.0, 0.025), t(100.0, 0.025), 0.03)
+    assert clear.faster and "beyond noise" in clear.text()
+    exact = compare(t(102.0, 0.0), t(100.0, 0.0), 0.03)  # measured exactly, but too small to be worth it
+    assert not exact.faster and "under the 3 %" in exact.text()
+
+
+def test_simplicity_orders_knobs():
+    base = Plan()
+    assert complexity(base) == 0
+    assert complexity(base.replace(precision="bf16")) < complexity(base.replace(compile="default"))
+    assert complexity(base.replace(fused_optimizer=True)) > complexity(base)
+    assert complexity(base.replace(precision="fp16")) > complexity(base.replace(precision="bf16"))
+
+
+def _fused_gain(gain: float, spread: float):
+    base = saturating(16)
+
+    def speed(p: Plan) -> float:  # the fake's fused factor replaced by `gain`
+        return base(p) / (1.05 if p.fused_optimizer else 1.0) * ((1 + gain) if p.fused_optimizer else 1.0)
+
+    machine = FakeMachine(speed=speed, memory=linear_memory(GiB, 0.1 * GiB), spread=spread)
+    return search(machine, Plan(), settings(try_compile=False))
+
+
+def test_a_small_gain_within_the_noise_is_not_taken():
+    result = _fused_gain(0.02, 0.025)
+    assert not result.plan.fused_optimizer
+    line = next(d for d in result.decisions if d.startswith("fused optimizer"))
+    assert "off" in line and "within noise" in line
+
+
+def test_a_large_gain_is_taken():
+    result = _fused_gain(0.30, 0.025)
+    assert result.plan.fused_optimizer
+    line = next(d for d in result.decisions if d.startswith("fused optimizer"))
+    assert line.startswith("fused optimizer: on") and "beyond noise" in line
+
+
+def test_bf16_within_noise_of_fp32_keeps_fp32():
+    def speed(p: Plan) -> float:
+        return 100.0 * (1.02 if p.precision == "bf16" else 1.0)
+
+    machine = FakeMachine(speed=speed, memory=linear_memory(GiB, 0.1 * GiB), spread=0.03)
+    result = search(machine, Plan(), settings(try_compile=False, supports={"bf16": True}))
+    assert result.plan.precision == "fp32"
+    line = next(d for d in result.decisions if d.startswith("precision"))
+    assert "within noise" in line
+
+
+def test_noise_stops_the_micro_batch_climb():
+    def speed(p: Plan) -> float:  # each doubling gains 4 %: beyond 3 % but within ±2.5 % + ±2.5 %
+        return 100.0 * 1.04 ** (p.micro_batch.bit_length())
+
+    quiet = search(FakeMachine(speed=speed, memory=linear_memory(GiB, 0.01 * GiB)), Plan(),
+                   settings(try_compile=False, supports={}))
+    noisy = search(FakeMachine(speed=speed, memory=linear_memory(GiB, 0.01 * GiB), spread=0.025), Plan(),
+                   settings(try_compile=False, supports={}))
+    assert quiet.plan.micro_batch == 64 and noisy.plan.micro_batch == 8
+    assert "within noise" in next(d for d in noisy.decisions if d.startswith("micro-batch"))
+
+
+def test_a_verification_far_below_its_trial_is_measured_again_and_said_when_it_stays_so():
+    def steady(p: Plan, n: int) -> float:
+        return saturating(16)(p) * (0.3 if n == 1 else 0.97)  # a burst of load in the first verification
+
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB), verify_speed=steady)
+    result = search(machine, Plan(), settings(try_compile=False))
+    verifies = [t for t in result.trials if t.stage == "verify"]
+    assert len(verifies) == 2 and "measured again" in verifies[0].verdict
+    assert result.chosen is verifies[1] and result.chosen.verdict == "chosen" and not result.warnings
+
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB),
+                          verify_speed=lambda p, n: saturating(16)(p) * 0.3)
+    result = search(machine, Plan(), settings(try_compile=False))
+    assert result.chosen.verdict.startswith("chosen, but inconsistent")
+    assert result.warnings and "against its own earlier trial" in result.warnings[0]
+    assert any(d.startswith("verification: the chosen plan verified at") for d in result.decisions)
