@@ -18,6 +18,8 @@ def add_parsers(sub: Any) -> None:
                                              "default: the preset's)")
     p.add_argument("--out", type=Path, help="folder for plan.toml, tune.json and plots (default: runs/tune-…); "
                                            "with -- CMD: overrides.json and tune.json")
+    p.add_argument("--wide", action="store_true", help="tables with every figure, wider than 80 columns "
+                                                       "(default: they fit 80; tune.json always has everything)")
     _add_script_args(p)
     p.set_defaults(func=cmd_tune, script=None)
 
@@ -54,7 +56,7 @@ def _add_script_args(p: argparse.ArgumentParser) -> None:
 
 
 def _console() -> Any:
-    """Rich wraps at 80 columns when output is not a terminal; the trial tables need more."""
+    """Rich wraps at 80 columns when output is not a terminal; `run`'s tables and `tune --wide` need more."""
     import sys
 
     from rich.console import Console
@@ -67,12 +69,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     if args.script is not None:
         return _tune_script(args)
+    from rich.console import Console
+
     from saturate.tune import tune
 
     hw = probe(measure_peaks=False, device=args.device)
+    # The tables fit 80 columns, the width rich uses off a terminal; --wide ones get room there too.
+    console = _console() if args.wide else Console()
     tune(workload_from_args(args), hw, budget_s=args.budget, planned_steps=args.steps,
          allow_batch_change=args.allow_batch_change, out_dir=args.out, seed=args.seed,
-         try_compile=not args.no_compile, console=_console())
+         try_compile=not args.no_compile, console=console, wide=args.wide)
     return 0
 
 
@@ -98,7 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _refuse_preset_flags(args: argparse.Namespace) -> None:
     for flag, given in (("--workload", args.workload), ("--hf", args.hf), ("--budget", args.budget),
-                        ("--allow-batch-change", args.allow_batch_change)):
+                        ("--allow-batch-change", args.allow_batch_change), ("--wide", getattr(args, "wide", False))):
         if given:
             raise ConfigError(f"{flag} applies to a preset or --workload, not to a command after --")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from rich.console import Console
 from saturate.atomic import atomic_write_bytes
 from saturate.engine.distributed import barrier, broadcast_object, init_distributed, teardown_distributed
 from saturate.errors import ConfigError
+from saturate.hardware.contention import ContentionMeter, measure_contention
 from saturate.plan import Plan
 from saturate.tune import cache
 from saturate.tune.measure import RealMeasurer
@@ -48,12 +50,12 @@ def fused_adamw_available(device: torch.device) -> bool:
 def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = None,
          planned_steps: int | None = None, allow_batch_change: bool = False, out_dir: Path | None = None,
          measurer: Measurer | None = None, seed: int = 0, try_compile: bool = True, device: str | None = None,
-         console: Console | None = None, use_cache: bool = True, **settings: Any) -> TuneResult:
+         console: Console | None = None, use_cache: bool = True, wide: bool = False, **settings: Any) -> TuneResult:
     """Find the fastest plan for `workload` on this machine by measurement, and prove it.
 
     The effective batch is kept exactly unless `allow_batch_change` (the learning rate is then
     rescaled by train()). Writes `plan.toml`, `tune.json` and PNG plots to `out_dir`, and caches the
-    plan for `train` to reuse on this hardware.
+    plan for `train` to reuse on this hardware. `wide`: the tables show every figure (default: 80 columns).
     """
     from saturate.hardware import probe
 
@@ -84,8 +86,17 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
     def progress(t: Trial | LoaderTrial) -> None:
         console.print(f"[dim]  {trial_line(t, workload.tokens_per_sample)}[/dim]", highlight=False)
 
+    # Other processes' use of the machine, said before the first trial (under torchrun the ranks, children of
+    # one agent, are not each other's neighbours).
+    root = os.getppid() if world > 1 else None
+    before = measure_contention(0.5, root)
+    console.print(before.line() + ("; trials are timed longer where their windows disagree"
+                                   if before.significant() else ""),
+                  style="yellow" if before.significant() else "dim", highlight=False)
     base = Plan(name="base", strategy="ddp" if world > 1 else "single")
+    meter = ContentionMeter(root).start()
     result = search(measurer, base, s, progress)  # raises before anything is written
+    result.contention = meter.stop()
     if dist.is_main:  # only now: a failed or interrupted search leaves no empty folder behind
         out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -112,13 +123,13 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
     notes: list[str] = []
     cached = None
     if dist.is_main:
-        print_report(console, result, workload.tokens_per_sample, measurer.memory_kind)
+        print_report(console, result, workload.tokens_per_sample, measurer.memory_kind, wide=wide)
         plots, plot_note = plot(result, out_dir, s.loader_margin)
         notes = [plot_note] if plot_note else []
         atomic_write_bytes(json_path, (json.dumps({
             "workload": workload.name, "info": workload.info, "hardware": hw.to_dict(), "settings": s.__dict__,
             **result_dict(result), "plan": plan.to_dict() | {"provenance": None},
-            "plots": [str(p) for p in plots],
+            "plots": [str(p) for p in plots], "contention_before": before.to_dict(),
         }, indent=2, default=str) + "\n").encode())
         plan.save(plan_path)
         cached = cache.store(plan, workload, hw_fp, world) if use_cache else None

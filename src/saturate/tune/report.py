@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
+from rich.text import Text
 
+from saturate.plan import Plan
+from saturate.tune.noise import rate_text
 from saturate.tune.results import MemoryFit, SearchResult
 from saturate.tune.trial import LoaderTrial, Trial
 
@@ -19,34 +23,63 @@ def _num(v: float | None, fmt: str = "{:.1f}") -> str:
 
 
 def _mib(v: int | None) -> str:
-    return "-" if v is None else f"{v / 2**20:.0f} MiB"
+    if v is None:
+        return "-"
+    return f"{v / 2**30:.1f} GiB" if v >= 10 * 2**30 else f"{v / 2**20:.0f} MiB"
+
+
+def plan_text(p: Plan) -> str:
+    """A plan's model settings in a few characters: `16×2 bf16 AC fused compiled fsdp`."""
+    compiled = "" if p.compile == "none" else " compiled" if p.compile == "default" else f" {p.compile}"
+    return (f"{p.micro_batch}×{p.grad_accum} {p.precision}{'+tf32' if p.tf32 else ''}"
+            f"{' AC' if p.activation_checkpointing else ''}{' fused' if p.fused_optimizer else ''}{compiled}"
+            f"{'' if p.strategy == 'single' else ' ' + p.strategy}{'+offload' if p.cpu_offload else ''}")
 
 
 def trial_line(t: Trial | LoaderTrial, tokens_per_sample: int) -> str:
     """One line per finished trial, for progress while the search runs."""
     if isinstance(t, LoaderTrial):
-        rate = f"{t.samples_per_s:,.0f} samples/s" if t.samples_per_s else t.status
+        rate = rate_text(t.samples_per_s, t.spread) if t.samples_per_s else t.status
         return (f"loader: {t.num_workers} workers, prefetch {t.prefetch_factor or '-'}, pinned "
                 f"{'yes' if t.pin_memory else 'no'}: {rate}, workers' memory {_mib(t.worker_memory_bytes)}")
-    p = t.plan
-    what = (f"{t.stage}: micro-batch {p.micro_batch}×{p.grad_accum} {p.precision}{'+tf32' if p.tf32 else ''}"
-            f"{' +AC' if p.activation_checkpointing else ''}{' +fused' if p.fused_optimizer else ''}"
-            f"{'' if p.compile == 'none' else ' +compile'}{'' if p.strategy == 'single' else ' ' + p.strategy}")
+    what = f"{t.stage}: {plan_text(t.plan)}"
     if not t.ok:
         return f"{what}: {t.status} ({t.error})"
     tok = f", {t.samples_per_s * tokens_per_sample:,.0f} tokens/s" if tokens_per_sample > 1 else ""
     comp = f", compiled in {t.compile_s:.1f} s" if t.compile_s else ""
-    return (f"{what}: {t.samples_per_s:.1f} samples/s{tok}, peak {_mib(t.peak_memory_bytes)}{comp} "
-            f"({t.seconds:.1f} s)")
+    busy = f", machine busy ({t.busy_cores:.1f} cores used by others)" if t.contended and t.busy_cores else ""
+    return (f"{what}: {rate_text(t.samples_per_s, t.spread)}{tok}, {t.windows} windows, peak "
+            f"{_mib(t.peak_memory_bytes)}{comp}{busy} ({t.seconds:.1f} s)")
 
 
-def trials_table(trials: list[Trial], tokens_per_sample: int, memory_kind: str) -> Table:
-    t = Table(title="Trials (every figure measured in this run)", box=box.SIMPLE_HEAVY, title_justify="left")
+_SHORT_STAGES = {"activation-checkpointing": "checkpointing", "fused-optimizer": "fused"}
+_BUSY_NOTE = "* other processes kept the machine busy during this trial (its spread shows how much it moved)"
+
+
+def trials_table(trials: list[Trial], tokens_per_sample: int, memory_kind: str, *, wide: bool = False) -> Any:
+    """The trials: by default fitted to 80 columns (plan, samples/s ± spread, memory; the outcome on a line
+    of its own); `wide` shows every figure in one row per trial. tune.json has everything."""
+    title = "Trials (every figure measured in this run; samples/s: median ± half-range of timed windows)"
+    if wide:
+        return _wide_trials(trials, tokens_per_sample, memory_kind, title)
+    rows, notes = [], []
+    for i, tr in enumerate(trials, 1):
+        rate = rate_text(tr.samples_per_s, tr.spread, "") + ("*" if tr.contended else "")
+        rows.append([str(i), _SHORT_STAGES.get(tr.stage, tr.stage), plan_text(tr.plan), rate,
+                     _mib(tr.peak_memory_bytes), f"{tr.seconds:.1f}"])
+        notes.append(tr.verdict or (f"{tr.status}: {tr.error}" if not tr.ok else ""))
+    footer = [_BUSY_NOTE] if any(tr.contended for tr in trials) else []
+    return Grid(title, ["#", "stage", "plan", "samples/s", f"peak {memory_kind}", "trial s"], "rllrrr", rows, notes,
+                footer)
+
+
+def _wide_trials(trials: list[Trial], tokens_per_sample: int, memory_kind: str, title: str) -> Table:
+    t = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left")
     several = any(tr.plan.strategy != "single" for tr in trials)  # under torchrun: DDP or FSDP per trial
     tokens = tokens_per_sample > 1  # samples that are not tokens get no tokens/s column
     for col in ("#", "stage", "micro×accum", "precision", *(["strategy"] if several else []), "AC", "fused",
-                "compile", "samples/s", *(["tokens/s"] if tokens else []), "step s", f"peak {memory_kind}",
-                "compile s", "trial s", "outcome"):
+                "compile", "samples/s", "±", "windows", *(["tokens/s"] if tokens else []), "step s",
+                f"peak {memory_kind}", "busy cores", "compile s", "trial s", "outcome"):
         t.add_column(col, justify="left" if col in ("stage", "precision", "strategy", "compile", "outcome")
                      else "right")
     for i, tr in enumerate(trials, 1):
@@ -57,27 +90,94 @@ def trials_table(trials: list[Trial], tokens_per_sample: int, memory_kind: str) 
         t.add_row(str(i), tr.stage, f"{p.micro_batch}×{p.grad_accum}", prec,
                   *([p.strategy + (" +offload" if p.cpu_offload else "")] if several else []),
                   "on" if p.activation_checkpointing else "", "on" if p.fused_optimizer else "",
-                  "" if p.compile == "none" else p.compile,
-                  _num(tr.samples_per_s), *([_num(tok, "{:,.0f}")] if tokens else []), _num(tr.step_s, "{:.3f}"),
-                  _mib(tr.peak_memory_bytes), _num(tr.compile_s), f"{tr.seconds:.1f}", outcome)
+                  "" if p.compile == "none" else p.compile, _num(tr.samples_per_s),
+                  _num(tr.spread and 100 * tr.spread, "{:.1f} %"), str(tr.windows or "-"),
+                  *([_num(tok, "{:,.0f}")] if tokens else []), _num(tr.step_s, "{:.3f}"),
+                  _mib(tr.peak_memory_bytes), _num(tr.busy_cores) + ("*" if tr.contended else ""),
+                  _num(tr.compile_s), f"{tr.seconds:.1f}", outcome)
     return t
 
 
-def loader_table(trials: list[LoaderTrial]) -> Table:
-    t = Table(title="Input pipeline (the DataLoader alone)", box=box.SIMPLE_HEAVY, title_justify="left")
-    for col in ("workers", "prefetch", "pinned", "samples/s", "workers' memory (USS)", "start-up s", "outcome"):
-        t.add_column(col, justify="left" if col == "outcome" else "right")
-    for tr in trials:
-        t.add_row(str(tr.num_workers), str(tr.prefetch_factor or "-"), "yes" if tr.pin_memory else "no",
-                  _num(tr.samples_per_s, "{:,.0f}"), _mib(tr.worker_memory_bytes), _num(tr.startup_s, "{:.2f}"),
-                  tr.verdict or tr.status)
-    return t
+def loader_table(trials: list[LoaderTrial], *, wide: bool = False) -> Any:
+    """The loader settings tried, 80 columns by default (outcome on its own line); `wide`: every figure."""
+    title = "Input pipeline (the DataLoader alone)"
+    if wide:
+        t = Table(title=title, box=box.SIMPLE_HEAVY, title_justify="left")
+        for col in ("workers", "prefetch", "pinned", "samples/s", "±", "windows", "workers' memory (USS)",
+                    "start-up s", "trial s", "outcome"):
+            t.add_column(col, justify="left" if col == "outcome" else "right")
+        for tr in trials:
+            t.add_row(str(tr.num_workers), str(tr.prefetch_factor or "-"), "yes" if tr.pin_memory else "no",
+                      _num(tr.samples_per_s, "{:,.0f}"), _num(tr.spread and 100 * tr.spread, "{:.1f} %"),
+                      str(tr.windows or "-"), _mib(tr.worker_memory_bytes), _num(tr.startup_s, "{:.2f}"),
+                      f"{tr.seconds:.1f}", tr.verdict or tr.status)
+        return t
+    rows = [[str(tr.num_workers), str(tr.prefetch_factor or "-"), "yes" if tr.pin_memory else "no",
+             rate_text(tr.samples_per_s, tr.spread, ""), _mib(tr.worker_memory_bytes), _num(tr.startup_s, "{:.2f}")]
+            for tr in trials]
+    return Grid(title, ["workers", "prefetch", "pinned", "samples/s", "workers' USS", "start-up s"], "rrrrrr", rows,
+                [tr.verdict or (tr.status if not tr.ok else "") for tr in trials])
 
 
-def print_report(console: Console, result: SearchResult, tokens_per_sample: int, memory_kind: str) -> None:
-    console.print(trials_table(result.trials, tokens_per_sample, memory_kind))
+class Grid:
+    """A plain table that fits the console: columns as wide as their cells (the widest-content column
+    wraps at spaces when they do not fit), and under each row its note, wrapped, on lines of its own.
+    Nothing is cut off with an ellipsis."""
+
+    def __init__(self, title: str, headers: list[str], justify: str, rows: list[list[str]], notes: list[str],
+                 footer: list[str] | None = None) -> None:
+        self.title, self.headers, self.justify, self.rows, self.notes = title, headers, justify, rows, notes
+        self.footer = footer or []
+
+    def lines(self, width: int) -> list[tuple[str, str]]:
+        """(text, style) lines no wider than `width`."""
+        cells = [self.headers, *self.rows]
+        widths = [max(len(r[c]) for r in cells) for c in range(len(self.headers))]
+        gap = 2
+        over = sum(widths) + gap * (len(widths) - 1) - width
+        if over > 0:  # the widest column wraps at spaces, down to its longest word
+            flex = max(range(len(widths)), key=lambda c: widths[c])
+            longest_word = max(len(w) for r in cells for w in r[flex].split() or [""])
+            widths[flex] = max(widths[flex] - over, longest_word)
+        out = [(line, "bold") for line in textwrap.wrap(self.title, width)]
+
+        def row_lines(row: list[str]) -> list[str]:
+            parts = [textwrap.wrap(v, w) or [""] for v, w in zip(row, widths, strict=True)]
+            height = max(len(p) for p in parts)
+            parts = [p + [""] * (height - len(p)) for p in parts]
+            return [(" " * gap).join(p[i].rjust(w) if j == "r" else p[i].ljust(w)
+                                     for p, w, j in zip(parts, widths, self.justify, strict=True)).rstrip()
+                    for i in range(height)]
+
+        out += [(line, "bold") for line in row_lines(self.headers)]
+        out.append(("─" * min(width, sum(widths) + gap * (len(widths) - 1)), "dim"))
+        for row, note in zip(self.rows, self.notes, strict=True):
+            out += [(line, "") for line in row_lines(row)]
+            if note:
+                out += [(line, "dim") for line in textwrap.wrap(note, width, initial_indent="    → ",
+                                                                 subsequent_indent="      ")]
+        for line in self.footer:
+            out += [(w, "dim") for w in textwrap.wrap(line, width)]
+        return out
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for text, style in self.lines(options.max_width):
+            yield Text(text, style=style, no_wrap=True, overflow="fold")
+
+
+def print_report(console: Console, result: SearchResult, tokens_per_sample: int, memory_kind: str, *,
+                 wide: bool = False) -> None:
+    """What was measured and decided: the machine's load first, then the trials, loader and decisions."""
+    if result.contention is not None:
+        busy = result.contention.significant()
+        console.print(f"during the search, {result.contention.line()}"
+                      + ("; trials were timed longer where their windows disagreed" if busy else ""),
+                      style="yellow" if busy else "dim", highlight=False)
+    for line in result.warnings:
+        console.print(f"warning: {line}", style="yellow", highlight=False)
+    console.print(trials_table(result.trials, tokens_per_sample, memory_kind, wide=wide))
     if result.loader_trials:
-        console.print(loader_table(result.loader_trials))
+        console.print(loader_table(result.loader_trials, wide=wide))
     console.print("[bold]Decisions[/bold]")
     for line in result.decisions:
         console.print(f"  • {line}")
@@ -93,6 +193,8 @@ def result_dict(result: SearchResult) -> dict[str, Any]:
         "memory_fit": result.fit.to_dict() if result.fit else None,
         "decisions": result.decisions,
         "skipped": result.skipped,
+        "warnings": result.warnings,
+        "contention": result.contention.to_dict() if result.contention is not None else None,
         "seconds": result.seconds,
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from saturate.hardware.contention import Contention
 from saturate.plan import Plan
 from saturate.tune.trial import LoaderTrial, Trial
 
@@ -64,6 +65,7 @@ class SearchResult:
     chosen: Trial  # the verification trial of `plan`
     skipped: list[str] = field(default_factory=list)  # what was not tried, and why
     warnings: list[str] = field(default_factory=list)  # what makes the result uncertain (said at the top)
+    contention: Contention | None = None  # what other processes used of the machine during the search
 
 
 def fit_memory(points: list[tuple[int, int]], capacity: int, headroom: float, kind: str) -> MemoryFit:
