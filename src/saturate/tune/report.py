@@ -210,17 +210,20 @@ def plot(result: SearchResult, out_dir: Path, loader_margin: float) -> tuple[lis
         return [], "plots skipped: matplotlib is not installed"
     paths = []
     chosen = result.chosen.plan
-    same = [t for t in result.trials if t.ok and t.samples_per_s and t.stage != "verify"
-            and t.plan.precision == chosen.precision and t.plan.compile == "none"
-            and not t.plan.activation_checkpointing and t.steps > 1]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    pts = sorted({t.plan.micro_batch: t.samples_per_s for t in same}.items())
-    if pts:
-        ax1.plot([m for m, _ in pts], [v for _, v in pts], "o-", label=f"{chosen.precision}, measured")
-    ax1.axvline(chosen.micro_batch, color="green", ls=":", label=f"chosen: {chosen.micro_batch}")
-    ax1.set(xlabel="micro-batch", ylabel="samples/s", title="Throughput against micro-batch")
+    for label, pts in micro_batch_series(result.trials).items():
+        ax1.errorbar([m for m, _, _ in pts], [v for _, v, _ in pts], yerr=[e for _, _, e in pts], fmt="o-",
+                     capsize=3, label=label)
+    own = chosen_trial(result)
+    if own is not None:
+        ax1.plot([own.plan.micro_batch], [own.samples_per_s], "*", color="green", markersize=16, zorder=5,
+                 label=f"chosen: {plan_text(own.plan)}")
+    if result.chosen.samples_per_s:
+        ax1.plot([chosen.micro_batch], [result.chosen.samples_per_s], "x", color="black", markersize=10, zorder=5,
+                 label="verified (with the real loader)")
+    ax1.set(xlabel="micro-batch", ylabel="samples/s (median ± spread)", title="Throughput against micro-batch")
     _log2_axis(ax1)
-    ax1.legend()
+    ax1.legend(fontsize="small")
     _plot_memory(ax2, result.trials, result.fit, chosen.precision)
     fig.tight_layout()
     paths.append(_save(fig, out_dir / "micro_batch.png"))
@@ -242,6 +245,26 @@ def plot(result: SearchResult, out_dir: Path, loader_margin: float) -> tuple[lis
         paths.append(_save(fig, out_dir / "loader.png"))
         plt.close(fig)
     return paths, None
+
+
+def micro_batch_series(trials: list[Trial]) -> dict[str, list[tuple[int, float, float]]]:
+    """One series per comparable configuration (everything but the micro-batch alike): label ->
+    [(micro-batch, samples/s, ± samples/s)], from timed model trials (not the verification, which
+    also reads the real loader, nor one-step memory points)."""
+    series: dict[str, dict[int, tuple[float, float]]] = {}
+    for t in trials:
+        if not (t.ok and t.samples_per_s and t.stage != "verify" and t.steps > 1):
+            continue
+        label = plan_text(t.plan).split(" ", 1)[1]  # the plan without its micro-batch × accumulation
+        series.setdefault(label, {})[t.plan.micro_batch] = (t.samples_per_s, (t.spread or 0.0) * t.samples_per_s)
+    return {label: [(m, v, e) for m, (v, e) in sorted(pts.items())] for label, pts in series.items()}
+
+
+def chosen_trial(result: SearchResult) -> Trial | None:
+    """The chosen plan's own model trial (the last one of its model settings), None if it has none."""
+    key = plan_text(result.chosen.plan)
+    return next((t for t in reversed(result.trials) if t.stage != "verify" and t.ok and t.samples_per_s
+                 and plan_text(t.plan) == key), None)
 
 
 def _plot_memory(ax: Any, trials: list[Trial], fit: MemoryFit | None, precision: str) -> None:
