@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_search import GiB, FakeMachine, linear_memory, saturating, settings
+from test_search import FakeMachine, GiB, linear_memory, saturating, settings
 
 from saturate.plan import Plan
 from saturate.tune.decide import compare, complexity

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from rich.console import Console
-from test_search import GiB, FakeMachine, linear_memory, saturating, settings
+from test_search import FakeMachine, GiB, linear_memory, saturating, settings
 
 from saturate.plan import Plan
 from saturate.tune.report import chosen_trial, loader_table, micro_batch_series, plot, print_report, trials_table
