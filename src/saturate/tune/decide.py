@@ -19,10 +19,12 @@ they change no numerics and no code path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from saturate.plan import Plan
+from saturate.tune.noise import rate_text
 from saturate.tune.trial import Trial
 
 
@@ -88,3 +90,32 @@ def keep_candidate(candidate: Trial, incumbent: Trial, min_gain: float) -> tuple
     if c.slower:
         return False, c
     return complexity(candidate.plan) < complexity(incumbent.plan), c
+
+
+def check_verification(chosen: Trial, model: Trial, tolerance: float,
+                       again: Callable[[Plan], Trial | None]) -> tuple[Trial, str | None]:
+    """The verification against the chosen plan's own model trial: (the trial to keep, a warning or None).
+
+    The verification also reads the real loader, so it may be a little slower (`tolerance`, or the two
+    trials' noise if larger); not 40 % slower. Far below, it is measured again (`again`, None when the
+    budget has no room); still far below, it stays the chosen plan's figure and the warning says so.
+    """
+    if chosen.plan.micro_batch != model.plan.micro_batch or not (chosen.samples_per_s and model.samples_per_s):
+        chosen.verdict = "chosen"  # backed off after an OOM: no earlier trial of this plan to agree with
+        return chosen, None
+    c = compare(chosen, model, 0.0)
+    for attempt in (1, 2):
+        if c.gain >= -max(tolerance, c.noise):
+            chosen.verdict = "chosen"
+            return chosen, None
+        t = again(chosen.plan) if attempt == 1 else None
+        if t is None or not t.ok:
+            break
+        chosen.verdict = (f"{c.text()} vs its model trial ({rate_text(model.samples_per_s, model.spread)}): "
+                          "measured again")
+        chosen, c = t, compare(t, model, 0.0)
+    chosen.verdict = f"chosen, but inconsistent: {c.text()} vs its model trial"
+    return chosen, (f"the chosen plan verified at {rate_text(chosen.samples_per_s, chosen.spread)}, {c.text()} "
+                    f"against its own earlier trial ({rate_text(model.samples_per_s, model.spread)}), beyond the "
+                    f"{100 * tolerance:.0f} % a real loader may cost: the machine was likely busier during one of "
+                    "them; its figures are uncertain")

@@ -23,7 +23,7 @@ from typing import Any
 
 from saturate.errors import ConfigError, SaturateError
 from saturate.plan import Plan
-from saturate.tune.decide import compare, keep_candidate
+from saturate.tune.decide import check_verification, compare, keep_candidate
 from saturate.tune.noise import rate_text
 from saturate.tune.results import MemoryFit, SearchResult, SearchSettings, fit_memory
 from saturate.tune.trial import LoaderTrial, Measurer, Trial
@@ -464,32 +464,19 @@ class _Search:
 
 
     def consistent(self, chosen: Trial, model: Trial) -> Trial:
-        """The verification against the chosen plan's own model trial: re-measured once when it is far
-        below (beyond `verify_tolerance` and the two trials' noise), then said, not hidden, if still so.
-        The verification also reads the real loader, so it may be a little slower; not 40 % slower."""
-        if chosen.plan.micro_batch != model.plan.micro_batch or not (chosen.samples_per_s and model.samples_per_s):
-            chosen.verdict = "chosen"  # backed off after an OOM: no earlier trial of this plan to agree with
-            return chosen
-        for again in (True, False):
-            c = compare(chosen, model, 0.0)
-            if c.gain >= -max(self.s.verify_tolerance, c.noise):
-                chosen.verdict = "chosen"
-                return chosen
-            if not again or not self.affordable("re-measuring the verification"):
-                break
-            t = self.m.verify(chosen.plan)
+        """The verification against the chosen plan's own model trial (decide.check_verification)."""
+        def again(plan: Plan) -> Trial | None:
+            if not self.affordable("re-measuring the verification"):
+                return None
+            t = self.m.verify(plan)
             self.trials.append(t)
             self.on_trial(t)
-            chosen.verdict = f"{c.text()} vs its model trial ({_rate(model)}): measured again"
-            if not t.ok:
-                break
-            chosen = t
-        line = (f"the chosen plan verified at {_rate(chosen)}, {c.text()} against its own earlier trial "
-                f"({_rate(model)}), beyond the {100 * self.s.verify_tolerance:.0f} % a real loader may cost: the "
-                "machine was likely busier during one of them; its figures are uncertain")
-        chosen.verdict = f"chosen, but inconsistent: {c.text()} vs its model trial"
-        self.decisions.append(f"verification: {line}")
-        self.warnings.append(line)
+            return t
+
+        chosen, warning = check_verification(chosen, model, self.s.verify_tolerance, again)
+        if warning:
+            self.decisions.append(f"verification: {warning}")
+            self.warnings.append(warning)
         return chosen
 
 
