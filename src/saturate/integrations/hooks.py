@@ -9,8 +9,9 @@ what this writes into `SATURATE_SCRIPT_DIR`. Nothing in the user's files is touc
 - The model is found without help: until the first optimizer step, global forward hooks note the
   modules called at the top level; the one owning most of the optimizer's parameters is the model.
   The global hooks are then removed (they would cost a call per submodule).
-- DataLoaders record where they were made (`train.py:123`) and their settings; waiting for a batch
-  is timed by wrapping the DataLoader iterator's `__next__`.
+- DataLoaders record where they were made (`train.py:123`; for a library's copy of the script's own
+  loader, such as Accelerate's `prepare`, where the script made the original) and their settings;
+  waiting for a batch is timed by wrapping the DataLoader iterator's `__next__`.
 - From the first optimizer step on, the doctor's `Profiler` times phases, counts syncs and samples
   telemetry over warm-up, counted and timed steps, exactly as for a loop that calls it by hand.
   When its window is complete the measurements are written (rank 0) and, in doctor mode, the
@@ -147,8 +148,9 @@ class Script:
                 args, kwargs = bound.args[1:], bound.kwargs
             loader_init(loader, *args, **kwargs)
             if id(loader) not in script.loaders:
-                script.loaders[id(loader)] = {"site": caller_site(), "batches": 0, "ref": weakref.ref(loader),
-                                              "as_written": as_written}
+                script.loaders[id(loader)] = {"site": script.loader_site(loader), "batches": 0,
+                                              "ref": weakref.ref(loader), "as_written": as_written,
+                                              "settings": _loader_settings(loader)}
 
         def make_iter(loader: Any) -> Any:
             it = loader_iter(loader)
@@ -162,6 +164,8 @@ class Script:
             if not script.profile and loader is not None:
                 batch = iter_next(it)
                 script.samples += batch_len(batch)
+                if (info := script.loaders.get(id(loader))) is not None:
+                    info["batches"] += 1
                 return batch
             if prof is None or script.done or loader is None:
                 return iter_next(it)
@@ -180,6 +184,15 @@ class Script:
         dl._BaseDataLoaderIter.__next__ = next_batch  # type: ignore[method-assign]
         torch.optim.Optimizer.__init__ = optimizer_created  # type: ignore[method-assign]
         atexit.register(self._at_exit)
+
+    def loader_site(self, loader: Any) -> str | None:
+        """Where the script set this DataLoader's arguments: for a library's copy of a loader the script made
+        (Accelerate's `prepare`, over the same dataset) the script's own `DataLoader(...)` call, else the caller."""
+        for info in self.loaders.values():
+            made = info["ref"]()
+            if made is not None and made is not loader and getattr(made, "dataset", None) is loader.dataset:
+                return info["site"]
+        return caller_site()
 
     # --- hooks --------------------------------------------------------------------------------
 
@@ -272,8 +285,16 @@ class Script:
 
     def _live_loaders(self) -> list[tuple[Any, dict[str, Any]]]:
         """The DataLoaders still alive with what was recorded of them, the most used first."""
-        found = [(info["ref"](), {k: v for k, v in info.items() if k != "ref"}) for info in self.loaders.values()]
+        found = [(info["ref"](), {k: v for k, v in info.items() if k not in ("ref", "settings")})
+                 for info in self.loaders.values()]
         return sorted([(loader, info) for loader, info in found if loader is not None], key=lambda x: -x[1]["batches"])
+
+    def _iterated_loaders(self) -> list[dict[str, Any]]:
+        """Every DataLoader that gave batches, alive or not (at exit the script's are gone), with its settings as
+        made, the most used first."""
+        used = [info for info in self.loaders.values() if info["batches"]]
+        return [{**{k: v for k, v in info.items() if k not in ("ref", "settings")}, **info["settings"]}
+                for info in sorted(used, key=lambda i: -i["batches"])]
 
     def _write(self, name: str, text: str) -> None:
         tmp = self.folder / f".{name}.{os.getpid()}"
@@ -293,7 +314,7 @@ class Script:
             if self.rank == 0 and self.step_times:
                 self._write(SUMMARY, json.dumps({
                     "world_size": self.world, "optimizer_steps": self.optimizer_steps, "samples": self.samples,
-                    "loaders": [{**info, **_loader_settings(ref)} for ref, info in self._live_loaders()],
+                    "loaders": self._iterated_loaders(),
                     "step_times": self.step_times, "trainer": self.trainer.report()}))
             return
         if self.done or self.profiler is None:
