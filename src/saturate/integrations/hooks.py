@@ -5,7 +5,8 @@ imports torch; the parent saturate process passes its settings through the envir
 what this writes into `SATURATE_SCRIPT_DIR`. Nothing in the user's files is touched.
 
 - Optimizer steps come from PyTorch's global optimizer-step hooks; the first optimizer to step is
-  the one followed (a second optimizer's steps are not counted as steps).
+  the one followed (a second optimizer's steps are not counted as steps); in a whole run, a later
+  optimizer is followed once the one before it was freed (each point of a grid search).
 - The model is found without help: until the first optimizer step, global forward hooks note the
   modules called at the top level; the one owning most of the optimizer's parameters is the model.
   The global hooks are then removed (they would cost a call per submodule).
@@ -91,7 +92,8 @@ class Script:
         self.samples = 0  # without the Profiler: samples fetched from DataLoaders
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.optimizer: Any = None
+        self.optimizer: Any = None  # the optimizer the Profiler follows
+        self._followed: weakref.ref | None = None  # without the Profiler: the optimizer whose steps are counted
         self.optimizer_steps = 0
         self.roots: list[weakref.ref] = []  # modules whose forward ran at the top level before the first step
         self._depth = 0
@@ -205,15 +207,14 @@ class Script:
         self._depth = max(0, self._depth - 1)
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.done or (self.optimizer is not None and optimizer is not self.optimizer):
+        if not self._follows(optimizer):
             return
         self.optimizer_steps += 1
         if self.first_step_s is None:
             self.first_step_s = time.perf_counter() - self.started
         self.trainer.end_step()
         if not self.profile:
-            if self.optimizer is None:
-                self.optimizer = optimizer
+            if self.optimizer_steps == 1:
                 self._write(FIRST_STEP, "")
             self.step_times.append(time.perf_counter())
             return
@@ -225,6 +226,19 @@ class Script:
             self._report()
             if self.stop:
                 self._exit()
+
+    def _follows(self, optimizer: Any) -> bool:
+        """Whether `optimizer`'s step is the script's step: the first optimizer to step is followed; in a whole run
+        (no Profiler) a later one is, once the one followed before was freed (a grid search's next point)."""
+        if self.done:
+            return False
+        if self.profile:
+            return self.optimizer is None or optimizer is self.optimizer
+        followed = self._followed() if self._followed is not None else None
+        if followed is None:
+            self._followed = weakref.ref(optimizer)
+            return True
+        return followed is optimizer
 
     def _start(self, optimizer: Any) -> None:
         """After the first optimizer step: the model is known; the Profiler takes over."""
