@@ -21,6 +21,8 @@ what this writes into `SATURATE_SCRIPT_DIR`. Nothing in the user's files is touc
 - A Transformers `Trainer` is recognised when the script imports Transformers (`trainer_hooks`): its
   arguments, where it was made, its per-step losses; overrides are applied to its `TrainingArguments`
   and, in a trial or a doctor run (not a full run), its output folders point to a scratch folder.
+  A Lightning `Trainer` likewise (`lightning_hooks`): where it was made, its arguments, its
+  `default_root_dir` pointed to the scratch folder in a trial or doctor run.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from saturate.integrations import lightning_hooks
 from saturate.integrations.trainer_hooks import TrainerWatch
 
 ENV_DIR = "SATURATE_SCRIPT_DIR"
@@ -44,7 +47,8 @@ ENV_SETTINGS = "SATURATE_SCRIPT_SETTINGS"
 REPORT = "report.json"  # the Profiler's measurements (doctor, tune trials)
 SUMMARY = "summary.json"  # a whole run's step times and samples (run -- CMD)
 FIRST_STEP = "first-step"
-WATCHED = ("transformers.training_args", "transformers.trainer")  # handed to `imported` by the shim
+# handed to `imported` by the shim once they have run
+WATCHED = ("transformers.training_args", "transformers.trainer", *lightning_hooks.WATCHED)
 
 _script: Script | None = None
 
@@ -59,9 +63,10 @@ def install() -> None:
 
 
 def imported(name: str, module: Any) -> None:
-    """The shim's call when a watched Transformers module has run: wrap its Trainer/TrainingArguments."""
+    """The shim's call when a watched module has run: wrap Transformers' Trainer/TrainingArguments, or
+    Lightning's Trainer."""
     if _script is not None:
-        _script.trainer.patch(name, module)
+        _script.patch(name, module)
 
 
 def caller_site() -> str | None:
@@ -107,8 +112,15 @@ class Script:
         self.mode = str(settings.get("mode", "doctor"))  # doctor, trial, apply (a full run with the overrides)
         scratch = None if self.mode == "apply" else folder / "trainer"
         self.trainer = TrainerWatch(self.overrides.get("trainer") or {}, scratch, caller_site)
+        self.lightning = lightning_hooks.LightningWatch(scratch, caller_site)
 
     # --- installing ---------------------------------------------------------------------------
+
+    def patch(self, name: str, module: Any) -> None:
+        if name in lightning_hooks.WATCHED:
+            self.lightning.patch(name, module)
+        else:
+            self.trainer.patch(name, module)
 
     def install(self) -> None:
         import torch
@@ -126,7 +138,7 @@ class Script:
 
         for name in WATCHED:  # imported before torch finished importing (a rare order): wrap them now
             if name in sys.modules:
-                self.trainer.patch(name, sys.modules[name])
+                self.patch(name, sys.modules[name])
         if self.mode == "trial":  # trials start from the same weights and batches even if the script never seeds
             import random
 
@@ -295,6 +307,7 @@ class Script:
             "optimizer_steps": self.optimizer_steps,
             "first_step_s": self.first_step_s,
             "trainer": self.trainer.report(),
+            "lightning": self.lightning.report(),
         }, default=str))
 
     def _live_loaders(self) -> list[tuple[Any, dict[str, Any]]]:
