@@ -3,7 +3,8 @@ telemetry over the run, samples/s and MFU per logging window and for the whole r
 verdict over a window at the start of training. The framework modules only translate their events:
 
     watch = RunWatch(warmup=3, count_steps=2, steps=20, interval=1.0, peak_flops=None, verbose=True)
-    watch.begin(device, processes, model, optimizer, dtype)   # training starts
+    watch.begin(device, processes, dtype)                     # training starts
+    watch.profile(model, optimizer)                           # the doctor's window from the next step
     watch.step_end(step, main)                                # after each optimizer step
     watch.window(step, samples, flops) -> {"samples_per_s", "mfu", "gpu/…", "host/…"}
     watch.end(step, samples, flops, main) -> the whole run's summary
@@ -66,7 +67,8 @@ class RunWatch:
         self._steady: tuple[float, int, float] | None = None  # time, step, samples once the warm-up is done
         self._start = 0.0
 
-    def begin(self, device: torch.device, processes: int, model: Any, optimizer: Any, dtype: str) -> None:
+    def begin(self, device: torch.device, processes: int, dtype: str) -> None:
+        """Training starts: the sampler and the clock; the peak FLOP/s for `dtype` unless given."""
         from saturate.telemetry import Sampler
 
         self.device, self.processes = device, max(1, processes)
@@ -76,16 +78,19 @@ class RunWatch:
         self.sampler.start()
         if self.peak[0] is None:
             self.peak = self._probe_peak(dtype)
+        self._start = time.perf_counter()
+        self._mark = (self._start, 0, 0.0, 0.0)
+
+    def profile(self, model: Any, optimizer: Any) -> None:
+        """Start the doctor's window on `model` and `optimizer` (not under saturate's own hooks, which measure)."""
         if under_saturate_hooks():
             self.notes.append("running under saturate's hooks (saturate doctor/tune/run -- CMD): they measure the "
                               "steps; the callback adds telemetry, samples/s and MFU only")
-        else:
-            from saturate.doctor.profiler import Profiler
+            return
+        from saturate.doctor.profiler import Profiler
 
-            self.profiler = Profiler(model, optimizer, warmup=self.warmup, count_steps=self.count_steps,
-                                     steps=self.steps, device=device, report=False)
-        self._start = time.perf_counter()
-        self._mark = (self._start, 0, 0.0, 0.0)
+        self.profiler = Profiler(model, optimizer, warmup=self.warmup, count_steps=self.count_steps,
+                                 steps=self.steps, device=self.device, report=False)
 
     def step_end(self, step: int, samples: float, main: bool) -> None:
         if self._steady is None and step >= self.warmup:

@@ -79,7 +79,8 @@ class SaturateCallback(TrainerCallback):
         processes = max(1, int(getattr(args, "world_size", 1) or 1))
         self._samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * processes
         low = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else None
-        self.watch.begin(torch.device(args.device), processes, model, _inner_optimizer(optimizer), peak_dtype(low))
+        self.watch.begin(torch.device(args.device), processes, peak_dtype(low))
+        self.watch.profile(model, _inner_optimizer(optimizer))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.watch.step_end(state.global_step, state.global_step * self._samples_per_step, state.is_world_process_zero)
