@@ -78,5 +78,5 @@ def test_mfu_is_never_shown_above_100_percent():
     assert value is None and note.startswith("MFU not shown: 1e+11 FLOP/s per process is above the peak")
     assert "not this device's real one" in note
     assert mfu(100.0, 1e9, None, "unknown")[0] is None
-    assert mfu(100.0, 0.0, 1e12, "measured")[1].startswith("MFU unknown: the Trainer counted no FLOPs")
+    assert mfu(100.0, 0.0, 1e12, "measured")[1].startswith("MFU unknown: no FLOPs were counted")
     assert mfu(100.0, 1e9, 1e12, "measured", processes=2)[0] == pytest.approx(0.05)

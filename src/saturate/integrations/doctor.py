@@ -4,7 +4,8 @@ The command runs with saturate's hooks (`command.run_instrumented`) for a warm-u
 steps and the timed steps, then is stopped; its measurements go through the same rules as every
 other diagnosis (`doctor.rules.decide`), and each fix is also said in the script's own terms: the
 `DataLoader(...)` call at `train.py:123` and its `num_workers=`, the optimizer's constructor, the
-autocast to add.
+autocast to add; a Transformers `Trainer`'s `TrainingArguments` fields, a Lightning `Trainer`'s
+`precision=` and `accumulate_grad_batches=` (also in each fix's title).
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ def doctor_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, 
     if run.report.get("model") is None:
         m.notes.append("no model owning the optimizer's parameters was seen in a forward: forward and backward "
                        "are part of \"everything else\"")
-    return decide(m), run
+    d = decide(m)
+    for fix in d.fixes:
+        fix.title = in_your_terms(fix, run.report, m.device_type)
+    return d, run
 
 
 def trainer_arguments(changes: dict[str, Any], trainer: dict[str, Any],
@@ -95,6 +99,39 @@ def trainer_arguments(changes: dict[str, Any], trainer: dict[str, Any],
     return fields, changes
 
 
+def lightning_arguments(changes: dict[str, Any], lightning: dict[str, Any]) -> dict[str, Any]:
+    """The `Trainer(...)` arguments of a Lightning Trainer for a fix's `changes` (taking them out of `changes`):
+    precision and accumulation; the loader's and the optimizer's knobs stay with their own calls."""
+    fields: dict[str, Any] = {}
+    if "precision" in changes:
+        fields["precision"] = {"bf16": "bf16-mixed", "fp16": "16-mixed"}.get(changes.pop("precision"), "32-true")
+    if "grad_accum" in changes:
+        fields["accumulate_grad_batches"] = changes.pop("grad_accum")
+    return fields
+
+
+def in_your_terms(fix: Fix, report: dict[str, Any] | None, device_type: str) -> str:
+    """A fix's title naming the knobs where the user sets them, as written → as fixed: a Transformers Trainer's
+    `TrainingArguments` fields, a Lightning Trainer's arguments (and its DataLoader's batch_size); else the
+    doctor's own title (already in loop terms)."""
+    report = report or {}
+    if report.get("trainer"):
+        fields, _ = trainer_arguments(fix.changes, report["trainer"], device_type)
+        written = report["trainer"].get("args") or {}
+    elif report.get("lightning"):
+        changes = dict(fix.changes)
+        fields = lightning_arguments(changes, report["lightning"])
+        written = dict(report["lightning"].get("args") or {})
+        if fields and "micro_batch" in changes and report.get("loaders"):
+            fields = {"DataLoader batch_size": changes["micro_batch"], **fields}
+            written["DataLoader batch_size"] = report["loaders"][0].get("batch_size")
+    else:
+        return fix.title
+    if not fields:
+        return fix.title
+    return ", ".join(f"{k} {written[k]!r} → {v!r}" if k in written else f"{k}={v!r}" for k, v in fields.items())
+
+
 def trainer_edit(fields: dict[str, Any], trainer: dict[str, Any]) -> str:
     """`train.py:LINE: TrainingArguments(..., field=value)`: the edit at the script's own arguments."""
     args = ", ".join(f"{k}={v!r}" for k, v in fields.items())
@@ -104,12 +141,20 @@ def trainer_edit(fields: dict[str, Any], trainer: dict[str, Any]) -> str:
 
 def in_your_script(fix: Fix, report: dict[str, Any], device_type: str) -> list[str]:
     """Where and how to make `fix` in the user's own script, as far as the hooks saw it: in a Transformers
-    `Trainer`'s `TrainingArguments` when the script has one, else at its DataLoader, optimizer and model."""
+    `Trainer`'s `TrainingArguments` when the script has one; a Lightning `Trainer(...)`'s arguments for
+    precision and accumulation; else (and for the rest) at its DataLoader, optimizer and model."""
     if report.get("trainer"):
         fields, rest = trainer_arguments(fix.changes, report["trainer"], device_type)
         return ([trainer_edit(fields, report["trainer"])] if fields else []) + [f"{k} = {v!r}" for k, v in rest.items()]
     changes = dict(fix.changes)
     lines: list[str] = []
+    if report.get("lightning"):
+        lightning = report["lightning"]
+        fields = lightning_arguments(changes, lightning)
+        if fields:
+            site = f"{lightning['site']}: " if lightning.get("site") else ""
+            lines.append(f"{site}{lightning.get('class') or 'Trainer'}(..., "
+                         f"{', '.join(f'{k}={v!r}' for k, v in fields.items())})")
     loader = report["loaders"][0] if report["loaders"] else None
     loader_args = {k: changes.pop(k) for k in LOADER_KNOBS if k in changes}
     if "micro_batch" in changes:
@@ -165,6 +210,14 @@ def render_script(d: Diagnosis, run: ScriptRun, console: Console | None = None) 
         if trainer.get("redirected", {}).get("output_dir"):
             console.print(Text(f"  its output_dir {trainer['args'].get('output_dir')!r} was not written: saturate "
                                "pointed it to a scratch folder for this run"))
+    lightning = report.get("lightning")
+    if lightning:
+        made = f" at {lightning['site']}" if lightning.get("site") else ""
+        fields = ", ".join(f"{k}={v!r}" for k, v in (lightning.get("args") or {}).items() if v is not None)
+        console.print(Text(f"  Lightning {lightning['class']}{made}: {fields}"))
+        if lightning.get("redirected"):
+            console.print(Text("  its default_root_dir was not written: saturate pointed it to a scratch folder "
+                               "for this run"))
     for i, loader in enumerate(report.get("loaders", [])):
         role = ("the Trainer's DataLoader" if trainer else "training DataLoader") if i == 0 else "DataLoader"
         console.print(f"  {role} at {loader.get('site') or '?'}: batch_size={loader['batch_size']}, "

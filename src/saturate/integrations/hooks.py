@@ -5,12 +5,14 @@ imports torch; the parent saturate process passes its settings through the envir
 what this writes into `SATURATE_SCRIPT_DIR`. Nothing in the user's files is touched.
 
 - Optimizer steps come from PyTorch's global optimizer-step hooks; the first optimizer to step is
-  the one followed (a second optimizer's steps are not counted as steps).
+  the one followed (a second optimizer's steps are not counted as steps); in a whole run, a later
+  optimizer is followed once the one before it was freed (each point of a grid search).
 - The model is found without help: until the first optimizer step, global forward hooks note the
   modules called at the top level; the one owning most of the optimizer's parameters is the model.
   The global hooks are then removed (they would cost a call per submodule).
-- DataLoaders record where they were made (`train.py:123`) and their settings; waiting for a batch
-  is timed by wrapping the DataLoader iterator's `__next__`.
+- DataLoaders record where they were made (`train.py:123`; for a library's copy of the script's own
+  loader, such as Accelerate's `prepare`, where the script made the original) and their settings;
+  waiting for a batch is timed by wrapping the DataLoader iterator's `__next__`.
 - From the first optimizer step on, the doctor's `Profiler` times phases, counts syncs and samples
   telemetry over warm-up, counted and timed steps, exactly as for a loop that calls it by hand.
   When its window is complete the measurements are written (rank 0) and, in doctor mode, the
@@ -19,6 +21,8 @@ what this writes into `SATURATE_SCRIPT_DIR`. Nothing in the user's files is touc
 - A Transformers `Trainer` is recognised when the script imports Transformers (`trainer_hooks`): its
   arguments, where it was made, its per-step losses; overrides are applied to its `TrainingArguments`
   and, in a trial or a doctor run (not a full run), its output folders point to a scratch folder.
+  A Lightning `Trainer` likewise (`lightning_hooks`): where it was made, its arguments, its
+  `default_root_dir` pointed to the scratch folder in a trial or doctor run.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from saturate.integrations import lightning_hooks
 from saturate.integrations.trainer_hooks import TrainerWatch
 
 ENV_DIR = "SATURATE_SCRIPT_DIR"
@@ -42,7 +47,8 @@ ENV_SETTINGS = "SATURATE_SCRIPT_SETTINGS"
 REPORT = "report.json"  # the Profiler's measurements (doctor, tune trials)
 SUMMARY = "summary.json"  # a whole run's step times and samples (run -- CMD)
 FIRST_STEP = "first-step"
-WATCHED = ("transformers.training_args", "transformers.trainer")  # handed to `imported` by the shim
+# handed to `imported` by the shim once they have run
+WATCHED = ("transformers.training_args", "transformers.trainer", *lightning_hooks.WATCHED)
 
 _script: Script | None = None
 
@@ -57,9 +63,10 @@ def install() -> None:
 
 
 def imported(name: str, module: Any) -> None:
-    """The shim's call when a watched Transformers module has run: wrap its Trainer/TrainingArguments."""
+    """The shim's call when a watched module has run: wrap Transformers' Trainer/TrainingArguments, or
+    Lightning's Trainer."""
     if _script is not None:
-        _script.trainer.patch(name, module)
+        _script.patch(name, module)
 
 
 def caller_site() -> str | None:
@@ -90,7 +97,8 @@ class Script:
         self.samples = 0  # without the Profiler: samples fetched from DataLoaders
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.optimizer: Any = None
+        self.optimizer: Any = None  # the optimizer the Profiler follows
+        self._followed: weakref.ref | None = None  # without the Profiler: the optimizer whose steps are counted
         self.optimizer_steps = 0
         self.roots: list[weakref.ref] = []  # modules whose forward ran at the top level before the first step
         self._depth = 0
@@ -104,8 +112,15 @@ class Script:
         self.mode = str(settings.get("mode", "doctor"))  # doctor, trial, apply (a full run with the overrides)
         scratch = None if self.mode == "apply" else folder / "trainer"
         self.trainer = TrainerWatch(self.overrides.get("trainer") or {}, scratch, caller_site)
+        self.lightning = lightning_hooks.LightningWatch(scratch, caller_site)
 
     # --- installing ---------------------------------------------------------------------------
+
+    def patch(self, name: str, module: Any) -> None:
+        if name in lightning_hooks.WATCHED:
+            self.lightning.patch(name, module)
+        else:
+            self.trainer.patch(name, module)
 
     def install(self) -> None:
         import torch
@@ -123,7 +138,7 @@ class Script:
 
         for name in WATCHED:  # imported before torch finished importing (a rare order): wrap them now
             if name in sys.modules:
-                self.trainer.patch(name, sys.modules[name])
+                self.patch(name, sys.modules[name])
         if self.mode == "trial":  # trials start from the same weights and batches even if the script never seeds
             import random
 
@@ -147,8 +162,9 @@ class Script:
                 args, kwargs = bound.args[1:], bound.kwargs
             loader_init(loader, *args, **kwargs)
             if id(loader) not in script.loaders:
-                script.loaders[id(loader)] = {"site": caller_site(), "batches": 0, "ref": weakref.ref(loader),
-                                              "as_written": as_written}
+                script.loaders[id(loader)] = {"site": script.loader_site(loader), "batches": 0,
+                                              "ref": weakref.ref(loader), "as_written": as_written,
+                                              "settings": _loader_settings(loader)}
 
         def make_iter(loader: Any) -> Any:
             it = loader_iter(loader)
@@ -162,6 +178,8 @@ class Script:
             if not script.profile and loader is not None:
                 batch = iter_next(it)
                 script.samples += batch_len(batch)
+                if (info := script.loaders.get(id(loader))) is not None:
+                    info["batches"] += 1
                 return batch
             if prof is None or script.done or loader is None:
                 return iter_next(it)
@@ -181,6 +199,15 @@ class Script:
         torch.optim.Optimizer.__init__ = optimizer_created  # type: ignore[method-assign]
         atexit.register(self._at_exit)
 
+    def loader_site(self, loader: Any) -> str | None:
+        """Where the script set this DataLoader's arguments: for a library's copy of a loader the script made
+        (Accelerate's `prepare`, over the same dataset) the script's own `DataLoader(...)` call, else the caller."""
+        for info in self.loaders.values():
+            made = info["ref"]()
+            if made is not None and made is not loader and getattr(made, "dataset", None) is loader.dataset:
+                return info["site"]
+        return caller_site()
+
     # --- hooks --------------------------------------------------------------------------------
 
     def _forward_pre(self, module: Any, args: Any) -> None:
@@ -192,15 +219,14 @@ class Script:
         self._depth = max(0, self._depth - 1)
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.done or (self.optimizer is not None and optimizer is not self.optimizer):
+        if not self._follows(optimizer):
             return
         self.optimizer_steps += 1
         if self.first_step_s is None:
             self.first_step_s = time.perf_counter() - self.started
         self.trainer.end_step()
         if not self.profile:
-            if self.optimizer is None:
-                self.optimizer = optimizer
+            if self.optimizer_steps == 1:
                 self._write(FIRST_STEP, "")
             self.step_times.append(time.perf_counter())
             return
@@ -212,6 +238,19 @@ class Script:
             self._report()
             if self.stop:
                 self._exit()
+
+    def _follows(self, optimizer: Any) -> bool:
+        """Whether `optimizer`'s step is the script's step: the first optimizer to step is followed; in a whole run
+        (no Profiler) a later one is, once the one followed before was freed (a grid search's next point)."""
+        if self.done:
+            return False
+        if self.profile:
+            return self.optimizer is None or optimizer is self.optimizer
+        followed = self._followed() if self._followed is not None else None
+        if followed is None:
+            self._followed = weakref.ref(optimizer)
+            return True
+        return followed is optimizer
 
     def _start(self, optimizer: Any) -> None:
         """After the first optimizer step: the model is known; the Profiler takes over."""
@@ -268,12 +307,21 @@ class Script:
             "optimizer_steps": self.optimizer_steps,
             "first_step_s": self.first_step_s,
             "trainer": self.trainer.report(),
+            "lightning": self.lightning.report(),
         }, default=str))
 
     def _live_loaders(self) -> list[tuple[Any, dict[str, Any]]]:
         """The DataLoaders still alive with what was recorded of them, the most used first."""
-        found = [(info["ref"](), {k: v for k, v in info.items() if k != "ref"}) for info in self.loaders.values()]
+        found = [(info["ref"](), {k: v for k, v in info.items() if k not in ("ref", "settings")})
+                 for info in self.loaders.values()]
         return sorted([(loader, info) for loader, info in found if loader is not None], key=lambda x: -x[1]["batches"])
+
+    def _iterated_loaders(self) -> list[dict[str, Any]]:
+        """Every DataLoader that gave batches, alive or not (at exit the script's are gone), with its settings as
+        made, the most used first."""
+        used = [info for info in self.loaders.values() if info["batches"]]
+        return [{**{k: v for k, v in info.items() if k not in ("ref", "settings")}, **info["settings"]}
+                for info in sorted(used, key=lambda i: -i["batches"])]
 
     def _write(self, name: str, text: str) -> None:
         tmp = self.folder / f".{name}.{os.getpid()}"
@@ -293,7 +341,7 @@ class Script:
             if self.rank == 0 and self.step_times:
                 self._write(SUMMARY, json.dumps({
                     "world_size": self.world, "optimizer_steps": self.optimizer_steps, "samples": self.samples,
-                    "loaders": [{**info, **_loader_settings(ref)} for ref, info in self._live_loaders()],
+                    "loaders": self._iterated_loaders(),
                     "step_times": self.step_times, "trainer": self.trainer.report()}))
             return
         if self.done or self.profiler is None:

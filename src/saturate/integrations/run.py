@@ -47,7 +47,8 @@ class ScriptRunReport:
                 "as_written": [vars(t) for t in self.as_written], "tuned": [vars(t) for t in self.tuned],
                 "full_run": {"returncode": self.full.returncode, "optimizer_steps": self.full.optimizer_steps,
                              "steps_per_s": rate, "seconds": self.full.seconds,
-                             "trainer": (self.full.summary or {}).get("trainer")}}
+                             "trainer": (self.full.summary or {}).get("trainer"),
+                             "loaders": (self.full.summary or {}).get("loaders")}}
 
 
 def side_by_side(command: Sequence[str], overrides: dict[str, Any], *, rounds: int = 2, warmup: int = 2,

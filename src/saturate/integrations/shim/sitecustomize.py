@@ -4,8 +4,9 @@ Python imports `sitecustomize` at start-up from the first folder on sys.path tha
 puts this folder first on PYTHONPATH for the command. It does nothing until the process imports
 torch, then installs saturate's hooks (saturate.integrations.hooks), so a launcher or a helper
 process that never imports torch pays nothing. A sitecustomize the machine already had is run too.
-When Transformers' `trainer` or `training_args` module is imported, the hooks are handed it once it
-has run, to wrap its `Trainer`/`TrainingArguments` (nothing of Transformers is imported eagerly).
+When Transformers' `trainer` or `training_args` module, or Lightning's `trainer.trainer`, is imported,
+the hooks are handed it once it has run, to wrap its `Trainer`/`TrainingArguments` (nothing of either
+is imported eagerly).
 """
 
 import importlib.abc
@@ -51,7 +52,8 @@ class _AfterTorch(importlib.abc.MetaPathFinder):
 class _AfterTransformers(importlib.abc.MetaPathFinder):
     """Finds nothing itself: when one of `WATCHED` is imported, hands it to the hooks once it has run."""
 
-    WATCHED = ("transformers.trainer", "transformers.training_args")
+    WATCHED = ("transformers.trainer", "transformers.training_args", "lightning.pytorch.trainer.trainer",
+               "pytorch_lightning.trainer.trainer")
 
     def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
         if name not in self.WATCHED:

@@ -1,0 +1,93 @@
+"""`saturate tune -- CMD` and `saturate run -- CMD` on guide 1's GPT pretraining script and guide 4's
+time-series grid script, unchanged, at tiny sizes: the trials never write the script's outputs, the
+overrides reach the script's own DataLoader from outside, and the full run is the script's real run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import cli_env, saturate_cmd
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scripts"
+GPT = EXAMPLES / "gpt_pretrain" / "train.py"
+TIMESERIES = EXAMPLES / "timeseries_grid" / "train.py"
+TS_TINY = ["--hidden", "8", "--window", "8", "--batch-size", "16", "--num-workers", "1"]
+WORKERS = {"loader": {"num_workers": 1, "persistent_workers": True}}
+
+pytestmark = pytest.mark.slow  # each runs the script several times
+
+
+def line_of(path: Path, text: str) -> str:
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if text in line:
+            return f"{path.name}:{i}"
+    raise AssertionError(f"{text!r} not in {path}")
+
+
+def saturate(*args: str, cwd: Path, timeout: float = 500) -> subprocess.CompletedProcess:
+    env = cli_env()
+    env.update(OMP_NUM_THREADS="1", COLUMNS="200")
+    return subprocess.run(saturate_cmd(*args), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def check_tuning(d: dict, tmp_path: Path, script: Path) -> None:
+    assert d["trials"][0]["name"] == "as written" and d["trials"][0]["steps"] == 2
+    assert d["loaders"][0]["site"].endswith(line_of(script, "DataLoader("))
+    assert any(x.startswith("loader") for x in d["decisions"])  # workers tried, or why not
+    assert json.loads((tmp_path / "t" / "overrides.json").read_text()) == d["overrides"]
+    if d["overrides"].get("loader"):  # whichever setting won on this machine is said as the edit at the call
+        assert d["edits"][0].startswith(d["loaders"][0]["site"] + ": DataLoader(..., ")
+    else:
+        assert d["edits"] == []
+
+
+def test_tune_the_gpt_pretraining_script(tmp_path):
+    out = saturate("tune", "--trial-steps", "2", "--json", "--out", str(tmp_path / "t"), "--", sys.executable,
+                   str(GPT), "--config", "tiny", "--out-dir", "user-out", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    check_tuning(json.loads(out.stdout), tmp_path, GPT)
+    assert not (tmp_path / "user-out").exists()  # every trial was stopped before the script saves
+
+
+def test_run_the_gpt_pretraining_script_with_workers_applied_from_outside(tmp_path):
+    (tmp_path / "over.json").write_text(json.dumps(WORKERS))
+    out = saturate("run", "--overrides", "over.json", "--trial-steps", "2", "--json", "--", sys.executable, str(GPT),
+                   "--config", "tiny", "--out-dir", "user-out", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert len(d["as_written"]) == len(d["tuned"]) == 2 and len(d["ratios"]) == 2
+    assert all(t["overrides"] == WORKERS for t in d["tuned"]) and all(not t["overrides"] for t in d["as_written"])
+    full = d["full_run"]
+    assert full["returncode"] == 0 and full["optimizer_steps"] == 40  # the tiny config's max_steps
+    loader = full["loaders"][0]
+    assert loader["site"].endswith(line_of(GPT, "DataLoader(")) and loader["as_written"] == {
+        "num_workers": 0, "persistent_workers": False}
+    assert (loader["num_workers"], loader["persistent_workers"]) == (1, True)
+    assert (tmp_path / "user-out" / "model.pt").exists()  # the full run is the real one
+
+
+def test_tune_the_time_series_grid_script(tmp_path):
+    out = saturate("tune", "--trial-steps", "2", "--json", "--out", str(tmp_path / "t"), "--", sys.executable,
+                   str(TIMESERIES), *TS_TINY, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    check_tuning(d, tmp_path, TIMESERIES)
+    assert d["baseline"]["samples_per_step"] == 16
+
+
+def test_run_the_time_series_grid_script_applies_the_overrides_to_every_grid_point(tmp_path):
+    (tmp_path / "over.json").write_text(json.dumps({"loader": {"num_workers": 0}}))
+    out = saturate("run", "--overrides", "over.json", "--trial-steps", "2", "--json", "--", sys.executable,
+                   str(TIMESERIES), *TS_TINY, "--hidden", "8", "12", "--length", "200", "--epochs", "1",
+                   cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    full = d["full_run"]
+    assert full["returncode"] == 0 and full["optimizer_steps"] == 2 * 12  # 2 grid points × 191 windows / 16
+    assert len(full["loaders"]) == 2 and all(x["num_workers"] == 0 for x in full["loaders"])
+    assert "best: hidden" in out.stderr  # the script ran its grid to the end (its output, off stdout by --json)
