@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import sysconfig
 from collections.abc import Iterator
@@ -120,6 +121,22 @@ def cli_env() -> dict[str, str]:
 
 def saturate_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "saturate", *args]
+
+
+def run_saturate(*args: str, cwd: Path, timeout: float = 400, **env: str) -> subprocess.CompletedProcess:
+    """`python -m saturate ARGS` in `cwd`, one thread (a toy model on a shared 2-core machine: threads
+    only contend) and 200 columns (rich wraps at 80 off a terminal), plus `env`."""
+    full = cli_env()
+    full.update(OMP_NUM_THREADS="1", COLUMNS="200", **env)
+    return subprocess.run(saturate_cmd(*args), env=full, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def line_of(path: Path, text: str) -> str:
+    """`name.py:LINE` of the first line of `path` containing `text`."""
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if text in line:
+            return f"{path.name}:{i}"
+    raise AssertionError(f"{text!r} not in {path}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import cli_env, saturate_cmd
+from conftest import cli_env, line_of, saturate_cmd
 from saturate.doctor.findings import Fix, Prediction
 from saturate.integrations.doctor import in_your_script, in_your_terms
 
@@ -46,13 +45,6 @@ if callbacks:
 """
 
 pytest.importorskip("lightning")
-
-
-def line_of(path: Path, text: str) -> str:
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if text in line:
-            return f"{path.name}:{i}"
-    raise AssertionError(f"{text!r} not in {path}")
 
 
 def env() -> dict[str, str]:

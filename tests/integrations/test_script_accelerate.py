@@ -4,13 +4,13 @@ own DataLoader call is named even though Accelerate's `prepare` made the loader 
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import cli_env, saturate_cmd
+from conftest import line_of, run_saturate
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -24,17 +24,7 @@ TOY = ["train", "--size", "toy", "--batch-size", "4", "--grad-accum", "2", "--ma
        "--num-workers", "0", "--output-dir", "user-out"]
 
 
-def line_of(text: str) -> str:
-    for i, line in enumerate(SCRIPT.read_text().splitlines(), 1):
-        if text in line:
-            return f"{SCRIPT.name}:{i}"
-    raise AssertionError(f"{text!r} not in {SCRIPT}")
-
-
-def saturate(*args: str, cwd: Path, timeout: float = 400) -> subprocess.CompletedProcess:
-    env = cli_env()
-    env.update(OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1", COLUMNS="200")
-    return subprocess.run(saturate_cmd(*args), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+saturate = functools.partial(run_saturate, timeout=400, ACCELERATE_USE_CPU="1")
 
 
 def test_doctor_under_accelerate_launch_reports_rank_0_and_the_scripts_own_loader(tmp_path):
@@ -46,11 +36,11 @@ def test_doctor_under_accelerate_launch_reports_rank_0_and_the_scripts_own_loade
     assert script["world_size"] == 2 and d["measurements"]["steps"] == 2
     assert script["model"]["class"] == "LlamaForCausalLM"
     assert script["model"]["wrapped_in"] == ["DistributedDataParallel"]
-    assert script["optimizer"]["class"] == "AdamW" and script["optimizer"]["site"].endswith(line_of("AdamW("))
+    assert script["optimizer"]["class"] == "AdamW" and script["optimizer"]["site"].endswith(line_of(SCRIPT, "AdamW("))
     loader = script["loaders"][0]
     # the loader iterated is the one Accelerate's prepare() made inside its DataLoaderShard, over the same
     # dataset; the knob is set at the script's own call
-    assert loader["site"].endswith(line_of("DataLoader("))
+    assert loader["site"].endswith(line_of(SCRIPT, "DataLoader("))
     assert loader["batch_size"] == 4 and loader["batches"] == 2 * 2  # 2 timed steps × accumulation 2
     assert d["measurements"]["samples_per_step"] == 8  # rank 0's: 4 × 2
     assert not (tmp_path / "user-out").exists()  # stopped before any save
@@ -63,7 +53,7 @@ def test_tune_under_accelerate_launch(tmp_path):
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["trials"][0]["name"] == "as written" and d["trials"][0]["steps"] == 2
-    assert d["loaders"][0]["site"].endswith(line_of("DataLoader("))
+    assert d["loaders"][0]["site"].endswith(line_of(SCRIPT, "DataLoader("))
     assert any(x.startswith("loader") for x in d["decisions"])  # tried, or why not: said either way
     assert any("need the script's training code" in x for x in d["decisions"])  # no Trainer: not tried from outside
     assert json.loads((tmp_path / "t" / "overrides.json").read_text()) == d["overrides"]

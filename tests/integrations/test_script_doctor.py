@@ -15,20 +15,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import cli_env, saturate_cmd
+from conftest import cli_env, line_of, saturate_cmd
 from saturate.doctor.findings import Fix, Prediction
 from saturate.integrations.doctor import in_your_script
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scripts"
 FAST = ["--warmup", "1", "--steps", "2"]
-
-
-def line_of(path: Path, text: str) -> str:
-    """`name.py:LINE` of the first line of `path` containing `text`."""
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if text in line:
-            return f"{path.name}:{i}"
-    raise AssertionError(f"{text!r} not in {path}")
 
 
 def doctor(*args: str, cwd: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess:

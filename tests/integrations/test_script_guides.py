@@ -4,14 +4,14 @@ overrides reach the script's own DataLoader from outside, and the full run is th
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import cli_env, saturate_cmd
+from conftest import line_of, run_saturate
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scripts"
 GPT = EXAMPLES / "gpt_pretrain" / "train.py"
@@ -22,17 +22,7 @@ WORKERS = {"loader": {"num_workers": 1, "persistent_workers": True}}
 pytestmark = pytest.mark.slow  # each runs the script several times
 
 
-def line_of(path: Path, text: str) -> str:
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if text in line:
-            return f"{path.name}:{i}"
-    raise AssertionError(f"{text!r} not in {path}")
-
-
-def saturate(*args: str, cwd: Path, timeout: float = 500) -> subprocess.CompletedProcess:
-    env = cli_env()
-    env.update(OMP_NUM_THREADS="1", COLUMNS="200")
-    return subprocess.run(saturate_cmd(*args), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+saturate = functools.partial(run_saturate, timeout=500)
 
 
 def check_tuning(d: dict, tmp_path: Path, script: Path) -> None:

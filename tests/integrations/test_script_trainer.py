@@ -3,14 +3,14 @@ Trainer and its TrainingArguments, says fixes in their terms, and never writes t
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import cli_env, saturate_cmd
+from conftest import line_of, run_saturate
 from saturate.doctor.findings import Fix, Prediction
 from saturate.integrations.doctor import in_your_script
 
@@ -21,18 +21,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "scripts" / "gpt2_fi
 TINY = ["--size", "toy", "--max-length", "32", "--max-steps", "60"]
 
 
-def line_of(text: str) -> str:
-    for i, line in enumerate(SCRIPT.read_text().splitlines(), 1):
-        if text in line:
-            return f"{SCRIPT.name}:{i}"
-    raise AssertionError(f"{text!r} not in {SCRIPT}")
-
-
-def saturate(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = cli_env()
-    env["OMP_NUM_THREADS"] = "1"  # a toy model on a shared 2-core machine: threads only contend
-    env["COLUMNS"] = "200"  # rich wraps at 80 columns when not on a terminal
-    return subprocess.run(saturate_cmd(*args), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+saturate = functools.partial(run_saturate, timeout=300)
 
 
 def test_doctor_recognises_the_trainer_and_leaves_its_output_dir_alone(tmp_path):
@@ -43,9 +32,9 @@ def test_doctor_recognises_the_trainer_and_leaves_its_output_dir_alone(tmp_path)
     script = d["script"]
     assert script["model"]["class"] == "GPT2LMHeadModel"
     trainer = script["trainer"]
-    assert trainer["class"] == "Trainer" and trainer["site"].endswith(line_of("Trainer(model="))
+    assert trainer["class"] == "Trainer" and trainer["site"].endswith(line_of(SCRIPT, "Trainer(model="))
     assert trainer["args_class"] == "TrainingArguments"
-    assert trainer["args_site"].endswith(line_of("TrainingArguments("))
+    assert trainer["args_site"].endswith(line_of(SCRIPT, "TrainingArguments("))
     args = trainer["args"]
     assert (args["per_device_train_batch_size"], args["gradient_accumulation_steps"]) == (8, 1)
     assert args["dataloader_num_workers"] == 0 and args["bf16"] is False and args["optim"] == "adamw_torch"
@@ -62,8 +51,8 @@ def test_human_report_says_the_trainer_and_its_arguments(tmp_path):
     out = saturate("doctor", "--warmup", "1", "--steps", "2", "--", sys.executable, "train.py", *TINY,
                    "--output-dir", "user-out", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert f"Transformers Trainer at {line_of('Trainer(model=')}; TrainingArguments at " \
-           f"{line_of('TrainingArguments(')}" in out.stdout
+    assert f"Transformers Trainer at {line_of(SCRIPT, 'Trainer(model=')}; TrainingArguments at " \
+           f"{line_of(SCRIPT, 'TrainingArguments(')}" in out.stdout
     assert "per_device_train_batch_size=8" in out.stdout
     assert "its output_dir 'user-out' was not written" in out.stdout
 
@@ -165,7 +154,7 @@ def test_tune_tries_the_training_arguments_and_says_them_as_an_edit(tmp_path):
     assert any(x.startswith("gradient_checkpointing: not tried on cpu") for x in d["decisions"])
     fields = d["overrides"].get("trainer", {})  # which setting wins is the machine's to say: the edit says it
     site = d["trainer"]["args_site"]
-    assert site.endswith(line_of("TrainingArguments("))
+    assert site.endswith(line_of(SCRIPT, "TrainingArguments("))
     expected = [f"{site}: TrainingArguments(..., {', '.join(f'{k}={v!r}' for k, v in fields.items())})"]
     assert d["edits"] == (expected if fields else [])
     assert not (tmp_path / "user-out").exists()  # no trial wrote where the script's real run does

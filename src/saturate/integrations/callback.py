@@ -199,3 +199,24 @@ def _monotonic_of(perf: float, now_perf: float) -> float:
 def under_saturate_hooks() -> bool:
     hooks = sys.modules.get("saturate.integrations.hooks")
     return hooks is not None and getattr(hooks, "_script", None) is not None
+
+
+class Watched:
+    """What a framework callback shows of its RunWatch: the verdict, the latest window, the run's summary."""
+
+    watch: RunWatch
+
+    @property
+    def diagnosis(self) -> Any:
+        """The doctor's Diagnosis, once its window is complete."""
+        return self.watch.diagnosis
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The latest logging window's figures."""
+        return self.watch.metrics
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The whole run's, at its end."""
+        return self.watch.summary

@@ -18,11 +18,11 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
-from saturate.integrations.callback import RunWatch, peak_dtype
+from saturate.integrations.callback import RunWatch, Watched, peak_dtype
 from saturate.integrations.hooks import batch_len
 
 
-class SaturateCallback(Callback):
+class SaturateCallback(Watched, Callback):
     """saturate's telemetry, samples/s, MFU and the doctor's verdict for a Lightning `Trainer` run.
 
     warmup, count_steps, steps: the doctor's window at the start of training (as `saturate.Profiler`).
@@ -42,18 +42,6 @@ class SaturateCallback(Callback):
         self._roots: list[Any] | None = None
         self._handles: list[Any] = []
         self._step = 0
-
-    @property
-    def diagnosis(self) -> Any:
-        return self.watch.diagnosis
-
-    @property
-    def metrics(self) -> dict[str, float]:
-        return self.watch.metrics
-
-    @property
-    def summary(self) -> dict[str, Any]:
-        return self.watch.summary
 
     def _totals(self, trainer: Any) -> tuple[float, float]:
         samples = float(self._samples * max(1, trainer.world_size))

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from saturate.integrations.callback import RunWatch, mfu, peak_dtype
+from saturate.integrations.callback import RunWatch, Watched, mfu, peak_dtype
 
 __all__ = ["SaturateCallback", "mfu"]
 
@@ -42,7 +42,7 @@ def _inner_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
     return optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
 
 
-class SaturateCallback(TrainerCallback):
+class SaturateCallback(Watched, TrainerCallback):
     """saturate's telemetry, samples/s, MFU and the doctor's verdict for a Transformers `Trainer` run.
 
     warmup, count_steps, steps: the doctor's window at the start of training (as `saturate.Profiler`).
@@ -56,21 +56,6 @@ class SaturateCallback(TrainerCallback):
         self.watch = RunWatch(warmup=warmup, count_steps=count_steps, steps=steps, interval=interval,
                               peak_flops=peak_flops, verbose=verbose, name="SaturateCallback")
         self._samples_per_step = 0
-
-    @property
-    def diagnosis(self) -> Any:
-        """The doctor's Diagnosis, once its window is complete."""
-        return self.watch.diagnosis
-
-    @property
-    def metrics(self) -> dict[str, float]:
-        """The latest logging window's figures."""
-        return self.watch.metrics
-
-    @property
-    def summary(self) -> dict[str, Any]:
-        """The whole run's, at its end."""
-        return self.watch.summary
 
     # --- the Trainer's events -----------------------------------------------------------------
 
