@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import secrets
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -104,7 +105,7 @@ class WandbSink:
 
     def __init__(self, run_dir: Path, resume_step: int | None, settings: dict[str, Any]) -> None:
         wandb = _module("wandb", "wandb")
-        run_id = _kept_id(run_dir, "wandb-run-id", resume_step) or wandb.util.generate_id()
+        run_id = _kept_id(run_dir, "wandb-run-id", resume_step) or secrets.token_hex(4)  # W&B ids: [a-z0-9]
         try:
             self._run = wandb.init(project=os.environ.get("WANDB_PROJECT", "saturate"), name=run_dir.name,
                                    id=run_id, resume="allow", config=flatten(settings),
