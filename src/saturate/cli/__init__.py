@@ -134,6 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "config", None) is not None:  # train --config run.toml: the file's settings, the flags on top
         args = _replay(parser, argv, args)
+        if args is None:
+            return EXIT_ERROR
     if args.command is None:  # `saturate` alone runs the main job on the embedded default
         args = parser.parse_args([*argv, "run"])
     if script is not None:
@@ -190,7 +192,9 @@ def _sinks(log_to: str | None) -> dict[str, object]:
     return {"log_to": names, "tensorboard": "tensorboard" in names}
 
 
-def _replay(parser: argparse.ArgumentParser, argv: Sequence[str], args: argparse.Namespace) -> argparse.Namespace:
+def _replay(parser: argparse.ArgumentParser, argv: Sequence[str],
+            args: argparse.Namespace) -> argparse.Namespace | None:
+    """`train --config run.toml` parsed with the file as defaults; None when the file is refused (said in one line)."""
     from saturate.cli.replay import parse_with_config
     from saturate.errors import SaturateError
 
@@ -199,7 +203,8 @@ def _replay(parser: argparse.ArgumentParser, argv: Sequence[str], args: argparse
     except SaturateError as e:  # before the verb runs: the same one line as its errors
         if args.debug:
             raise
-        parser.exit(EXIT_ERROR, f"saturate: error: {e}\n")
+        print(f"saturate: error: {e}", file=sys.stderr)
+        return None
 
 
 def _rank() -> int:
