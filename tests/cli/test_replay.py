@@ -53,7 +53,7 @@ def test_flags_given_with_config_win(first, tmp_path, capsys):
     assert settings["run"]["steps"] == 2 and settings["run"]["log_to"] == ["tensorboard"]
     assert settings["workload"]["params"]["n_embd"] == 64 and settings["workload"]["params"]["n_layer"] == 1
     assert settings["run"]["seed"] == 3  # the rest from the file
-    assert len(losses(out)) == 2
+    assert len(losses(out)) == 2 and (out / "tensorboard").is_dir() and not (out / "metrics.csv").exists()
 
 
 @pytest.mark.parametrize("edit, message", [

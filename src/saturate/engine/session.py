@@ -258,6 +258,8 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
     settings = run_settings(cfg, workload.name, plan.to_dict(), cfg.device or device.type, eval_every, ckpt_every,
                             total_steps)
     early_stop = EarlyStop.parse(cfg.early_stop) if cfg.early_stop else None
+    if early_stop is not None and workload.val_data is None:
+        raise ConfigError(f"--early-stop watches validation, and workload {workload.name} has no validation data")
     if early_stop is not None and state is not None:
         early_stop.load_state_dict(state.get("early_stop"))
     console = ConsoleSink(total_steps, start_step=step, enabled=cfg.progress and dist.is_main)
