@@ -87,7 +87,7 @@ def test_plan_and_metrics_on_a_full_disk(small_disk):
     with pytest.raises(DiskFullError, match=rf"could not write plan.toml: {FULL.format(folder=folder)}$"):
         Plan(provenance={"padding": "x" * 20000}).save(small_disk.folder / "plan.toml")
     with pytest.raises(DiskFullError, match=rf"could not append to metrics.jsonl: {FULL.format(folder=folder)}$"):
-        metrics.log(1, {f"key/{i}": float(i) for i in range(2000)})
+        metrics.write({"step": 1, **{f"key/{i}": float(i) for i in range(2000)}})
     metrics.close()  # the failed line is not raised a second time
     assert not (small_disk.folder / "plan.toml").exists()
     no_temporaries(small_disk.folder)

@@ -203,3 +203,20 @@ def test_cli_hf_no_config_fails_fast(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.startswith("saturate: error: --hf model: no config.json")
     assert not (tmp_path / "t").exists()
+
+
+def test_load_model_reopens_an_hf_run(tmp_path, folders, corpus, cpu):
+    """saturate.load_model opens an --hf run's folder through Transformers: the trained weights, tied head included."""
+    import saturate
+    from saturate.engine.checkpoint import load_checkpoint
+
+    w = hf.hf_workload(folders["config"], data=[str(corpus)], seq_len=32, effective_batch=4, steps=2, warmup_steps=1)
+    result = train(w, Plan(micro_batch=4), RunConfig(run_dir=tmp_path / "run", steps=2, progress=False,
+                                                     tensorboard=False, telemetry=False), hardware=cpu)
+    model = saturate.load_model(result.run_dir)
+    reference = w.build_model()
+    reference.load_state_dict(load_checkpoint(result.checkpoint)["model"])
+    reference.eval()
+    x = torch.randint(0, 400, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=x).logits, reference(input_ids=x, use_cache=False).logits)

@@ -61,6 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stuck-after", type=positive(float, "--stuck-after"), metavar="SECONDS",
                    help="stop the run when a rank (under torchrun) or a data-loader worker gives no answer for "
                         "this long, naming it (default: $SATURATE_STUCK_AFTER, else 600)")
+    p.add_argument("--config", type=Path, metavar="RUN.TOML",
+                   help="replay a run: the run.toml of its folder (workload, data, plan, steps, seed, cadence); "
+                        "flags given with it win")
+    p.add_argument("--log-to", metavar="SINKS",
+                   help="metric sinks besides metrics.jsonl, comma-separated: tensorboard, csv, wandb, mlflow "
+                        "(default: tensorboard)")
+    p.add_argument("--early-stop", metavar="METRIC:PATIENCE[:MIN_DELTA]",
+                   help="stop after PATIENCE validations without METRIC improving by more than MIN_DELTA "
+                        "(e.g. val/loss:5), with a checkpoint")
     p.set_defaults(func=cmd_train)
 
     for verbs in (tune_cli, doctor_cli, sweep_cli):  # tune and run; doctor and monitor; sweep
@@ -95,8 +104,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         device=args.device, log_every=args.log_every, eval_every=args.eval_every,
         ckpt_every=args.ckpt_every, keep_checkpoints=args.keep, progress=not args.no_progress,
         use_tuned=not args.no_tuned, source=source_record(src), stuck_after=args.stuck_after,
+        early_stop=args.early_stop, **_sinks(args.log_to),
     )
-    plan = resolve_plan(args.plan) if args.plan else None  # None: the checkpoint's, or the seed plan
+    # None: the checkpoint's, or the seed plan; --config: the replayed run's
+    plan = resolve_plan(args.plan) if args.plan else getattr(args, "config_plan", None)
     hw = probe(measure_peaks=False, device=args.device)
     workload = from_source(src)
     result = train(workload, plan, config, hardware=hw)
@@ -121,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cut = argv.index("--")
         argv, script = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    if getattr(args, "config", None) is not None:  # train --config run.toml: the file's settings, the flags on top
+        args = _replay(parser, argv, args)
+        if args is None:
+            return EXIT_ERROR
     if args.command is None:  # `saturate` alone runs the main job on the embedded default
         args = parser.parse_args([*argv, "run"])
     if script is not None:
@@ -165,6 +180,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_PREEMPTED
     finally:
         _leave_process_group()
+
+
+def _sinks(log_to: str | None) -> dict[str, object]:
+    """RunConfig's sink settings for --log-to (absent: its defaults, TensorBoard and metrics.jsonl)."""
+    from saturate.engine.trackers import parse_log_to
+
+    if log_to is None:
+        return {}
+    names = parse_log_to(log_to)
+    return {"log_to": names, "tensorboard": "tensorboard" in names}
+
+
+def _replay(parser: argparse.ArgumentParser, argv: Sequence[str],
+            args: argparse.Namespace) -> argparse.Namespace | None:
+    """`train --config run.toml` parsed with the file as defaults; None when the file is refused (said in one line)."""
+    from saturate.cli.replay import parse_with_config
+    from saturate.errors import SaturateError
+
+    try:
+        return parse_with_config(parser, argv, args.config)
+    except SaturateError as e:  # before the verb runs: the same one line as its errors
+        if args.debug:
+            raise
+        print(f"saturate: error: {e}", file=sys.stderr)
+        return None
 
 
 def _rank() -> int:

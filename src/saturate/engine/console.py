@@ -58,6 +58,10 @@ class ConsoleSink:
         if self._progress is not None:
             self._progress.update(self._task, completed=step)
 
+    def write(self, record: dict[str, Any]) -> None:
+        """The Sink interface: a record is {"step": N, metric: value, …}."""
+        self.log(record["step"], {k: v for k, v in record.items() if k != "step"})
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
@@ -96,6 +100,8 @@ class ConsoleSink:
         t = Table(title="run summary (measured in this run)", show_header=False)
         early = " (stopped early)" if result.stopped_early else ""
         t.add_row("steps", f"{result.steps} / {result.total_steps}{early}")
+        if getattr(result, "stop_reason", None):
+            t.add_row("stopped", result.stop_reason)
         t.add_row("time in steps", f"{result.train_seconds:.1f} s (this session)")
         if result.tokens_per_s is not None:
             t.add_row("throughput", f"{_fmt_rate(result.tokens_per_s)} tokens/s, {result.samples_per_s:.1f} samples/s"
@@ -116,7 +122,7 @@ class ConsoleSink:
         if result.weights:
             t.add_row("weights", str(result.weights))
         self.console.print(t)
-        if result.stopped_early:
+        if result.stopped_early and not getattr(result, "finished", False):
             launch = (f"torchrun --nproc_per_node={self.processes} -m saturate" if self.processes > 1
                       else "saturate")
             self.console.print(f"resume with: {launch} train --resume --run-dir {result.run_dir}")

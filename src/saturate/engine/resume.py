@@ -252,7 +252,8 @@ def choose_plan(plan: Plan | None, state: dict[str, Any] | None, workload: Workl
 
 def snapshot(step: int, stepper: Stepper, precision: Precision, schedule: WarmupCosine, plan: Plan,
               fingerprint: dict[str, str], identity: dict[str, Any], train_seconds: float, seed: int,
-              world: int, optimization: dict[str, Any] | None = None) -> dict[str, Any]:
+              world: int, optimization: dict[str, Any] | None = None,
+              early_stop: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything a resume needs; for DDP/FSDP without model and optimizer, which go through DCP."""
     state: dict[str, Any] = {}
     if stepper.strategy == "single":
@@ -271,6 +272,7 @@ def snapshot(step: int, stepper: Stepper, precision: Precision, schedule: Warmup
         "train_seconds": train_seconds,
         "seed": seed,
         "optimization": optimization,  # the workload's Optimization fields a resume must keep (check_optimization)
+        "early_stop": early_stop,  # the early-stopping counter and best value, so a resume stops where it would have
     }
 
 

@@ -3,7 +3,7 @@
 In order: the run folder (rank 0 names it), the checkpoint to resume, the plan (given, the
 checkpoint's, the tuned plan cached for this machine, or the seed plan), the process group for
 FSDP, the Stepper (model, optimizer, precision), the schedule, the restored state, compile, the
-MFU denominator, the metric sinks and console, run.json, and the loaders. The loop in
+MFU denominator, the metric sinks and console, run.json and run.toml, and the loaders. The loop in
 `trainer.py` then only steps, logs, validates and checkpoints.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,9 @@ from saturate.engine.distributed import (
     resolve_strategy,
     stuck_after_s,
 )
+from saturate.engine.early_stop import EarlyStop
 from saturate.engine.hostmem import HostMemoryGuard
-from saturate.engine.metrics import JsonlSink, Sink, tensorboard_sink
+from saturate.engine.metrics import Sink, Sinks
 from saturate.engine.resume import (
     check_fingerprint,
     check_optimization,
@@ -42,10 +43,12 @@ from saturate.engine.resume import (
     remove_stale_temporaries,
     restore,
 )
+from saturate.engine.runfile import run_settings, write_run_toml
 from saturate.engine.schedule import WarmupCosine, scaled_lr
 from saturate.engine.signals import StopFlag
 from saturate.engine.step import Stepper
 from saturate.engine.summary import mfu_peak, write_json
+from saturate.engine.trackers import make_sinks, parse_log_to
 from saturate.engine.watch import TrainingWatch
 from saturate.errors import CheckpointError, ConfigError, SaturateError
 from saturate.hardware import measure_matmul_peak, synchronize
@@ -68,7 +71,10 @@ class RunConfig:
     ckpt_every: int | None = None  # default: eval_every
     keep_checkpoints: int = 3
     progress: bool = True  # console output (rich progress on a terminal, lines otherwise)
-    tensorboard: bool = True  # also write TensorBoard events when tensorboard is installed
+    tensorboard: bool = True  # also write TensorBoard events (run_dir/tensorboard)
+    # More sinks beside metrics.jsonl: names ("tensorboard", "csv", "wandb", "mlflow") and/or your own Sink objects
+    log_to: Sequence[str | Sink] = ()
+    early_stop: str | None = None  # "val/loss:PATIENCE[:MIN_DELTA]": stop when validation stops improving
     telemetry: bool = True  # background GPU/host sampler: gpu/*, host/* metrics and low-utilisation notes
     export_weights: bool = True  # model.safetensors at the end
     # How the workload was described (a Source as a dict: preset, --param, --data, …), recorded in run.json so
@@ -91,6 +97,11 @@ class RunConfig:
             raise ConfigError(f"seed must be an integer between 0 and 2**64 - 1, got {self.seed!r}")
         if self.stuck_after is not None and not self.stuck_after > 0:
             raise ConfigError(f"stuck-after must be > 0 seconds, got {self.stuck_after}")
+        if isinstance(self.log_to, str):
+            self.log_to = parse_log_to(self.log_to)
+        parse_log_to(",".join(n for n in self.log_to if isinstance(n, str)))
+        if self.early_stop is not None:
+            EarlyStop.parse(self.early_stop)
 
 
 @dataclass
@@ -111,7 +122,7 @@ class Training:
     peak: float | None  # the MFU denominator (FLOP/s), None when unknown
     peak_label: str
     pin: bool
-    sinks: list[Sink]
+    sinks: Sinks  # the console among them
     console: ConsoleSink
     watch: TrainingWatch
     guard: HostMemoryGuard | None
@@ -127,6 +138,10 @@ class Training:
     deadline: float | None  # time.monotonic() when a --minutes budget runs out
     size_schedule_at: int | None  # the step at which a --minutes-only run sizes its schedule
     notes: list[str]
+    early_stop: EarlyStop | None = None
+    on_log: Callable[[dict[str, Any]], Any] | None = None  # train()'s callbacks (rank 0)
+    on_validation: Callable[[dict[str, Any]], Any] | None = None
+    stop_reason: str | None = None  # why the run stopped before its schedule's end (early stop, a callback)
     window_steps: int = 0
     window_start: float = 0.0
     train_seconds: float = 0.0  # this session's time in steps (validation and checkpoints excluded)
@@ -238,15 +253,22 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
         peak, peak_label = peak * world, f"{world} × {peak_label}"  # MFU of all the devices together
 
     total_steps = schedule.total_steps
-    sinks: list[Sink] = []
-    if dist.is_main:
-        resume_step = step if state is not None else None
-        sinks.append(JsonlSink(run_dir / "metrics.jsonl", resume_step=resume_step))
-        if cfg.tensorboard and (tb := tensorboard_sink(run_dir / "tensorboard", resume_step)) is not None:
-            sinks.append(tb)
+    eval_every = cfg.eval_every or optim.eval_every
+    ckpt_every = cfg.ckpt_every or eval_every
+    settings = run_settings(cfg, workload.name, plan.to_dict(), cfg.device or device.type, eval_every, ckpt_every,
+                            total_steps)
+    early_stop = EarlyStop.parse(cfg.early_stop) if cfg.early_stop else None
+    if early_stop is not None and workload.val_data is None:
+        raise ConfigError(f"--early-stop watches validation, and workload {workload.name} has no validation data")
+    if early_stop is not None and state is not None:
+        early_stop.load_state_dict(state.get("early_stop"))
     console = ConsoleSink(total_steps, start_step=step, enabled=cfg.progress and dist.is_main)
-    sinks.append(console)
+    sinks = Sinks([], warn=lambda text: (notes.append(text), console.note(text)))
+    if dist.is_main:  # trackers start here, before any step: one that cannot is one line, not a lost run
+        sinks.sinks = make_sinks(run_dir, step if state is not None else None, cfg.log_to, cfg.tensorboard, settings)
+    sinks.sinks.append(console)
     if dist.is_main:
+        write_run_toml(run_dir / "run.toml", settings)
         # summary.json describes a finished session (a requeue script reads its "stopped_by"): never a stale one
         (run_dir / "summary.json").unlink(missing_ok=True)
         plan.save(run_dir / "plan.toml")
@@ -265,7 +287,6 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
                          world_size=world, timeout=stuck_after_s())
     # Built once, so persistent workers really persist between validations.
     val_loader = eval_loader(workload.val_data, plan, pin, stuck_after_s()) if workload.val_data is not None else None
-    eval_every = cfg.eval_every or optim.eval_every
     return Training(
         workload=workload, cfg=cfg, dist=dist, device=device, run_dir=run_dir, ckpts=ckpts, plan=plan,
         stepper=stepper, schedule=schedule, effective=effective, fingerprint=fingerprint, peak=peak,
@@ -274,7 +295,7 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
         guard=HostMemoryGuard() if cfg.host_memory_guard else None,
         stop=StopFlag(coalesce_s=2.0 if world > 1 else 0.0), val_loader=val_loader, batches=iter(loader),
         step=step, start_step=step, total_steps=total_steps, elapsed_before=elapsed_before,
-        eval_every=eval_every, ckpt_every=cfg.ckpt_every or eval_every,
+        eval_every=eval_every, ckpt_every=ckpt_every, early_stop=early_stop,
         deadline=time.monotonic() + cfg.minutes * 60 if cfg.minutes else None,
         size_schedule_at=step + 5 if (cfg.minutes and cfg.steps is None and state is None) else None,
         notes=notes, window_start=now(device),

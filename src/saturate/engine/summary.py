@@ -43,6 +43,8 @@ class RunResult:
     stopped_early: bool  # fewer steps than the schedule: a time budget ran out, or Ctrl-C
     interrupted: bool  # a signal (Ctrl-C, SIGTERM, SIGUSR1) asked the run to stop
     stop_signal: str | None = None  # which one ("SIGTERM"); under torchrun, agreed by every rank
+    stop_reason: str | None = None  # why it stopped before the schedule's end (early stop, a signal, the budget)
+    finished: bool = False  # done: the schedule ran out, or it stopped on purpose (early stop, a callback)
     notes: list[str] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)  # the workload's own end-of-run metrics (evaluate)
 
@@ -155,5 +157,6 @@ def fill_summary(result: RunResult, workload: Workload, effective: int, steps_th
         "memory_kind": result.memory_kind, "train_loss": result.train_loss, "val_loss": result.val_loss,
         "checkpoint": result.checkpoint, "weights": result.weights, "stopped_early": result.stopped_early,
         "stopped_by": result.stop_signal,
+        "stop_reason": result.stop_reason,
         "processes": dist.world_size, "plan": result.plan.to_dict(), "notes": result.notes,
         "metrics": result.metrics})

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -34,7 +34,7 @@ from saturate.engine.distributed import (
     teardown_distributed,
 )
 from saturate.engine.hostmem import relieve
-from saturate.engine.metrics import Sink
+from saturate.engine.metrics import Sinks
 from saturate.engine.precision import Precision
 from saturate.engine.resume import optimization_record, release_run_dirs, snapshot
 from saturate.engine.session import RunConfig, Training, now, prepare
@@ -47,11 +47,18 @@ from saturate.workloads.base import Workload
 __all__ = ["RunConfig", "RunResult", "train"]
 
 
+Callback = Callable[[dict[str, Any]], Any]
+
+
 def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None = None,
-          hardware: Any = None) -> RunResult:
+          hardware: Any = None, *, on_log: Callback | None = None, on_validation: Callback | None = None) -> RunResult:
     """Train `workload` with `plan`; resume from the run folder when config.resume is set.
 
     plan=None means the checkpoint's plan when resuming, else the seed plan (`default_plan`).
+    on_log(record) is called with each record the sinks get ({"step": N, "train/loss": …}, validations, the
+    workload's end-of-run metrics); on_validation(record) after each validation ({"step": N, "val/loss": …}),
+    and returning True stops the run there, with a checkpoint. Both run in rank 0 only; an exception from
+    either ends the run (unlike a failing sink).
     Under torchrun, joins the process group and, if it made it, destroys it at the end (after an
     error, `saturate.engine.distributed.teardown_distributed()` does, once the error is handled).
     """
@@ -63,7 +70,9 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     made_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     dist = init_distributed(device_type, stuck_after=cfg.stuck_after)  # joins torchrun's group; no-op in one process
     try:
-        result = _loop(prepare(workload, plan, cfg, hw, dist))
+        t = prepare(workload, plan, cfg, hw, dist)
+        t.on_log, t.on_validation = on_log, on_validation
+        result = _loop(t)
     finally:  # the run folder's lock, taken by prepare (rank 0)
         release_run_dirs()
     # On an error the group is left up: the traceback still holds DDP/DCP objects that must be freed
@@ -101,17 +110,29 @@ def _loop(t: Training) -> RunResult:
                     _size_schedule(t, seconds / 5)
                 _relieve_host_memory(t)
             if eval_due:
-                _validate(t)
-            if ckpt_due:
+                stopping = _validate(t) or stopping  # early stopping, or the on_validation callback
+            if ckpt_due or stopping:
                 _checkpoint(t)
-        if t.workload.evaluate is not None and t.step >= t.total_steps and t.step > t.start_step:
+        if t.workload.evaluate is not None and _done(t) and t.step > t.start_step:
             t.extra_metrics = t.workload.evaluate(t.model, t.device, t.plan.micro_batch)  # the workload's own
-            for s in t.sinks:
-                s.log(t.step, t.extra_metrics)
+            _emit(t, {"step": t.step, **t.extra_metrics})
     return _finish(t)
 
 
 # --- what the loop calls ----------------------------------------------------------------------
+
+
+def _done(t: Training) -> bool:
+    """The run is over: its schedule ran out, or it stopped on purpose (early stop, a callback)."""
+    return t.step >= t.total_steps or t.stop_reason is not None
+
+
+def _emit(t: Training, record: dict[str, Any]) -> None:
+    """A record to every sink and to the on_log callback (rank 0)."""
+    if t.dist.is_main:
+        t.sinks.write(record)
+        if t.on_log is not None:
+            t.on_log(dict(record))
 
 
 def _stop_due(t: Training) -> bool:
@@ -146,8 +167,7 @@ def _log_window(t: Training) -> float:
         metrics = step_metrics(t.workload, t.plan, t.effective, t.window_steps, seconds, loss,
                                t.stepper.grad_norm, t.schedule.lr(t.step - 1), t.peak, t.device)
         metrics.update(t.watch.window_metrics())  # telemetry means over the same window
-        for s in t.sinks:
-            s.log(t.step, metrics)
+        _emit(t, {"step": t.step, **metrics})
     t.window_steps, t.window_start = 0, now(t.device)
     return seconds
 
@@ -185,13 +205,19 @@ def _relieve_host_memory(t: Training) -> None:
     t.console.note(t.notes[-1])
 
 
-def _validate(t: Training) -> None:
+def _validate(t: Training) -> bool:
+    """Validate, log it, count it for early stopping; whether to stop here (agreed: rank 0's decision)."""
     # eager module, no recompile; every rank evaluates all of it (FSDP needs all ranks in a forward)
     t.val_loss = _evaluate(t.model, t.val_loader, t.workload, t.plan, t.stepper.precision, t.device)
-    for s in t.sinks:
-        s.log(t.step, {"val/loss": t.val_loss})
+    record = {"step": t.step, "val/loss": t.val_loss}
+    _emit(t, record)
+    reason = t.early_stop.update(t.step, t.val_loss) if t.early_stop is not None else None
+    if t.dist.is_main and t.on_validation is not None and t.on_validation(dict(record)) is True and reason is None:
+        reason = f"the on_validation callback stopped the run at step {t.step}"
+    t.stop_reason = broadcast_object(reason)
     t.window_start = now(t.device)  # validation time is not training throughput
     t.watch.reset()
+    return t.stop_reason is not None
 
 
 def _checkpoint(t: Training) -> None:
@@ -204,7 +230,8 @@ def _checkpoint(t: Training) -> None:
                             f"was not saved; lower the learning rate; {kept_text}")
     state = snapshot(t.step, t.stepper, t.stepper.precision, t.schedule, t.plan, t.fingerprint,
                      t.workload.identity, t.elapsed_before + t.train_seconds, t.cfg.seed, t.world,
-                     optimization_record(t.workload.optim))
+                     optimization_record(t.workload.optim),
+                     t.early_stop.state_dict() if t.early_stop is not None else None)
     with t.stop.deferred():  # a signal during the write is held until the checkpoint is whole
         if t.stepper.strategy == "single":
             t.last_ckpt = t.ckpts.save(t.step, state)
@@ -218,7 +245,7 @@ def _checkpoint(t: Training) -> None:
 def _finish(t: Training) -> RunResult:
     """Export the weights of a finished run, write summary.json, print the summary."""
     weights = None
-    if t.cfg.export_weights and t.step >= t.total_steps:
+    if t.cfg.export_weights and _done(t):
         weights = export_weights(t.model, t.run_dir, t.workload, t.stepper.strategy, t.dist)
     result = RunResult(
         run_dir=t.run_dir, plan=t.plan, steps=t.step, total_steps=t.total_steps, train_seconds=t.train_seconds,
@@ -226,12 +253,20 @@ def _finish(t: Training) -> RunResult:
         peak_memory_bytes=None, memory_kind="device" if t.device.type == "cuda" else "host RSS",
         train_loss=t.train_loss, val_loss=t.val_loss, checkpoint=t.last_ckpt, weights=weights,
         stopped_early=t.step < t.total_steps, interrupted=t.stop.interrupted,
-        stop_signal=t.stop.signal_name, notes=t.notes,
+        stop_signal=t.stop.signal_name, notes=t.notes, stop_reason=_stop_reason(t), finished=_done(t),
         metrics=t.extra_metrics,
     )
     fill_summary(result, t.workload, t.effective, t.step - t.start_step, t.peak, t.device, t.run_dir, t.dist)
     t.console.finish(result)
     return result
+
+
+def _stop_reason(t: Training) -> str | None:
+    if t.stop_reason is not None or t.step >= t.total_steps:
+        return t.stop_reason
+    if t.stop.interrupted:
+        return f"stopped by {t.stop.signal_name}"
+    return "the --minutes budget ran out" if t.deadline is not None else None
 
 
 @torch.no_grad()
@@ -257,11 +292,10 @@ def _batch_len(batch: Any, default: int) -> int:
 
 
 @contextlib.contextmanager
-def _closing(sinks: list[Sink]) -> Iterator[None]:
+def _closing(sinks: Sinks) -> Iterator[None]:
     """Close every sink however the loop ends, so an error never leaves a live progress display."""
     try:
         yield
     finally:
-        for s in sinks:
-            s.close()
+        sinks.close()
 

@@ -14,9 +14,11 @@ recomputes the forward but these are *model* FLOPs, so MFU does not reward recom
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -174,6 +176,22 @@ def flops_per_token(cfg: GPTConfig) -> float:
     return 6.0 * n + 12.0 * L * C * cfg.seq_len  # H·Q = C
 
 
+MODEL_FILE = "model.json"  # beside model.safetensors: what `saturate.load_model` rebuilds the GPT from
+
+
+def export_config(cfg: GPTConfig, preset: str, tokenizer: str) -> Callable[[nn.Module, Path], list[Path]]:
+    """A Workload.export_extras writing the model's config as model.json beside the exported weights."""
+    def write(model: nn.Module, out_dir: Path) -> list[Path]:
+        from saturate.atomic import atomic_write_bytes
+
+        path = out_dir / MODEL_FILE
+        record = {"kind": "saturate-gpt", "preset": preset, "tokenizer": tokenizer, "config": cfg.to_dict()}
+        atomic_write_bytes(path, (json.dumps(record, indent=2) + "\n").encode())
+        return [path]
+
+    return write
+
+
 def lm_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """Mean next-token cross-entropy over the micro-batch; batch is (inputs, targets), each (B, T)."""
     x, y = batch
@@ -273,4 +291,5 @@ def gpt_workload(
         flops_per_sample=flops_per_token(cfg) * cfg.seq_len,
         identity={"model": cfg.to_dict(), "data": {"corpus": corpus.fingerprint, "seed": seed}},
         info=info,
+        export_extras=export_config(cfg, preset, corpus.tokenizer.name),
     )

@@ -79,7 +79,7 @@ def sft_workload(name: str, data: Sequence[str] | None, tokenizer: Any, seq_len:
 def preset_sft_workload(preset: str, *, data: Sequence[str] | None, tokenizer: str = "byte", seed: int = 0,
                         **overrides: Any) -> Workload:
     """Fine-tune a GPT preset's shape on chat JSONL, with the byte tokenizer (or a BPE trained on the chats)."""
-    from saturate.workloads.gpt import GPT, GPTConfig, flops_per_token, preset_with
+    from saturate.workloads.gpt import GPT, GPTConfig, export_config, flops_per_token, preset_with
     from saturate.workloads.registry import OTHER_PRESETS
 
     if preset in OTHER_PRESETS:
@@ -90,7 +90,8 @@ def preset_sft_workload(preset: str, *, data: Sequence[str] | None, tokenizer: s
                     vocab_size=tok.vocab_size)
     return sft_workload(f"{preset}-sft", data, tok, cfg.seq_len, build_model=lambda: GPT(cfg), forward=gpt_forward,
                         flops_per_token=flops_per_token(cfg), optim=optim, seed=seed,
-                        model_identity=cfg.to_dict(), info={"preset": preset})
+                        model_identity=cfg.to_dict(), info={"preset": preset},
+                        export_extras=export_config(cfg, preset, tok.name))
 
 
 def _preset_tokenizer(spec: str, data: Sequence[str] | None) -> Any:
