@@ -168,7 +168,8 @@ class RealMeasurer:
             if left is not None and left <= 0 and self.dist.world_size == 1:  # several ranks: agreed below
                 raise CompileTimeLimit(f"compiling was stopped at the {compile_limit_s:.3g} s limit")
             # Several ranks: no alarm (it could stop one rank inside a collective); checked afterwards, together.
-            with time_limit(left, interrupt=self.dist.world_size == 1, on_alarm=scope.note_processes) as expired:
+            with time_limit(left, interrupt=self.dist.world_size == 1, on_alarm=scope.note_processes,
+                            limit_s=compile_limit_s) as expired:
                 stepper.compile_model()
             if agree_any(expired()):  # the alarm may surface wrapped in a compiler error, or not at all
                 raise CompileTimeLimit(f"compiling was stopped at the {compile_limit_s:.3g} s limit")

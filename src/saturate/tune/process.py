@@ -48,9 +48,11 @@ _RING_AGAIN_S = 1.0
 
 @contextlib.contextmanager
 def time_limit(seconds: float | None, *, interrupt: bool = True,
-               on_alarm: Callable[[], None] | None = None) -> Iterator[Callable[[], bool]]:
+               on_alarm: Callable[[], None] | None = None,
+               limit_s: float | None = None) -> Iterator[Callable[[], bool]]:
     """Interrupt the block after `seconds` (SIGALRM) where `interrupt` and the process allows; yields a
-    function saying whether time ran out. `on_alarm` runs in the handler, just before the interrupt."""
+    function saying whether time ran out. `on_alarm` runs in the handler, just before the interrupt.
+    `limit_s`: the whole limit the message names, when `seconds` is only what is left of it."""
     state = {"expired": False, "armed": True}
     usable = (interrupt and seconds is not None and hasattr(signal, "setitimer")
               and threading.current_thread() is threading.main_thread())
@@ -65,7 +67,8 @@ def time_limit(seconds: float | None, *, interrupt: bool = True,
         state["expired"] = True
         if on_alarm is not None:
             on_alarm()
-        raise CompileTimeLimit(f"compiling was stopped at the {seconds:.3g} s limit")
+        named = limit_s if limit_s is not None else seconds
+        raise CompileTimeLimit(f"compiling was stopped at the {named:.3g} s limit")
 
     previous = signal.signal(signal.SIGALRM, handler)
     signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3), _RING_AGAIN_S)
