@@ -78,8 +78,17 @@ def test_cpu_probe_measures_plausible_fp32_peak(cpu_hw: Hardware) -> None:
     for dtype in ("bf16", "fp16"):
         assert (dtype in cpu_hw.measured_peak_flops) == cpu_hw.supports[dtype]
     assert "tf32" not in cpu_hw.measured_peak_flops
-    assert cpu_hw.peak_flops("fp32") == (fp32, "measured")
-    assert cpu_hw.peak_flops("tf32") == (fp32, "measured")  # no TF32 on a CPU: fp32 is what runs
+    value, source = cpu_hw.peak_flops("fp32")
+    assert value == fp32 and ("matmul peak" in source or "instruction-set bound" in source)
+    assert cpu_hw.peak_flops("tf32") == (fp32, source)  # no TF32 on a CPU: fp32 is what runs
+    if "fp32" in cpu_hw.peak_bounds:  # the instruction set is a ceiling the measured peak never passes
+        assert fp32 <= cpu_hw.peak_bounds["fp32"][0]
+
+
+def test_a_second_probe_reuses_the_stored_peak(cpu_hw: Hardware) -> None:
+    again = probe(measure_peaks=True, device="cpu")
+    assert again.measured_peak_flops["fp32"] == cpu_hw.measured_peak_flops["fp32"] or any(
+        "busy machine" in n for n in cpu_hw.notes)  # a peak measured under load is not stored
 
 
 def test_probe_without_peaks_measures_nothing() -> None:
@@ -322,8 +331,10 @@ def _rendered(hw: Hardware) -> str:
 
 def test_render_hardware_cpu(cpu_hw: Hardware) -> None:
     text = _rendered(cpu_hw)
-    assert "(measured)" in text and cpu_hw.cpu_name in text
-    assert cpu_hw.notes[-1] in text
+    assert "matmul peak (measured" in text and cpu_hw.cpu_name in text
+    if cpu_hw.peak_bounds:
+        assert "bound fp32" in text and "FLOPs/cycle" in text
+    assert cpu_hw.notes[-1][:60] in text
 
 
 def test_render_hardware_gpu_peaks_and_notes() -> None:
