@@ -284,3 +284,33 @@ def test_a_rejected_compilation_is_discarded_an_accepted_one_kept():
     trial = next(t for t in rejected.trials if t.stage == "compile")
     assert trial.ok and rejected.plan.compile == "none" and "to compile" in trial.verdict
     assert machine.discarded == 1
+
+
+def test_a_fixed_micro_batch_is_the_only_one_tried_and_the_other_knobs_are_searched():
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB))
+    result = search(machine, Plan(), settings(planned_steps=100_000, fixed_micro_batch=8))
+    assert {p.micro_batch for p in machine.tried} == {8}
+    assert (result.plan.micro_batch, result.plan.grad_accum) == (8, 8)
+    assert result.plan.precision == "bf16" and result.plan.fused_optimizer  # still searched
+
+
+def test_tune_keeps_a_batchnorm_models_micro_batch_and_says_so(tmp_path, cpu):
+    import torch.nn as nn
+    from rich.console import Console
+
+    from saturate.tune import tune
+    from saturate.workloads.base import Optimization, Workload
+
+    w = Workload(name="bn", build_model=lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)), train_data=[],
+                 val_data=None, loss_fn=lambda m, b: 0, optim=Optimization(effective_batch=64, lr=1e-3), micro_batch=8)
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB), device_type="cpu")
+    console = Console(record=True, width=200, file=open("/dev/null", "w"))  # noqa: SIM115
+    result = tune(w, cpu, out_dir=tmp_path / "t", measurer=machine, try_compile=False, use_cache=False,
+                  console=console)
+    line = "BatchNorm2d in the model: micro-batch kept at 8 (it changes the maths)"
+    assert {p.micro_batch for p in machine.tried} == {8} and result.plan.micro_batch == 8
+    assert line in console.export_text() and result.search.decisions[0].startswith(line)
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB), device_type="cpu")
+    tune(w, cpu, out_dir=tmp_path / "u", measurer=machine, try_compile=False, use_cache=False, console=console,
+         allow_micro_batch_change=True)
+    assert len({p.micro_batch for p in machine.tried}) > 1

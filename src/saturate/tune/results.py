@@ -28,6 +28,12 @@ class SearchSettings:
     compile_mode: str = "default"
     probe_micro: int = 8  # micro-batch for the precision trials (the largest candidate up to this)
     compile_speedup_bound: float = 3.0  # the compile time limit assumes at most this speed-up
+    # The only micro-batch tried (batch-coupled layers: it is part of the model's maths); None searches it.
+    fixed_micro_batch: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.fixed_micro_batch:
+            self.probe_micro = self.fixed_micro_batch  # the precision trials run at it too
 
 
 @dataclass

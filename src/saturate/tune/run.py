@@ -127,7 +127,8 @@ def _mfu(workload: Workload, hw: Any, plan: Plan, samples_per_s: float | None, w
 def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = None, steps: int | None = None,
         minutes: float | None = None, run_dir: Path | None = None, allow_batch_change: bool = False,
         seed: int = 0, progress: bool = True, console: Console | None = None,
-        try_compile: bool = True, source: dict[str, Any] | None = None) -> RunReport:
+        try_compile: bool = True, source: dict[str, Any] | None = None,
+        allow_micro_batch_change: bool = False) -> RunReport:
     from saturate.hardware import probe
 
     hw = hardware or probe(measure_peaks=True)
@@ -142,7 +143,8 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
     run_dir = Path(chosen)
     planned = steps or workload.optim.steps
     tuned = tune(workload, hw, budget_s=budget_s, planned_steps=planned, allow_batch_change=allow_batch_change,
-                 out_dir=run_dir / "tune", seed=seed, console=console, try_compile=try_compile)
+                 out_dir=run_dir / "tune", seed=seed, console=console, try_compile=try_compile,
+                 allow_micro_batch_change=allow_micro_batch_change)
     console.print("[bold]Before/after[/bold]: measuring each plan side by side (same method, this process"
                   + (f"; {dist.world_size} processes" if dist.world_size > 1 else "") + ") …")
     plans = [*reference_plans(workload, hw.device_type, dist.world_size), ("tuned", tuned.plan)]

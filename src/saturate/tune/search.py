@@ -61,6 +61,8 @@ class _Search:
 
     def candidates(self) -> list[int]:
         """Micro-batches that keep the effective batch exact (and larger ones when it may grow)."""
+        if self.s.fixed_micro_batch:  # batch-coupled layers (workloads/coupling.py): not searched
+            return [self.s.fixed_micro_batch]
         out = [d for d in range(1, self.local + 1) if self.local % d == 0]
         if self.s.allow_batch_change:
             out += [self.local * k for k in (2, 4, 8)]
