@@ -314,3 +314,33 @@ def test_tune_keeps_a_batchnorm_models_micro_batch_and_says_so(tmp_path, cpu):
     tune(w, cpu, out_dir=tmp_path / "u", measurer=machine, try_compile=False, use_cache=False, console=console,
          allow_micro_batch_change=True)
     assert len({p.micro_batch for p in machine.tried}) > 1
+
+
+def test_loss_drift_measures_differences_against_the_loss_scale_not_a_loss_near_zero():
+    from saturate.tune.search import loss_drift
+
+    fp32 = [2.30, 1.20, 0.40, 0.12, 0.10]
+    resnet_bf16 = [2.31, 1.21, 0.41, 0.15, 0.14]  # 40 % of 0.1 apart at the end: the same learning
+    assert abs(0.14 - 0.10) / 0.10 > 0.39  # what the old relative check saw
+    assert loss_drift(resnet_bf16, fp32) == pytest.approx(0.04 / 2.30)
+    assert loss_drift(resnet_bf16, fp32) < SearchSettings(effective_batch=1, planned_steps=1).loss_tolerance
+    diverging = [2.30, 1.90, 1.80, 2.10, 2.60]  # stops learning, then grows
+    assert loss_drift(diverging, fp32) > 0.5
+    assert loss_drift([2.30, float("nan"), 0.4, 0.12, 0.1], fp32) == float("inf")
+    assert loss_drift([5.0, 4.6], [5.0, 4.5]) == pytest.approx(0.1 / 5.0)  # early: the relative difference
+    assert loss_drift([], fp32) == float("inf")
+
+
+def test_bf16_near_zero_losses_are_accepted_and_a_diverging_bf16_rejected():
+    def near_zero(p: Plan) -> list[float]:
+        return [2.30, 1.20, 0.40, 0.12, 0.10] if p.precision == "fp32" else [2.31, 1.21, 0.41, 0.15, 0.14]
+
+    def diverging(p: Plan) -> list[float]:
+        return [2.30, 1.20, 0.40, 0.12, 0.10] if p.precision == "fp32" else [2.30, 1.90, 1.80, 2.10, 2.60]
+
+    accepted = search(FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB), losses=near_zero),
+                      Plan(), settings(try_compile=False))
+    assert accepted.plan.precision == "bf16"
+    rejected = search(FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB), losses=diverging),
+                      Plan(), settings(try_compile=False))
+    assert rejected.plan.precision == "fp32" and any("bf16 rejected" in d for d in rejected.decisions)

@@ -8,7 +8,9 @@ from typing import Any
 from saturate.plan import Plan
 from saturate.tune.trial import LoaderTrial, Trial
 
-LOSS_TOLERANCE = 0.02  # a lower precision's first losses may differ from fp32's by this much, relatively
+# A lower precision's first losses may differ from fp32's by this share of the loss's scale (the larger
+# of fp32's loss at that step and its first loss: search.loss_drift).
+LOSS_TOLERANCE = 0.02
 
 
 @dataclass
@@ -23,7 +25,7 @@ class SearchSettings:
     headroom: float = 0.9  # share of the memory capacity a plan may use
     min_gain: float = 0.03  # growing the micro-batch stops when it gains less than this
     loader_margin: float = 1.5  # the loader must feed this many times faster than the model computes
-    loss_tolerance: float = LOSS_TOLERANCE  # largest relative per-step loss difference against fp32
+    loss_tolerance: float = LOSS_TOLERANCE  # largest per-step loss difference against fp32 (search.loss_drift)
     try_compile: bool = True
     compile_mode: str = "default"
     probe_micro: int = 8  # micro-batch for the precision trials (the largest candidate up to this)
