@@ -87,8 +87,9 @@ def test_cpu_probe_measures_plausible_fp32_peak(cpu_hw: Hardware) -> None:
 
 def test_a_second_probe_reuses_the_stored_peak(cpu_hw: Hardware) -> None:
     again = probe(measure_peaks=True, device="cpu")
-    assert again.measured_peak_flops["fp32"] == cpu_hw.measured_peak_flops["fp32"] or any(
-        "busy machine" in n for n in cpu_hw.notes)  # a peak measured under load is not stored
+    busy = any("busy machine" in n for n in cpu_hw.notes)  # then measured again, the higher reading kept
+    assert again.measured_peak_flops["fp32"] >= cpu_hw.measured_peak_flops["fp32"]
+    assert busy or again.measured_peak_flops["fp32"] == cpu_hw.measured_peak_flops["fp32"]
 
 
 def test_probe_without_peaks_measures_nothing() -> None:

@@ -4,8 +4,9 @@ A peak read in a quarter of a second on a busy machine can be a tenth of the rea
 MFU divided by it is then ten times too high. So the peak here is the best of several timed runs
 (``peaks.matmul_peak_runs``), measured with a ``ContentionMeter`` around it, and stored in
 ``<cache>/peaks/<hardware fingerprint>.json`` (beside the tuned plans; ``$SATURATE_CACHE`` moves both)
-so later runs divide by the same figure instead of measuring again. A measurement taken while other
-processes kept the cores busy is used for this run only, never stored. On a CPU the instruction-set
+so later runs divide by the same figure instead of measuring again. Other processes can only slow a
+run, so the higher of two readings is always kept; a reading taken while they kept the cores busy
+is marked so and measured again on the next run until a quiet one is taken. On a CPU the instruction-set
 bound (``cpu.instruction_set_bound``: cores x max clock x FLOPs per cycle) is a ceiling: a measured
 peak above it is a measuring error, and the bound is used instead, said so.
 """
@@ -60,26 +61,35 @@ def matmul_peak(hw: Any, dtype: str, *, measure: Runs = matmul_peak_runs,
     path = peaks_dir() / f"{hw.fingerprint()}.json"
     key = f"{hw.torch_device}/{dtype}"
     stored = _read(path)
-    record = None if refresh else stored.get(key)
+    record = stored.get(key)
+    if not (isinstance(record, dict) and isinstance(record.get("runs"), list) and record["runs"]):
+        record = None
     notes: list[str] = []
-    if isinstance(record, dict) and isinstance(record.get("runs"), list) and record["runs"]:
+    if record is not None and not refresh and not record.get("contended"):
         runs = [float(r) for r in record["runs"]]
         origin = f"measured {record.get('date', '?')}, stored for this hardware"
     else:
         meter = ContentionMeter(gpu=torch.device(hw.torch_device).type == "cuda").start()
         runs = measure(hw.torch_device, TORCH_DTYPES[dtype], tf32=dtype == "tf32")
         contention = meter.stop()
+        busy = contention.significant()
         origin = "measured now"
-        if contention.significant():
-            notes.append(f"{dtype} matmul peak measured on a busy machine, used for this run only "
-                         f"(not stored): {contention.line()}")
-        else:
-            stored[key] = {"runs": runs, "date": time.strftime("%Y-%m-%d"), "contention": contention.to_dict()}
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write_bytes(path, (json.dumps(stored, indent=2) + "\n").encode())
-            except OSError as e:
-                notes.append(f"matmul peak not stored ({e.strerror or e}); measured again next run")
+        # Contention only ever slows a run, so the higher of two readings is the nearer to the
+        # hardware: keep the best so far; a busy reading is measured again next run until a quiet one.
+        if record is not None and max(float(r) for r in record["runs"]) > max(runs):
+            runs = [float(r) for r in record["runs"]]
+            origin = f"measured {record.get('date', '?')}, stored for this hardware; higher than now"
+        if busy:
+            notes.append(f"{dtype} matmul peak measured on a busy machine ({contention.line()}): the best "
+                         "reading so far is used, and measured again next run until the machine is quiet")
+        stored[key] = {"runs": runs, "date": time.strftime("%Y-%m-%d"),
+                       "contended": busy and bool(record is None or record.get("contended", True)),
+                       "contention": contention.to_dict()}
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(path, (json.dumps(stored, indent=2) + "\n").encode())
+        except OSError as e:
+            notes.append(f"matmul peak not stored ({e.strerror or e}); measured again next run")
     best = max(runs)
     label = f"{dtype} matmul peak ({origin}; {spread_text(runs)})"
     bound = (getattr(hw, "peak_bounds", None) or {}).get(dtype)
