@@ -25,9 +25,12 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 @pytest.fixture(scope="module")
-def cpu_hw() -> Hardware:
-    # One measured probe for the module: the benchmark is the slow part (~0.6 s on 2 cores).
-    return probe(device="cpu")
+def cpu_hw(tmp_path_factory: pytest.TempPathFactory) -> Hardware:
+    # One measured probe for the module: the benchmark is the slow part (~0.6 s on 2 cores). The
+    # peak is stored in the session's cache (as conftest's per-test fixture sets it), never ~/.cache.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SATURATE_CACHE", str(tmp_path_factory.getbasetemp() / "saturate-cache"))
+        return probe(device="cpu")
 
 
 def _hardware(**overrides) -> Hardware:
