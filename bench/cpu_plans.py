@@ -35,6 +35,7 @@ import torch
 
 import _harness as bench
 from saturate.hardware import Hardware, measure_matmul_peak, probe
+from saturate.hardware.mfu import mfu
 from saturate.plan import Plan, reference_plan
 
 
@@ -53,7 +54,8 @@ def remeasure_peaks(hw: Hardware) -> None:
     """Keep the highest matmul peak seen: a peak measured while another job held a core is too low."""
     for dtype, value in list(hw.measured_peak_flops.items()):
         torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
-        hw.measured_peak_flops[dtype] = max(value, measure_matmul_peak("cpu", torch_dtype))
+        bound = hw.peak_bounds.get(dtype, (float("inf"), ""))[0]  # the instruction set's ceiling
+        hw.measured_peak_flops[dtype] = max(value, min(bound, measure_matmul_peak("cpu", torch_dtype)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,13 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, runs in results.items():
         plan = plans[name]
         tps, ratio = bench.Spread.of(bench.tokens_per_s(runs)), ratios[name]
-        peak, _ = hw.peak_flops(plan.precision)
-        mfu = tps.median * flops_per_token / peak if peak else None
+        peak, source = hw.peak_flops(plan.precision)
+        util = mfu(tps.median * flops_per_token, peak, source)
         rows.append([name, f"{plan.micro_batch} x {plan.grad_accum}", plan.precision,
                      "fused" if plan.fused_optimizer else "foreach", tps.fmt(",.0f"),
-                     ratio.fmt(".2f", unit="x"), f"{mfu:.1%}" if mfu is not None else "?"])
+                     ratio.fmt(".2f", unit="x"), util.cell()])
         summary[name] = {"plan": plan.to_dict(), "tokens_per_s": tps.to_dict(),
-                         "ratio_vs_naive": ratio.to_dict(), "mfu": mfu,
+                         "ratio_vs_naive": ratio.to_dict(), "mfu": util.to_dict(),
                          "per_round": [t.to_dict() for t in runs]}
     peaks = ", ".join(f"{d} {hw.measured_peak_flops[d] / 1e9:,.0f} GFLOP/s"
                       for d in ("fp32", "bf16") if d in hw.measured_peak_flops)

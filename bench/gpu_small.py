@@ -33,9 +33,16 @@ import torch
 
 import _harness as bench
 from saturate.hardware import measure_matmul_peak, probe
+from saturate.hardware.mfu import mfu
 from saturate.plan import Plan
 
 GOAL_MFU = 0.45
+
+
+def _mfu_spread(achieved: list[float], peak: float | None, source: str) -> bench.Spread | None:
+    """MFU per round through saturate's one MFU function; None when unknown or any round exceeds the peak."""
+    values = [mfu(a, peak, source).value for a in achieved]
+    return None if any(v is None for v in values) else bench.Spread.of(values)  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,16 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     rows, summary = [], {}
     for name, runs in results.items():
         tps = bench.Spread.of(bench.tokens_per_s(runs))
-        mfu_measured = bench.Spread.of([t.tokens_per_s * flops_per_token / peak_measured for t in runs])
-        mfu_sheet = (bench.Spread.of([t.tokens_per_s * flops_per_token / peak_sheet for t in runs])
-                     if peak_sheet else None)
+        mfu_measured = _mfu_spread([t.tokens_per_s * flops_per_token for t in runs], peak_measured, "measured")
+        mfu_sheet = _mfu_spread([t.tokens_per_s * flops_per_token for t in runs], peak_sheet, "datasheet")
         peak_mem = max((t.peak_memory_bytes or 0) for t in runs) / 2**30
         fell_back = any(n.startswith("torch.compile") for t in runs for n in t.notes)
         label = f"{name} (fell back to eager!)" if fell_back else name
-        rows.append([label, tps.fmt(",.0f"), mfu_measured.fmt(".1f", 100, "%"),
+        rows.append([label, tps.fmt(",.0f"), mfu_measured.fmt(".1f", 100, "%") if mfu_measured else "n/a",
                      mfu_sheet.fmt(".1f", 100, "%") if mfu_sheet else "n/a", f"{peak_mem:.1f}"])
         summary[name] = {"plan": plans[name].to_dict(), "tokens_per_s": tps.to_dict(),
-                         "mfu_vs_measured": mfu_measured.to_dict(),
+                         "mfu_vs_measured": mfu_measured.to_dict() if mfu_measured else None,
                          "mfu_vs_datasheet": mfu_sheet.to_dict() if mfu_sheet else None,
                          "peak_memory_gib": peak_mem, "notes": sorted({n for t in runs for n in t.notes}),
                          "per_round": [t.to_dict() for t in runs]}

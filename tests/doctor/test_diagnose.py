@@ -12,7 +12,14 @@ import os
 
 import pytest
 import torch
-from toy import Hungry, Samples, mlp_loss_read_every_step, mlp_workload, one_thread  # noqa: F401
+from toy import (  # noqa: F401
+    Hungry,
+    Samples,
+    mlp_loss_read_every_step,
+    mlp_workload,
+    neighbours_ignored,
+    one_thread,
+)
 
 from saturate.doctor.run import DoctorConfig, apply_fix, diagnose, outcome, plan_fix
 from saturate.errors import ConfigError
@@ -23,7 +30,7 @@ from saturate.workloads import build_workload
 QUICK = DoctorConfig(steps=4, warmup=1, count_steps=1, min_seconds=0.0)
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "neighbours_ignored")
 
 
 def test_slow_samples_are_input_bound_and_the_workers_fix_is_measured_faster(cpu):
@@ -50,7 +57,7 @@ def test_a_tiny_model_at_micro_batch_one_is_overhead_bound(cpu):
     workload = mlp_workload(Samples(), effective_batch=32, hidden=8)
     config = DoctorConfig(steps=4, warmup=1, count_steps=0, min_seconds=0.3)  # steps of a few ms: time more
     d = diagnose(workload, Plan(micro_batch=1, grad_accum=32), config, hardware=cpu)
-    assert d.verdict == "overhead-bound"
+    assert d.verdict == "overhead-bound", [(f.verdict, f.evidence) for f in d.findings]
     probe_ = d.measurements.scaling
     assert probe_.micro_batches == (1, 4) and probe_.fixed_share(1) >= 0.5
     top = d.fixes[0]

@@ -7,12 +7,12 @@ import time
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
-from toy import one_thread  # noqa: F401
+from toy import neighbours_ignored, one_thread  # noqa: F401
 
 from saturate import Profiler
 from saturate.errors import SaturateError
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "neighbours_ignored")
 
 
 class Samples(Dataset):

@@ -267,3 +267,73 @@ def test_diagnosis_serialises_to_plain_json():
     d = decide(measured(swap_bytes=1024**3))
     text = json.dumps(d.to_dict())
     assert '"verdict": "host-memory-bound"' in text
+
+
+# --- a verdict that does not flip on a busy machine ------------------------------------------------
+
+def _busy(other_cores: float = 1.2, cores: int = 2) -> dict:
+    from saturate.doctor.instrument import contention_record
+    from saturate.hardware.contention import Contention
+
+    return contention_record(Contention(seconds=3.0, usable_cores=cores, other_cores=other_cores, own_cores=0.8))
+
+
+def test_other_processes_on_our_cores_make_the_verdict_contended_not_the_workload():
+    overhead = dict(micro_batch=1, grad_accum=32, step_s=32 * 0.0105 + 0.004,
+                    scaling=ScalingProbe((1, 4), (0.0105, 0.012)),
+                    phases={"data": 0.001, "forward": 0.12, "backward": 0.21, "optimizer": 0.003, "other": 0.002})
+    assert decide(measured(**overhead)).verdict == "overhead-bound"
+    d = decide(measured(**overhead, contention=_busy()))
+    assert d.verdict == "contended" and d.label.startswith("contended")
+    assert d.evidence[0].startswith("machine busy: other processes kept 1.2 of 2 usable CPU cores busy (60 %)")
+    assert d.fixes == []  # nothing is proposed from timings the neighbours distorted
+    assert "overhead-bound" in [f.verdict for f in d.findings]  # what held is still listed
+    assert d.to_dict()["measurements"]["contention"]["significant"] is True
+    quiet = decide(measured(**overhead, contention=_busy(other_cores=0.1)))
+    assert quiet.verdict == "overhead-bound"
+
+
+def test_memory_risks_still_win_over_contention():
+    assert decide(measured(swap_bytes=1024**3, contention=_busy())).verdict == "host-memory-bound"
+
+
+def test_contention_and_our_own_oversubscription_are_said_together():
+    d = decide(measured(num_workers=2, cpu_threads=2, cpu_cores=2, contention=_busy()))
+    assert d.verdict == "contended" and any("torch.set_num_threads(1)" in e for e in d.evidence)
+
+
+def test_a_fixed_share_within_the_spread_of_the_threshold_is_not_called_either_way():
+    # Fixed share ~50 %: two runs measuring 48 % and 53 % with 10 % timing spread give the same verdict.
+    runs = [ScalingProbe((1, 4), (0.0100, 0.0256), spread=(0.10, 0.10)),  # fixed 4.8 ms of 10 ms: 48 %
+            ScalingProbe((1, 4), (0.0100, 0.0241), spread=(0.10, 0.10))]  # fixed 5.3 ms: 53 %
+    assert [round(p.fixed_share(1), 2) for p in runs] == [0.48, 0.53]
+    verdicts = {decide(measured(micro_batch=1, grad_accum=8, scaling=p)).verdict for p in runs}
+    assert verdicts == {"compute-bound"}
+    d = decide(measured(micro_batch=1, grad_accum=8, scaling=runs[1]))
+    assert any(f.verdict == "note" and "across the 50 % threshold" in f.evidence[0] for f in d.findings)
+    # The same 53 % measured tightly is called.
+    tight = ScalingProbe((1, 4), (0.0100, 0.0241), spread=(0.01, 0.01))
+    assert decide(measured(micro_batch=1, grad_accum=8, scaling=tight)).verdict == "overhead-bound"
+
+
+def test_the_contention_line_is_printed_first():
+    import io
+
+    from rich.console import Console
+
+    from saturate.doctor.report import render
+
+    out = io.StringIO()
+    render(decide(measured(contention=_busy())), Console(file=out, width=200, color_system=None))
+    lines = out.getvalue().splitlines()
+    assert lines[1].startswith("machine busy: other processes kept 1.2 of 2") and "verdict: contended" in out.getvalue()
+
+
+def test_measurements_with_contention_and_spread_survive_json():
+    import json
+
+    from saturate.doctor.findings import Measurements
+
+    m = measured(contention=_busy(), scaling=ScalingProbe((1, 4), (0.01, 0.02), spread=(0.1, 0.2)))
+    back = Measurements.from_dict(json.loads(json.dumps(m.to_dict())))
+    assert back.contention == m.contention and back.scaling.spread == (0.1, 0.2)

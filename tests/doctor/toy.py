@@ -74,3 +74,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def neighbours_ignored(monkeypatch):
+    """The verdict of the workload itself, on a test machine that other jobs share.
+
+    On a busy machine the doctor's verdict is "contended" (the timings are partly the neighbours'),
+    which test_rules.py checks on constructed measurements; tests that check what a workload's own
+    timings lead to measure contention as usual but do not let it decide the verdict.
+    """
+    from saturate.hardware.contention import Contention
+
+    monkeypatch.setattr(Contention, "significant", lambda self: False)

@@ -12,7 +12,9 @@ from saturate.hardware.peaks import DATASHEET_PEAK_FLOPS, datasheet_peaks, measu
 
 
 def test_measure_matmul_peak_cpu_is_positive() -> None:
-    assert 1e8 < measure_matmul_peak("cpu", torch.float32, seconds=0.05) < 1e14
+    assert 1e8 < measure_matmul_peak("cpu", torch.float32, seconds=0.02, repeats=2) < 1e14
+    runs = peaks.matmul_peak_runs("cpu", torch.float32, seconds=0.02, repeats=3)
+    assert len(runs) == 3 and all(r > 0 for r in runs)
 
 
 def test_tf32_setting_is_restored_even_on_error() -> None:

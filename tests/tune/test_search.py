@@ -292,3 +292,63 @@ def test_a_rejected_compilation_is_discarded_an_accepted_one_kept():
     trial = next(t for t in rejected.trials if t.stage == "compile")
     assert trial.ok and rejected.plan.compile == "none" and "to compile" in trial.verdict
     assert machine.discarded == 1
+
+
+def test_a_fixed_micro_batch_is_the_only_one_tried_and_the_other_knobs_are_searched():
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB))
+    result = search(machine, Plan(), settings(planned_steps=100_000, fixed_micro_batch=8))
+    assert {p.micro_batch for p in machine.tried} == {8}
+    assert (result.plan.micro_batch, result.plan.grad_accum) == (8, 8)
+    assert result.plan.precision == "bf16" and result.plan.fused_optimizer  # still searched
+
+
+def test_tune_keeps_a_batchnorm_models_micro_batch_and_says_so(tmp_path, cpu):
+    import torch.nn as nn
+    from rich.console import Console
+
+    from saturate.tune import tune
+    from saturate.workloads.base import Optimization, Workload
+
+    w = Workload(name="bn", build_model=lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)), train_data=[],
+                 val_data=None, loss_fn=lambda m, b: 0, optim=Optimization(effective_batch=64, lr=1e-3), micro_batch=8)
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB), device_type="cpu")
+    console = Console(record=True, width=200, file=open("/dev/null", "w"))  # noqa: SIM115
+    result = tune(w, cpu, out_dir=tmp_path / "t", measurer=machine, try_compile=False, use_cache=False,
+                  console=console)
+    line = "BatchNorm2d in the model: micro-batch kept at 8 (it changes the maths)"
+    assert {p.micro_batch for p in machine.tried} == {8} and result.plan.micro_batch == 8
+    assert line in console.export_text() and result.search.decisions[0].startswith(line)
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB), device_type="cpu")
+    tune(w, cpu, out_dir=tmp_path / "u", measurer=machine, try_compile=False, use_cache=False, console=console,
+         allow_micro_batch_change=True)
+    assert len({p.micro_batch for p in machine.tried}) > 1
+
+
+def test_loss_drift_measures_differences_against_the_loss_scale_not_a_loss_near_zero():
+    from saturate.tune.search import loss_drift
+
+    fp32 = [2.30, 1.20, 0.40, 0.12, 0.10]
+    resnet_bf16 = [2.31, 1.21, 0.41, 0.15, 0.14]  # 40 % of 0.1 apart at the end: the same learning
+    assert abs(0.14 - 0.10) / 0.10 > 0.39  # what the old relative check saw
+    assert loss_drift(resnet_bf16, fp32) == pytest.approx(0.04 / 2.30)
+    assert loss_drift(resnet_bf16, fp32) < SearchSettings(effective_batch=1, planned_steps=1).loss_tolerance
+    diverging = [2.30, 1.90, 1.80, 2.10, 2.60]  # stops learning, then grows
+    assert loss_drift(diverging, fp32) > 0.5
+    assert loss_drift([2.30, float("nan"), 0.4, 0.12, 0.1], fp32) == float("inf")
+    assert loss_drift([5.0, 4.6], [5.0, 4.5]) == pytest.approx(0.1 / 5.0)  # early: the relative difference
+    assert loss_drift([], fp32) == float("inf")
+
+
+def test_bf16_near_zero_losses_are_accepted_and_a_diverging_bf16_rejected():
+    def near_zero(p: Plan) -> list[float]:
+        return [2.30, 1.20, 0.40, 0.12, 0.10] if p.precision == "fp32" else [2.31, 1.21, 0.41, 0.15, 0.14]
+
+    def diverging(p: Plan) -> list[float]:
+        return [2.30, 1.20, 0.40, 0.12, 0.10] if p.precision == "fp32" else [2.30, 1.90, 1.80, 2.10, 2.60]
+
+    accepted = search(FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB), losses=near_zero),
+                      Plan(), settings(try_compile=False))
+    assert accepted.plan.precision == "bf16"
+    rejected = search(FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB), losses=diverging),
+                      Plan(), settings(try_compile=False))
+    assert rejected.plan.precision == "fp32" and any("bf16 rejected" in d for d in rejected.decisions)

@@ -262,3 +262,17 @@ def test_samples_that_are_not_tokens_get_no_tokens_column():
         sink.log(1, {"train/loss": 1.0, "throughput/tokens_per_s": 100.0 * per_sample,
                      "throughput/samples_per_s": 100.0, "memory/peak_gib": 0.1})
         assert ("tok/s" in sink.console.export_text()) is shown
+
+
+def test_the_before_after_table_never_shows_an_mfu_above_the_peak():
+    from saturate.hardware.mfu import mfu
+    from saturate.tune.run import Row, comparison_table
+
+    plan = Plan(micro_batch=4, grad_accum=2)
+    rows = [Row("naive", plan, 100.0, None, 0.32, None, None, mfu(5e9, 1e10, "measured")),
+            Row("tuned", plan, 300.0, None, 0.1, None, None, mfu(1.5e10, 1e10, "measured"))]
+    console = Console(record=True, width=200, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(comparison_table(rows, SimpleNamespace(name="w", tokens_per_sample=1), "device"))
+    text = console.export_text()
+    assert "50.0 %" in text and "150" not in text and "n/a" in text
+    assert rows[1].to_dict()["mfu"] is None and rows[1].to_dict()["mfu_detail"]["exceeds_peak"] is True

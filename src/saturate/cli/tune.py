@@ -43,6 +43,9 @@ def _add_tuning_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=float, metavar="SECONDS", help="tuning time budget (default: none)")
     p.add_argument("--allow-batch-change", action="store_true",
                    help="let the effective batch grow (learning rate rescaled linearly); default: kept exactly")
+    p.add_argument("--allow-micro-batch-change", action="store_true",
+                   help="search the micro-batch even when the model has batch-coupled layers (BatchNorm), which "
+                        "changes the maths; default: kept")
     p.add_argument("--no-compile", action="store_true", help="do not try torch.compile")
 
 
@@ -78,7 +81,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     console = _console() if args.wide else Console()
     tune(workload_from_args(args), hw, budget_s=args.budget, planned_steps=args.steps,
          allow_batch_change=args.allow_batch_change, out_dir=args.out, seed=args.seed,
-         try_compile=not args.no_compile, console=console, wide=args.wide)
+         try_compile=not args.no_compile, console=console, wide=args.wide,
+         allow_micro_batch_change=args.allow_micro_batch_change)
     return 0
 
 
@@ -96,7 +100,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     report = run(workload_from_args(args), hw, budget_s=args.budget, steps=args.steps, minutes=args.minutes,
                  run_dir=args.run_dir, allow_batch_change=args.allow_batch_change, seed=args.seed,
                  progress=not args.no_progress, try_compile=not args.no_compile, console=_console(),
-                 source=source_record(source_from_args(args)))
+                 source=source_record(source_from_args(args)),
+                 allow_micro_batch_change=args.allow_micro_batch_change)
     if not report.training.interrupted:
         return 0
     return 75 if report.training.stop_signal in PREEMPTION_SIGNALS else 130

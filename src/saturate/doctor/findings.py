@@ -20,6 +20,9 @@ VERDICTS = {
     "overhead-bound": "launch/overhead-bound",
     "device-memory-underused": "device memory under-used",
     "compute-bound": "compute-bound (healthy)",
+    # Other processes kept our cores (or GPU) busy while we measured: the timings say more about the
+    # neighbours than about the workload, so no verdict blames it (hardware.contention).
+    "contended": "contended (other processes were using this machine)",
 }
 
 OOM_SHARE = 0.92
@@ -42,6 +45,8 @@ class ScalingProbe:
     micro_batches: tuple[int, int]
     seconds: tuple[float, float]
     peak_memory: tuple[int | None, int | None] = (None, None)  # device bytes; None on the CPU
+    # Relative spread of each timing over its repeats ((slowest - fastest) / fastest); `seconds` are the fastest.
+    spread: tuple[float, float] = (0.0, 0.0)
 
     @property
     def per_sample_s(self) -> float:
@@ -59,6 +64,17 @@ class ScalingProbe:
     def fixed_share(self, b: int) -> float:
         t = self.time_at(b)
         return self.fixed_s / t if t > 0 else 0.0
+
+    def fixed_share_range(self, b: int) -> tuple[float, float]:
+        """The lowest and highest fixed share the two timings allow within their spreads.
+
+        A slower small micro-batch (or a faster large one) means a larger fixed part, and the other
+        way round; a verdict is only called when the whole range is on one side of its threshold.
+        """
+        (t1, t2), (s1, s2) = self.seconds, self.spread
+        shares = [ScalingProbe(self.micro_batches, times).fixed_share(b)
+                  for times in ((t1, t2 * (1 + s2)), (t1 * (1 + s1), t2))]
+        return min(shares + [self.fixed_share(b)]), max(shares + [self.fixed_share(b)])
 
     def memory_at(self, b: int) -> float | None:
         (b1, b2), (m1, m2) = self.micro_batches, self.peak_memory
@@ -114,6 +130,8 @@ class Measurements:
     cpu_cores: int = 1
     cpu_threads: int | None = None  # torch intra-op threads of the training process
     scaling: ScalingProbe | None = None
+    # What other processes used while we measured (hardware.contention.Contention.to_dict() plus its "line")
+    contention: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -135,7 +153,8 @@ class Measurements:
                 d[name] = Stat(**d[name])
         if isinstance(d.get("scaling"), dict):
             s = d["scaling"]
-            d["scaling"] = ScalingProbe(tuple(s["micro_batches"]), tuple(s["seconds"]), tuple(s["peak_memory"]))
+            d["scaling"] = ScalingProbe(tuple(s["micro_batches"]), tuple(s["seconds"]), tuple(s["peak_memory"]),
+                                        tuple(s.get("spread", (0.0, 0.0))))
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 

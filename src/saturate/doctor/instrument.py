@@ -19,6 +19,7 @@ import torch
 from saturate.doctor.findings import Measurements
 from saturate.doctor.measure import PHASES, PhaseClock, SyncCounter
 from saturate.hardware import synchronize
+from saturate.hardware.contention import Contention, ContentionMeter
 from saturate.telemetry import Sampler, Snapshot, Stat, gpu_stat, host_memory_budget, host_stat, swap_traffic
 
 
@@ -46,6 +47,8 @@ class Instrument:
         self.notes: list[str] = []
         self._budget: tuple[int, str] | None = None
         self._mem_peak: int | None = None
+        self._meter: ContentionMeter | None = None
+        self.contention: Contention | None = None  # what other processes used over the timed window
 
     # --- phases ---------------------------------------------------------------------------------
 
@@ -109,6 +112,7 @@ class Instrument:
             torch.cuda.reset_peak_memory_stats(self.device)
         synchronize(self.device)
         self.mode = "time"
+        self._meter = ContentionMeter().start()
         self._t0 = time.perf_counter()
 
     def begin_step(self) -> None:
@@ -124,6 +128,8 @@ class Instrument:
         synchronize(self.device)
         self.window_s = time.perf_counter() - self._t0
         self.mode = "idle"
+        if self._meter is not None:
+            self.contention = self._meter.stop()
         if self.device.type == "cuda":
             self._mem_peak = int(torch.cuda.max_memory_reserved(self.device))
         if self.sampler is not None:
@@ -196,6 +202,7 @@ class Instrument:
                     if span > 0:
                         busy = b.children_cpu_seconds - a.children_cpu_seconds
                         m.data_cpu_share = min(1.0, busy / (span * workers))
+        m.contention = contention_record(self.contention) if self.contention is not None else None
         m.notes += self.notes
         return m
 
@@ -215,6 +222,11 @@ class Instrument:
         m.workers_seen = max((sum(pid in self.worker_pids for pid in p.children_bytes) for p in procs), default=0)
         if self._budget is not None:
             m.host_budget, m.host_budget_source = self._budget
+
+
+def contention_record(c: Contention) -> dict[str, Any]:
+    """A Contention as Measurements keeps it: plain JSON, with the line the report prints first."""
+    return {**c.to_dict(), "line": c.line()}
 
 
 def _cores() -> int:

@@ -68,6 +68,8 @@ def render(d: Diagnosis, console: Console | None = None, title: str = "saturate 
     console = console or Console(highlight=False)
     m = d.measurements
     console.print(Text(f"{title}: {_where(m)}", style="bold"))
+    if m.contention and m.contention.get("line"):  # what else ran meanwhile, first: it colours every figure below
+        console.print(Text(m.contention["line"], style="bold yellow" if m.contention.get("significant") else "dim"))
     console.print(f"{m.steps} steps timed: {m.step_s:.4g} s per optimizer step"
                   + (f", {m.samples_per_step / m.step_s:.1f} samples/s" if m.samples_per_step else "")
                   + f" (measured; phases in {m.timing})")
@@ -109,7 +111,8 @@ def render(d: Diagnosis, console: Console | None = None, title: str = "saturate 
         console.print(f"job memory peak ({m.memory_kind.upper()}, training process and workers): "
                       f"{_gib(m.tree_peak)}{budget}{workers}")
     console.print()
-    console.print(Text(f"verdict: {d.label}", style="bold red" if d.verdict != "compute-bound" else "bold green"))
+    style = {"compute-bound": "bold green", "contended": "bold yellow"}.get(d.verdict, "bold red")
+    console.print(Text(f"verdict: {d.label}", style=style))
     for e in d.evidence:
         console.print(Text(f"  • {e}"))
     for f in d.findings[1:]:

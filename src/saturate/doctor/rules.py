@@ -12,13 +12,20 @@ The rules:
                          time (accelerators; a sync costs nothing on a CPU, where reads are
                          reported as a note, never as the verdict)
 5. launch/overhead-bound the fixed cost of a micro-step (from the batch-scaling probe) is ≥ 50 %
-                         of its forward+backward, or, without a probe, the device is idle ≥ 40 %
-                         with no data wait and no sync to blame
+                         of its forward+backward over the whole range the probe's timing spread
+                         allows (a range across 50 % is a note, not a verdict, so two runs of the
+                         same job do not flip between this and compute-bound), or, without a
+                         probe, the device is idle ≥ 40 % with no data wait and no sync to blame
 6. device memory under-used  peak < 50 % of the device and a larger micro-batch that fits is
                          predicted ≥ 10 % faster
 7. compute-bound (healthy), when none of the above holds.
+8. contended             other processes kept a significant share of our cores busy (or held our
+                         GPU) while we measured (hardware.contention): the timings are partly the
+                         neighbours', so this is the verdict and no fix is proposed from them; the
+                         rules that held are still listed. (Our own loader workers and torch
+                         threads oversubscribing a CPU run's cores is a note.)
 
-The memory risks (1, 2) win whenever they hold. Otherwise, of the rules that hold, the verdict is
+The memory risks (1, 2) win whenever they hold, then contention. Otherwise, of the rules that hold, the verdict is
 the one whose best fix (keeping the training the same) is predicted to gain the most, ties going
 to the order above: a tiny model at micro-batch 1 also waits a little for each of its many
 batches, but it is the per-micro-step cost, not the data, that a fix removes. The other rules
@@ -201,8 +208,14 @@ def _check_overhead(m: Measurements) -> Finding | None:
     probe = m.scaling
     if probe is not None and m.micro_batch:
         share = probe.fixed_share(m.micro_batch)
-        if share < FIXED_SHARE:
+        low, high = probe.fixed_share_range(m.micro_batch)
+        if high < FIXED_SHARE:
             return None
+        if low < FIXED_SHARE:  # the threshold lies inside the measurement's spread: say so, call nothing
+            return Finding("note", [
+                f"the fixed part of a micro-step is {pct(low)}..{pct(high)} within the spread of the probe's "
+                f"timings, across the {pct(FIXED_SHARE)} threshold of launch/overhead-bound: not called either "
+                "way (a quieter machine or a longer probe would decide)"])
         evidence = [f"a micro-step costs {ms(probe.fixed_s)} whatever its size plus {ms(probe.per_sample_s)} per "
                     f"sample: at micro-batch {m.micro_batch} the fixed part is {pct(share)} of it (measured at "
                     f"micro-batch {probe.micro_batches[0]} and {probe.micro_batches[1]})"]
@@ -256,16 +269,20 @@ def _check_memory_underused(m: Measurements) -> Finding | None:
     return Finding("device-memory-underused", evidence, [fix])
 
 
-def _check_cpu_contention(m: Measurements) -> Finding | None:
-    """On a CPU run, loader workers and torch's intra-op threads share the same cores."""
-    if m.accelerator or not m.num_workers or m.cpu_threads is None:
-        return None
-    if m.cpu_threads + m.num_workers <= m.cpu_cores:
-        return None
-    return Finding("note", [
-        f"{m.num_workers} loader worker(s) and {m.cpu_threads} intra-op threads share {m.cpu_cores} cores: on a CPU "
-        "run every worker wake-up can stall the training's threads at a barrier; "
-        f"torch.set_num_threads({max(1, m.cpu_cores - m.num_workers)}) leaves the workers a core"])
+def _check_contention(m: Measurements) -> Finding | None:
+    """Others on our cores or GPU: the verdict "contended". Our own workers and threads oversubscribing: a note."""
+    own = None
+    if not m.accelerator and m.num_workers and m.cpu_threads is not None \
+            and m.cpu_threads + m.num_workers > m.cpu_cores:
+        own = (f"{m.num_workers} loader worker(s) and {m.cpu_threads} intra-op threads share {m.cpu_cores} cores: on "
+               "a CPU run every worker wake-up can stall the training's threads at a barrier; "
+               f"torch.set_num_threads({max(1, m.cpu_cores - m.num_workers)}) leaves the workers a core")
+    if m.contention and m.contention.get("significant"):
+        evidence = [m.contention.get("line") or "other processes were using this machine while it was measured",
+                    "the timings include the neighbours' share, so they do not describe this workload alone: no fix "
+                    "is proposed from them; run the doctor again when the machine is quieter"]
+        return Finding("contended", evidence + ([own] if own else []), [])
+    return Finding("note", [own]) if own else None
 
 
 def _compute_bound(m: Measurements) -> Finding:
@@ -301,13 +318,16 @@ def _best_gain(f: Finding) -> float:
 def decide(m: Measurements) -> Diagnosis:
     """One verdict from the measurements, with its evidence and fixes ranked by predicted gain."""
     checks = (_check_oom, _check_host_memory, _check_input, _check_sync, _check_overhead, _check_memory_underused,
-              _check_cpu_contention)
+              _check_contention)
     findings = [f for check in checks if (f := check(m)) is not None]
     verdicts = [f for f in findings if f.verdict != "note"]
     notes = [f for f in findings if f.verdict == "note"]
     safety = [f for f in verdicts if f.verdict in ("oom-risk", "host-memory-bound")]
+    contended = [f for f in verdicts if f.verdict == "contended"]
     if safety:
         main = safety[0]
+    elif contended:
+        main = contended[0]
     elif verdicts:
         order = {f.verdict: i for i, f in enumerate(verdicts)}
         main = max(verdicts, key=lambda f: (_best_gain(f), -order[f.verdict]))
@@ -316,7 +336,7 @@ def decide(m: Measurements) -> Diagnosis:
     others = [f for f in verdicts if f is not main]
     fixes = _rank(main.fixes)
     seen = {f.title for f in fixes}
-    for f in _rank([x for o in others for x in o.fixes]):
+    for f in _rank([x for o in others for x in o.fixes] if main.verdict != "contended" else []):
         if f.title not in seen:
             fixes.append(f)
             seen.add(f.title)

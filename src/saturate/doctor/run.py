@@ -18,12 +18,13 @@ import torch
 from torch.utils.data import default_collate
 
 from saturate.doctor.findings import Diagnosis, Fix, ScalingProbe
-from saturate.doctor.instrument import Instrument, loader_worker_pids
+from saturate.doctor.instrument import Instrument, contention_record, loader_worker_pids
 from saturate.doctor.rules import decide
 from saturate.engine.schedule import scaled_lr
 from saturate.engine.step import OutOfMemoryError, Stepper, split_batch, to_device
 from saturate.errors import ConfigError, SaturateError
 from saturate.hardware import synchronize
+from saturate.hardware.contention import ContentionMeter
 from saturate.plan import Plan, default_plan
 from saturate.workloads.base import Workload
 
@@ -87,6 +88,7 @@ def diagnose(workload: Workload, plan: Plan | None = None, config: DoctorConfig 
             for _ in range(cfg.count_steps):
                 stepper.step(batches, timer=inst.timer)
             inst.end_count(cfg.count_steps)
+        meter = ContentionMeter().start()  # what else runs, over the timed steps and the probe
         inst.begin_timing()
         start = time.perf_counter()
         done = 0
@@ -104,6 +106,7 @@ def diagnose(workload: Workload, plan: Plan | None = None, config: DoctorConfig 
     if cfg.scaling:
         probe = scaling_probe(stepper, workload, plan, dev, notes)
     item_s = time_items(workload, plan, done + warmup + cfg.count_steps) if cfg.scaling else None
+    contention = meter.stop()
     m = inst.measurements(
         context="plan", device_type=hw.device_type, samples_per_step=float(effective), micro_batch=plan.micro_batch,
         grad_accum=plan.grad_accum, num_workers=plan.num_workers, prefetch_factor=plan.prefetch_factor,
@@ -111,6 +114,7 @@ def diagnose(workload: Workload, plan: Plan | None = None, config: DoctorConfig 
         supports_bf16=bool(hw.supports.get("bf16")))
     m.scaling = probe
     m.item_s = item_s
+    m.contention = contention_record(contention)
     m.notes = notes + m.notes
     if hw.devices:
         m.device_name = hw.devices[dev.index or 0].name
@@ -161,7 +165,9 @@ def scaling_probe(stepper: Stepper, workload: Workload, plan: Plan, device: torc
         notes.append(f"batch-scaling probe: micro-batch {large} does not fit in device memory")
         return None
     seconds = [min(times[b]) for b in sizes]
-    return ScalingProbe((small, large), (seconds[0], seconds[1]), (memory[small], memory[large]))
+    spread = [(max(times[b]) - min(times[b])) / min(times[b]) if min(times[b]) > 0 else 0.0 for b in sizes]
+    return ScalingProbe((small, large), (seconds[0], seconds[1]), (memory[small], memory[large]),
+                        (spread[0], spread[1]))
 
 
 def time_items(workload: Workload, plan: Plan, step: int, k: int = 16, reps: int = 3) -> float | None:

@@ -77,6 +77,8 @@ class ConsoleSink:
         parts = [f"loss {metrics['train/loss']:.4f}", rate]
         if "throughput/mfu" in metrics:
             parts.append(f"MFU {100 * metrics['throughput/mfu']:.1f}%")
+        elif "throughput/achieved_over_peak" in metrics:
+            parts.append("MFU n/a")  # above the peak estimate: the summary says why
         if "memory/peak_gib" in metrics:
             parts.append(f"mem {metrics['memory/peak_gib']:.2f} GiB")
         else:
@@ -106,8 +108,8 @@ class ConsoleSink:
         if result.tokens_per_s is not None:
             t.add_row("throughput", f"{_fmt_rate(result.tokens_per_s)} tokens/s, {result.samples_per_s:.1f} samples/s"
                       if self.tokens else f"{result.samples_per_s:,.1f} samples/s")
-        if result.mfu is not None:
-            t.add_row("MFU", f"{100 * result.mfu:.1f}% of {result.peak_label}")
+        if result.mfu_note:
+            t.add_row("MFU", result.mfu_note)
         if result.peak_memory_bytes is not None:
             t.add_row(f"peak memory ({result.memory_kind})", f"{result.peak_memory_bytes / 2**30:.2f} GiB")
         if result.train_loss is not None:

@@ -51,7 +51,7 @@ from saturate.engine.summary import mfu_peak, write_json
 from saturate.engine.trackers import make_sinks, parse_log_to
 from saturate.engine.watch import TrainingWatch
 from saturate.errors import CheckpointError, ConfigError, SaturateError
-from saturate.hardware import measure_matmul_peak, synchronize
+from saturate.hardware import synchronize
 from saturate.plan import Plan
 from saturate.workloads.base import FLOAT32_MAX, Workload
 
@@ -248,7 +248,7 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
     pin = plan.pin_memory and device.type == "cuda"
     if plan.pin_memory and not pin:
         notes.append(f"pin_memory has no effect on {device.type}; not used")
-    peak, peak_label = mfu_peak(hw, plan, measure_matmul_peak)
+    peak, peak_label = mfu_peak(hw, plan)
     if peak is not None and world > 1:
         peak, peak_label = peak * world, f"{world} × {peak_label}"  # MFU of all the devices together
 

@@ -7,7 +7,6 @@ import json
 import resource
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from saturate.atomic import DiskFullError, atomic_path, atomic_write_bytes
 from saturate.engine.checkpoint import state_bytes
 from saturate.engine.distributed import DistInfo, all_reduce_scalar
 from saturate.errors import CheckpointError
+from saturate.hardware.mfu import mfu
 from saturate.plan import Plan
 from saturate.workloads.base import Workload
 
@@ -45,20 +45,22 @@ class RunResult:
     stop_signal: str | None = None  # which one ("SIGTERM"); under torchrun, agreed by every rank
     stop_reason: str | None = None  # why it stopped before the schedule's end (early stop, a signal, the budget)
     finished: bool = False  # done: the schedule ran out, or it stopped on purpose (early stop, a callback)
+    mfu_note: str | None = None  # the MFU line (hardware.mfu): the figure and its peak, or why there is none
     notes: list[str] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)  # the workload's own end-of-run metrics (evaluate)
 
 
-def mfu_peak(hw: Any, plan: Plan, measure: Callable[..., float]) -> tuple[float | None, str]:
+def mfu_peak(hw: Any, plan: Plan) -> tuple[float | None, str]:
+    """The MFU denominator for a plan's precision: the probe's peak, else the stored (or now measured) one."""
+    from saturate.hardware.peak_store import matmul_peak
+
     dtype = {"bf16": "bf16", "fp16": "fp16"}.get(plan.precision, "tf32" if plan.tf32 else "fp32")
     if dtype == "tf32" and not hw.supports.get("tf32"):
         dtype = "fp32"
     peak, label = hw.peak_flops(dtype)
     if peak is None:
-        torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
         try:
-            peak = measure(hw.torch_device, torch_dtype, tf32=dtype == "tf32")
-            label = f"measured {dtype} matmul peak"
+            peak, label, _ = matmul_peak(hw, dtype)
         except Exception as e:  # a dtype the device cannot multiply: report MFU as unknown
             return None, f"unknown ({type(e).__name__})"
     return peak, label
@@ -87,7 +89,11 @@ def step_metrics(workload: Workload, plan: Plan, effective: int, steps: int, sec
     if grad_norm is not None:
         m["train/grad_norm"] = float(grad_norm)  # already synchronised by the loss read above
     if workload.flops_per_sample and peak:
-        m["throughput/mfu"] = samples_per_s * workload.flops_per_sample / peak
+        u = mfu(samples_per_s * workload.flops_per_sample, peak, "")
+        if u.value is not None:
+            m["throughput/mfu"] = u.value
+        elif u.exceeds_peak and u.achieved:  # recorded, never shown as an MFU
+            m["throughput/achieved_over_peak"] = u.achieved / peak
     if device.type == "cuda":
         m["memory/peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     else:
@@ -141,8 +147,8 @@ def fill_summary(result: RunResult, workload: Workload, effective: int, steps_th
         result.samples_per_s = steps_this_session * effective / result.train_seconds
     if result.samples_per_s:
         result.tokens_per_s = result.samples_per_s * workload.tokens_per_sample
-        if workload.flops_per_sample and peak:
-            result.mfu = result.samples_per_s * workload.flops_per_sample / peak
+        u = mfu(result.samples_per_s * (workload.flops_per_sample or 0), peak, result.peak_label)
+        result.mfu, result.mfu_note = u.value, u.text()
     if device.type == "cuda":
         result.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
     else:
@@ -153,7 +159,7 @@ def fill_summary(result: RunResult, workload: Workload, effective: int, steps_th
     write_json(run_dir / "summary.json", {
         "steps": result.steps, "total_steps": result.total_steps, "train_seconds": result.train_seconds,
         "samples_per_s": result.samples_per_s, "tokens_per_s": result.tokens_per_s, "mfu": result.mfu,
-        "mfu_peak": result.peak_label, "peak_memory_bytes": result.peak_memory_bytes,
+        "mfu_peak": result.peak_label, "mfu_note": result.mfu_note, "peak_memory_bytes": result.peak_memory_bytes,
         "memory_kind": result.memory_kind, "train_loss": result.train_loss, "val_loss": result.val_loss,
         "checkpoint": result.checkpoint, "weights": result.weights, "stopped_early": result.stopped_early,
         "stopped_by": result.stop_signal,

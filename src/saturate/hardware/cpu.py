@@ -1,4 +1,5 @@
-"""What the host CPU is: its name, its native reduced-precision matmuls, and the cores we may use.
+"""What the host CPU is: its name, its native reduced-precision matmuls, the cores we may use, and
+the most FLOP/s its instructions allow (the ceiling for a measured matmul peak).
 
 Read from /proc/cpuinfo (x86 and arm64 Linux), sysctl on macOS, the affinity mask and a
 container's cgroup CPU quota; ``probe()`` puts these in ``Hardware``.
@@ -86,3 +87,93 @@ def usable_cores() -> tuple[int, str | None]:
     except (OSError, ValueError):
         pass
     return max(1, cores), None
+
+
+# ---------------------------------------------------------------------------------------------
+# The instruction-set bound: a ceiling for the measured matmul peak
+
+# FLOPs per cycle per core (an FMA counts 2), for the widest matmul instructions a flag says the
+# core has, widest first; (flag set, FLOPs/cycle, where the figure comes from). Each is a ceiling:
+# the most execution units any core with that flag has. Sources: Intel 64 and IA-32 Architectures
+# Optimization Reference Manual (two 512-bit FMA units on AVX-512 server cores, two 256-bit on
+# Haswell and later; AVX-512 BF16's VDPBF16PS and AVX512-FP16 on the same two units); Intel's
+# Sapphire Rapids product brief (AMX: 1024 BF16/FP16 operations per cycle per core); Arm Neoverse
+# and Apple core guides (at most four 128-bit FMA pipes, or two 256-bit SVE pipes).
+_FLOPS_PER_CYCLE: dict[str, tuple[tuple[frozenset[str], int, str], ...]] = {
+    "fp32": (
+        (frozenset({"avx512f"}), 64, "AVX-512: 2 FMA units x 16 fp32 x 2"),
+        (frozenset({"avx2", "fma"}), 32, "AVX2+FMA: 2 FMA units x 8 fp32 x 2"),
+        (frozenset({"avx"}), 16, "AVX: one 8-wide add + one 8-wide multiply"),
+        (frozenset({"sse2"}), 8, "SSE2: one 4-wide add + one 4-wide multiply"),
+        (frozenset({"asimd"}), 32, "Arm NEON/SVE: at most 4 x 128-bit FMA pipes x 4 fp32 x 2"),
+    ),
+    "bf16": (
+        (frozenset({"amx_bf16"}), 1024, "AMX-BF16: 1024 BF16 operations per cycle"),
+        (frozenset({"avx512_bf16"}), 128, "AVX-512 BF16: 2 units x 32 bf16 pairs x 2"),
+    ),
+    "fp16": (
+        (frozenset({"amx_fp16"}), 1024, "AMX-FP16: 1024 FP16 operations per cycle"),
+        (frozenset({"avx512_fp16"}), 128, "AVX512-FP16: 2 FMA units x 32 fp16 x 2"),
+    ),
+}
+
+
+def flops_per_cycle(flags: set[str], dtype: str) -> tuple[int, str] | None:
+    """(FLOPs per cycle per core, the instructions it assumes) for a dtype; None when unknown.
+
+    A reduced precision without its own instructions is converted to fp32 by torch, so fp32's
+    figure is its ceiling.
+    """
+    for needed, flops, what in _FLOPS_PER_CYCLE.get(dtype, ()):
+        if needed <= flags:
+            return flops, what
+    if dtype in ("bf16", "fp16", "tf32"):
+        return flops_per_cycle(flags, "fp32")
+    return None
+
+
+def max_clock_hz(cpuinfo: str | None) -> tuple[float | None, str]:
+    """The highest clock a core may run at, and where it was read.
+
+    cpufreq's maximum (psutil.cpu_freq().max) when the system has one; else the largest "cpu MHz"
+    in /proc/cpuinfo, which is the current clock (virtual machines report no maximum), said so.
+    """
+    try:
+        import psutil
+
+        freq = psutil.cpu_freq()
+        if freq is not None and freq.max and freq.max > 0:
+            return freq.max * 1e6, "cpufreq maximum (psutil.cpu_freq().max)"
+    except (OSError, NotImplementedError, AttributeError):
+        pass
+    mhz = [float(v) for k, _, v in (line.partition(":") for line in (cpuinfo or "").splitlines())
+           if k.strip().lower() == "cpu mhz" and v.strip().replace(".", "", 1).isdigit()]
+    if mhz:
+        return max(mhz) * 1e6, "/proc/cpuinfo cpu MHz, the current clock: no cpufreq maximum here"
+    return None, "no clock readable"
+
+
+def physical_cores() -> int | None:
+    """Physical cores (hyperthreads of one core share its FMA units); None when unknown."""
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False)
+    except (OSError, NotImplementedError):
+        return None
+
+
+def instruction_set_bound(flags: set[str], cores: int, clock_hz: float | None, clock_source: str,
+                          dtype: str) -> tuple[float, str] | None:
+    """(FLOP/s, how it was computed): usable cores x max clock x FLOPs per cycle for the dtype.
+
+    A ceiling no measured matmul peak can exceed; None when the clock or the instructions are unknown.
+    """
+    per_cycle = flops_per_cycle(flags, dtype)
+    if per_cycle is None or not clock_hz:
+        return None
+    physical = physical_cores()
+    used = min(cores, physical) if physical else cores
+    flops, what = per_cycle
+    return (used * clock_hz * flops,
+            f"{used} cores x {clock_hz / 1e9:.2f} GHz [{clock_source}] x {flops} FLOPs/cycle [{what}]")

@@ -23,7 +23,8 @@ from rich.text import Text
 from saturate.errors import SaturateError
 from saturate.hardware import cpu
 from saturate.hardware.gpu_sensors import nvml_readings, uuid_of
-from saturate.hardware.peaks import PEAK_DTYPES, TORCH_DTYPES, datasheet_peaks, match_datasheet, measure_matmul_peak
+from saturate.hardware.peak_store import matmul_peak
+from saturate.hardware.peaks import PEAK_DTYPES, datasheet_peaks, match_datasheet
 
 _GIB = 1024**3
 
@@ -59,8 +60,11 @@ class Hardware:
     hip_version: str | None  # torch.version.hip
     driver_version: str | None  # from NVML where present
     telemetry: str  # "nvml", "torch" or "none": how GPU memory figures were read
-    # dtype -> FLOP/s measured by a matmul benchmark in this probe
+    # dtype -> FLOP/s of the matmul peak (best of several runs, stored per hardware: peak_store)
     measured_peak_flops: dict[str, float] = field(default_factory=dict)
+    measured_peak_source: dict[str, str] = field(default_factory=dict)  # dtype -> how it was measured
+    # dtype -> (FLOP/s, how computed): the CPU's instruction-set ceiling for a measured peak
+    peak_bounds: dict[str, tuple[float, str]] = field(default_factory=dict)
     # dtype -> (dense FLOP/s, source) when the device matched a DATASHEET_PEAK_FLOPS row
     datasheet_peak_flops: dict[str, tuple[float, str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # what could not be read or measured, and why
@@ -70,7 +74,8 @@ class Hardware:
 
         ``dtype`` is "fp32", "bf16" or "fp16"; pass "tf32" for fp32 with TF32 matmuls enabled.
         The datasheet dense peak wins when a row matched ("datasheet: <source>"), then the
-        matmul peak measured in this probe ("measured"), else ``(None, "unknown")``.
+        matmul peak (best of several runs, capped by the CPU's instruction-set bound; its label says
+        how it was measured), else ``(None, "unknown")``.
         """
         if dtype not in PEAK_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(PEAK_DTYPES)}, got {dtype!r}")
@@ -80,7 +85,7 @@ class Hardware:
             value, source = self.datasheet_peak_flops[dtype]
             return float(value), f"datasheet: {source}"
         if dtype in self.measured_peak_flops:
-            return float(self.measured_peak_flops[dtype]), "measured"
+            return float(self.measured_peak_flops[dtype]), self.measured_peak_source.get(dtype, "measured")
         return None, "unknown"
 
     def fingerprint(self) -> str:
@@ -230,7 +235,8 @@ def _resolve_device(device: str | None) -> tuple[str, str]:
 
 
 def probe(measure_peaks: bool = True, device: str | None = None) -> Hardware:
-    """Read the machine and, unless ``measure_peaks`` is False, measure matmul peaks (~1-2 s).
+    """Read the machine and, unless ``measure_peaks`` is False, its matmul peaks (stored per hardware:
+    a few seconds the first time, read back after).
 
     ``device`` None picks CUDA/ROCm, then MPS, then CPU; "cpu", "cuda", "cuda:N" or "mps" force
     one and raise SaturateError when it is not there.
@@ -279,23 +285,9 @@ def probe(measure_peaks: bool = True, device: str | None = None) -> Hardware:
         supports = cpu.cpu_supports(cpu_flags)
         if cpuinfo is None:
             notes.append("/proc/cpuinfo unreadable: native CPU bf16/fp16 assumed absent")
-        notes.append("CPUs have no datasheet row; MFU uses the measured peak")
+        notes.append("CPUs have no datasheet row; MFU uses the measured peak, capped by the instruction-set bound")
 
-    measured: dict[str, float] = {}
-    if measure_peaks:
-        for name in PEAK_DTYPES:
-            if name != "fp32" and not supports[name]:
-                if name != "tf32":
-                    notes.append(f"{name} not native on {torch_device}; its matmul peak was not measured")
-                continue
-            try:
-                measured[name] = measure_matmul_peak(torch_device, TORCH_DTYPES[name], tf32=name == "tf32")
-            except RuntimeError as exc:  # out of memory, or a dtype the backend rejects
-                notes.append(f"{name} matmul peak not measured: {_first_line(exc)}")
-    else:
-        notes.append("matmul peaks not measured (measure_peaks=False)")
-
-    return Hardware(
+    hw = Hardware(
         device_type=device_type,
         torch_device=torch_device,
         devices=devices,
@@ -311,10 +303,41 @@ def probe(measure_peaks: bool = True, device: str | None = None) -> Hardware:
         hip_version=torch.version.hip,
         driver_version=driver,
         telemetry=telemetry,
-        measured_peak_flops=measured,
         datasheet_peak_flops=datasheet,
+        peak_bounds=_cpu_bounds(cpu_flags, cpu_cores, cpuinfo) if device_type == "cpu" else {},
         notes=notes,
     )
+    if measure_peaks:
+        _measure_peaks(hw)
+    else:
+        notes.append("matmul peaks not measured (measure_peaks=False)")
+    return hw
+
+
+def _cpu_bounds(flags: set[str], cores: int, cpuinfo: str | None) -> dict[str, tuple[float, str]]:
+    clock, clock_source = cpu.max_clock_hz(cpuinfo)
+    bounds = {}
+    for name in ("fp32", "bf16", "fp16"):
+        bound = cpu.instruction_set_bound(flags, cores, clock, clock_source, name)
+        if bound is not None:
+            bounds[name] = bound
+    return bounds
+
+
+def _measure_peaks(hw: Hardware) -> None:
+    """Fill hw's measured peaks (stored per hardware, measured where none is stored yet)."""
+    for name in PEAK_DTYPES:
+        if name != "fp32" and not hw.supports[name]:
+            if name != "tf32":
+                hw.notes.append(f"{name} not native on {hw.torch_device}; its matmul peak was not measured")
+            continue
+        try:
+            value, source, notes = matmul_peak(hw, name)
+        except RuntimeError as exc:  # out of memory, or a dtype the backend rejects
+            hw.notes.append(f"{name} matmul peak not measured: {_first_line(exc)}")
+            continue
+        hw.measured_peak_flops[name], hw.measured_peak_source[name] = value, source
+        hw.notes += notes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,7 +380,11 @@ def render_hardware(hw: Hardware, console: Console) -> None:
     row("telemetry", hw.telemetry)
     for dtype in PEAK_DTYPES:
         if dtype in hw.measured_peak_flops:
-            row(f"peak {dtype}", f"{hw.measured_peak_flops[dtype] / 1e12:.3g} TFLOP/s (measured)")
+            row(f"peak {dtype}", f"{hw.measured_peak_flops[dtype] / 1e12:.3g} TFLOP/s "
+                f"({hw.measured_peak_source.get(dtype, 'measured')})")
+        if dtype in hw.peak_bounds:
+            value, source = hw.peak_bounds[dtype]
+            row(f"bound {dtype}", f"{value / 1e12:.3g} TFLOP/s (ceiling: {source})")
         if dtype in hw.datasheet_peak_flops:
             value, source = hw.datasheet_peak_flops[dtype]
             row(f"peak {dtype}", f"{value / 1e12:.4g} TFLOP/s (datasheet: {source})")

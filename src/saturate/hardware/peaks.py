@@ -1,5 +1,8 @@
 """What the hardware can do at peak: the cited datasheet table and a measured matmul peak.
 
+(The measured peak is kept per hardware on disk and capped by the CPU's instruction-set bound in
+``peak_store``; ``mfu`` divides by it.)
+
 ``DATASHEET_PEAK_FLOPS`` is the one table of constants in saturate, cited row by row and only
 used for a device whose name and multiprocessor count both match the datasheet part (see
 ``datasheet_peaks``); anything else gets the peak ``measure_matmul_peak`` measures.
@@ -192,10 +195,20 @@ def _time_matmuls(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, reps: int
 
 
 def measure_matmul_peak(
-    device: str, dtype: torch.dtype, seconds: float = 0.25, *, tf32: bool = False
+    device: str, dtype: torch.dtype, seconds: float = 0.2, *, tf32: bool = False, repeats: int = 5
 ) -> float:
-    """Achieved FLOP/s of square ``n x n`` matmuls on ``device`` in ``dtype``, timed for ~``seconds``.
+    """Achieved FLOP/s of square ``n x n`` matmuls on ``device`` in ``dtype``: the best of ``repeats``
+    timed runs of ~``seconds`` each (see ``matmul_peak_runs``)."""
+    return max(matmul_peak_runs(device, dtype, seconds, tf32=tf32, repeats=repeats))
 
+
+def matmul_peak_runs(
+    device: str, dtype: torch.dtype, seconds: float = 0.2, *, tf32: bool = False, repeats: int = 5
+) -> list[float]:
+    """FLOP/s of each of ``repeats`` timed runs of square matmuls, each ~``seconds`` long.
+
+    A peak is the best of several runs, not one reading: another process taking the cores for part
+    of a run lowers that run only, so the best run is the nearest to what the hardware can do.
     ``n`` starts at 4096 on a GPU and 1024 on a CPU and is doubled or halved until one matmul
     takes a few milliseconds: long enough that launch overhead and clock resolution vanish, short
     enough that the probe stays quick. ``tf32=True`` lets CUDA fp32 matmuls use TF32 tensor cores;
@@ -237,8 +250,8 @@ def measure_matmul_peak(
         calibration = max(1, int(0.05 * seconds / one))
         one = _time_matmuls(a, b, out, calibration) / calibration
         reps = max(3, math.ceil(seconds / one))
-        elapsed = _time_matmuls(a, b, out, reps)
+        runs = [2.0 * n**3 * reps / _time_matmuls(a, b, out, reps) for _ in range(max(1, repeats))]
         del a, b, out
     if dev.type == "cuda":
         torch.cuda.empty_cache()  # hand the benchmark's memory back before training allocates
-    return 2.0 * n**3 * reps / elapsed
+    return runs

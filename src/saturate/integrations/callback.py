@@ -21,23 +21,17 @@ from typing import Any
 import torch
 
 from saturate.errors import SaturateError
+from saturate.hardware.mfu import mfu as shared_mfu
 from saturate.telemetry import window_means
 
 
 def mfu(samples_per_s: float, flops_per_sample: float, peak: float | None, source: str,
         processes: int = 1) -> tuple[float | None, str]:
-    """Model FLOPs utilisation and how it was found; None (with the reason) when there is no real figure.
-    An MFU over 100 % is never reported: the denominator is then not this device's peak."""
-    if peak is None or peak <= 0:
-        return None, "MFU unknown: no peak FLOP/s for this device (no datasheet row, none measured)"
-    if flops_per_sample <= 0:
+    """Model FLOPs utilisation and its line, through `saturate.hardware.mfu` (never above 100 %)."""
+    if peak and flops_per_sample <= 0:
         return None, "MFU unknown: no FLOPs were counted for the model"
-    achieved = samples_per_s * flops_per_sample
-    value = achieved / (peak * processes)
-    if value > 1.0:
-        return None, (f"MFU not shown: {achieved / processes:.3g} FLOP/s per process is above the peak it would be "
-                      f"divided by ({peak:.3g} FLOP/s, {source}), so that peak is not this device's real one")
-    return value, f"{100 * value:.1f} % of {peak:.3g} FLOP/s ({source})"
+    u = shared_mfu(samples_per_s * flops_per_sample, peak, source, processes)
+    return u.value, u.text()
 
 
 def peak_dtype(low_precision: str | None) -> str:

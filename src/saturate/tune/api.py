@@ -25,6 +25,7 @@ from saturate.tune.results import SearchResult, SearchSettings
 from saturate.tune.search import search
 from saturate.tune.trial import LoaderTrial, Measurer, Trial
 from saturate.workloads.base import Workload
+from saturate.workloads.coupling import kept_micro_batch
 
 
 @dataclass
@@ -50,12 +51,15 @@ def fused_adamw_available(device: torch.device) -> bool:
 def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = None,
          planned_steps: int | None = None, allow_batch_change: bool = False, out_dir: Path | None = None,
          measurer: Measurer | None = None, seed: int = 0, try_compile: bool = True, device: str | None = None,
-         console: Console | None = None, use_cache: bool = True, wide: bool = False, **settings: Any) -> TuneResult:
+         console: Console | None = None, use_cache: bool = True, wide: bool = False,
+         allow_micro_batch_change: bool = False, **settings: Any) -> TuneResult:
     """Find the fastest plan for `workload` on this machine by measurement, and prove it.
 
     The effective batch is kept exactly unless `allow_batch_change` (the learning rate is then
-    rescaled by train()). Writes `plan.toml`, `tune.json` and PNG plots to `out_dir`, and caches the
-    plan for `train` to reuse on this hardware. `wide`: the tables show every figure (default: 80 columns).
+    rescaled by train()). With batch-coupled layers (BatchNorm) the micro-batch is kept unless
+    `allow_micro_batch_change` (workloads/coupling.py). Writes `plan.toml`, `tune.json` and PNG plots
+    to `out_dir`, and caches the plan for `train` to reuse on this hardware. `wide`: the tables show
+    every figure (default: 80 columns).
     """
     from saturate.hardware import probe
 
@@ -71,7 +75,9 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
         console = Console(quiet=True)  # rank 0 reports and writes
     measurer = measurer or RealMeasurer(workload, hw, seed=seed, dist=dist)
     steps = planned_steps or workload.optim.steps
-    s = SearchSettings(effective_batch=workload.optim.effective_batch, planned_steps=steps,
+    fixed_micro, coupling = kept_micro_batch(workload, world, allow_micro_batch_change)
+    s = SearchSettings(fixed_micro_batch=fixed_micro,
+                       effective_batch=workload.optim.effective_batch, planned_steps=steps,
                        supports=dict(hw.supports), fused_available=fused_adamw_available(dev),
                        world_size=world, allow_batch_change=allow_batch_change, budget_s=budget_s,
                        try_compile=try_compile, **settings)
@@ -82,6 +88,8 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
                   + (f", budget {budget_s:g} s" if budget_s else "")
                   + (f", {world} processes (samples/s and memory are per process)" if world > 1 else "")
                   + "; every figure below is measured")
+    if coupling:
+        console.print(f"[yellow]{coupling}[/yellow]")
 
     def progress(t: Trial | LoaderTrial) -> None:
         console.print(f"[dim]  {trial_line(t, workload.tokens_per_sample)}[/dim]", highlight=False)
@@ -97,6 +105,8 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
     meter = ContentionMeter(root).start()
     result = search(measurer, base, s, progress)  # raises before anything is written
     result.contention = meter.stop()
+    if coupling:
+        result.decisions.insert(0, coupling)
     if dist.is_main:  # only now: a failed or interrupted search leaves no empty folder behind
         out_dir.mkdir(parents=True, exist_ok=True)
 

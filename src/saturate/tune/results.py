@@ -9,7 +9,9 @@ from saturate.hardware.contention import Contention
 from saturate.plan import Plan
 from saturate.tune.trial import LoaderTrial, Trial
 
-LOSS_TOLERANCE = 0.02  # a lower precision's first losses may differ from fp32's by this much, relatively
+# A lower precision's first losses may differ from fp32's by this share of the loss's scale (the larger
+# of fp32's loss at that step and its first loss: search.loss_drift).
+LOSS_TOLERANCE = 0.02
 
 
 @dataclass
@@ -25,11 +27,17 @@ class SearchSettings:
     min_gain: float = 0.03  # a change is taken only when it gains more than this, and more than the noise
     verify_tolerance: float = 0.10  # the verification may be this much below its plan's model trial (the loader)
     loader_margin: float = 1.5  # the loader must feed this many times faster than the model computes
-    loss_tolerance: float = LOSS_TOLERANCE  # largest relative per-step loss difference against fp32
+    loss_tolerance: float = LOSS_TOLERANCE  # largest per-step loss difference against fp32 (search.loss_drift)
     try_compile: bool = True
     compile_mode: str = "default"
     probe_micro: int = 8  # micro-batch for the precision trials (the largest candidate up to this)
     compile_speedup_bound: float = 3.0  # the compile time limit assumes at most this speed-up
+    # The only micro-batch tried (batch-coupled layers: it is part of the model's maths); None searches it.
+    fixed_micro_batch: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.fixed_micro_batch:
+            self.probe_micro = self.fixed_micro_batch  # the precision trials run at it too
 
 
 @dataclass

@@ -30,7 +30,7 @@ from saturate.engine.distributed import (
 from saturate.engine.summary import mfu_peak
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import ConfigError
-from saturate.hardware import measure_matmul_peak
+from saturate.hardware.mfu import Mfu, mfu
 from saturate.plan import Plan, reference_plan
 from saturate.tune.api import TuneResult, tune
 from saturate.tune.measure import RealMeasurer
@@ -51,14 +51,15 @@ class Row:
     step_s: float | None
     peak_memory_bytes: int | None
     utilisation: float | None  # share of the device busy (GPU) or of the usable cores (CPU), measured
-    mfu: float | None
+    mfu: Mfu | None  # hardware.mfu: the figure, or why there is none (above the peak: never shown)
     status: str = "ok"
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "plan": self.plan.to_dict() | {"provenance": None},
                 "samples_per_s": self.samples_per_s, "tokens_per_s": self.tokens_per_s, "step_s": self.step_s,
-                "peak_memory_bytes": self.peak_memory_bytes, "utilisation": self.utilisation, "mfu": self.mfu,
+                "peak_memory_bytes": self.peak_memory_bytes, "utilisation": self.utilisation,
+                "mfu": self.mfu.value if self.mfu else None, "mfu_detail": self.mfu.to_dict() if self.mfu else None,
                 "status": self.status, "note": self.note}
 
 
@@ -113,18 +114,21 @@ def compare(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], *, seed:
 
 def _row(label: str, plan: Plan, t: Trial, util: float | None, workload: Workload, hw: Any,
          world_size: int = 1) -> Row:
-    peak, _ = mfu_peak(hw, plan, measure_matmul_peak)  # one device's peak; the job has world_size of them
     sps = t.samples_per_s * world_size if t.samples_per_s else None  # a trial's figure is per process
-    mfu = sps * workload.flops_per_sample / (peak * world_size) if sps and peak and workload.flops_per_sample \
-        else None
     return Row(label, plan, sps, sps * workload.tokens_per_sample if sps else None, t.step_s, t.peak_memory_bytes,
-               util if t.ok else None, mfu, status=t.status, note=t.error)
+               util if t.ok else None, _mfu(workload, hw, plan, sps, world_size), status=t.status, note=t.error)
+
+
+def _mfu(workload: Workload, hw: Any, plan: Plan, samples_per_s: float | None, world_size: int) -> Mfu:
+    peak, source = mfu_peak(hw, plan)  # one device's peak; the job has world_size of them
+    return mfu((samples_per_s or 0) * (workload.flops_per_sample or 0), peak, source, world_size)
 
 
 def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = None, steps: int | None = None,
         minutes: float | None = None, run_dir: Path | None = None, allow_batch_change: bool = False,
         seed: int = 0, progress: bool = True, console: Console | None = None,
-        try_compile: bool = True, source: dict[str, Any] | None = None) -> RunReport:
+        try_compile: bool = True, source: dict[str, Any] | None = None,
+        allow_micro_batch_change: bool = False) -> RunReport:
     from saturate.hardware import probe
 
     hw = hardware or probe(measure_peaks=True)
@@ -139,7 +143,8 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
     run_dir = Path(chosen)
     planned = steps or workload.optim.steps
     tuned = tune(workload, hw, budget_s=budget_s, planned_steps=planned, allow_batch_change=allow_batch_change,
-                 out_dir=run_dir / "tune", seed=seed, console=console, try_compile=try_compile)
+                 out_dir=run_dir / "tune", seed=seed, console=console, try_compile=try_compile,
+                 allow_micro_batch_change=allow_micro_batch_change)
     console.print("[bold]Before/after[/bold]: measuring each plan side by side (same method, this process"
                   + (f"; {dist.world_size} processes" if dist.world_size > 1 else "") + ") …")
     plans = [*reference_plans(workload, hw.device_type, dist.world_size), ("tuned", tuned.plan)]
@@ -149,14 +154,13 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
     training = train(workload, tuned.plan, config, hardware=hw)
     rows.append(Row("tuned: the training run", training.plan, training.samples_per_s, training.tokens_per_s,
                     training.train_seconds / max(1, training.steps) if training.steps else None,
-                    training.peak_memory_bytes, None, training.mfu,
+                    training.peak_memory_bytes, None,
+                    _mfu(workload, hw, training.plan, training.samples_per_s, dist.world_size),
                     note=f"{training.steps} steps, validation loss {training.val_loss:.3f}"
                     if training.val_loss is not None else f"{training.steps} steps"))
     report = RunReport(rows=rows, tuned=tuned, training=training, run_dir=run_dir)
     console.print(comparison_table(rows, workload, training.memory_kind))
-    if any(r.mfu is not None and r.mfu > 1 for r in rows):
-        report.notes.append("an MFU above 100 % means the measured matmul peak was low: the machine was busy "
-                            "while it was measured (`saturate probe` again on a quiet machine)")
+    report.notes += [f"{r.label}: {r.mfu.text()}" for r in rows if r.mfu and r.mfu.exceeds_peak]
     for n in report.notes:
         console.print(f"[yellow]note:[/yellow] {n}")
     if dist.is_main:
@@ -194,7 +198,7 @@ def comparison_table(rows: list[Row], workload: Workload, memory_kind: str) -> T
             str(p.num_workers), *([_f(r.tokens_per_s, "{:,.0f}")] if tokens else []), _f(r.samples_per_s, "{:.1f}"),
             _f(r.step_s, "{:.3f}"),
             "-" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes / 2**20:,.0f} MiB",
-            _f(r.utilisation, "{:.0%}"), _f(r.mfu, "{:.1%}"),
+            _f(r.utilisation, "{:.0%}"), r.mfu.cell() if r.mfu else "-",
             _f(r.samples_per_s / base if base and r.samples_per_s else None, "{:.2f}×")
             if r.status == "ok" else r.status)
     return t

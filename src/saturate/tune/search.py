@@ -17,6 +17,7 @@ of the others. Its settings and result types are in results.py.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -64,6 +65,8 @@ class _Search:
 
     def candidates(self) -> list[int]:
         """Micro-batches that keep the effective batch exact (and larger ones when it may grow)."""
+        if self.s.fixed_micro_batch:  # batch-coupled layers (workloads/coupling.py): not searched
+            return [self.s.fixed_micro_batch]
         out = [d for d in range(1, self.local + 1) if self.local % d == 0]
         if self.s.allow_batch_change:
             out += [self.local * k for k in (2, 4, 8)]
@@ -487,8 +490,18 @@ def _precision_label(plan: Plan) -> str:
 
 
 def loss_drift(losses: list[float], reference: list[float]) -> float:
-    """Largest relative difference between two loss curves over their common steps."""
+    """Largest per-step difference between two loss curves, as a share of the loss's scale.
+
+    The scale at a step is the larger of the reference's loss there and its first loss: early on
+    this is the relative difference, and once the loss has fallen near zero (a ResNet at ~0.1 from
+    2.3) a difference of 0.04 counts as 0.04 / 2.3 = 1.7 %, not as 40 % of a tiny number — both
+    runs learned the same thing. A lower precision that diverges (its loss stops falling or grows)
+    differs by a large share of the first loss and is still caught; a non-finite loss is infinite.
+    """
     n = min(len(losses), len(reference))
     if n == 0:
         return float("inf")
-    return max(abs(a - b) / max(abs(b), 1e-8) for a, b in zip(losses[:n], reference[:n], strict=True))
+    if not all(math.isfinite(x) for x in losses[:n]):
+        return float("inf")
+    first = abs(reference[0])
+    return max(abs(a - b) / max(abs(b), first, 1e-8) for a, b in zip(losses[:n], reference[:n], strict=True))

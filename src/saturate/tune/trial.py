@@ -31,7 +31,7 @@ class Trial:
     peak_memory_bytes: int | None = None
     compile_s: float | None = None  # torch.compile plus its first micro-batch, when compiled
     losses: list[float] = field(default_factory=list)  # per-step training loss (same batches for every plan)
-    loss_drift: float | None = None  # largest relative per-step difference from fp32's losses
+    loss_drift: float | None = None  # largest per-step difference from fp32's losses (search.loss_drift)
     seconds: float = 0.0  # wall time the trial cost, building included
     steps: int = 0  # timed optimizer steps
     error: str = ""  # the first line of the error, for "oom" and "failed"

@@ -67,6 +67,12 @@ class Workload:
     # Files written beside the exported model.safetensors so it opens in its own library (a Transformers
     # config.json and tokenizer): (trained model, folder) -> the paths written; None for none.
     export_extras: Callable[[nn.Module, Path], list[Path]] | None = None
+    # Layers whose output for a sample depends on the other samples of its micro-batch (BatchNorm): True,
+    # False, or None to detect them in the model (workloads/coupling.py); `--param batch_coupled=true`.
+    batch_coupled: bool | None = None
+    # The micro-batch such a model's maths is written for (`--param micro_batch=N`); None: the whole
+    # effective batch per process, as in a plain loop over batches of that size.
+    micro_batch: int | None = None
 
     def fingerprint(self) -> dict[str, str]:
         """Short hashes of each part of the identity, so a mismatch can be named."""

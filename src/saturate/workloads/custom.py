@@ -235,6 +235,9 @@ def _probe_loss(model: nn.Module, loss_fn: Callable, batch: Any, where: str) -> 
     """Forward + backward on the probe batch under the FLOP counter; returns the FLOPs counted."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    from saturate.workloads.flops import register_attention_flops
+
+    register_attention_flops()  # CPU attention counts 0 without it
     # oneDNN's fused RNN kernels are invisible to the FLOP counter; without them nn.LSTM/GRU run as
     # matmuls it can count. Only this probe runs that way.
     counter = FlopCounterMode(display=False)

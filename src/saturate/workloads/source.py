@@ -63,10 +63,18 @@ def parse_params(items: Sequence[str]) -> dict[str, Any]:
 
 
 def from_source(src: Source, params: Mapping[str, Any] | None = None) -> Workload:
-    """The Workload `src` describes; `params` (a sweep point) override src.params."""
+    """The Workload `src` describes; `params` (a sweep point) override src.params.
+
+    `batch_coupled` and `micro_batch` are taken by saturate for every source (workloads/coupling.py),
+    never passed to the builder."""
+    merged = {**src.params, **dict(params or {})}
+    coupling = {k: merged.pop(k) for k in ("batch_coupled", "micro_batch") if k in merged}
+    return with_coupling(_build(src, merged), coupling)
+
+
+def _build(src: Source, merged: dict[str, Any]) -> Workload:
     from saturate.workloads.registry import build_workload
 
-    merged = {**src.params, **dict(params or {})}
     effective, task = src.effective_batch, src.task or "lm"
     if src.workload and src.hf:
         raise ConfigError("--workload and --hf both name a model; give one")
@@ -88,6 +96,21 @@ def from_source(src: Source, params: Mapping[str, Any] | None = None) -> Workloa
         return preset_sft_workload(src.preset, data=src.data, tokenizer=src.tokenizer, seed=src.seed, **overrides)
     return build_workload(src.preset, data=src.data, tokenizer=src.tokenizer, text_field=src.text_field,
                           seed=src.seed, **overrides)
+
+
+def with_coupling(w: Workload, params: dict[str, Any]) -> Workload:
+    """Set `--param batch_coupled=` / `micro_batch=` on the workload, checked."""
+    if "batch_coupled" in params:
+        value = params["batch_coupled"]
+        if not isinstance(value, bool):
+            raise ConfigError(f"--param batch_coupled={value!r}: expected true or false")
+        w.batch_coupled = value
+    if "micro_batch" in params:
+        value = params["micro_batch"]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"--param micro_batch={value!r}: expected a whole number >= 1")
+        w.micro_batch = value
+    return w
 
 
 def with_effective_batch(w: Workload, effective: int | None) -> Workload:

@@ -1,0 +1,69 @@
+"""Batch-coupled layers: where the micro-batch is part of the model's maths, a plan must not change it.
+
+Samples, accumulation and the data order make every micro-batch × accumulation split of a step the
+same training (docs/architecture.md) — unless a layer's output for one sample depends on the others
+in its micro-batch. BatchNorm normalises with the micro-batch's statistics (a ResNet-18 gave first
+losses 2.315, 2.289, 2.286, 2.250 at 8×1, 4×2, 2×4, 1×8 on the same samples), and every BatchNorm
+or InstanceNorm that tracks running statistics updates them once per micro-batch, so evaluation
+changes too. GroupNorm, LayerNorm and InstanceNorm without running statistics normalise each sample
+alone and are not coupled. Layers this cannot see (a custom module computing batch statistics) are
+declared with ``--param batch_coupled=true``.
+
+When the model is coupled the tuner keeps the micro-batch (``--param micro_batch=N``, else the whole
+effective batch per process) and searches only the other knobs; ``--allow-micro-batch-change``
+searches it anyway.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.instancenorm import _InstanceNorm
+
+from saturate.errors import ConfigError
+from saturate.workloads.base import Workload
+
+
+def coupled_layers(model: nn.Module) -> list[str]:
+    """Type names of the layers whose results depend on the micro-batch (each name once, in order)."""
+    found: list[str] = []
+    for module in model.modules():
+        coupled = isinstance(module, _BatchNorm) or (
+            isinstance(module, _InstanceNorm) and module.track_running_stats)
+        if coupled and type(module).__name__ not in found:
+            found.append(type(module).__name__)
+    return found
+
+
+def detect(workload: Workload) -> tuple[list[str], str | None]:
+    """(coupled layer names, a note when the model could not be inspected); the user's flag wins."""
+    if workload.batch_coupled is not None:
+        return (["batch-coupled layers (--param batch_coupled=true)"] if workload.batch_coupled else []), None
+    try:
+        with torch.device("meta"):  # the structure only: no memory, no initialisation cost
+            model = workload.build_model()
+    except Exception as e:  # a builder that needs real tensors: build it for real
+        try:
+            model = workload.build_model()
+        except Exception:
+            return [], f"batch-coupled layers not checked (building the model raised {type(e).__name__})"
+    return coupled_layers(model), None
+
+
+def kept_micro_batch(workload: Workload, world_size: int, allow_change: bool) -> tuple[int | None, str | None]:
+    """(the micro-batch the tuner must keep, or None to search it; the line that says why)."""
+    layers, note = detect(workload)
+    if not layers:
+        return None, note
+    local = workload.optim.effective_batch // max(1, world_size)
+    micro = workload.micro_batch or local
+    what = ", ".join(layers)
+    if allow_change:
+        return None, (f"{what} in the model: the micro-batch is searched (--allow-micro-batch-change), and it "
+                      "changes the maths: losses will differ from the same run at another micro-batch")
+    if local % micro:
+        raise ConfigError(f"micro_batch {micro} does not divide the effective batch per process {local}; with "
+                          f"{what} in the model the micro-batch is kept, so give one that divides it")
+    return micro, (f"{what} in the model: micro-batch kept at {micro} (it changes the maths); "
+                   "--allow-micro-batch-change to search it anyway")
