@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,20 @@ def fused_adamw_available(device: torch.device) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def no_empty_folders(*paths: Path) -> Iterator[None]:
+    """On failure or interruption, remove each of `paths` that did not exist before and is empty now (deepest
+    first), so a tune or run that wrote nothing useful leaves no folder behind."""
+    new = [Path(p) for p in paths if not Path(p).exists()]
+    try:
+        yield
+    except BaseException:
+        for path in sorted(new, key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):  # not empty, or already gone: left as it is
+                path.rmdir()
+        raise
+
+
 def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = None,
          planned_steps: int | None = None, allow_batch_change: bool = False, out_dir: Path | None = None,
          measurer: Measurer | None = None, seed: int = 0, try_compile: bool = True, device: str | None = None,
@@ -53,10 +69,13 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
 
     The effective batch is kept exactly unless `allow_batch_change` (the learning rate is then
     rescaled by train()). Writes `plan.toml`, `tune.json` and PNG plots to `out_dir`, and caches the
-    plan for `train` to reuse on this hardware.
+    plan for `train` to reuse on this hardware. The budget counts from this call: the search stops where its
+    next trial and the verification would not fit, and a budget smaller than one trial fails after that
+    trial's first step.
     """
     from saturate.hardware import probe
 
+    started = time.monotonic()
     if budget_s is not None and budget_s <= 0:
         raise ConfigError(f"budget must be > 0 seconds, got {budget_s:g}")
     hw = hardware or probe(measure_peaks=False, device=device)
@@ -85,10 +104,17 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
         console.print(f"[dim]  {trial_line(t, workload.tokens_per_sample)}[/dim]", highlight=False)
 
     base = Plan(name="base", strategy="ddp" if world > 1 else "single")
-    result = search(measurer, base, s, progress)  # raises before anything is written
-    if dist.is_main:  # only now: a failed or interrupted search leaves no empty folder behind
-        out_dir.mkdir(parents=True, exist_ok=True)
+    result = search(measurer, base, s, progress, started)  # raises before anything is written
+    with no_empty_folders(out_dir):
+        return _write(result, workload, hw, s, measurer, out_dir, console, dist.is_main, world, use_cache,
+                      made_group)
 
+
+def _write(result: SearchResult, workload: Workload, hw: Any, s: SearchSettings, measurer: Measurer, out_dir: Path,
+           console: Console, is_main: bool, world: int, use_cache: bool, made_group: bool) -> TuneResult:
+    """The verified plan, with its evidence, written to `out_dir` (rank 0) and cached."""
+    if is_main:  # only now: a failed or interrupted search leaves no empty folder behind
+        out_dir.mkdir(parents=True, exist_ok=True)
     hw_fp = hw.fingerprint()
     plan = result.plan.replace(name="tuned", provenance={
         "tuned_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -111,7 +137,7 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
     plots: list[Path] = []
     notes: list[str] = []
     cached = None
-    if dist.is_main:
+    if is_main:
         print_report(console, result, workload.tokens_per_sample, measurer.memory_kind)
         plots, plot_note = plot(result, out_dir, s.loader_margin)
         notes = [plot_note] if plot_note else []
