@@ -19,8 +19,8 @@ on a small preset (gpt-tiny by default, or ts-lstm):
 Budget: about 15 minutes with the defaults on a 2-core machine; shrink with --tunes, --budget,
 --run-steps, --rounds, --no-grid, --conditions quiet. The smallest smoke run:
 
-    PYTHONPATH=src python3 bench/trust.py --tunes 1 --budget 15 --run-steps 4 --rounds 1 --steps 2 \\
-        --conditions quiet --no-grid
+    PYTHONPATH=src python3 bench/trust.py --tunes 1 --budget 30 --run-steps 4 --rounds 1 --steps 2 \\
+        --effective-batch 8 --conditions quiet --no-grid
     PYTHONPATH=src python3 bench/trust.py --json trust.json          # the full run (lead, quiet machine)
 """
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import os
 import subprocess
@@ -51,6 +52,7 @@ from saturate.tune.compare import compare
 from saturate.tune.measure import RealMeasurer
 from saturate.tune.rounds import Ratio
 from saturate.tune.run import run
+from saturate.workloads import build_workload
 
 QUIET = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - the tuner's own output, not the benchmark's
 
@@ -142,8 +144,9 @@ def before_after(workload: Any, hw: Any, args: argparse.Namespace, tmp: Path) ->
                                                    progress=False, tensorboard=False), hardware=hw)
         train_s = time.monotonic() - started
     assert report.comparison is not None
-    printed = report.comparison.ratio("tuned")
-    naive, tuned = report.comparison.row("naive"), report.comparison.row("tuned")
+    label = report.tuning.label if report.tuning else "tuned"  # "default" when the job could not pay for tuning
+    printed = report.comparison.ratio(label)
+    naive, tuned = report.comparison.row("naive"), report.comparison.row(label)
     assert naive is not None and tuned is not None
     runs = bench.train_rounds(workload, {"naive": naive.plan, "tuned": tuned.plan}, hw, args, lambda r, n, t: (
         f"  independent round {r + 1}: {n:>6} {t.tokens_per_s:>10,.0f} tokens/s"))
@@ -157,7 +160,8 @@ def before_after(workload: Any, hw: Any, args: argparse.Namespace, tmp: Path) ->
             "mfu_max": max(mfus, default=None), "mfu_never_over_100pct": all(m <= 1 for m in mfus),
             "run_wall_s": run_s, "tuning_s": report.tuning.seconds if report.tuning else None,
             "untuned_train_wall_s": train_s, "untuned_plan": describe(untuned.plan),
-            "run_over_untuned": run_s / train_s, "trained": report.trained, "timing": report.timing}
+            "run_over_untuned": run_s / train_s, "compared": label, "trained": report.trained,
+            "timing": report.timing}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="steps of the saturate run / untuned train job (default 150)")
     ap.add_argument("--conditions", default="quiet,loaded", help="quiet, loaded or both (default)")
     ap.add_argument("--no-grid", action="store_true", help="skip the exhaustive grid")
+    ap.add_argument("--effective-batch", type=int, help="the preset's effective batch (default: the preset's)")
     bench.add_run_args(ap, steps=6, warmup=2, rounds=3)  # --steps/--warmup: the independent train() rounds
     args = ap.parse_args(argv)
     bench.require_positive(ap, tunes=args.tunes, run_steps=args.run_steps, rounds=args.rounds, steps=args.steps,
@@ -178,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--conditions takes quiet and/or loaded, got {args.conditions!r}")
 
     hw = probe(measure_peaks=True, device="cpu")
-    workload = bench.bench_workload(args.preset, args.seed)
+    workload = bench.bench_workload(args.preset, args.seed) if not args.effective_batch else dataclasses.replace(
+        build_workload(args.preset, seed=args.seed, effective_batch=args.effective_batch), val_data=None)
     print(f"# trust: {args.preset} on {bench.device_label(hw)}, {time.strftime('%Y-%m-%d')}; conditions "
           f"{', '.join(conditions)}; {args.tunes} tunes of {args.budget:g} s; run of {args.run_steps} steps")
     result: dict[str, Any] = {"benchmark": "trust", "environment": bench.environment(hw), "preset": args.preset,

@@ -155,3 +155,32 @@ def test_a_cached_plan_is_reused_with_no_tuning(tmp_path, cpu, monkeypatch):
     run_module._tune(workload, cpu, SimpleNamespace(world_size=1, is_main=True), [], budget_s=None,
                      **(kw | {"minutes": 60.0, "try_compile": True, "allow_batch_change": True}))
     assert budgets[-1] == pytest.approx(360.0)  # no cache with a batch change: 10 % of the hour
+
+
+def test_a_job_too_short_for_one_trial_trains_the_default_plan_untuned(tmp_path, cpu, monkeypatch):
+    from saturate.tune.trial import BudgetTooSmall
+
+    workload = SimpleNamespace(name="w", fingerprint=lambda: {"m": 2}, optim=SimpleNamespace(effective_batch=8))
+    naive = Plan(micro_batch=8, name="naive")
+
+    class OneNaive:
+        def __init__(self, *a, **k) -> None:
+            pass
+
+        def verify(self, plan: Plan) -> Trial:
+            return Trial(stage="verify", plan=plan, samples_per_s=16.0, step_s=0.5)
+
+    def too_small(*a, **k):
+        raise BudgetTooSmall(f"tuning budget {k['budget_s']:g} s is too small: the first trial took 30 s")
+
+    monkeypatch.setattr(run_module, "RealMeasurer", OneNaive)
+    monkeypatch.setattr(run_module, "tune", too_small)
+    quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
+    kw = dict(minutes=None, allow_batch_change=False, run_dir=tmp_path, seed=0, console=quiet, try_compile=True)
+    dist = SimpleNamespace(world_size=1, is_main=True)
+    got = run_module._tune(workload, cpu, dist, [("naive", naive)], budget_s=None, steps=20, **kw)
+    assert got.label == "default" and got.result is None and got.plan.name == "default"
+    assert got.budget_s == run_module.BUDGET_FLOOR_S and got.predicted_training_s == pytest.approx(10.0)
+    assert "not tuned" in got.why and "--budget tunes anyway" in got.why
+    with pytest.raises(BudgetTooSmall):  # the user's own --budget: their request fails in one line
+        run_module._tune(workload, cpu, dist, [("naive", naive)], budget_s=5.0, steps=20, **kw)

@@ -24,7 +24,7 @@ from saturate.atomic import atomic_write_bytes
 from saturate.engine.distributed import DistInfo, broadcast_object, init_distributed, teardown_distributed
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import ConfigError
-from saturate.plan import Plan, reference_plan
+from saturate.plan import Plan, default_plan, reference_plan
 from saturate.tune import cache
 from saturate.tune.api import TuneResult, no_empty_folders, tune
 from saturate.tune.compare import (  # noqa: F401 - Row, comparison_table: the table's API, kept importable here
@@ -37,6 +37,7 @@ from saturate.tune.compare import (  # noqa: F401 - Row, comparison_table: the t
     runner_up,
 )
 from saturate.tune.measure import RealMeasurer
+from saturate.tune.trial import BudgetTooSmall
 from saturate.workloads.base import Workload
 
 # The guide whose "after" plan applies, by device kind (shared/GUIDES.md): the A6000 guide for one
@@ -74,10 +75,12 @@ class Tuning:
     # The training time predicted before the comparison (a prediction): untuned when the budget followed it; at
     # the cached plan's verified speed when that was reused. It sizes the side-by-side measurements.
     predicted_training_s: float | None = None
+    label: str = "tuned"  # "default" when the job was too short for one trial to pay for itself
 
     def to_dict(self) -> dict[str, Any]:
-        return {"seconds": round(self.seconds, 1), "budget_s": self.budget_s, "why": self.why,
-                "cached": self.result is None, "predicted_training_s": self.predicted_training_s}
+        return {"seconds": round(self.seconds, 1), "budget_s": self.budget_s, "why": self.why, "label": self.label,
+                "cached": self.result is None and self.label == "tuned",
+                "predicted_training_s": self.predicted_training_s}
 
 
 
@@ -134,14 +137,14 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
         second = runner_up(tuning.result.search.trials, tuning.plan, [p for _, p in refs]) if tuning.result else None
         if second is not None:
             plans.append(("runner-up", second))
-        plans.append(("tuned", tuning.plan))
+        plans.append((tuning.label, tuning.plan))
         predicted = tuning.predicted_training_s or (minutes * 60 if minutes else None)
         console.print("[bold]Before/after[/bold]: measuring each plan side by side in interleaved rounds (same "
                       "method, this process" + (f"; {dist.world_size} processes" if dist.world_size > 1 else "")
                       + ") …")
         cmp = compare(workload, hw, plans, seed=seed, dist=dist, console=console,
                       min_seconds=measure_seconds(predicted, len(plans)))
-        trained, verdicts, notes = _choose(cmp)
+        trained, verdicts, notes = _choose(cmp, tuning.label)
         for n in notes:
             console.print(f"[yellow]note:[/yellow] {n}", highlight=False)
         timing = _say_costs(console, cmp, tuning, trained, steps or workload.optim.steps, minutes)
@@ -220,8 +223,18 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
                f"{predicted:.0f} s ({source}), within {BUDGET_FLOOR_S:.0f}–{BUDGET_CEILING_S:.0f} s"
                if predicted else f"tuning budget {budget_s:.0f} s ({source})") + "; --budget sets another"
         console.print(why)
-    result = tune(workload, hw, budget_s=budget_s, planned_steps=steps, allow_batch_change=allow_batch_change,
-                  out_dir=run_dir / "tune", seed=seed, console=console, try_compile=try_compile)
+    try:
+        result = tune(workload, hw, budget_s=budget_s, planned_steps=steps, allow_batch_change=allow_batch_change,
+                      out_dir=run_dir / "tune", seed=seed, console=console, try_compile=try_compile)
+    except BudgetTooSmall as e:
+        if not predicted:  # the user's --budget: their request fails, in one line
+            raise
+        plan = default_plan(workload.optim.effective_batch, hw.device_type, hw.supports, dist.world_size)
+        why = (f"not tuned: the {budget_s:.0f} s this job can pay for does not hold one trial ({e}); the default "
+               "plan is compared and trained instead (--budget tunes anyway)")
+        console.print(f"[yellow]{why}[/yellow]", highlight=False)
+        return Tuning(plan.replace(name="default"), None, time.monotonic() - started, budget_s, why, predicted,
+                      label="default")
     return Tuning(result.plan, result, time.monotonic() - started, budget_s, why, predicted)
 
 
@@ -235,25 +248,26 @@ def _cached_plan(workload: Workload, hw: Any, world: int, try_compile: bool) -> 
     return plan
 
 
-def _choose(cmp: Comparison) -> tuple[str, list[str], list[str]]:
-    """Which plan trains (its label: tuned, unless another plan was measured faster than it in every round),
-    the verdict lines under the table, and a note when it is not the tuned plan."""
-    lines, notes, trained = [], [], "tuned"
+def _choose(cmp: Comparison, label: str = "tuned") -> tuple[str, list[str], list[str]]:
+    """Which plan trains (the `label` plan, tuned or default, unless another plan was measured faster than it in
+    every round), the verdict lines under the table, and a note when it is not that plan."""
+    lines, notes, trained = [], [], label
     for r in cmp.rows:
         if r.label != "naive" and r.vs_naive is not None:
             lines.append(f"{r.label} vs naive: {r.vs_naive.verdict()}, median of {r.vs_naive.rounds} interleaved "
                          "rounds (range)")
-    tuned = cmp.row("tuned")
-    beaten = cmp.faster_than("tuned")
+    tuned = cmp.row(label)
+    beaten = cmp.faster_than(label)
     if tuned is not None and tuned.status != "ok":
         ok = [r for r in cmp.rows if r.status == "ok" and r.samples_per_s]
         if ok:
             trained = max(ok, key=lambda r: r.samples_per_s or 0.0).label
-            notes.append(f"the tuned plan failed when measured here ({tuned.note}); training with {trained} instead")
+            notes.append(f"the {label} plan failed when measured here ({tuned.note}); training with {trained} "
+                         "instead")
     elif beaten is not None:
         trained = beaten[0].label
-        notes.append(f"the tuned plan was measured slower than {trained} in every round ({trained} "
-                     f"{beaten[1].fmt()} of tuned, beyond the noise); training with {trained} instead")
+        notes.append(f"the {label} plan was measured slower than {trained} in every round ({trained} "
+                     f"{beaten[1].fmt()} of {label}, beyond the noise); training with {trained} instead")
     return trained, lines, notes
 
 

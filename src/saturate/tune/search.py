@@ -24,7 +24,7 @@ from typing import Any
 from saturate.errors import ConfigError, SaturateError
 from saturate.plan import Plan
 from saturate.tune.results import MemoryFit, SearchResult, SearchSettings, fit_memory
-from saturate.tune.trial import OVER_BUDGET, LoaderTrial, Measurer, Trial
+from saturate.tune.trial import OVER_BUDGET, BudgetTooSmall, LoaderTrial, Measurer, Trial
 
 
 def search(measurer: Measurer, base: Plan, s: SearchSettings,
@@ -106,14 +106,13 @@ class _Search:
         self.on_trial(t)
         if t.status == OVER_BUDGET:
             self.budget_spent = True
-            if not any(x.ok for x in self.trials):
-                raise ConfigError(f"tuning budget {self.s.budget_s:g} s is too small: the first trial (micro-batch "
-                                  f"{plan.micro_batch}, {plan.precision}) {t.error}; give --budget "
-                                  f"{max(60, int(10 * t.seconds))} or more")
-        if len(self.trials) == 1 and self.s.budget_s is not None and t.seconds > self.s.budget_s:
-            raise ConfigError(f"tuning budget {self.s.budget_s:g} s is too small: the first trial (micro-batch "
-                              f"{plan.micro_batch}, {plan.precision}) alone took {t.seconds:.1f} s; give "
-                              f"--budget {max(60, int(10 * t.seconds))} or more")
+        nothing = not any(x.ok for x in self.trials)  # no plan measured yet: nothing to choose from
+        if self.s.budget_s is not None and ((t.status == OVER_BUDGET and nothing)
+                                            or (len(self.trials) == 1 and t.seconds > self.s.budget_s)):
+            why = t.error if t.status == OVER_BUDGET else f"alone took {t.seconds:.1f} s"
+            raise BudgetTooSmall(f"tuning budget {self.s.budget_s:g} s is too small: the first trial (micro-batch "
+                                 f"{plan.micro_batch}, {plan.precision}) {why}; give --budget "
+                                 f"{max(60, int(10 * t.seconds))} or more")
         return t
 
     # --- the stages -----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from saturate.engine.step import OutOfMemoryError
+from saturate.errors import ConfigError
 from saturate.plan import Plan
 
 
@@ -109,6 +110,10 @@ OVER_BUDGET = "over budget"  # a trial's status when its first step predicted it
 
 class OverBudget(Exception):
     """Raised inside a trial whose first step predicts it would end past the tuning budget's deadline."""
+
+
+class BudgetTooSmall(ConfigError):
+    """The tuning budget does not hold one trial."""
 
 
 def is_oom(e: BaseException) -> bool:
