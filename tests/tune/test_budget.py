@@ -107,3 +107,9 @@ def test_a_failed_tune_leaves_no_empty_folder(tmp_path):
     with pytest.raises(RuntimeError), no_empty_folders(existing):
         raise RuntimeError("a folder that was there before is the user's")
     assert existing.exists() and Path(existing).is_dir()
+
+
+def test_writing_the_evidence_is_kept_out_of_the_search_budget():
+    assert settings(budget_s=100).search_budget() == pytest.approx(95.0)  # 2 s + 3 %
+    assert settings(budget_s=1000).search_budget() == pytest.approx(990.0)  # at most 10 s
+    assert settings().search_budget() is None

@@ -119,7 +119,8 @@ def compare(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], *, seed:
 
     dist = dist or DistInfo()
     console = console or Console(quiet=True)
-    measurer = measurer or RealMeasurer(workload, hw, seed=seed, min_seconds=min_seconds, max_steps=40, dist=dist)
+    measurer = measurer or RealMeasurer(workload, hw, seed=seed, min_seconds=min_seconds, max_steps=40, dist=dist,
+                                        min_steps=2 if min_seconds < 1 else 3)  # a short job: shorter measurements
     labels = [label for label, _ in plans]
     by_label = dict(plans)
     measured: dict[str, list[tuple[Trial, float | None]]] = {label: [] for label in labels}
@@ -180,7 +181,7 @@ def _row(label: str, plan: Plan, measured: list[tuple[Trial, float | None]], wor
 def comparison_table(rows: list[Row], workload: Any, memory_kind: str) -> Table:
     """The before/after table, within 80 columns: the ratio column is the median of the per-round ratios
     (their ranges are said under the table)."""
-    t = Table(title=f"{workload.name}: before and after (measured in this run; medians over rounds)",
+    t = Table(title=f"{workload.name}: before and after, measured in this run",
               box=box.SIMPLE_HEAVY, title_justify="left", show_edge=False, padding=(0, 0))
     tokens = workload.tokens_per_sample > 1  # samples that are not tokens get tokens/s instead of samples/s
     memory = "peak MiB" if memory_kind == "device" else "RSS MiB"

@@ -214,7 +214,9 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
         if minutes:
             predicted, source = minutes * 60, f"--minutes {minutes:g}"
         else:
-            naive = RealMeasurer(workload, hw, seed=seed, min_seconds=1.0, dist=dist).verify(dict(refs)["naive"])
+            # One step after the warm-up: a rough figure is enough to size the budget.
+            naive = RealMeasurer(workload, hw, seed=seed, min_steps=1, min_seconds=0.0, dist=dist).verify(
+                dict(refs)["naive"])
             predicted = steps * naive.step_s if naive.ok and naive.step_s else None
             source = (f"{steps} steps at naive's {naive.step_s:.3g} s/step, measured once" if predicted
                       else f"naive could not be measured ({naive.error})")

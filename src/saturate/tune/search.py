@@ -72,7 +72,8 @@ class _Search:
         return plan.replace(micro_batch=micro, grad_accum=max(1, self.local // micro))
 
     def remaining(self) -> float | None:
-        return None if self.s.budget_s is None else self.s.budget_s - (time.monotonic() - self.started)
+        budget = self.s.search_budget()
+        return None if budget is None else budget - (time.monotonic() - self.started)
 
     def longest(self) -> float:
         """The longest model trial so far: the prediction for the next one, and the time kept for verification."""
@@ -94,9 +95,8 @@ class _Search:
 
     def deadline(self) -> float | None:
         """When a model trial must end (time.monotonic()): the budget's end less the time kept for verification."""
-        if self.s.budget_s is None:
-            return None
-        return self.started + self.s.budget_s - self.longest()
+        budget = self.s.search_budget()
+        return None if budget is None else self.started + budget - self.longest()
 
     def trial(self, plan: Plan, stage: str, **kw: Any) -> Trial:
         if hasattr(self.m, "deadline"):  # the measurer stops a trial whose first step predicts an overrun
