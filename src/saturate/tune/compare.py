@@ -9,6 +9,7 @@ hits them all; a plan's ratio to naive is the median of its per-round ratios, wi
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Sequence
@@ -119,7 +120,9 @@ def compare(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], *, seed:
 
     dist = dist or DistInfo()
     console = console or Console(quiet=True)
-    measurer = measurer or RealMeasurer(workload, hw, seed=seed, min_seconds=min_seconds, max_steps=40, dist=dist,
+    # Training steps only: the verification's validation pass (memory proven already) would add to every measurement.
+    measurer = measurer or RealMeasurer(dataclasses.replace(workload, val_data=None), hw, seed=seed,
+                                        min_seconds=min_seconds, max_steps=40, dist=dist,
                                         min_steps=2 if min_seconds < 1 else 3)  # a short job: shorter measurements
     labels = [label for label, _ in plans]
     by_label = dict(plans)
