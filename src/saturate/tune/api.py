@@ -105,16 +105,9 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
 
     base = Plan(name="base", strategy="ddp" if world > 1 else "single")
     result = search(measurer, base, s, progress, started)  # raises before anything is written
-    with no_empty_folders(out_dir):
-        return _write(result, workload, hw, s, measurer, out_dir, console, dist.is_main, world, use_cache,
-                      made_group)
-
-
-def _write(result: SearchResult, workload: Workload, hw: Any, s: SearchSettings, measurer: Measurer, out_dir: Path,
-           console: Console, is_main: bool, world: int, use_cache: bool, made_group: bool) -> TuneResult:
-    """The verified plan, with its evidence, written to `out_dir` (rank 0) and cached."""
-    if is_main:  # only now: a failed or interrupted search leaves no empty folder behind
+    if dist.is_main:  # only now: a failed or interrupted search leaves no empty folder behind
         out_dir.mkdir(parents=True, exist_ok=True)
+
     hw_fp = hw.fingerprint()
     plan = result.plan.replace(name="tuned", provenance={
         "tuned_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -137,7 +130,7 @@ def _write(result: SearchResult, workload: Workload, hw: Any, s: SearchSettings,
     plots: list[Path] = []
     notes: list[str] = []
     cached = None
-    if is_main:
+    if dist.is_main:
         print_report(console, result, workload.tokens_per_sample, measurer.memory_kind)
         plots, plot_note = plot(result, out_dir, s.loader_margin)
         notes = [plot_note] if plot_note else []

@@ -201,8 +201,9 @@ class RealMeasurer:
     def _check_deadline(self, step_s: float, steps: int | None, deadline: float) -> None:
         """Raise OverBudget when the timed steps, predicted from the warm-up's step time, would end past `deadline`
         (every rank together)."""
-        n = steps if steps is not None else min(max(self.min_steps, math.ceil(self.min_seconds / max(step_s, 1e-9))),
-                                                self.max_steps)
+        n = steps if steps is not None else max(self.min_steps, math.ceil(self.min_seconds / max(step_s, 1e-9)))
+        if steps is None and self.max_steps is not None:
+            n = min(n, self.max_steps)
         left = deadline - time.monotonic()
         if agree_any(n * step_s > left):
             raise OverBudget(f"was stopped after its first step: {n} timed steps of {step_s:.2g} s would end "
