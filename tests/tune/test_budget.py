@@ -67,10 +67,14 @@ def test_the_search_ends_within_a_tenth_of_its_budget(clocked, budget):
 
 def test_time_before_the_search_counts(clocked):
     machine = clocked(lambda p, stage: 8.0)
-    machine.now = 40.0  # probing and building the workload took 40 s of a 60 s budget
+    machine.now = 20.0  # probing and building the workload took 20 s of a 60 s budget
     result = search(machine, Plan(), settings(budget_s=60, try_compile=False), started=0.0)
     assert result.chosen.ok and machine.now <= 66 and result.seconds == machine.now
-    assert len(machine.tried) <= 3
+    assert len(machine.tried) <= 4
+    late = clocked(lambda p, stage: 8.0)
+    late.now = 40.0  # 40 s gone: the first trial and its verification no longer fit
+    with pytest.raises(ConfigError, match="too small.*with the verification"):
+        search(late, Plan(), settings(budget_s=60, try_compile=False), started=0.0)
 
 
 def test_a_trial_predicted_past_the_budget_is_stopped_and_said(clocked):

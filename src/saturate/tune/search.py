@@ -76,8 +76,13 @@ class _Search:
         return None if budget is None else budget - (time.monotonic() - self.started)
 
     def longest(self) -> float:
-        """The longest model trial so far: the prediction for the next one, and the time kept for verification."""
+        """The longest model trial so far: the prediction for the next one."""
         return max((t.seconds for t in self.trials), default=0.0)
+
+    def verifying(self) -> float:
+        """The time kept for the verification: a quarter more than the longest model trial (it adds the real
+        loader and a validation pass)."""
+        return 1.25 * self.longest()
 
     def affordable(self, what: str, loader: bool = False) -> bool:
         """Whether the budget still holds one more trial as long as the longest of its kind so far, and
@@ -87,16 +92,20 @@ class _Search:
             return True
         need = max((t.seconds for t in self.loader_trials), default=0.0) if loader else self.longest()
         # Several processes: each rank's clock decides, and all must take the same branch.
-        if self.all_agree(not self.budget_spent and left >= need + self.longest()):
+        if self.all_agree(not self.budget_spent and left >= need + self.verifying()):
             return True
         self.skipped.append(f"{what}: not tried, the budget had {max(left, 0):.0f} s left; a trial takes up to "
-                            f"{need:.0f} s and verifying the plan ~{self.longest():.0f} s (predicted from the trials)")
+                            f"{need:.0f} s and verifying the plan ~{self.verifying():.0f} s (predicted from the "
+                            "trials)")
         return False
 
     def deadline(self) -> float | None:
-        """When a model trial must end (time.monotonic()): the budget's end less the time kept for verification."""
+        """When a model trial must end (time.monotonic()): the budget's end less the time kept for verification;
+        before any trial, half the budget (the verification will take about as long as the first trial)."""
         budget = self.s.search_budget()
-        return None if budget is None else self.started + budget - self.longest()
+        if budget is None:
+            return None
+        return self.started + (budget - self.verifying() if self.trials else budget / 2)
 
     def trial(self, plan: Plan, stage: str, **kw: Any) -> Trial:
         if hasattr(self.m, "deadline"):  # the measurer stops a trial whose first step predicts an overrun
@@ -109,7 +118,8 @@ class _Search:
         nothing = not any(x.ok for x in self.trials)  # no plan measured yet: nothing to choose from
         if self.s.budget_s is not None and ((t.status == OVER_BUDGET and nothing)
                                             or (len(self.trials) == 1 and t.seconds > self.s.budget_s)):
-            why = t.error if t.status == OVER_BUDGET else f"alone took {t.seconds:.1f} s"
+            why = (f"{t.error}, with the verification (about as long) still to come" if t.status == OVER_BUDGET
+                   else f"alone took {t.seconds:.1f} s")
             raise BudgetTooSmall(f"tuning budget {self.s.budget_s:g} s is too small: the first trial (micro-batch "
                                  f"{plan.micro_batch}, {plan.precision}) {why}; give --budget "
                                  f"{max(60, int(10 * t.seconds))} or more")
@@ -352,7 +362,7 @@ class _Search:
         limit = s.planned_steps * best.step_s * (1 - 1 / s.compile_speedup_bound)
         left = self.remaining()
         if left is not None:  # the compilation, then a trial's steps, then the verification
-            limit = min(limit, left - 2 * self.longest())
+            limit = min(limit, left - self.longest() - self.verifying())
         if not self.affordable("torch.compile"):
             return best
         if limit <= 0:
