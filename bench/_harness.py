@@ -26,7 +26,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,6 +39,7 @@ from rich.table import Table
 from saturate.engine.metrics import read_jsonl
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.plan import Plan
+from saturate.tune.rounds import interleaved  # noqa: F401 - re-exported: the benchmarks' round order
 from saturate.workloads import Workload, build_workload
 
 NEVER = 10**9  # an eval/checkpoint interval no benchmark reaches (the last step still checkpoints)
@@ -141,17 +142,6 @@ def timed_train(workload: Workload, plan: Plan, *, warmup: int, steps: int, hard
     seconds, loss = timed_window(windows, warmup=warmup, steps=steps)
     tokens = steps * plan.samples_per_step() * workload.tokens_per_sample
     return Timed(steps, seconds, tokens / seconds, loss, result.peak_memory_bytes, tuple(result.notes)), result
-
-
-def interleaved(names: Sequence[K], rounds: int) -> Iterator[tuple[int, K]]:
-    """(round, name) for every competitor in every round; odd rounds run in reverse order.
-
-    A, B | B, A | A, B ... keeps the competitors side by side, and the reversal stops a slow drift
-    of the machine (thermal, another job starting) from always favouring whoever runs first.
-    """
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else list(reversed(names)):
-            yield r, name
 
 
 def run_rounds(names: Sequence[K], rounds: int, run: Callable[[K, Path], T],

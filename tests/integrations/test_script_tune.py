@@ -60,7 +60,9 @@ def test_run_applies_the_overrides_without_an_edit_and_compares(tmp_path):
                    "slow.py", "30", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
-    assert len(d["as_written"]) == len(d["tuned"]) == 2 and len(d["ratios"]) == 2
+    assert len(d["as_written"]) == len(d["tuned"]) == 3 and len(d["ratios"]) == 3  # alternating rounds
+    assert d["speedup"]["rounds"] == 3 and d["speedup"]["min"] <= d["speedup"]["median"] <= d["speedup"]["max"]
+    assert "measuring side by side: round 3/3" in out.stderr
     assert d["full_run"]["returncode"] == 0 and d["full_run"]["optimizer_steps"] == 30
     assert d["full_run"]["steps_per_s"] > 0
     assert "trained 30 steps" in out.stderr  # the script's own output, moved off stdout by --json

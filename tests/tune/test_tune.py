@@ -156,13 +156,22 @@ def test_training_under_host_memory_pressure_lowers_the_loader(tmp_path, workloa
 def test_saturate_run_end_to_end(tmp_path, small_corpus):
     out = subprocess.run(
         saturate_cmd("run", "gpt-tiny", "--data", str(small_corpus), "--effective-batch", "8", "--steps", "4",
-                     "--no-compile", "--budget", "120", "--run-dir", str(tmp_path / "run"), "--no-progress"),
+                     "--no-compile", "--budget", "60", "--run-dir", str(tmp_path / "run"), "--no-progress"),
         env=cli_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "before and after" in out.stdout and "× naive" in out.stdout
-    rows = json.loads((tmp_path / "run" / "comparison.json").read_text())["rows"]
-    assert [r["label"] for r in rows] == ["naive", "tuned", "tuned: the training run"]
+    assert "round 3/3: naive" in out.stdout and "tuned vs naive: " in out.stdout and "measured total: " in out.stdout
+    assert "tuning cost " in out.stdout and "a prediction" in out.stdout
+    result = json.loads((tmp_path / "run" / "comparison.json").read_text())
+    rows = result["rows"]
+    assert [r["label"] for r in rows if r["label"] != "runner-up"] == ["naive", "tuned", "training run"]
     assert all(r["samples_per_s"] > 0 for r in rows)
+    assert result["rounds"] >= 3 and all(len(r["rounds_samples_per_s"]) == result["rounds"] for r in rows[:-1])
+    tuned = next(r for r in rows if r["label"] == "tuned")["vs_naive"]
+    assert tuned["min"] <= tuned["median"] <= tuned["max"] and tuned["rounds"] == result["rounds"]
+    assert "significant" in result["contention"] and result["trained"] in {r["label"] for r in rows}
+    assert result["tuning"]["budget_s"] == 60 and result["tuning"]["seconds"] > 0
+    assert result["timing"]["total_s"] >= result["timing"]["training_s"] > 0
     assert Path(tmp_path / "run" / "tune" / "plan.toml").exists() and (tmp_path / "run" / "summary.json").exists()
 
 

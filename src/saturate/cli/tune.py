@@ -182,8 +182,11 @@ def _run_script(args: argparse.Namespace) -> int:
         render_tuning(tuning, console)
         overrides = tuning.best.overrides
     console.print("[dim]run: the script as written and tuned, in alternating rounds …[/]")
-    written, tuned = side_by_side(args.script, overrides, steps=args.trial_steps,
-                                  first_step_timeout=args.first_step_timeout, quiet_stdout=args.json)
+    rounds = 3
+    written, tuned = side_by_side(args.script, overrides, steps=args.trial_steps, rounds=rounds,
+                                  first_step_timeout=args.first_step_timeout, quiet_stdout=args.json,
+                                  on_round=lambda r, name: console.print(
+                                      f"[dim]  measuring side by side: round {r + 1}/{rounds} ({name})[/]"))
     console.print("[dim]run: the whole script with the tuned settings applied from outside …[/]")
     full = full_run(args.script, overrides, first_step_timeout=args.first_step_timeout, quiet_stdout=args.json)
     report = ScriptRunReport(list(full.command), overrides, written, tuned, full)

@@ -1,15 +1,16 @@
 """`saturate run -- CMD`: the script as written and with the tuned settings side by side, then the whole
 run with those settings applied from outside (no edit), and the before/after table.
 
-The side-by-side rounds alternate (as written, tuned, as written, tuned, …) so that a burst of load
-on the machine hits both; the ratio reported is the median of the per-round ratios, with its range.
+The side-by-side rounds alternate (as written, tuned | tuned, as written | …; tune/rounds.py) so that a
+burst of load on the machine hits both; the ratio reported is the median of the per-round ratios, with
+its range, and "no measurable gain" when the range includes 1.0.
 """
 
 from __future__ import annotations
 
 import shlex
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from rich.text import Text
 from saturate.errors import ConfigError
 from saturate.integrations.command import ScriptRun, run_instrumented
 from saturate.integrations.tune import ScriptTrial, drained
+from saturate.tune.rounds import Ratio, interleaved, per_round
 
 
 @dataclass
@@ -32,7 +34,8 @@ class ScriptRunReport:
 
     @property
     def ratios(self) -> list[float]:
-        return [a.step_s / t.step_s for a, t in zip(self.as_written, self.tuned, strict=True) if t.step_s > 0]
+        """Per round, the speed-up of tuned over as written (step time as written ÷ tuned)."""
+        return per_round([a.step_s for a in self.as_written], [t.step_s for t in self.tuned])
 
     def full_rate(self, skip: int = 2) -> tuple[float | None, int]:
         """Optimizer steps per second over the whole run, its first `skip` steps (start-up) left out."""
@@ -43,7 +46,9 @@ class ScriptRunReport:
 
     def to_dict(self) -> dict[str, Any]:
         rate, n = self.full_rate()
+        ratio = Ratio.of(self.ratios)
         return {"command": self.command, "overrides": self.overrides, "ratios": self.ratios,
+                "speedup": ratio.to_dict() if ratio else None,
                 "as_written": [vars(t) for t in self.as_written], "tuned": [vars(t) for t in self.tuned],
                 "full_run": {"returncode": self.full.returncode, "optimizer_steps": self.full.optimizer_steps,
                              "steps_per_s": rate, "seconds": self.full.seconds,
@@ -51,22 +56,25 @@ class ScriptRunReport:
                              "loaders": (self.full.summary or {}).get("loaders")}}
 
 
-def side_by_side(command: Sequence[str], overrides: dict[str, Any], *, rounds: int = 2, warmup: int = 2,
-                 steps: int = 10, first_step_timeout: float = 300.0,
-                 quiet_stdout: bool = False) -> tuple[list[ScriptTrial], list[ScriptTrial]]:
-    """The script as written and with `overrides`, measured in alternating rounds."""
-    written, tuned = [], []
-    for _ in range(rounds):
-        for name, over, out in (("as written", {}, written), ("tuned", overrides, tuned)):
-            settings = {"mode": "trial", "warmup": drained(warmup, over), "count_steps": 0, "steps": steps,
-                        "stop": True, "overrides": over}
-            run = run_instrumented(command, settings, first_step_timeout=first_step_timeout,
-                                   quiet_stdout=quiet_stdout)
-            refused = ((run.report or {}).get("trainer") or {}).get("error")
-            if refused and over.get("trainer"):
-                raise ConfigError(f"the script's Trainer refused the overrides {over['trainer']}: {refused}")
-            out.append(ScriptTrial.of(name, over, run))
-    return written, tuned
+def side_by_side(command: Sequence[str], overrides: dict[str, Any], *, rounds: int = 3, warmup: int = 2,
+                 steps: int = 10, first_step_timeout: float = 300.0, quiet_stdout: bool = False,
+                 on_round: Callable[[int, str], None] | None = None) -> tuple[list[ScriptTrial], list[ScriptTrial]]:
+    """The script as written and with `overrides`, measured in alternating rounds (interleaved()).
+
+    `on_round(round, name)` is called before each measurement (for a progress line)."""
+    trials: dict[str, list[ScriptTrial]] = {"as written": [], "tuned": []}
+    for r, name in interleaved(list(trials), rounds):
+        if on_round is not None:
+            on_round(r, name)
+        over = overrides if name == "tuned" else {}
+        settings = {"mode": "trial", "warmup": drained(warmup, over), "count_steps": 0, "steps": steps,
+                    "stop": True, "overrides": over}
+        run = run_instrumented(command, settings, first_step_timeout=first_step_timeout, quiet_stdout=quiet_stdout)
+        refused = ((run.report or {}).get("trainer") or {}).get("error")
+        if refused and over.get("trainer"):
+            raise ConfigError(f"the script's Trainer refused the overrides {over['trainer']}: {refused}")
+        trials[name].append(ScriptTrial.of(name, over, run))
+    return trials["as written"], trials["tuned"]
 
 
 def full_run(command: Sequence[str], overrides: dict[str, Any], *, first_step_timeout: float = 300.0,
@@ -86,10 +94,10 @@ def render(report: ScriptRunReport, console: Console) -> None:
         rates = [x.samples_per_s for x in trials if x.samples_per_s]
         t.add_row(name, f"{step:.4g}", f"{statistics.median(rates):.1f}" if rates else "-", str(len(trials)))
     console.print(t)
-    r = report.ratios
-    if r:
-        console.print(f"tuned ÷ as written: {statistics.median(r):.2f}× (median of {len(r)} alternating rounds, "
-                      f"{min(r):.2f}..{max(r):.2f})")
+    ratio = Ratio.of(report.ratios)
+    if ratio is not None:
+        console.print(f"tuned ÷ as written: {ratio.verdict()} (median of {ratio.rounds} alternating rounds, "
+                      "with their range)")
     rate, n = report.full_rate()
     full = report.full
     status = "finished" if full.returncode == 0 else f"ended with exit code {full.returncode}"

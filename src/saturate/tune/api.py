@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,20 @@ def fused_adamw_available(device: torch.device) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def no_empty_folders(*paths: Path) -> Iterator[None]:
+    """On failure or interruption, remove each of `paths` that did not exist before and is empty now (deepest
+    first), so a tune or run that wrote nothing useful leaves no folder behind."""
+    new = [Path(p) for p in paths if not Path(p).exists()]
+    try:
+        yield
+    except BaseException:
+        for path in sorted(new, key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):  # not empty, or already gone: left as it is
+                path.rmdir()
+        raise
+
+
 def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = None,
          planned_steps: int | None = None, allow_batch_change: bool = False, out_dir: Path | None = None,
          measurer: Measurer | None = None, seed: int = 0, try_compile: bool = True, device: str | None = None,
@@ -59,10 +75,13 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
     rescaled by train()). With batch-coupled layers (BatchNorm) the micro-batch is kept unless
     `allow_micro_batch_change` (workloads/coupling.py). Writes `plan.toml`, `tune.json` and PNG plots
     to `out_dir`, and caches the plan for `train` to reuse on this hardware. `wide`: the tables show
-    every figure (default: 80 columns).
+    every figure (default: 80 columns). The budget counts from this call: the search stops where its
+    next trial and the verification would not fit, and a budget smaller than one trial fails after that
+    trial's first step.
     """
     from saturate.hardware import probe
 
+    started = time.monotonic()
     if budget_s is not None and budget_s <= 0:
         raise ConfigError(f"budget must be > 0 seconds, got {budget_s:g}")
     hw = hardware or probe(measure_peaks=False, device=device)
@@ -103,7 +122,7 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
                   style="yellow" if before.significant() else "dim", highlight=False)
     base = Plan(name="base", strategy="ddp" if world > 1 else "single")
     meter = ContentionMeter(root).start()
-    result = search(measurer, base, s, progress)  # raises before anything is written
+    result = search(measurer, base, s, progress, started)  # raises before anything is written
     result.contention = meter.stop()
     if coupling:
         result.decisions.insert(0, coupling)

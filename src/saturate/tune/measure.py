@@ -36,7 +36,7 @@ from saturate.tune.process import (
     time_limit,
     workers_uss,
 )
-from saturate.tune.trial import LoaderTrial, Trial, first_line, is_oom
+from saturate.tune.trial import OVER_BUDGET, LoaderTrial, OverBudget, Trial, first_line, is_oom
 from saturate.workloads.base import Workload
 
 
@@ -88,6 +88,9 @@ class RealMeasurer:
             self.ram_budget = int(all_reduce_scalar(self.ram_budget, "min"))
             self.cores = int(all_reduce_scalar(self.cores, "min"))
         self._compile_scope: CompileScope | None = None  # what the last compilation started, to end it
+        # When a model trial must end (time.monotonic()), set by the search under a budget: a trial whose first
+        # step predicts it would end later stops there (status OVER_BUDGET) instead of overrunning the budget.
+        self.deadline: float | None = None
 
     def all_agree(self, flag: bool) -> bool:
         return not agree_any(not flag)
@@ -130,9 +133,11 @@ class RealMeasurer:
         batches = self._cycled_batches(plan)
         with PeakMemory(self.device) as mem:
             try:
-                self._run(trial, plan, batches, steps, compile_limit_s)
+                self._run(trial, plan, batches, steps, compile_limit_s, self.deadline)
             except CompileTimeLimit as e:
                 trial.status, trial.error = "timeout", str(e)
+            except OverBudget as e:
+                trial.status, trial.error = OVER_BUDGET, str(e)
             except Exception as e:
                 trial.status = "oom" if is_oom(e) else "failed"
                 trial.error = first_line(e)
@@ -153,7 +158,7 @@ class RealMeasurer:
             self._compile_scope = None
 
     def _run(self, trial: Trial, plan: Plan, batches: Iterator[Any], steps: int | None,
-             compile_limit_s: float | None = None) -> None:
+             compile_limit_s: float | None = None, deadline: float | None = None) -> None:
         torch.manual_seed(self.seed)  # every trial starts from the same weights: losses are comparable
         notes: list[str] = []
         t0 = time.perf_counter()
@@ -177,10 +182,13 @@ class RealMeasurer:
                 raise RuntimeError(notes[-1])
             trial.compile_s = time.perf_counter() - t0
         losses: list[torch.Tensor] = []
+        warm = time.perf_counter()
         for _ in range(self.warmup):
             self._step(stepper, batches)
             losses.append(stepper.take_loss_sum())
         synchronize(self.device)
+        if deadline is not None:
+            self._check_deadline((time.perf_counter() - warm) / max(1, self.warmup), steps, deadline)
         self._timed_windows(trial, plan, stepper, batches, losses, steps)
         trial.losses = [round(float(v), 5) for v in torch.stack(losses).tolist()]
         if not all(math.isfinite(v) for v in trial.losses):
@@ -241,6 +249,19 @@ class RealMeasurer:
         trial.samples_per_s = summary.median
         trial.spread = summary.spread if len(rates) > 1 else None
         trial.step_s = plan.samples_per_step() / summary.median
+
+    def _check_deadline(self, step_s: float, steps: int | None, deadline: float) -> None:
+        """Raise OverBudget when the timed steps, predicted from the warm-up's step time, would end past `deadline`
+        (every rank together)."""
+        # The shortest a windowed trial can be: `min_windows` windows of `window_s`, or its minimum steps.
+        shortest = max(self.min_seconds, self.rule.min_windows * self.window_s)
+        n = steps if steps is not None else max(self.min_steps, math.ceil(shortest / max(step_s, 1e-9)))
+        if steps is None and self.max_steps is not None:
+            n = min(n, self.max_steps)
+        left = deadline - time.monotonic()
+        if agree_any(n * step_s > left):
+            raise OverBudget(f"was stopped after its first step: {n} timed steps of {step_s:.2g} s would end "
+                             f"{n * step_s - left:.0f} s past the budget")
 
     def _step(self, stepper: Stepper, batches: Iterator[Any]) -> None:
         """One optimizer step; under torchrun every rank learns whether any rank failed in it.

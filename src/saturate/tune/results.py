@@ -39,6 +39,11 @@ class SearchSettings:
         if self.fixed_micro_batch:
             self.probe_micro = self.fixed_micro_batch  # the precision trials run at it too
 
+    def search_budget(self) -> float | None:
+        """The budget less the time kept for writing the evidence at the end (plots, tune.json): 2 s + 3 %, at
+        most 10 s."""
+        return None if self.budget_s is None else self.budget_s - min(2.0 + 0.03 * self.budget_s, 10.0)
+
 
 @dataclass
 class MemoryFit:

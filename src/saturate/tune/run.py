@@ -1,8 +1,12 @@
-"""`saturate run`: probe, tune, measure naive / the guide's plan / tuned side by side, train, compare.
+"""`saturate run`: probe, tune (or reuse the cached plan), measure naive / the guide's plan / the runner-up /
+tuned side by side, train with the fastest, compare.
 
-The comparison rows are measured in this process, one after another, by the same method (real
-training steps through each plan's own loader, after a warm-up step), so their ratios are fair on
-a noisy machine; the last row is the training run itself.
+The comparison rows are measured in this process by the same method, in interleaved rounds
+(compare.py), so their ratios are fair on a busy machine; the last row is the training run itself.
+Tuning must pay for itself: unless `--budget` is given, the plan cached for this workload and
+hardware is reused with no tuning, or else the tuning budget is a share of the training time
+predicted for the untuned job (naive, measured once), within a floor and a ceiling. The output says
+what tuning cost (measured), what it is predicted to save (labelled), and the measured total.
 """
 
 from __future__ import annotations
@@ -13,72 +17,85 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
 from saturate.atomic import atomic_write_bytes
-from saturate.engine.distributed import (
-    DistInfo,
-    all_reduce_scalar,
-    broadcast_object,
-    init_distributed,
-    teardown_distributed,
-)
-from saturate.engine.summary import mfu_peak
+from saturate.engine.distributed import DistInfo, broadcast_object, init_distributed, teardown_distributed
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import ConfigError
-from saturate.hardware.mfu import Mfu, mfu
-from saturate.plan import Plan, reference_plan
-from saturate.tune.api import TuneResult, tune
+from saturate.plan import Plan, default_plan, reference_plan
+from saturate.tune import cache
+from saturate.tune.api import TuneResult, no_empty_folders, tune
+from saturate.tune.compare import (  # noqa: F401 - Row, comparison_table: the table's API, kept importable here
+    ROUNDS,
+    Comparison,
+    Row,
+    at_effective_batch,
+    compare,
+    comparison_table,
+    row_mfu,
+    runner_up,
+)
 from saturate.tune.measure import RealMeasurer
-from saturate.tune.trial import Trial
+from saturate.tune.trial import BudgetTooSmall
 from saturate.workloads.base import Workload
 
 # The guide whose "after" plan applies, by device kind (shared/GUIDES.md): the A6000 guide for one
 # NVIDIA GPU, the ROCm guide for AMD. On a CPU no guide applies.
 GUIDE_AFTER = {"cuda": "a6000-after", "rocm": "rocm-after"}
 
+# The default tuning budget: this share of the untuned training time predicted for the job, within these bounds.
+TUNING_SHARE = 0.10
+BUDGET_FLOOR_S = 15.0
+BUDGET_CEILING_S = 600.0
+
+
+def tuning_budget(predicted_training_s: float) -> float:
+    """The tuning budget for a job whose untuned training is predicted to take `predicted_training_s`."""
+    return min(max(TUNING_SHARE * predicted_training_s, BUDGET_FLOOR_S), BUDGET_CEILING_S)
+
+
+def measure_seconds(predicted_training_s: float | None, plans: int, rounds: int = ROUNDS) -> float:
+    """How long each side-by-side measurement runs: about 5 % of the predicted training over all of them,
+    0.5 to 3 s each (3 s when nothing is predicted)."""
+    if predicted_training_s is None:
+        return 3.0
+    return min(max(0.05 * predicted_training_s / (rounds * max(plans, 1)), 0.5), 3.0)
+
 
 @dataclass
-class Row:
-    label: str
+class Tuning:
+    """Where the plan compared and trained came from, and what that cost."""
+
     plan: Plan
-    samples_per_s: float | None
-    tokens_per_s: float | None
-    step_s: float | None
-    peak_memory_bytes: int | None
-    utilisation: float | None  # share of the device busy (GPU) or of the usable cores (CPU), measured
-    mfu: Mfu | None  # hardware.mfu: the figure, or why there is none (above the peak: never shown)
-    status: str = "ok"
-    note: str = ""
+    result: TuneResult | None  # None: the cached plan was reused
+    seconds: float  # measured: the search and the one naive measurement that sized its budget
+    budget_s: float | None
+    why: str  # one line: the budget and how it was chosen, or the cached plan used
+    # The training time predicted before the comparison (a prediction): untuned when the budget followed it; at
+    # the cached plan's verified speed when that was reused. It sizes the side-by-side measurements.
+    predicted_training_s: float | None = None
+    label: str = "tuned"  # "default" when the job was too short for one trial to pay for itself
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "plan": self.plan.to_dict() | {"provenance": None},
-                "samples_per_s": self.samples_per_s, "tokens_per_s": self.tokens_per_s, "step_s": self.step_s,
-                "peak_memory_bytes": self.peak_memory_bytes, "utilisation": self.utilisation,
-                "mfu": self.mfu.value if self.mfu else None, "mfu_detail": self.mfu.to_dict() if self.mfu else None,
-                "status": self.status, "note": self.note}
+        return {"seconds": round(self.seconds, 1), "budget_s": self.budget_s, "why": self.why, "label": self.label,
+                "cached": self.result is None and self.label == "tuned",
+                "predicted_training_s": self.predicted_training_s}
+
 
 
 @dataclass
 class RunReport:
     rows: list[Row]
-    tuned: TuneResult
+    tuned: TuneResult | None  # None when the cached plan was reused
     training: RunResult
     run_dir: Path
     notes: list[str] = field(default_factory=list)
-
-
-def at_effective_batch(plan: Plan, effective: int) -> Plan | None:
-    """A reference plan measured at the workload's effective batch: its micro-batch kept (or the largest
-    divisor below it), accumulation adjusted. None when nothing divides."""
-    micro = max((d for d in range(1, min(plan.micro_batch, effective) + 1) if effective % d == 0), default=None)
-    if micro is None:
-        return None
-    return plan.replace(micro_batch=micro, grad_accum=effective // micro)
+    comparison: Comparison | None = None
+    trained: str = "tuned"  # the label of the plan trained (the fastest measured)
+    tuning: Tuning | None = None
+    timing: dict[str, float | None] = field(default_factory=dict)  # seconds measured, and predictions (predicted_…)
 
 
 def reference_plans(workload: Workload, device_type: str, world_size: int = 1) -> list[tuple[str, Plan]]:
@@ -95,35 +112,6 @@ def reference_plans(workload: Workload, device_type: str, world_size: int = 1) -
     return [(label, p.replace(strategy=strategy)) for label, p in out if p is not None]
 
 
-def compare(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], *, seed: int = 0,
-            min_seconds: float = 3.0, dist: DistInfo | None = None) -> list[Row]:
-    """Measure each plan the same way, one after another, in this process (every rank together under
-    torchrun; the rows then give the whole job's samples/s and the ranks' mean utilisation)."""
-    dist = dist or DistInfo()
-    measurer = RealMeasurer(workload, hw, seed=seed, min_seconds=min_seconds, max_steps=40, dist=dist)
-    rows = []
-    for label, plan in plans:
-        with _Utilisation(hw, measurer.cores) as util:
-            t = measurer.verify(plan)
-        value = util.value
-        if dist.world_size > 1:
-            value = None if not all_reduce_scalar(value is not None, "min") else all_reduce_scalar(value or 0.0)
-        rows.append(_row(label, plan, t, value, workload, hw, dist.world_size))
-    return rows
-
-
-def _row(label: str, plan: Plan, t: Trial, util: float | None, workload: Workload, hw: Any,
-         world_size: int = 1) -> Row:
-    sps = t.samples_per_s * world_size if t.samples_per_s else None  # a trial's figure is per process
-    return Row(label, plan, sps, sps * workload.tokens_per_sample if sps else None, t.step_s, t.peak_memory_bytes,
-               util if t.ok else None, _mfu(workload, hw, plan, sps, world_size), status=t.status, note=t.error)
-
-
-def _mfu(workload: Workload, hw: Any, plan: Plan, samples_per_s: float | None, world_size: int) -> Mfu:
-    peak, source = mfu_peak(hw, plan)  # one device's peak; the job has world_size of them
-    return mfu((samples_per_s or 0) * (workload.flops_per_sample or 0), peak, source, world_size)
-
-
 def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = None, steps: int | None = None,
         minutes: float | None = None, run_dir: Path | None = None, allow_batch_change: bool = False,
         seed: int = 0, progress: bool = True, console: Console | None = None,
@@ -131,6 +119,7 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
         allow_micro_batch_change: bool = False) -> RunReport:
     from saturate.hardware import probe
 
+    started = time.monotonic()
     hw = hardware or probe(measure_peaks=True)
     made_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     dist = init_distributed(torch.device(hw.torch_device).type)  # under torchrun: every rank, together
@@ -141,38 +130,173 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
     if problem:
         raise ConfigError(problem)
     run_dir = Path(chosen)
-    planned = steps or workload.optim.steps
-    tuned = tune(workload, hw, budget_s=budget_s, planned_steps=planned, allow_batch_change=allow_batch_change,
-                 out_dir=run_dir / "tune", seed=seed, console=console, try_compile=try_compile,
-                 allow_micro_batch_change=allow_micro_batch_change)
-    console.print("[bold]Before/after[/bold]: measuring each plan side by side (same method, this process"
-                  + (f"; {dist.world_size} processes" if dist.world_size > 1 else "") + ") …")
-    plans = [*reference_plans(workload, hw.device_type, dist.world_size), ("tuned", tuned.plan)]
-    rows = compare(workload, hw, plans, seed=seed, dist=dist)
-    config = RunConfig(steps=steps, minutes=minutes, run_dir=run_dir, seed=seed, device=hw.torch_device,
-                       progress=progress, source=source)  # source: so `train --resume --run-dir` alone continues
-    training = train(workload, tuned.plan, config, hardware=hw)
-    rows.append(Row("tuned: the training run", training.plan, training.samples_per_s, training.tokens_per_s,
-                    training.train_seconds / max(1, training.steps) if training.steps else None,
-                    training.peak_memory_bytes, None,
-                    _mfu(workload, hw, training.plan, training.samples_per_s, dist.world_size),
-                    note=f"{training.steps} steps, validation loss {training.val_loss:.3f}"
-                    if training.val_loss is not None else f"{training.steps} steps"))
-    report = RunReport(rows=rows, tuned=tuned, training=training, run_dir=run_dir)
-    console.print(comparison_table(rows, workload, training.memory_kind))
-    report.notes += [f"{r.label}: {r.mfu.text()}" for r in rows if r.mfu and r.mfu.exceeds_peak]
-    for n in report.notes:
+    refs = reference_plans(workload, hw.device_type, dist.world_size)
+    with no_empty_folders(run_dir):  # a run that fails before writing anything leaves no folder
+        tuning = _tune(workload, hw, dist, refs, budget_s=budget_s, steps=steps or workload.optim.steps,
+                       minutes=minutes, allow_batch_change=allow_batch_change, run_dir=run_dir, seed=seed,
+                       console=console, try_compile=try_compile,
+                       allow_micro_batch_change=allow_micro_batch_change)
+        plans = list(refs)
+        second = runner_up(tuning.result.search.trials, tuning.plan, [p for _, p in refs]) if tuning.result else None
+        if second is not None:
+            plans.append(("runner-up", second))
+        plans.append((tuning.label, tuning.plan))
+        predicted = tuning.predicted_training_s or (minutes * 60 if minutes else None)
+        console.print("[bold]Before/after[/bold]: measuring each plan side by side in interleaved rounds (same "
+                      "method, this process" + (f"; {dist.world_size} processes" if dist.world_size > 1 else "")
+                      + ") …")
+        cmp = compare(workload, hw, plans, seed=seed, dist=dist, console=console,
+                      min_seconds=measure_seconds(predicted, len(plans)))
+        trained, verdicts, notes = _choose(cmp, tuning.label)
+        for n in notes:
+            console.print(f"[yellow]note:[/yellow] {n}", highlight=False)
+        timing = _say_costs(console, cmp, tuning, trained, steps or workload.optim.steps, minutes)
+        config = RunConfig(steps=steps, minutes=minutes, run_dir=run_dir, seed=seed, device=hw.torch_device,
+                           progress=progress, source=source)  # source: so `train --resume --run-dir` alone continues
+        training_started = time.monotonic()
+        training = train(workload, cmp.row(trained).plan, config, hardware=hw)  # type: ignore[union-attr]
+    report = RunReport(rows=list(cmp.rows), tuned=tuning.result, training=training, run_dir=run_dir,
+                       notes=notes, comparison=cmp, trained=trained, tuning=tuning, timing=timing)
+    report.timing.update(training_s=time.monotonic() - training_started, total_s=time.monotonic() - started)
+    report.rows.append(Row("training run", training.plan, training.samples_per_s, training.tokens_per_s,
+                           training.train_seconds / max(1, training.steps) if training.steps else None,
+                           training.peak_memory_bytes, None,
+                           row_mfu(workload, hw, training.plan, training.samples_per_s, dist.world_size),
+                           note=f"{report.trained}, {training.steps} steps, validation loss {training.val_loss:.3f}"
+                           if training.val_loss is not None else f"{report.trained}, {training.steps} steps"))
+    if cmp.contention is not None and cmp.contention.significant():  # the top of the before/after output
+        console.print(f"[yellow]{cmp.contention.line()}[/yellow] — absolute figures are low; the ratios, measured "
+                      f"in {cmp.rounds} interleaved rounds, are fair", highlight=False)
+    console.print(comparison_table(report.rows, workload, training.memory_kind))
+    for line in verdicts:
+        console.print(line, highlight=False, markup=False)
+    report.notes += [f"{r.label}: {r.mfu.text()}" for r in report.rows if r.mfu and r.mfu.exceeds_peak]
+    for n in report.notes[len(notes):]:  # those about the plan trained were said before training
         console.print(f"[yellow]note:[/yellow] {n}")
+    t = report.timing
+    console.print(f"measured total: {t['total_s']:.0f} s (tuning {tuning.seconds:.0f} s, side by side "
+                  f"{cmp.seconds:.0f} s, training {t['training_s']:.0f} s with validation and checkpoints)"
+                  + (f"; the untuned training was predicted at {t['predicted_untuned_s']:.0f} s (a prediction)"
+                     if t.get("predicted_untuned_s") else ""), highlight=False)
     if dist.is_main:
         atomic_write_bytes(run_dir / "comparison.json", (json.dumps(
             {"workload": workload.name, "hardware": hw.to_dict(), "processes": dist.world_size,
-             "rows": [r.to_dict() for r in rows], "plots": [str(p) for p in tuned.plots],
-             "tuned_plan": str(tuned.plan_path)}, indent=2, default=str) + "\n").encode())
-    console.print(f"run folder: {run_dir}  (tuned plan {tuned.plan_path}; plots: "
-                  f"{', '.join(str(p) for p in tuned.plots) or 'none'}; comparison {run_dir / 'comparison.json'})")
+             "rows": [r.to_dict() for r in report.rows], **cmp.to_dict(), "verdicts": verdicts,
+             "trained": report.trained, "tuning": tuning.to_dict(), "timing": report.timing,
+             "plots": [str(p) for p in tuning.result.plots] if tuning.result else [],
+             "tuned_plan": str(tuning.result.plan_path) if tuning.result else None}, indent=2, default=str)
+            + "\n").encode())
+    plots = ", ".join(str(p) for p in tuning.result.plots) if tuning.result else ""
+    console.print(f"run folder: {run_dir}  (" + (f"tuned plan {tuning.result.plan_path}; plots: {plots or 'none'}; "
+                  if tuning.result else "cached plan; ") + f"comparison {run_dir / 'comparison.json'})")
     if made_group:
         teardown_distributed()
     return report
+
+
+def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Plan]], *, budget_s: float | None,
+          steps: int, minutes: float | None, allow_batch_change: bool, run_dir: Path, seed: int, console: Console,
+          try_compile: bool, allow_micro_batch_change: bool = False) -> Tuning:
+    """The plan to compare and train: the cached one (no `--budget`), else tuned within `--budget` or a budget
+    that follows the predicted untuned training time."""
+    if budget_s is None and not allow_batch_change:
+        cached = broadcast_object(_cached_plan(workload, hw, dist.world_size, try_compile) if dist.is_main else None)
+        if cached is not None:
+            why = (f"using the plan tuned for {workload.name} on this machine "
+                   f"({cached.provenance.get('tuned_at', 'date unknown')}): no tuning; --budget tunes again")
+            console.print(why)
+            verified = cached.provenance.get("verified_samples_per_s")
+            predicted = (minutes * 60 if minutes else steps * cached.samples_per_step(dist.world_size) / verified
+                         if verified else None)
+            return Tuning(cached, None, 0.0, None, why, predicted_training_s=predicted)
+    started = time.monotonic()
+    predicted = None
+    why = f"--budget {budget_s:g} s" if budget_s is not None else ""
+    if budget_s is None:
+        if minutes:
+            predicted, source = minutes * 60, f"--minutes {minutes:g}"
+        else:
+            # One step after the warm-up: a rough figure is enough to size the budget.
+            naive = RealMeasurer(workload, hw, seed=seed, min_steps=1, min_seconds=0.0, dist=dist).verify(
+                dict(refs)["naive"])
+            predicted = steps * naive.step_s if naive.ok and naive.step_s else None
+            source = (f"{steps} steps at naive's {naive.step_s:.3g} s/step, measured once" if predicted
+                      else f"naive could not be measured ({naive.error})")
+        budget_s = tuning_budget(predicted) if predicted else BUDGET_CEILING_S
+        why = (f"tuning budget {budget_s:.0f} s: {TUNING_SHARE:.0%} of the untuned training, predicted at "
+               f"{predicted:.0f} s ({source}), within {BUDGET_FLOOR_S:.0f}–{BUDGET_CEILING_S:.0f} s"
+               if predicted else f"tuning budget {budget_s:.0f} s ({source})") + "; --budget sets another"
+        console.print(why)
+    try:
+        result = tune(workload, hw, budget_s=budget_s, planned_steps=steps, allow_batch_change=allow_batch_change,
+                      out_dir=run_dir / "tune", seed=seed, console=console, try_compile=try_compile,
+                      allow_micro_batch_change=allow_micro_batch_change)
+    except BudgetTooSmall as e:
+        if not predicted:  # the user's --budget: their request fails, in one line
+            raise
+        plan = default_plan(workload.optim.effective_batch, hw.device_type, hw.supports, dist.world_size)
+        why = (f"not tuned: the {budget_s:.0f} s this job can pay for does not hold one trial ({e}); the default "
+               "plan is compared and trained instead (--budget tunes anyway)")
+        console.print(f"[yellow]{why}[/yellow]", highlight=False)
+        return Tuning(plan.replace(name="default"), None, time.monotonic() - started, budget_s, why, predicted,
+                      label="default")
+    return Tuning(result.plan, result, time.monotonic() - started, budget_s, why, predicted)
+
+
+def _cached_plan(workload: Workload, hw: Any, world: int, try_compile: bool) -> Plan | None:
+    """The plan tuned for this workload on this hardware at this process count, if it can be used as it is."""
+    plan, _ = cache.lookup(workload, hw.fingerprint(), world)
+    if plan is None or int(plan.provenance.get("world_size", 1)) != world:
+        return None
+    if not try_compile and plan.compile != "none":
+        return None
+    return plan
+
+
+def _choose(cmp: Comparison, label: str = "tuned") -> tuple[str, list[str], list[str]]:
+    """Which plan trains (the `label` plan, tuned or default, unless another plan was measured faster than it in
+    every round), the verdict lines under the table, and a note when it is not that plan."""
+    lines, notes, trained = [], [], label
+    for r in cmp.rows:
+        if r.label != "naive" and r.vs_naive is not None:
+            lines.append(f"{r.label} vs naive: {r.vs_naive.verdict()}, median of {r.vs_naive.rounds} interleaved "
+                         "rounds (range)")
+    tuned = cmp.row(label)
+    beaten = cmp.faster_than(label)
+    if tuned is not None and tuned.status != "ok":
+        ok = [r for r in cmp.rows if r.status == "ok" and r.samples_per_s]
+        if ok:
+            trained = max(ok, key=lambda r: r.samples_per_s or 0.0).label
+            notes.append(f"the {label} plan failed when measured here ({tuned.note}); training with {trained} "
+                         "instead")
+    elif beaten is not None:
+        trained = beaten[0].label
+        notes.append(f"the {label} plan was measured slower than {trained} in every round ({trained} "
+                     f"{beaten[1].fmt()} of {label}, beyond the noise); training with {trained} instead")
+    return trained, lines, notes
+
+
+def _say_costs(console: Console, cmp: Comparison, tuning: Tuning, trained: str, steps: int,
+               minutes: float | None) -> dict[str, float | None]:
+    """What tuning cost (measured) and what it is predicted to save (from the measured speeds); the figures."""
+    naive, row = cmp.row("naive"), cmp.row(trained)
+    cost = (f"tuning cost {tuning.seconds:.0f} s" + (" (a cached plan)" if tuning.result is None else "")
+            + f", measuring side by side {cmp.seconds:.0f} s")
+    timing: dict[str, float | None] = {"tuning_s": tuning.seconds, "side_by_side_s": cmp.seconds}
+    if naive is None or row is None or not (naive.step_s and row.step_s):
+        console.print(f"{cost}; no saving predicted (naive or the trained plan was not measured)", highlight=False)
+    elif minutes:
+        extra = minutes * 60 / row.step_s - minutes * 60 / naive.step_s
+        timing["predicted_extra_steps"] = extra
+        console.print(f"{cost}; predicted: {extra:,.0f} more steps in {minutes:g} min than untuned (a prediction "
+                      "from the measured speeds)", highlight=False)
+    else:
+        untuned, tuned = steps * naive.step_s, steps * row.step_s
+        timing.update(predicted_untuned_s=untuned, predicted_saving_s=untuned - tuned)
+        console.print(f"{cost}; predicted saving over {steps} steps: {untuned - tuned:,.0f} s ({untuned:,.0f} s "
+                      f"untuned → {tuned:,.0f} s with {trained}; a prediction from the measured speeds)",
+                      highlight=False)
+    return timing
 
 
 def _choose_run_dir(run_dir: Path | None, workload: Workload) -> tuple[str, str | None]:
@@ -183,84 +307,3 @@ def _choose_run_dir(run_dir: Path | None, workload: Workload) -> tuple[str, str 
     return str(path), None
 
 
-def comparison_table(rows: list[Row], workload: Workload, memory_kind: str) -> Table:
-    t = Table(title=f"{workload.name}: before and after (measured in this run)", box=box.SIMPLE_HEAVY,
-              title_justify="left")
-    tokens = workload.tokens_per_sample > 1  # samples that are not tokens get no tokens/s column
-    for col in ("plan", "micro×accum", "precision", "workers", *(["tokens/s"] if tokens else []), "samples/s",
-                "step s", f"peak {memory_kind}", "utilisation", "MFU", "× naive"):
-        t.add_column(col, justify="left" if col in ("plan", "precision") else "right")
-    base = next((r.samples_per_s for r in rows if r.label == "naive" and r.samples_per_s), None)
-    for r in rows:
-        p = r.plan
-        t.add_row(
-            r.label, f"{p.micro_batch}×{p.grad_accum}", p.precision + ("+tf32" if p.tf32 else ""),
-            str(p.num_workers), *([_f(r.tokens_per_s, "{:,.0f}")] if tokens else []), _f(r.samples_per_s, "{:.1f}"),
-            _f(r.step_s, "{:.3f}"),
-            "-" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes / 2**20:,.0f} MiB",
-            _f(r.utilisation, "{:.0%}"), r.mfu.cell() if r.mfu else "-",
-            _f(r.samples_per_s / base if base and r.samples_per_s else None, "{:.2f}×")
-            if r.status == "ok" else r.status)
-    return t
-
-
-def _f(v: float | None, fmt: str) -> str:
-    return "-" if v is None else fmt.format(v)
-
-
-class _Utilisation:
-    """Measured busy share over a block: GPU utilisation (NVML, sampled) or process CPU time / (wall × cores)."""
-
-    def __init__(self, hw: Any, cores: int | None = None) -> None:
-        self.hw = hw
-        self.cores = cores or hw.cpu_cores  # this process's share of the cores (under torchrun)
-        self.value: float | None = None
-
-    def __enter__(self) -> _Utilisation:
-        self._proc = psutil.Process()
-        self._cpu0 = sum(self._proc.cpu_times()[:2])
-        self._t0 = time.perf_counter()
-        self._gpu = _GpuBusy(self.hw) if self.hw.device_type == "cuda" and torch.cuda.is_available() else None
-        if self._gpu is not None:
-            self._gpu.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        wall = time.perf_counter() - self._t0
-        if self._gpu is not None:
-            self.value = self._gpu.stop()
-        elif wall > 0:
-            self.value = (sum(self._proc.cpu_times()[:2]) - self._cpu0) / (wall * max(1, self.cores))
-
-
-class _GpuBusy:
-    """Mean NVML utilisation of the training GPU, sampled every 100 ms; None if NVML cannot be read."""
-
-    def __init__(self, hw: Any) -> None:
-        import threading
-
-        self.samples: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        index = torch.device(hw.torch_device).index
-        self._index = index if index is not None else torch.cuda.current_device()  # torchrun bound this rank's
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _loop(self) -> None:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            uuid = str(torch.cuda.get_device_properties(self._index).uuid)
-            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-            while not self._stop.wait(0.1):
-                self.samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-        except Exception:  # NVML missing or unreadable: utilisation is reported as not measured
-            self.samples = []
-
-    def stop(self) -> float | None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        return sum(self.samples) / len(self.samples) / 100 if self.samples else None

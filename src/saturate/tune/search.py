@@ -27,13 +27,14 @@ from saturate.plan import Plan
 from saturate.tune.decide import check_verification, compare, keep_candidate
 from saturate.tune.noise import rate_text
 from saturate.tune.results import MemoryFit, SearchResult, SearchSettings, fit_memory
-from saturate.tune.trial import LoaderTrial, Measurer, Trial
+from saturate.tune.trial import OVER_BUDGET, BudgetTooSmall, LoaderTrial, Measurer, Trial
 
 
 def search(measurer: Measurer, base: Plan, s: SearchSettings,
-           on_trial: Callable[[Trial | LoaderTrial], None] | None = None) -> SearchResult:
-    """Run every stage; `on_trial` sees each trial as it finishes (for progress lines)."""
-    return _Search(measurer, base, s, on_trial).run()
+           on_trial: Callable[[Trial | LoaderTrial], None] | None = None, started: float | None = None) -> SearchResult:
+    """Run every stage; `on_trial` sees each trial as it finishes (for progress lines). The budget counts from
+    `started` (a time.monotonic() reading; default: now), so time spent before the search counts too."""
+    return _Search(measurer, base, s, on_trial, started).run()
 
 
 def _rate(t: Trial) -> str:
@@ -46,7 +47,7 @@ def _gib(n: float | None) -> str:
 
 class _Search:
     def __init__(self, measurer: Measurer, base: Plan, s: SearchSettings,
-                 on_trial: Callable[[Trial | LoaderTrial], None] | None = None) -> None:
+                 on_trial: Callable[[Trial | LoaderTrial], None] | None = None, started: float | None = None) -> None:
         self.on_trial = on_trial or (lambda t: None)
         if s.effective_batch % s.world_size:
             raise ConfigError(f"effective batch {s.effective_batch} is not divisible by {s.world_size} processes")
@@ -57,7 +58,8 @@ class _Search:
         self.decisions: list[str] = []
         self.skipped: list[str] = []
         self.warnings: list[str] = []  # what the user must know about the result (an inconsistent verification)
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started
+        self.budget_spent = False  # a trial stopped after its first step: it would have ended past the budget
         self.all_agree: Callable[[bool], bool] = getattr(measurer, "all_agree", lambda flag: flag)
         self.discard_compiled: Callable[[], None] = getattr(measurer, "discard_compiled", lambda: None)
 
@@ -76,27 +78,57 @@ class _Search:
         return plan.replace(micro_batch=micro, grad_accum=max(1, self.local // micro))
 
     def remaining(self) -> float | None:
-        return None if self.s.budget_s is None else self.s.budget_s - (time.monotonic() - self.started)
+        budget = self.s.search_budget()
+        return None if budget is None else budget - (time.monotonic() - self.started)
 
-    def affordable(self, what: str) -> bool:
-        """Whether the budget still holds one more trial as long as the longest so far."""
+    def longest(self) -> float:
+        """The longest model trial so far: the prediction for the next one."""
+        return max((t.seconds for t in self.trials), default=0.0)
+
+    def verifying(self) -> float:
+        """The time kept for the verification: a quarter more than the longest model trial (it adds the real
+        loader and a validation pass)."""
+        return 1.25 * self.longest()
+
+    def affordable(self, what: str, loader: bool = False) -> bool:
+        """Whether the budget still holds one more trial as long as the longest of its kind so far, and
+        then the verification (predicted as long as the longest model trial)."""
         left = self.remaining()
-        longest = max((t.seconds for t in self.trials), default=0.0)
-        # Several processes: each rank's clock decides, and all must take the same branch.
-        if left is None or self.all_agree(left >= longest):
+        if left is None:
             return True
-        self.skipped.append(f"{what}: not tried, the budget had {max(left, 0):.0f} s left and a trial takes "
-                            f"up to {longest:.0f} s")
+        need = max((t.seconds for t in self.loader_trials), default=0.0) if loader else self.longest()
+        # Several processes: each rank's clock decides, and all must take the same branch.
+        if self.all_agree(not self.budget_spent and left >= need + self.verifying()):
+            return True
+        self.skipped.append(f"{what}: not tried, the budget had {max(left, 0):.0f} s left; a trial takes up to "
+                            f"{need:.0f} s and verifying the plan ~{self.verifying():.0f} s (predicted from the "
+                            "trials)")
         return False
 
+    def deadline(self) -> float | None:
+        """When a model trial must end (time.monotonic()): the budget's end less the time kept for verification;
+        before any trial, half the budget (the verification will take about as long as the first trial)."""
+        budget = self.s.search_budget()
+        if budget is None:
+            return None
+        return self.started + (budget - self.verifying() if self.trials else budget / 2)
+
     def trial(self, plan: Plan, stage: str, **kw: Any) -> Trial:
+        if hasattr(self.m, "deadline"):  # the measurer stops a trial whose first step predicts an overrun
+            self.m.deadline = self.deadline()
         t = self.m.model_trial(plan, stage, **kw)
         self.trials.append(t)
         self.on_trial(t)
-        if len(self.trials) == 1 and self.s.budget_s is not None and t.seconds > self.s.budget_s:
-            raise ConfigError(f"tuning budget {self.s.budget_s:g} s is too small: the first trial (micro-batch "
-                              f"{plan.micro_batch}, {plan.precision}) alone took {t.seconds:.1f} s; give "
-                              f"--budget {max(60, int(10 * t.seconds))} or more")
+        if t.status == OVER_BUDGET:
+            self.budget_spent = True
+        nothing = not any(x.ok for x in self.trials)  # no plan measured yet: nothing to choose from
+        if self.s.budget_s is not None and ((t.status == OVER_BUDGET and nothing)
+                                            or (len(self.trials) == 1 and t.seconds > self.s.budget_s)):
+            why = (f"{t.error}, with the verification (about as long) still to come" if t.status == OVER_BUDGET
+                   else f"alone took {t.seconds:.1f} s")
+            raise BudgetTooSmall(f"tuning budget {self.s.budget_s:g} s is too small: the first trial (micro-batch "
+                                 f"{plan.micro_batch}, {plan.precision}) {why}; give --budget "
+                                 f"{max(60, int(10 * t.seconds))} or more")
         return t
 
     # --- the stages -----------------------------------------------------------------------------
@@ -153,8 +185,10 @@ class _Search:
             options.append(ref.plan.replace(tf32=True))
         best = ref
         for plan in options:
-            t = self.trial(plan, "precision")
             label = _precision_label(plan)
+            if not self.affordable(f"precision {label}"):
+                break
+            t = self.trial(plan, "precision")
             if not t.ok:
                 t.verdict = f"{t.status}: {t.error}"
                 continue
@@ -236,7 +270,7 @@ class _Search:
             if not t.ok:
                 t.verdict = f"{t.status}: {t.error}"
                 self.memory_capped = self.memory_capped or t.status == "oom"
-                stop = f"{m} ran out of memory"
+                stop = f"{m} ran out of memory" if t.status == "oom" else f"{m}: {t.status}"
                 break
             c = compare(t, best, self.s.min_gain)
             if c.faster:
@@ -340,12 +374,19 @@ class _Search:
         # longer than that cannot pay back, so it is the trial's time limit: the compilation is stopped there.
         limit = s.planned_steps * best.step_s * (1 - 1 / s.compile_speedup_bound)
         left = self.remaining()
-        if left is not None:
-            limit = min(limit, left)
+        if left is not None:  # the compilation, then a trial's steps, then the verification
+            limit = min(limit, left - self.longest() - self.verifying())
         if not self.affordable("torch.compile"):
+            return best
+        if limit <= 0:
+            self.skipped.append(f"torch.compile: not tried, the budget had {max(left or 0, 0):.0f} s left")
             return best
         t = self.trial(best.plan.replace(compile=s.compile_mode), "compile", compile_limit_s=limit)
         # A stopped or failed trial was discarded by the measurer; a rejected one is discarded below.
+        if t.status == OVER_BUDGET:
+            t.verdict = f"{t.status}: {t.error}"
+            self.decisions.append(f"compile: none (the tuning budget ran out: {t.error})")
+            return best
         if t.status == "timeout":
             t.verdict = f"{t.error}: a longer compilation cannot pay back over {s.planned_steps} steps"
             self.decisions.append(f"compile: none ({t.verdict})")
@@ -410,11 +451,12 @@ class _Search:
             return t
 
         for w in ladder:  # the whole worker ladder at the default prefetch: it is cheap and plotted
-            if not self.affordable(f"loader with {w} workers"):
+            if not self.affordable(f"loader with {w} workers", loader=True):
                 break
             measure(setting(w, 2, False))
         for p, t in list(measured):  # deeper prefetch only where the default did not feed the model
-            if p.num_workers and not refused(t) and slow(t) and self.affordable(f"loader prefetch 4, {p.num_workers}"):
+            if p.num_workers and not refused(t) and slow(t) and self.affordable(f"loader prefetch 4, {p.num_workers}",
+                                                                                          loader=True):
                 measure(setting(p.num_workers, 4, False))
         within = [(p, t) for p, t in measured if not refused(t)]
         feeding = [(p, t) for p, t in within if not slow(t)]
@@ -435,7 +477,7 @@ class _Search:
             why = "no loader setting could be measured within the RAM budget; loading in the training process"
         for _p, t in measured:
             t.verdict = "chosen" if t is ct else (refused(t) or slow(t) or "costlier than the chosen setting")
-        if cuda and ct is not None and self.affordable("pinned memory"):
+        if cuda and ct is not None and self.affordable("pinned memory", loader=True):
             pinned_plan = setting(chosen.num_workers, chosen.prefetch_factor, True)
             pt = measure(pinned_plan)
             if not refused(pt) and not slow(pt):

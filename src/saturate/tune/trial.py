@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from saturate.engine.step import OutOfMemoryError
+from saturate.errors import ConfigError
 from saturate.plan import Plan
 
 
 @dataclass
 class Trial:
-    """One measured plan. `status` is "ok", "oom" or "failed"; figures are None when not measured."""
+    """One measured plan. `status` is "ok", "oom", "failed", "timeout" (compilation stopped) or OVER_BUDGET
+    (stopped after its first step: predicted to end past the tuning budget); figures are None when not measured."""
 
     stage: str  # what the trial was for: "precision", "memory", "micro-batch", "compile", "verify", …
     plan: Plan
@@ -112,6 +114,17 @@ class Measurer(Protocol):
     def discard_compiled(self) -> None:
         """Leave nothing of the last compile trial running or cached (the search rejected it)."""
         ...
+
+
+OVER_BUDGET = "over budget"  # a trial's status when its first step predicted it would end past the budget
+
+
+class OverBudget(Exception):
+    """Raised inside a trial whose first step predicts it would end past the tuning budget's deadline."""
+
+
+class BudgetTooSmall(ConfigError):
+    """The tuning budget does not hold one trial."""
 
 
 def is_oom(e: BaseException) -> bool:

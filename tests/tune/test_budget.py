@@ -1,0 +1,119 @@
+"""Budgets are kept: the search against a fake machine on a fake clock (no timing involved)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from test_search import FakeMachine, GiB, linear_memory, saturating, settings
+
+from saturate.errors import ConfigError
+from saturate.plan import Plan
+from saturate.tune.api import no_empty_folders
+from saturate.tune.search import search
+from saturate.tune.trial import OVER_BUDGET, Trial
+
+
+class Clocked(FakeMachine):
+    """A fake machine on a fake clock: each trial advances it by its length (`length(plan, stage)`). Like the
+    real measurer, a model trial whose first step predicts an end past `deadline` stops there."""
+
+    def __init__(self, length, **kw) -> None:
+        super().__init__(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB), **kw)
+        self.now, self.length, self.deadline = 0.0, length, None
+
+    def model_trial(self, plan: Plan, stage: str, **kw) -> Trial:
+        seconds = self.length(plan, stage)
+        if self.deadline is not None and stage != "verify" and self.now + seconds > self.deadline:
+            self.now += seconds / 10  # its first step
+            self.tried.append(plan)
+            return Trial(stage=stage, plan=plan, status=OVER_BUDGET, seconds=seconds / 10,
+                         error="was stopped after its first step: it would end past the budget")
+        t = super().model_trial(plan, stage, **kw)
+        self.now += seconds
+        t.seconds = seconds
+        return t
+
+    def loader_trial(self, plan: Plan):
+        self.now += 1.0
+        t = super().loader_trial(plan)
+        t.seconds = 1.0
+        return t
+
+
+@pytest.fixture
+def clocked(monkeypatch):
+    def make(length, **kw) -> Clocked:
+        machine = Clocked(length, **kw)
+        module = importlib.import_module("saturate.tune.search")
+        monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: machine.now))
+        return machine
+    return make
+
+
+@pytest.mark.parametrize("budget", [30, 60, 120])
+def test_the_search_ends_within_a_tenth_of_its_budget(clocked, budget):
+    # bf16 trials take 3× as long as fp32 ones (a CPU without native bf16 units): the first step says so.
+    machine = clocked(lambda p, stage: 24.0 if p.precision == "bf16" else 8.0)
+    result = search(machine, Plan(), settings(budget_s=budget, try_compile=True), started=0.0)
+    assert result.chosen.ok and machine.now <= 1.1 * budget, (machine.now, result.skipped)
+    assert result.seconds == machine.now
+    unbounded = clocked(lambda p, stage: 8.0)
+    search(unbounded, Plan(), settings(try_compile=True), started=0.0)
+    assert len(machine.tried) < len(unbounded.tried) and result.skipped
+
+
+def test_time_before_the_search_counts(clocked):
+    machine = clocked(lambda p, stage: 8.0)
+    machine.now = 20.0  # probing and building the workload took 20 s of a 60 s budget
+    result = search(machine, Plan(), settings(budget_s=60, try_compile=False), started=0.0)
+    assert result.chosen.ok and machine.now <= 66 and result.seconds == machine.now
+    assert len(machine.tried) <= 4
+    late = clocked(lambda p, stage: 8.0)
+    late.now = 40.0  # 40 s gone: the first trial and its verification no longer fit
+    with pytest.raises(ConfigError, match="too small.*with the verification"):
+        search(late, Plan(), settings(budget_s=60, try_compile=False), started=0.0)
+
+
+def test_a_trial_predicted_past_the_budget_is_stopped_and_said(clocked):
+    machine = clocked(lambda p, stage: 40.0 if p.precision == "bf16" else 5.0)
+    result = search(machine, Plan(), settings(budget_s=40, try_compile=False), started=0.0)
+    stopped = [t for t in result.trials if t.status == OVER_BUDGET]
+    assert result.plan.precision == "fp32" and machine.now <= 44
+    assert all(t.plan.precision == "bf16" for t in stopped)
+    assert any("not tried, the budget had" in s for s in result.skipped)
+
+
+def test_a_budget_smaller_than_one_trial_fails_after_its_first_step(clocked):
+    machine = clocked(lambda p, stage: 70.0)
+    with pytest.raises(ConfigError, match=r"^tuning budget 1 s is too small: the first trial \(micro-batch 8, fp32\) "
+                                          r"was stopped after its first step"):
+        search(machine, Plan(), settings(budget_s=1), started=0.0)
+    assert len(machine.tried) == 1 and machine.now == pytest.approx(7.0)  # its first step, not the whole trial
+
+
+def test_a_failed_tune_leaves_no_empty_folder(tmp_path):
+    run_dir, out = tmp_path / "run", tmp_path / "run" / "tune"
+    with pytest.raises(KeyboardInterrupt), no_empty_folders(run_dir, out):
+        out.mkdir(parents=True)
+        raise KeyboardInterrupt
+    assert not run_dir.exists()
+    kept = tmp_path / "kept"
+    with pytest.raises(RuntimeError), no_empty_folders(kept):
+        kept.mkdir()
+        (kept / "tune.json").write_text("{}")
+        raise RuntimeError("after the evidence was written")
+    assert (kept / "tune.json").exists()
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    with pytest.raises(RuntimeError), no_empty_folders(existing):
+        raise RuntimeError("a folder that was there before is the user's")
+    assert existing.exists() and Path(existing).is_dir()
+
+
+def test_writing_the_evidence_is_kept_out_of_the_search_budget():
+    assert settings(budget_s=100).search_budget() == pytest.approx(95.0)  # 2 s + 3 %
+    assert settings(budget_s=1000).search_budget() == pytest.approx(990.0)  # at most 10 s
+    assert settings().search_budget() is None
