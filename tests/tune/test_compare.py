@@ -9,6 +9,7 @@ import pytest
 from rich.console import Console
 
 from saturate.hardware.contention import Contention
+from saturate.hardware.mfu import mfu
 from saturate.plan import Plan
 from saturate.tune import compare as compare_module
 from saturate.tune import run as run_module
@@ -102,7 +103,8 @@ def test_the_before_after_table_fits_80_columns(cpu, meter):
                      cpu)
     workload = SimpleNamespace(name="ts-lstm", tokens_per_sample=128)
     for r in cmp.rows:
-        r.tokens_per_s, r.utilisation, r.mfu = r.samples_per_s * 128, 0.97, 0.123
+        r.tokens_per_s, r.utilisation = r.samples_per_s * 128, 0.97
+        r.mfu = mfu(r.samples_per_s * 1e6, 1e9, "test peak")
     out = Console(record=True, width=200, file=open("/dev/null", "w"))  # noqa: SIM115
     out.print(comparison_table(cmp.rows, workload, "host RSS"))
     lines = out.export_text().splitlines()
