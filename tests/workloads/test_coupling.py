@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from saturate.errors import ConfigError
 from saturate.workloads.base import Optimization, Workload
-from saturate.workloads.coupling import coupled_layers, detect, kept_micro_batch
+from saturate.workloads.coupling import coupled_layers, detect, kept_micro_batch, workload_default_plan
 from saturate.workloads.source import with_coupling
 
 
@@ -64,3 +64,14 @@ def test_a_model_that_cannot_be_built_is_said_not_checked():
 def test_bad_coupling_params_are_one_clear_line(params, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
         with_coupling(_workload(lambda: nn.Linear(1, 1)), params)
+
+
+def test_the_untuned_default_plan_keeps_a_coupled_models_micro_batch():
+    bn = _workload(lambda: nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)), effective=32)
+    plan, line = workload_default_plan(bn, "cpu", {})
+    assert (plan.micro_batch, plan.grad_accum) == (32, 1) and "BatchNorm2d" in line  # not the 8×4 split
+    plan, _ = workload_default_plan(dataclasses.replace(bn, micro_batch=4), "cpu", {})
+    assert (plan.micro_batch, plan.grad_accum) == (4, 8)
+    free = _workload(lambda: nn.Sequential(nn.Linear(4, 4)), effective=32)
+    plan, line = workload_default_plan(free, "cpu", {})
+    assert (plan.micro_batch, plan.grad_accum) == (8, 4) and line is None

@@ -18,8 +18,9 @@ from saturate.engine.precision import Precision
 from saturate.engine.schedule import WarmupCosine
 from saturate.engine.step import Stepper, rng_state, set_rng_state
 from saturate.errors import CheckpointError, ConfigError
-from saturate.plan import Plan, default_plan, fit_to_world
+from saturate.plan import Plan, fit_to_world
 from saturate.workloads.base import Workload
+from saturate.workloads.coupling import workload_default_plan
 
 try:
     import fcntl
@@ -247,7 +248,10 @@ def choose_plan(plan: Plan | None, state: dict[str, Any] | None, workload: Workl
             notes.append(f"using the plan tuned for {workload.name} on this machine "
                          f"({cached.provenance.get('tuned_at', 'date unknown')}); --no-tuned ignores it")
             return cached
-    return default_plan(workload.optim.effective_batch, hw.device_type, hw.supports, world)
+    plan, coupled = workload_default_plan(workload, hw.device_type, hw.supports, world)
+    if coupled:
+        notes.append(coupled)
+    return plan
 
 
 def snapshot(step: int, stepper: Stepper, precision: Precision, schedule: WarmupCosine, plan: Plan,

@@ -24,7 +24,7 @@ from saturate.atomic import atomic_write_bytes
 from saturate.engine.distributed import DistInfo, broadcast_object, init_distributed, teardown_distributed
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import ConfigError
-from saturate.plan import Plan, default_plan, reference_plan
+from saturate.plan import Plan, reference_plan
 from saturate.tune import cache
 from saturate.tune.api import TuneResult, no_empty_folders, tune
 from saturate.tune.compare import (  # noqa: F401 - Row, comparison_table: the table's API, kept importable here
@@ -40,6 +40,7 @@ from saturate.tune.compare import (  # noqa: F401 - Row, comparison_table: the t
 from saturate.tune.measure import RealMeasurer
 from saturate.tune.trial import BudgetTooSmall
 from saturate.workloads.base import Workload
+from saturate.workloads.coupling import workload_default_plan
 
 # The guide whose "after" plan applies, by device kind (shared/GUIDES.md): the A6000 guide for one
 # NVIDIA GPU, the ROCm guide for AMD. On a CPU no guide applies.
@@ -234,7 +235,7 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
     except BudgetTooSmall as e:
         if not predicted:  # the user's --budget: their request fails, in one line
             raise
-        plan = default_plan(workload.optim.effective_batch, hw.device_type, hw.supports, dist.world_size)
+        plan, _ = workload_default_plan(workload, hw.device_type, hw.supports, dist.world_size)
         why = (f"not tuned: the {budget_s:.0f} s this job can pay for does not hold one trial ({e}); the default "
                "plan is compared and trained instead (--budget tunes anyway)")
         console.print(f"[yellow]{why}[/yellow]", highlight=False)

@@ -22,6 +22,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
 from saturate.errors import ConfigError
+from saturate.plan import Plan, default_plan
 from saturate.workloads.base import Workload
 
 
@@ -36,14 +37,18 @@ def coupled_layers(model: nn.Module) -> list[str]:
     return found
 
 
-def detect(workload: Workload) -> tuple[list[str], str | None]:
-    """(coupled layer names, a note when the model could not be inspected); the user's flag wins."""
+def detect(workload: Workload, build_for_real: bool = True) -> tuple[list[str], str | None]:
+    """(coupled layer names, a note when the model could not be inspected); the user's flag wins.
+    `build_for_real`: where the model cannot be built on the meta device, build it for real to look."""
     if workload.batch_coupled is not None:
         return (["batch-coupled layers (--param batch_coupled=true)"] if workload.batch_coupled else []), None
     try:
         with torch.device("meta"):  # the structure only: no memory, no initialisation cost
             model = workload.build_model()
     except Exception as e:  # a builder that needs real tensors: build it for real
+        if not build_for_real:
+            return [], ("batch-coupled layers not checked (building the model on the meta device raised "
+                        f"{type(e).__name__})")
         try:
             model = workload.build_model()
         except Exception:
@@ -51,9 +56,10 @@ def detect(workload: Workload) -> tuple[list[str], str | None]:
     return coupled_layers(model), None
 
 
-def kept_micro_batch(workload: Workload, world_size: int, allow_change: bool) -> tuple[int | None, str | None]:
+def kept_micro_batch(workload: Workload, world_size: int, allow_change: bool,
+                     build_for_real: bool = True) -> tuple[int | None, str | None]:
     """(the micro-batch the tuner must keep, or None to search it; the line that says why)."""
-    layers, note = detect(workload)
+    layers, note = detect(workload, build_for_real)
     if not layers:
         return None, note
     local = workload.optim.effective_batch // max(1, world_size)
@@ -67,3 +73,18 @@ def kept_micro_batch(workload: Workload, world_size: int, allow_change: bool) ->
                           f"{what} in the model the micro-batch is kept, so give one that divides it")
     return micro, (f"{what} in the model: micro-batch kept at {micro} (it changes the maths); "
                    "--allow-micro-batch-change to search it anyway")
+
+
+def workload_default_plan(workload: Workload, device_type: str, supports: dict[str, bool],
+                          world_size: int = 1) -> tuple[Plan, str | None]:
+    """`plan.default_plan` for this workload: with batch-coupled layers its micro-batch is the kept one
+    (the user's `micro_batch`, else the whole effective batch per process) and the line says so."""
+    plan = default_plan(workload.optim.effective_batch, device_type, supports, world_size)
+    if plan.grad_accum == 1 and workload.micro_batch is None:
+        return plan, None  # the whole batch per process in one micro-batch: nothing split
+    # Only a meta-device look: a default plan must not load a large model's weights twice to decide this.
+    micro, line = kept_micro_batch(workload, world_size, allow_change=False, build_for_real=False)
+    if micro is None or micro == plan.micro_batch:
+        return plan, None
+    local = plan.micro_batch * plan.grad_accum
+    return plan.replace(micro_batch=micro, grad_accum=max(1, local // micro)), line
