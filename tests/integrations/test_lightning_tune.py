@@ -216,4 +216,6 @@ def test_run_applies_lightning_overrides_in_the_full_run(tmp_path):
     full = d["full_run"]
     assert full["returncode"] == 0 and full["optimizer_steps"] == 12  # max_steps counts optimizer steps
     assert full["loaders"][0]["batch_size"] == 16 and full["loaders"][0]["batches"] == 12 * 2
+    assert full["lightning"]["in_force"]["accumulate_grad_batches"] == 2
+    assert full["lightning"]["redirected"] == {}  # the full run is the real one: it writes where the script says
     assert "trained 12 steps" in out.stderr

@@ -377,7 +377,7 @@ class Script:
             if self.rank == 0 and self.step_times:
                 self._write(SUMMARY, json.dumps({
                     "world_size": self.world, "optimizer_steps": self.optimizer_steps, "samples": self.samples,
-                    "loaders": self._iterated_loaders(),
+                    "loaders": self._iterated_loaders(), "lightning": self.lightning.report(),
                     "step_times": self.step_times, "trainer": self.trainer.report()}))
             return
         if self.done or self.profiler is None:
