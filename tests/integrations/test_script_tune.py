@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 from conftest import cli_env, saturate_cmd
-from saturate.integrations.tune import ScriptTrial, ScriptTuning, _merge, edits
+from saturate.integrations.overrides import merge
+from saturate.integrations.tune import ScriptTrial, ScriptTuning, edits
 
 # A loader-bound loop: each sample takes 4 ms to produce (a sleep, so workers help even on a busy 2-core machine).
 SLOW_DATA = """
@@ -79,5 +80,5 @@ def test_the_edit_is_said_at_the_loader_call():
     base = ScriptTrial("as written", {}, 1.0, None, 0.6, 3)
     tuning = ScriptTuning(["python", "train.py"], base, t, [base, t], loaders=[{"site": "train.py:40"}])
     assert edits(tuning) == ["train.py:40: DataLoader(..., num_workers=2, persistent_workers=True)"]
-    assert _merge({"loader": {"num_workers": 2}}, {"loader": {"prefetch_factor": 4}, "tf32": True}) == {
+    assert merge({"loader": {"num_workers": 2}}, {"loader": {"prefetch_factor": 4}, "tf32": True}) == {
         "loader": {"num_workers": 2, "prefetch_factor": 4}, "tf32": True}

@@ -146,16 +146,10 @@ def _tune_script(args: argparse.Namespace) -> int:
 
 
 def _check_trainer_overrides(path: Path, overrides: dict[str, Any]) -> None:
-    """A Trainer's overrides name only the TrainingArguments fields saturate tunes (the training stays the same)."""
-    from saturate.integrations.trainer_hooks import TUNABLE
+    """Overrides name only the knobs saturate tunes (the training stays the same): `integrations.overrides.check`."""
+    from saturate.integrations.overrides import check
 
-    fields = overrides.get("trainer", {})
-    if not isinstance(fields, dict):
-        raise ConfigError(f"--overrides {path}: \"trainer\" must be an object of TrainingArguments fields")
-    unknown = sorted(set(fields) - set(TUNABLE))
-    if unknown:
-        raise ConfigError(f"--overrides {path}: {', '.join(unknown)} not among the TrainingArguments fields saturate "
-                          f"applies ({', '.join(TUNABLE)})")
+    check(path, overrides)
 
 
 def _run_script(args: argparse.Namespace) -> int:

@@ -113,7 +113,7 @@ class Profiler:
                 self.instrument.leave()
         if self.instrument.mode == "time":
             self._batches += 1
-            self._samples += _batch_len(batch)
+            self._samples += batch_len(batch)
         return batch
 
     def step(self) -> None:
@@ -216,7 +216,8 @@ class Profiler:
         self._handles.clear()
 
 
-def _batch_len(batch: Any) -> int:
+def batch_len(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor (a tensor, or a tuple, list or dict of them)."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1
     if isinstance(batch, dict):

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from saturate.integrations import lightning_hooks
+from saturate.integrations.overrides import FUSED_OPTIMIZERS, loader_changes, optimizer_changes
 from saturate.integrations.trainer_hooks import TrainerWatch
 
 ENV_DIR = "SATURATE_SCRIPT_DIR"
@@ -76,10 +77,15 @@ def caller_site() -> str | None:
         name = frame.filename
         if name.startswith("<") or any(s in name for s in skip) or name.startswith(sys.prefix + os.sep + "lib"):
             continue
-        with contextlib.suppress(ValueError):
-            name = os.path.relpath(name)
-        return f"{name}:{frame.lineno}"
+        return f"{shown_path(name)}:{frame.lineno}"
     return None
+
+
+def shown_path(name: str) -> str:
+    """A script's path as reports show it: relative to the working folder when under it, else absolute."""
+    path = os.path.abspath(name)
+    cwd = os.getcwd()
+    return os.path.relpath(path, cwd) if path.startswith(cwd.rstrip(os.sep) + os.sep) else path
 
 
 class Script:
@@ -112,7 +118,7 @@ class Script:
         self.mode = str(settings.get("mode", "doctor"))  # doctor, trial, apply (a full run with the overrides)
         scratch = None if self.mode == "apply" else folder / "trainer"
         self.trainer = TrainerWatch(self.overrides.get("trainer") or {}, scratch, caller_site)
-        self.lightning = lightning_hooks.LightningWatch(scratch, caller_site)
+        self.lightning = lightning_hooks.LightningWatch(self.overrides.get("lightning") or {}, scratch, caller_site)
 
     # --- installing ---------------------------------------------------------------------------
 
@@ -127,6 +133,8 @@ class Script:
         import torch.utils.data.dataloader as dl
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
         from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        from saturate.doctor.profiler import batch_len
 
         register_optimizer_step_post_hook(self._after_step)
         self._forward_hooks = [register_module_forward_pre_hook(self._forward_pre),
@@ -147,15 +155,17 @@ class Script:
         if self.overrides.get("tf32"):
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
-        loader_over = self.overrides.get("loader") or {}
+        self._fuse_optimizers()
         signature = inspect.signature(loader_init)
+        changing = bool(self.overrides.get("loader") or self.overrides.get("train_loader"))
 
         def init(loader: Any, *args: Any, **kwargs: Any) -> None:
             as_written = None
-            if loader_over and id(loader) not in script.loaders:
-                bound = signature.bind(loader, *args, **kwargs)
-                as_written = {k: bound.arguments.get(k, signature.parameters[k].default) for k in loader_over}
-                bound.arguments.update(loader_over)
+            bound = signature.bind(loader, *args, **kwargs) if changing and id(loader) not in script.loaders else None
+            if bound is not None and (changes := loader_changes(script.overrides, bound,
+                                                                script.made_at_train_site(bound))):
+                as_written = {k: bound.arguments.get(k, signature.parameters[k].default) for k in changes}
+                bound.arguments.update(changes)
                 if not bound.arguments.get("num_workers"):  # settings that need workers go with them
                     bound.arguments["prefetch_factor"] = None
                     bound.arguments["persistent_workers"] = False
@@ -199,6 +209,31 @@ class Script:
         torch.optim.Optimizer.__init__ = optimizer_created  # type: ignore[method-assign]
         atexit.register(self._at_exit)
 
+    def made_at_train_site(self, bound: Any) -> bool:
+        """Whether a DataLoader being made is the training loader the overrides resize: made at its line, or a
+        library's copy (over the same dataset) of one made there."""
+        site = (self.overrides.get("train_loader") or {}).get("site")
+        if site is None:
+            return False
+        if caller_site() == site:
+            return True
+        dataset = bound.arguments.get("dataset")
+        return any(info["site"] == site and getattr(info["ref"](), "dataset", None) is dataset
+                   for info in self.loaders.values())
+
+    def _fuse_optimizers(self) -> None:
+        """Apply `{"optimizer": {"fused": …}}` to torch's Adam and AdamW as the script makes them."""
+        import torch
+
+        for name in FUSED_OPTIMIZERS if self.overrides.get("optimizer") else ():
+            cls = getattr(torch.optim, name)
+            changes = optimizer_changes(self.overrides, cls)
+
+            def init(opt: Any, *args: Any, _init: Any = cls.__init__, _changes: dict = changes, **kwargs: Any) -> None:
+                _init(opt, *args, **{**kwargs, **_changes})
+
+            cls.__init__ = init  # type: ignore[method-assign]
+
     def loader_site(self, loader: Any) -> str | None:
         """Where the script set this DataLoader's arguments: for a library's copy of a loader the script made
         (Accelerate's `prepare`, over the same dataset) the script's own `DataLoader(...)` call, else the caller."""
@@ -225,6 +260,7 @@ class Script:
         if self.first_step_s is None:
             self.first_step_s = time.perf_counter() - self.started
         self.trainer.end_step()
+        self.lightning.end_step()
         if not self.profile:
             if self.optimizer_steps == 1:
                 self._write(FIRST_STEP, "")
@@ -341,7 +377,7 @@ class Script:
             if self.rank == 0 and self.step_times:
                 self._write(SUMMARY, json.dumps({
                     "world_size": self.world, "optimizer_steps": self.optimizer_steps, "samples": self.samples,
-                    "loaders": self._iterated_loaders(),
+                    "loaders": self._iterated_loaders(), "lightning": self.lightning.report(),
                     "step_times": self.step_times, "trainer": self.trainer.report()}))
             return
         if self.done or self.profiler is None:
@@ -355,20 +391,10 @@ class Script:
             self._write(f"status-{os.getpid()}.json", json.dumps({"optimizer_steps": self.optimizer_steps}))
 
 
-def batch_len(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor (tensor, tuple, list or dict batches)."""
-    import torch
-
-    if isinstance(batch, dict):
-        batch = next(iter(batch.values()), None)
-    if isinstance(batch, (list, tuple)):
-        batch = next((b for b in batch if isinstance(b, torch.Tensor)), None)
-    return int(batch.shape[0]) if isinstance(batch, torch.Tensor) and batch.dim() else 0
-
-
 def _loader_settings(loader: Any) -> dict[str, Any]:
     batch_size = loader.batch_size if loader.batch_size is not None else \
         getattr(loader.batch_sampler, "batch_size", None)  # a batch sampler's (Accelerate's, a Trainer's)
     return {"batch_size": batch_size, "num_workers": loader.num_workers,
             "prefetch_factor": loader.prefetch_factor, "pin_memory": loader.pin_memory,
-            "persistent_workers": loader.persistent_workers, "class": type(loader).__name__}
+            "persistent_workers": loader.persistent_workers, "class": type(loader).__name__,
+            "sets_batch_size": loader.batch_size is not None}  # False: batches from a batch_sampler of its own

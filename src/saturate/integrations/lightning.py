@@ -18,8 +18,8 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
+from saturate.doctor.profiler import batch_len
 from saturate.integrations.callback import RunWatch, Watched, peak_dtype
-from saturate.integrations.hooks import batch_len
 
 
 class SaturateCallback(Watched, Callback):

@@ -53,6 +53,7 @@ class ScriptRunReport:
                 "full_run": {"returncode": self.full.returncode, "optimizer_steps": self.full.optimizer_steps,
                              "steps_per_s": rate, "seconds": self.full.seconds,
                              "trainer": (self.full.summary or {}).get("trainer"),
+                             "lightning": (self.full.summary or {}).get("lightning"),
                              "loaders": (self.full.summary or {}).get("loaders")}}
 
 

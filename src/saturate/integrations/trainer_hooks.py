@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from saturate.integrations.losses import StepLosses
+
 # TrainingArguments fields reported, and those saturate may change
 FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "tf32",
           "dataloader_num_workers", "dataloader_pin_memory", "dataloader_prefetch_factor",
@@ -38,7 +40,6 @@ FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", 
 TUNABLE = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "tf32",
            "dataloader_num_workers", "dataloader_pin_memory", "dataloader_prefetch_factor",
            "dataloader_persistent_workers", "torch_compile", "gradient_checkpointing", "optim", "use_cpu")
-MAX_LOSSES = 1000  # per-step losses kept (a trial needs its first few dozen)
 
 
 def field_values(args: Any) -> dict[str, Any]:
@@ -76,8 +77,7 @@ class TrainerWatch:
         self.site = site
         self.info: dict[str, Any] | None = None  # the first Trainer: class, sites, fields as written and in force
         self.trainer: weakref.ref | None = None
-        self.losses: list[Any] = []  # per optimizer step: a detached device tensor (or a float)
-        self._pending: Any = None
+        self.losses = StepLosses()
         self._patched: set[str] = set()
 
     # --- wrapping Transformers ----------------------------------------------------------------
@@ -123,9 +123,8 @@ class TrainerWatch:
         @functools.wraps(step)
         def wrapped_step(trainer: Any, *args: Any, **kwargs: Any) -> Any:
             loss = step(trainer, *args, **kwargs)
-            if watch.trainer is not None and watch.trainer() is trainer and len(watch.losses) < MAX_LOSSES:
-                value = loss.detach() if hasattr(loss, "detach") else loss
-                watch._pending = value if watch._pending is None else watch._pending + value
+            if watch.trainer is not None and watch.trainer() is trainer:
+                watch.losses.add(loss)
             return loss
 
         cls.__init__ = wrapped_init  # type: ignore[method-assign]
@@ -162,9 +161,7 @@ class TrainerWatch:
 
     def end_step(self) -> None:
         """An optimizer step of the followed optimizer ended: its loss is the micro-steps' sum."""
-        if self._pending is not None:
-            self.losses.append(self._pending)
-            self._pending = None
+        self.losses.end_step()
         trainer = self.trainer() if self.trainer is not None else None
         if self.info is not None and "planned_steps" not in self.info and trainer is not None:
             state = getattr(trainer, "state", None)  # the Trainer knows its steps once training started
@@ -174,10 +171,4 @@ class TrainerWatch:
         """The first Trainer and its per-step losses (read from the device now), for the report."""
         if self.info is None:
             return None
-        losses = []
-        for value in self.losses:
-            try:
-                losses.append(float(value))
-            except (TypeError, ValueError, RuntimeError):
-                break
-        return {**self.info, "losses": losses}
+        return {**self.info, "losses": self.losses.read()}

@@ -1,8 +1,20 @@
-"""`saturate tune -- CMD`'s stages for a Transformers `Trainer`: its TrainingArguments, by measurement.
+"""`saturate tune -- CMD`'s stages for a framework's trainer (a Transformers or a Lightning `Trainer`), by
+measurement.
 
-Called by `tune.tune_command` when the as-written run saw a Trainer; each stage runs trials through
-the search (`consider`: a run of the script with the overrides, kept only when measured faster by
-`GAIN_MIN`) and adds a decision line. The stages and their order are in `tune`'s docstring.
+Called by `tune.tune_command` when the as-written run saw a trainer; each stage runs trials through the
+search (`consider`: a run of the script with the overrides, kept only when measured faster by `GAIN_MIN`)
+and adds a decision line. The stages are the same for every framework; what a knob is called there, what
+the script wrote and which overrides set it come from the framework's adapter (`Framework`, implemented in
+`frameworks.py`), which says instead why a knob cannot be set from outside. Order:
+
+1. precision: bf16 where native (else fp16 on CUDA), accepted only when every one of the first steps' losses
+   is within the tuner's tolerance of the script's own (trials start from the same seed);
+2. micro-batch × accumulation over the exact splits of the effective batch as written: upwards while each
+   gains; if none above helped, one step down;
+3. activation checkpointing, only where memory stopped a larger micro-batch, at that micro-batch; not on a CPU;
+4. the fused optimizer;
+5. compile, not on a CPU; accepted only when faster and when the steps the trainer plans, times the time
+   saved per step, exceed the extra start-up the compile cost.
 """
 
 from __future__ import annotations
@@ -10,10 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from saturate.integrations.overrides import merge
 from saturate.tune.results import LOSS_TOLERANCE
 from saturate.tune.search import loss_drift
 
-UNFUSED_ADAMW = ("adamw_torch", "adamw_hf", "adamw")  # Trainer `optim` values with a fused variant to try
+Option = tuple[str, dict[str, Any]] | str  # a trial's name and overrides, or why the knob is not tried
 
 
 class Search(Protocol):
@@ -26,93 +39,119 @@ class Search(Protocol):
 
     def kept(self, t: Any) -> bool: ...
 
-    def with_trainer(self, fields: dict[str, Any]) -> dict[str, Any]: ...
+    def with_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]: ...
 
 
-def trainer_stages(search: Search, trainer: dict[str, Any], supports: dict[str, bool]) -> None:
+class Framework(Protocol):
+    """A framework's trainer as the as-written run saw it: its knobs in its own terms."""
+
+    checkpointing_knob: str  # how the decisions name activation checkpointing ("gradient_checkpointing")
+    compile_knob: str
+    planned_steps: int | None  # optimizer steps the trainer plans (compile's pay-back)
+
+    def lower_precision(self) -> str | None:
+        """The lower precision the script already trains in, or None (fp32)."""
+
+    def precision(self, name: str, device: str) -> tuple[str, dict[str, Any]]:
+        """The trial of precision `name` ("bf16", "fp16")."""
+
+    def split(self) -> tuple[int, int] | str:
+        """The micro-batch and accumulation as written, or why they cannot be changed from outside."""
+
+    def split_overrides(self, micro: int, accum: int) -> dict[str, Any]: ...
+
+    def checkpointing(self) -> dict[str, Any] | str:
+        """The overrides that turn activation checkpointing on, or why not."""
+
+    def fused(self) -> Option: ...
+
+    def compile(self) -> Option: ...
+
+
+def trainer_stages(search: Search, fw: Framework, supports: dict[str, bool]) -> None:
     """Precision, micro-batch × accumulation, checkpointing, fused optimizer and compile, in that order."""
-    written = trainer.get("args") or {}
     decisions = search.result.decisions
+    device = search.result.device_type
     base = search.result.baseline
 
-    def with_trainer(fields: dict[str, Any]) -> dict[str, Any]:
-        return search.with_trainer(fields)
+    def trial(knob: str, option: Option, check: Callable[[Any], str | None] | None = None) -> None:
+        if isinstance(option, str):
+            decisions.append(f"{knob}: {option}")
+            return
+        label, over = option
+        t = search.consider(label, search.with_overrides(over), check)
+        decisions.append(f"{knob}: {t.outcome}" if label.startswith(knob) else f"{knob}: {label} {t.outcome}")
 
     # 1. precision, checked against the script's own losses
-    device = search.result.device_type
-    if written.get("bf16") or written.get("fp16"):
-        decisions.append(f"precision: the script already trains in {'bf16' if written.get('bf16') else 'fp16'}")
+    name = "bf16" if supports.get("bf16") else "fp16" if supports.get("fp16") and device == "cuda" else None
+    if (own := fw.lower_precision()) is not None:
+        decisions.append(f"precision: the script already trains in {own}")
+    elif name is None:
+        decisions.append(f"precision: fp32 (no lower precision is native on {device})")
     else:
-        name = "bf16" if supports.get("bf16") else "fp16" if supports.get("fp16") and device == "cuda" else None
-        if name is None:
-            decisions.append(f"precision: fp32 (no lower precision is native on {device})")
-        else:
-            fields = {name: True, **({"use_cpu": True} if device == "cpu" else {})}  # bf16 on a CPU needs use_cpu
-            label = ", ".join(f"{k}=True" for k in fields)
-            t = search.consider(label, with_trainer(fields), lambda t: _loss_problem(t, base))
-            decisions.append(f"precision: {label} {t.outcome}")
+        trial("precision", fw.precision(name, device), lambda t: _loss_problem(t, base))
 
     # 2. micro-batch × accumulation at the same effective batch
-    micro = int(written.get("per_device_train_batch_size") or 1)
-    accum = int(written.get("gradient_accumulation_steps") or 1)
-    effective = micro * accum
-    splits = [d for d in range(1, effective + 1) if effective % d == 0]
-    memory_stopped = None
-    climbed = False
-    for m in [d for d in splits if d > micro]:
-        t = search.consider(f"micro-batch {m} × {effective // m}", with_trainer(
-            {"per_device_train_batch_size": m, "gradient_accumulation_steps": effective // m}))
-        if not t.ok and "out of memory" in t.outcome.lower():
-            memory_stopped = m
-        if not search.kept(t):
-            break
-        climbed = True
-    if not climbed and (below := [d for d in splits if d < micro]):
-        m = below[-1]
-        search.consider(f"micro-batch {m} × {effective // m}", with_trainer(
-            {"per_device_train_batch_size": m, "gradient_accumulation_steps": effective // m}))
-    fields = search.result.best.overrides.get("trainer", {})
-    tried = [t.name.removeprefix("micro-batch ") for t in search.result.trials if t.name.startswith("micro-batch")]
-    decisions.append(f"micro-batch: {fields.get('per_device_train_batch_size', micro)} × accumulation "
-                     f"{fields.get('gradient_accumulation_steps', accum)} (as written {micro} × {accum}; the "
-                     f"effective batch {effective} kept; tried: {', '.join(tried) or 'no other exact split'})")
+    memory_stopped = _split_stage(search, fw)
 
     # 3. activation checkpointing, only where memory stopped a larger micro-batch
+    knob = fw.checkpointing_knob
+    over = fw.checkpointing()
     if device == "cpu":
-        decisions.append("gradient_checkpointing: not tried on cpu (it trades recompute for memory; host memory "
-                         "did not limit the micro-batch)")
-    elif written.get("gradient_checkpointing"):
-        decisions.append("gradient_checkpointing: already on in the script")
-    elif memory_stopped is None:
-        decisions.append("gradient_checkpointing: not tried (no larger micro-batch ran out of memory, so "
-                         "recomputing activations could only cost time)")
+        decisions.append(f"{knob}: not tried on cpu (it trades recompute for memory; host memory did not limit "
+                         "the micro-batch)")
+    elif isinstance(over, str) or memory_stopped is None:
+        decisions.append(f"{knob}: {over}" if isinstance(over, str) else f"{knob}: not tried (no larger micro-batch "
+                         "ran out of memory, so recomputing activations could only cost time)")
     else:
-        t = search.consider(f"gradient_checkpointing at micro-batch {memory_stopped}", with_trainer(
-            {"gradient_checkpointing": True, "per_device_train_batch_size": memory_stopped,
-             "gradient_accumulation_steps": effective // memory_stopped}))
-        decisions.append(f"gradient_checkpointing: {t.outcome}")
+        micro, effective = memory_stopped
+        trial(knob, (f"{knob} at micro-batch {micro}", merge(over, fw.split_overrides(micro, effective // micro))))
 
     # 4. the fused optimizer
-    optim = str(written.get("optim") or "")
-    if optim in UNFUSED_ADAMW:
-        t = search.consider('optim="adamw_torch_fused"', with_trainer({"optim": "adamw_torch_fused"}))
-        decisions.append(f"fused optimizer: {t.outcome}")
-    else:
-        decisions.append(f"fused optimizer: not tried (optim={optim!r}"
-                         f"{' is already fused' if 'fused' in optim else ' has no fused variant saturate tries'})")
+    trial("fused optimizer", fw.fused())
 
-    # 5. torch_compile, where it can pay back its compile time
-    if written.get("torch_compile"):
-        decisions.append("torch_compile: already on in the script")
-    elif device == "cpu":
-        decisions.append("torch_compile: not tried on cpu (compiling takes tens of seconds here, more than a "
-                         "trial's steps can show back; try it where the model runs on a GPU)")
-    else:
-        best = search.result.best
-        planned = trainer.get("planned_steps") or (written.get("max_steps") or 0)
-        t = search.consider("torch_compile=True", with_trainer({"torch_compile": True}),
-                            lambda t: _compile_problem(t, best, planned))
-        decisions.append(f"torch_compile: {t.outcome}")
+    # 5. compile, where it can pay back its compile time
+    option = fw.compile()
+    if device == "cpu" and not isinstance(option, str):
+        option = ("not tried on cpu (compiling takes tens of seconds here, more than a trial's steps can show "
+                  "back; try it where the model runs on a GPU)")
+    best = search.result.best
+    trial(fw.compile_knob, option, lambda t: _compile_problem(t, best, fw.planned_steps or 0))
+
+
+def _split_stage(search: Search, fw: Framework) -> tuple[int, int] | None:
+    """Climb the exact splits of the effective batch; (the micro-batch, the effective batch) where a larger
+    micro-batch ran out of memory, else None."""
+    decisions = search.result.decisions
+    written = fw.split()
+    if isinstance(written, str):
+        decisions.append(f"micro-batch: {written}")
+        return None
+    micro, accum = written
+    effective = micro * accum
+    splits = [d for d in range(1, effective + 1) if effective % d == 0]
+    memory_stopped, chosen, tried = None, (micro, accum), []
+
+    def consider(m: int) -> Any:
+        tried.append(f"{m} × {effective // m}")
+        t = search.consider(f"micro-batch {m} × {effective // m}", search.with_overrides(
+            fw.split_overrides(m, effective // m)))
+        if search.kept(t):
+            nonlocal chosen
+            chosen = (m, effective // m)
+        return t
+
+    for m in [d for d in splits if d > micro]:
+        t = consider(m)
+        if not t.ok and "out of memory" in t.outcome.lower():
+            memory_stopped = (m, effective)
+        if not search.kept(t):
+            break
+    if chosen == written and (below := [d for d in splits if d < micro]):
+        consider(below[-1])
+    decisions.append(f"micro-batch: {chosen[0]} × accumulation {chosen[1]} (as written {micro} × {accum}; the "
+                     f"effective batch {effective} kept; tried: {', '.join(tried) or 'no other exact split'})")
+    return memory_stopped
 
 
 def _loss_problem(t: Any, reference: Any) -> str | None:

@@ -6,18 +6,10 @@ from outside (`hooks`: DataLoader arguments at construction, TF32 at start-up, a
 in order, each kept only when measured faster than the best so far by more than `GAIN_MIN` (so a
 change within the machine's noise is not taken):
 
-For a Transformers `Trainer` (its fields, `trainer_hooks.TUNABLE`):
-1. precision: `bf16=True` where the device has native bf16 (else `fp16=True` on CUDA), accepted only
-   when every one of the first steps' losses is within the tuner's tolerance (`LOSS_TOLERANCE`) of the
-   script's own (trials start from the same seed, so they see the same weights and batches);
-2. micro-batch × accumulation over the exact splits of the effective batch as written
-   (`per_device_train_batch_size × gradient_accumulation_steps` kept exactly): upwards while each gains;
-   if none above helped, one step down;
-3. activation checkpointing (`gradient_checkpointing=True`), only where memory stopped a larger
-   micro-batch (a trial that ran out of memory), at that micro-batch; not on a CPU;
-4. the fused optimizer (`optim="adamw_torch_fused"`) where the script uses unfused AdamW;
-5. `torch_compile=True`, not on a CPU; accepted only when faster and when the steps the Trainer plans,
-   times the time saved per step, exceed the extra start-up the compile cost.
+For a Transformers `Trainer` or a Lightning `Trainer` (`trainer_tune`'s stages, the knobs in each
+framework's terms from `frameworks.py`): precision, checked against the script's own first losses;
+micro-batch × accumulation at the same effective batch; activation checkpointing where memory stopped a
+larger micro-batch; the fused optimizer; compile, where the planned steps pay back its compile time.
 For every script:
 6. loader workers (only when the as-written run waits for data): 1, 2, 4, … up to the usable cores,
    with persistent workers; growth stops at the first count from 2 on that does not gain (one worker
@@ -44,6 +36,8 @@ from saturate.atomic import atomic_write_bytes
 from saturate.errors import SaturateError
 from saturate.integrations.command import ScriptRun, run_instrumented
 from saturate.integrations.doctor import TRAINER_TERMS, trainer_edit
+from saturate.integrations.frameworks import framework_of
+from saturate.integrations.overrides import merge
 from saturate.integrations.trainer_tune import trainer_stages
 
 GAIN_MIN = 1.05  # a setting is kept only when measured at least this much faster than the best so far
@@ -75,7 +69,7 @@ class ScriptTrial:
         step_s = m["step_s"]
         sps = m["samples_per_step"] / step_s if m.get("samples_per_step") and step_s > 0 else None
         data = m["phases"].get("data", 0.0) / step_s if step_s > 0 else 0.0
-        losses = (report.get("trainer") or {}).get("losses") or []
+        losses = (report.get("trainer") or report.get("lightning") or {}).get("losses") or []
         return cls(name, overrides, step_s, sps, data, m["steps"], losses=losses,
                    first_step_s=report.get("first_step_s"), samples_per_step=m.get("samples_per_step"))
 
@@ -98,6 +92,8 @@ class ScriptTuning:
     loaders: list[dict[str, Any]] = field(default_factory=list)  # as the as-written run saw them
     device_type: str = "cpu"
     trainer: dict[str, Any] | None = None  # a Transformers Trainer as the as-written run saw it
+    lightning: dict[str, Any] | None = None  # a Lightning Trainer as the as-written run saw it
+    optimizer: dict[str, Any] | None = None  # the followed optimizer: class, where it was made, fused
 
     @property
     def speedup(self) -> float:
@@ -107,7 +103,8 @@ class ScriptTuning:
         return {"command": self.command, "overrides": self.best.overrides, "speedup": self.speedup,
                 "baseline": vars(self.baseline), "best": vars(self.best), "trials": [vars(t) for t in self.trials],
                 "decisions": self.decisions, "loaders": self.loaders, "device_type": self.device_type,
-                "trainer": self.trainer, "edits": edits(self)}
+                "trainer": self.trainer, "lightning": self.lightning, "optimizer": self.optimizer,
+                "edits": edits(self)}
 
 
 def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, cores: int = 1,
@@ -122,24 +119,25 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
     base.outcome = "the script's own settings"
     report = run.report or {}
     device = report["measurements"]["device_type"]
-    trainer = report.get("trainer")
     result = ScriptTuning(list(run.command), base, base, [base], loaders=report.get("loaders", []),
-                          device_type=device, trainer=trainer)
+                          device_type=device, trainer=report.get("trainer"), lightning=report.get("lightning"),
+                          optimizer=report.get("optimizer"))
     search.result = result
-    if trainer is not None:
+    framework = framework_of(report)
+    if framework is not None:
         if supports is None:
             from saturate.hardware import probe
 
             supports = probe(measure_peaks=False, device=device).supports
-        trainer_stages(search, trainer, supports)
+        trainer_stages(search, framework, supports)
     search.loader_stages(cores)
     if device == "cuda":
-        search.consider("TF32", _merge(result.best.overrides, {"tf32": True}))
+        search.consider("TF32", search.with_overrides({"tf32": True}))
     else:
         result.decisions.append(f"TF32: not on {device}")
-    if trainer is None:
+    if framework is None:
         result.decisions.append("micro-batch, precision, compile and fused optimizer: need the script's training "
-                                "code (a Transformers Trainer's arguments); not tried from outside")
+                                "code (a Transformers or a Lightning Trainer's arguments); not tried from outside")
     return result
 
 
@@ -195,9 +193,9 @@ class _Search:
     def kept(self, t: ScriptTrial) -> bool:
         return self.result.best is t
 
-    def with_trainer(self, fields: dict[str, Any]) -> dict[str, Any]:
-        """The best overrides so far with these TrainingArguments fields added."""
-        return _merge(self.result.best.overrides, {"trainer": fields})
+    def with_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """The best overrides so far with these added."""
+        return merge(self.result.best.overrides, overrides)
 
     # --- every script's DataLoaders ----------------------------------------------------------
 
@@ -215,7 +213,7 @@ class _Search:
         written = loader.get("num_workers") or 0
         counts = [w for w in _powers_of_two(max(1, cores)) if w != written]
         for w in counts:
-            t = self.consider(f"{w} workers", _merge(result.best.overrides, {"loader": {
+            t = self.consider(f"{w} workers", self.with_overrides({"loader": {
                 "num_workers": w, "persistent_workers": True}}))
             if not self.kept(t) and w >= 2:  # one worker only overlaps loading with the step: 2 is the first test
                 break
@@ -223,9 +221,9 @@ class _Search:
         result.decisions.append(f"loader workers: {workers} (as written {written}; tried "
                                 f"{', '.join(map(str, counts))})")
         if workers:
-            self.consider("prefetch 4", _merge(result.best.overrides, {"loader": {"prefetch_factor": 4}}))
+            self.consider("prefetch 4", self.with_overrides({"loader": {"prefetch_factor": 4}}))
         if result.device_type == "cuda" and not loader.get("pin_memory"):
-            self.consider("pinned memory", _merge(result.best.overrides, {"loader": {"pin_memory": True}}))
+            self.consider("pinned memory", self.with_overrides({"loader": {"pin_memory": True}}))
 
 
 def drained(warmup: int, overrides: dict[str, Any]) -> int:
@@ -244,16 +242,10 @@ def _powers_of_two(limit: int) -> list[int]:
     return out
 
 
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in a.items()}
-    for k, v in b.items():
-        out[k] = {**out.get(k, {}), **v} if isinstance(v, dict) else v
-    return out
-
-
 def edits(tuning: ScriptTuning) -> list[str]:
-    """The tuned overrides as the edits a user would make in the script: a Trainer's TrainingArguments
-    when the script has one, else its DataLoader call and TF32 at start-up."""
+    """The tuned overrides as the edits a user would make in the script: a Transformers Trainer's
+    TrainingArguments when the script has one; else a Lightning Trainer's arguments, its DataLoader calls
+    (the training loader's batch_size with them), its optimizer's constructor and TF32 at start-up."""
     over = tuning.best.overrides
     if tuning.trainer:
         fields = dict(over.get("trainer") or {})
@@ -262,10 +254,24 @@ def edits(tuning: ScriptTuning) -> list[str]:
             fields["tf32"] = True
         return [trainer_edit(fields, tuning.trainer)] if fields else []
     lines = []
-    loader = tuning.loaders[0] if tuning.loaders else {}
+    if over.get("lightning"):
+        lightning = tuning.lightning or {}
+        site = f"{lightning['site']}: " if lightning.get("site") else ""
+        args = ", ".join(f"{k}={v!r}" for k, v in over["lightning"].items())
+        lines.append(f"{site}{lightning.get('class') or 'Trainer'}(..., {args})")
+    site = (tuning.loaders[0] if tuning.loaders else {}).get("site") or "your DataLoader"
+    calls: dict[str, dict[str, Any]] = {}  # DataLoader(...) call -> its arguments to change
+    if "batch_size" in (train := over.get("train_loader") or {}):
+        calls[train.get("site") or site] = {"batch_size": train["batch_size"]}
     if over.get("loader"):
-        args = ", ".join(f"{k}={v!r}" for k, v in over["loader"].items())
-        lines.append(f"{loader.get('site') or 'your DataLoader'}: DataLoader(..., {args})")
+        calls[site] = {**calls.get(site, {}), **over["loader"]}
+    for at, changes in calls.items():
+        lines.append(f"{at}: DataLoader(..., {', '.join(f'{k}={v!r}' for k, v in changes.items())})")
+    if over.get("optimizer"):
+        opt = tuning.optimizer or {}
+        at = f"{opt['site']}: " if opt.get("site") else ""
+        args = ", ".join(f"{k}={v!r}" for k, v in over["optimizer"].items())
+        lines.append(f"{at}{opt.get('class') or 'your optimizer'}(..., {args})")
     if over.get("tf32"):
         lines.append("at start-up: torch.backends.cuda.matmul.allow_tf32 = True; "
                      "torch.backends.cudnn.allow_tf32 = True")
@@ -286,6 +292,8 @@ def render(tuning: ScriptTuning, console: Console, written: Path | None = None) 
         tr = tuning.trainer
         console.print(Text(f"Transformers {tr['class']} at {tr.get('site') or '?'}; its "
                            f"{tr.get('args_class') or 'TrainingArguments'} at {tr.get('args_site') or '?'}"))
+    elif tuning.lightning:
+        console.print(Text(f"Lightning {tuning.lightning['class']} at {tuning.lightning.get('site') or '?'}"))
     t = Table(box=None, padding=(0, 1))
     for col, justify in (("trial", "left"), ("s/step", "right"), ("samples/s", "right"), ("data", "right")):
         t.add_column(col, justify=justify)
