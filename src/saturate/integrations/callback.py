@@ -124,9 +124,10 @@ class RunWatch:
                     self.profiler.finish()
                 except SaturateError as e:
                     self.notes.append(f"no verdict: {e}")
-        snaps = self.sampler.between(_monotonic_of(self._start, end), None) if self.sampler else []
         if self.sampler is not None:
+            self.sampler.read_once()  # a closing reading: a run shorter than the interval still has one
             self.sampler.stop()
+        snaps = self.sampler.between(_monotonic_of(self._start, end), None) if self.sampler else []
         t0, step0, samples0 = self._steady if self._steady and self._steady[1] < step else (self._start, 0, 0.0)
         sps = (samples - samples0) / (end - t0) if end > t0 and samples > samples0 else None
         per_sample = flops / samples if samples else 0.0
