@@ -1,4 +1,6 @@
-"""What the user sees while training: a rich progress bar on a terminal, plain lines otherwise."""
+"""What the user sees while training: a start line, a rich progress bar on a terminal (plain lines otherwise),
+notes, and the summary at the end. Without live progress the start line, notes and summary still print
+(a long run is never silent); quiet leaves the summary alone. The summary fits 80 columns."""
 
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ class ConsoleSink:
     """A metrics sink that renders step, loss, tokens/s, MFU, memory and ETA."""
 
     def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True,
-                 console: Console | None = None) -> None:
-        self.enabled = enabled
+                 console: Console | None = None, live: bool = True, quiet: bool = False) -> None:
+        self.enabled = enabled  # False: nothing at all (a rank other than 0)
+        self.live = enabled and live  # the progress bar or per-window lines
+        self.chatty = enabled and not quiet  # the start line and notes
         self.console = console or Console(highlight=False)
         self.total = total_steps
         self.start_step = start_step
@@ -28,7 +32,7 @@ class ConsoleSink:
         self._task: Any = None
 
     def note(self, text: str) -> None:
-        if self.enabled:
+        if self.chatty:
             self.console.print(f"[yellow]note:[/] {text}")
 
     def start(self, workload: Any, plan: Any, hw: Any, effective: int, total_steps: int,
@@ -36,7 +40,7 @@ class ConsoleSink:
         self.total = total_steps
         self.processes = processes
         self.tokens = workload.tokens_per_sample > 1
-        if not self.enabled:
+        if not self.chatty:
             return
         info = ", ".join(f"{k} {v}" for k, v in workload.info.items())
         where = f"resuming at step {resumed_from}" if resumed_from is not None else "starting"
@@ -46,7 +50,7 @@ class ConsoleSink:
         self.console.print(f"[bold]{workload.name}[/] on {hw.torch_device} ({info}); {where}, "
                            f"{total_steps} steps of {effective} samples = {split}; precision {plan.precision}, "
                            f"workers {plan.num_workers}, compile {plan.compile}")
-        if self.console.is_terminal:
+        if self.live and self.console.is_terminal:
             self._progress = Progress(
                 TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
                 TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=False,
@@ -59,7 +63,7 @@ class ConsoleSink:
             self._progress.update(self._task, completed=step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        if not self.enabled:
+        if not self.live:
             return
         if "train/loss" not in metrics:  # validation, or the workload's own end-of-run metrics
             text = f"step {step}: " + ", ".join(f"{k.removeprefix('val/').replace('_', ' ')} {v:.4g}"

@@ -67,7 +67,8 @@ class RunConfig:
     eval_every: int | None = None  # default: the workload's
     ckpt_every: int | None = None  # default: eval_every
     keep_checkpoints: int = 3
-    progress: bool = True  # console output (rich progress on a terminal, lines otherwise)
+    progress: bool = True  # live progress (a bar on a terminal, a line per logged window otherwise)
+    quiet: bool = False  # no start line and no notes: only the final summary (printed unless rank > 0)
     tensorboard: bool = True  # also write TensorBoard events when tensorboard is installed
     telemetry: bool = True  # background GPU/host sampler: gpu/*, host/* metrics and low-utilisation notes
     export_weights: bool = True  # model.safetensors at the end
@@ -244,7 +245,7 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
         sinks.append(JsonlSink(run_dir / "metrics.jsonl", resume_step=resume_step))
         if cfg.tensorboard and (tb := tensorboard_sink(run_dir / "tensorboard", resume_step)) is not None:
             sinks.append(tb)
-    console = ConsoleSink(total_steps, start_step=step, enabled=cfg.progress and dist.is_main)
+    console = ConsoleSink(total_steps, start_step=step, enabled=dist.is_main, live=cfg.progress, quiet=cfg.quiet)
     sinks.append(console)
     if dist.is_main:
         # summary.json describes a finished session (a requeue script reads its "stopped_by"): never a stale one

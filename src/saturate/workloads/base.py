@@ -6,6 +6,7 @@ model all go through the same engine. The kinds that build one live beside this 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
@@ -47,6 +48,26 @@ class Optimization:
             raise ConfigError(f"warmup_steps must be >= 0 and steps >= 1, got {self.warmup_steps}, {self.steps}")
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise ConfigError(f"grad_clip must be > 0 or None, got {self.grad_clip}")
+
+
+    def with_values(self, changes: dict[str, Any], where: str) -> Optimization:
+        """A copy with `changes` (from --param or a preset's overrides), each value checked against its field:
+        one ConfigError naming the field (`where`: "preset gpt-tiny", …), never a Python internal."""
+        kinds = {"effective_batch": int, "warmup_steps": int, "steps": int, "eval_every": int, "eval_samples": int}
+        for key, value in changes.items():
+            if key == "betas":
+                ok = (isinstance(value, (tuple, list)) and len(value) == 2
+                      and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in value))
+                want = "two numbers"
+            elif key == "grad_clip" and value is None:
+                ok, want = True, ""
+            else:
+                kind = kinds.get(key, float)
+                ok = isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
+                want = "an integer" if kind is int else "a number"
+            if not ok:
+                raise ConfigError(f"{where}: {key} must be {want}, got {value!r}")
+        return dataclasses.replace(self, **{k: tuple(v) if k == "betas" else v for k, v in changes.items()})
 
 
 @dataclass

@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.data import Dataset
 
 from saturate.data.windows import _splitmix64
-from saturate.errors import ConfigError, DataError
+from saturate.errors import ConfigError, DataError, unknown_name
 from saturate.workloads.base import Optimization, Workload
 
 
@@ -255,13 +255,9 @@ def ts_lstm_workload(data: Sequence[str] | None = None, *, seed: int = 0, **para
     optim_keys = {f.name for f in dataclasses.fields(Optimization)}
     unknown = sorted(set(params) - ts_keys - optim_keys)
     if unknown:
-        raise ConfigError(f"ts-lstm has no parameter {unknown[0]!r} (parameters: {', '.join(sorted(ts_keys))}; "
-                          f"and the optimisation's: {', '.join(sorted(optim_keys))})")
+        raise ConfigError("ts-lstm: " + unknown_name("parameter", unknown[0], [*sorted(ts_keys), *sorted(optim_keys)]))
     cfg = TSConfig(**{k: v for k, v in params.items() if k in ts_keys})
-    try:
-        optim = dataclasses.replace(DEFAULT_OPTIM, **{k: v for k, v in params.items() if k in optim_keys})
-    except TypeError as e:
-        raise ConfigError(f"ts-lstm: {e}") from None
+    optim = DEFAULT_OPTIM.with_values({k: v for k, v in params.items() if k in optim_keys}, "ts-lstm")
 
     if data:
         if len(data) != 1 or Path(data[0]).suffix.lower() != ".csv":
