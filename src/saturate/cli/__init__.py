@@ -19,7 +19,7 @@ from saturate.cli import env as env_cli
 from saturate.cli import sweep as sweep_cli
 from saturate.cli import tune as tune_cli
 from saturate.cli.args import add_workload_args, positive, recorded_source, source_from_args, source_record
-from saturate.cli.output import add_common_flags, json_document, verbosity
+from saturate.cli.output import add_common_flags, json_document, run_result_dict, verbosity
 from saturate.engine.signals import PREEMPTION_SIGNALS, Preempted, preemption_raises
 from saturate.workloads.source import Source, from_source
 
@@ -152,16 +152,6 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"saturate: stopped by {result.stop_signal} at step {result.steps}; {saved}; resume with: "
               f"{launch} train --resume --run-dir {result.run_dir}", file=sys.stderr)
     return EXIT_PREEMPTED if result.stop_signal in PREEMPTION_SIGNALS else EXIT_INTERRUPTED
-
-
-def run_result_dict(result: Any) -> dict[str, Any]:
-    """A training run's result for `--json`: the plan, the measured figures, the files."""
-    import dataclasses
-
-    out = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
-    return {**out, "plan": result.plan.to_dict(), "run_dir": str(result.run_dir),
-            "checkpoint": str(result.checkpoint) if result.checkpoint else None,
-            "weights": str(result.weights) if result.weights else None}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

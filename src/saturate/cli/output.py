@@ -5,6 +5,7 @@ and consoles that fit the terminal.
     verbosity(args)                 -1 quiet (results and errors only), 0 normal, 1 verbose
     console(args)                   a rich Console for the human output: stderr under --json, silent under -q
     json_document(args)             with --json, stdout holds one JSON document and nothing else
+    run_result_dict, tune_result_dict   what `train`, `tune` and `run` put in that document
 
 Under `--json` everything a verb would print for people goes to stderr (rich consoles, progress,
 notes, a library's stray print), and the verb's result is the one document on stdout.
@@ -62,3 +63,23 @@ def json_document(args: argparse.Namespace) -> Iterator[Any]:
     if document:
         real.write(json.dumps(document[-1], indent=2, default=str) + "\n")
         real.flush()
+
+
+def run_result_dict(result: Any) -> dict[str, Any]:
+    """A training run's result for `--json`: the plan, the measured figures, the files."""
+    import dataclasses
+
+    out = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+    return {**out, "plan": result.plan.to_dict(), "run_dir": str(result.run_dir),
+            "checkpoint": str(result.checkpoint) if result.checkpoint else None,
+            "weights": str(result.weights) if result.weights else None}
+
+
+def tune_result_dict(result: Any) -> dict[str, Any]:
+    """A tuning's result for `--json`: the plan, the trials and decisions (as in tune.json), the files."""
+    from saturate.tune.report import result_dict
+
+    return {**result_dict(result.search), "plan": result.plan.to_dict(), "plan_path": str(result.plan_path),
+            "json_path": str(result.json_path), "out_dir": str(result.out_dir),
+            "plots": [str(p) for p in result.plots],
+            "cached_path": str(result.cached_path) if result.cached_path else None, "notes": result.notes}

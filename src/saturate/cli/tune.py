@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from saturate.cli.args import add_workload_args, positive, source_from_args, source_record, workload_from_args
+from saturate.cli.output import json_document, run_result_dict, tune_result_dict, verbosity
 from saturate.errors import ConfigError
 
 
@@ -50,7 +51,8 @@ def _add_script_args(p: argparse.ArgumentParser) -> None:
                    help="with -- CMD: optimizer steps timed per trial, after 2 warm-up steps (default 10)")
     p.add_argument("--first-step-timeout", type=positive(float, "--first-step-timeout"), default=300.0, metavar="S",
                    help="with -- CMD: stop a trial if no optimizer step came within S seconds (default 300)")
-    p.add_argument("--json", action="store_true", help="with -- CMD: one JSON document on stdout")
+    p.add_argument("--json", action="store_true",
+                   help="the result (plan, figures, paths) as one JSON document on stdout; the rest on stderr")
 
 
 def _console() -> Any:
@@ -69,10 +71,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return _tune_script(args)
     from saturate.tune import tune
 
-    hw = probe(measure_peaks=False, device=args.device)
-    tune(workload_from_args(args), hw, budget_s=args.budget, planned_steps=args.steps,
-         allow_batch_change=args.allow_batch_change, out_dir=args.out, seed=args.seed,
-         try_compile=not args.no_compile, console=_console())
+    with json_document(args) as emit:
+        hw = probe(measure_peaks=False, device=args.device)
+        result = tune(workload_from_args(args), hw, budget_s=args.budget, planned_steps=args.steps,
+                      allow_batch_change=args.allow_batch_change, out_dir=args.out, seed=args.seed,
+                      try_compile=not args.no_compile, console=_console())
+        emit(tune_result_dict(result))
     return 0
 
 
@@ -86,11 +90,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.overrides:
         raise ConfigError("--overrides applies to a command after --")
 
-    hw = probe(measure_peaks=True, device=args.device)
-    report = run(workload_from_args(args), hw, budget_s=args.budget, steps=args.steps, minutes=args.minutes,
-                 run_dir=args.run_dir, allow_batch_change=args.allow_batch_change, seed=args.seed,
-                 progress=not args.no_progress, try_compile=not args.no_compile, console=_console(),
-                 source=source_record(source_from_args(args)))
+    with json_document(args) as emit:
+        hw = probe(measure_peaks=True, device=args.device)
+        report = run(workload_from_args(args), hw, budget_s=args.budget, steps=args.steps, minutes=args.minutes,
+                     run_dir=args.run_dir, allow_batch_change=args.allow_batch_change, seed=args.seed,
+                     progress=not args.no_progress and verbosity(args) >= 0, try_compile=not args.no_compile,
+                     console=_console(), source=source_record(source_from_args(args)))
+        emit({"run_dir": str(report.run_dir), "rows": [r.to_dict() for r in report.rows],
+              "tuned": tune_result_dict(report.tuned), "training": run_result_dict(report.training),
+              "notes": report.notes})
     if not report.training.interrupted:
         return 0
     return 75 if report.training.stop_signal in PREEMPTION_SIGNALS else 130

@@ -120,7 +120,7 @@ def custom_workload(
     known = [f.name for f in dataclasses.fields(Optimization) if f.name not in ("effective_batch", "lr")]
     for key in optim:
         if key not in known:
-            raise ConfigError(f"workload {name!r}: " + unknown_name("optim option", key, known))
+            raise ConfigError(f"workload {name!r}: " + unknown_name("option", key, known))
     try:
         optimization = Optimization(effective_batch=effective_batch, lr=lr, **optim)
     except (TypeError, ValueError) as e:  # a value of the wrong kind
