@@ -161,3 +161,21 @@ def test_no_progress_still_prints_the_start_and_the_summary(tmp_path, small_corp
     out = capsys.readouterr().out
     assert "run summary" in out and "starting" in out and "step 1/2" not in out
 
+
+
+def test_doctor_diagnoses_the_plan_train_would_run_and_says_which(small_corpus, capsys, cpu):
+    from saturate.tune import cache
+    from saturate.workloads import build_workload
+
+    argv = ["doctor", "--data", str(small_corpus), *TINY, "--steps", "1", "--warmup", "0", "--no-scaling"]
+    assert main(argv) == 0
+    assert "with the seed plan" in capsys.readouterr().out
+    w = build_workload("gpt-tiny", data=[str(small_corpus)], n_layer=1, n_embd=32, n_head=2, seq_len=32,
+                       effective_batch=4)
+    cache.store(Plan(name="tuned", micro_batch=2, grad_accum=2, provenance={"hardware": cpu.fingerprint()}), w,
+                cpu.fingerprint())
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["plan_used"].startswith("the tuned plan") and doc["measurements"]["micro_batch"] == 2
+    assert main([*argv, "--no-tuned", "-q"]) == 0
+    assert "warm-up steps" not in capsys.readouterr().out  # -q: the result only, no progress line
