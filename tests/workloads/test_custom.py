@@ -167,7 +167,8 @@ def test_bad_specs_and_parameters(tmp_path, bad_module):
     (tmp_path / "broken.py").write_text("def workload(:\n")
     with pytest.raises(ConfigError, match=r"broken.py:1: syntax error"):
         load_workload(f"{tmp_path / 'broken.py'}:workload")
-    with pytest.raises(ConfigError, match=r"workload\(\) cannot be called with widht=3 .*it takes: width, n, steps"):
+    with pytest.raises(ConfigError, match=r"workload\(\) has no parameter 'widht' \(did you mean 'width'\?\); "
+                                          r"it takes: width, n, steps"):
         load_workload(f"{EXAMPLES / 'cnn.py'}:workload", {"widht": 3})
 
 

@@ -137,7 +137,7 @@ def test_headerless_csv_and_other_refusals(tmp_path):
         ts_lstm_workload([str(path), str(path)], **TINY)
     with pytest.raises(DataError, match="does not exist"):
         ts_lstm_workload([str(tmp_path / "none.csv")], **TINY)
-    with pytest.raises(ConfigError, match="ts-lstm has no parameter 'hiden'"):
+    with pytest.raises(ConfigError, match="ts-lstm: unknown parameter 'hiden'"):
         ts_lstm_workload(hiden=3)
     with pytest.raises(ConfigError, match="window must be a positive integer"):
         ts_lstm_workload(window=0)

@@ -47,6 +47,7 @@ def add_parsers(sub: Any) -> None:
                    help="seconds between readings (default 1)")
     p.add_argument("--runs", type=Path, default=Path("runs"), metavar="DIR",
                    help="where to look for a running saturate job (default: ./runs)")
+    p.add_argument("--wide", action="store_true", help="add the clocks and the memory share (wider than 80 columns)")
     p.set_defaults(func=cmd_monitor)
 
 
@@ -163,4 +164,4 @@ def _doctor_script(args: argparse.Namespace) -> int:
 def cmd_monitor(args: argparse.Namespace) -> int:
     from saturate.telemetry.monitor import run_monitor
 
-    return run_monitor(once=args.once, as_json=args.json, interval=args.interval, root=args.runs)
+    return run_monitor(once=args.once, as_json=args.json, interval=args.interval, root=args.runs, wide=args.wide)

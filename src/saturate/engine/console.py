@@ -4,11 +4,19 @@ notes, and the summary at the end. Without live progress the start line, notes a
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+
+
+def _within(path: Path, folder: Path) -> str:
+    try:
+        return f"(run folder)/{path.relative_to(folder)}"
+    except ValueError:
+        return str(path)
 
 
 def _fmt_rate(x: float) -> str:
@@ -98,6 +106,8 @@ class ConsoleSink:
         if not self.enabled:
             return
         t = Table(title="run summary (measured in this run)", show_header=False)
+        t.add_column(no_wrap=True)
+        t.add_column(overflow="fold")  # a long path breaks onto the next line, never cut to "…"
         early = " (stopped early)" if result.stopped_early else ""
         t.add_row("steps", f"{result.steps} / {result.total_steps}{early}")
         t.add_row("time in steps", f"{result.train_seconds:.1f} s (this session)")
@@ -115,10 +125,9 @@ class ConsoleSink:
         for name, value in getattr(result, "metrics", {}).items():
             t.add_row(name, f"{value:.4g}")
         t.add_row("run folder", str(result.run_dir))
-        if result.checkpoint:
-            t.add_row("checkpoint", str(result.checkpoint))
-        if result.weights:
-            t.add_row("weights", str(result.weights))
+        for label, path in (("checkpoint", result.checkpoint), ("weights", result.weights)):
+            if path:  # inside the run folder: said relative to it, so the row stays short
+                t.add_row(label, _within(Path(path), Path(result.run_dir)))
         self.console.print(t)
         if result.stopped_early:
             launch = (f"torchrun --nproc_per_node={self.processes} -m saturate" if self.processes > 1

@@ -17,7 +17,7 @@ from typing import Any
 import torch.nn as nn
 from torch.utils.data import Dataset
 
-from saturate.errors import ConfigError
+from saturate.errors import ConfigError, unknown_name
 
 FLOAT32_MAX = 3.4028234663852886e38  # an optimizer's float32 arithmetic: larger learning rates overflow
 
@@ -54,7 +54,10 @@ class Optimization:
         """A copy with `changes` (from --param or a preset's overrides), each value checked against its field:
         one ConfigError naming the field (`where`: "preset gpt-tiny", …), never a Python internal."""
         kinds = {"effective_batch": int, "warmup_steps": int, "steps": int, "eval_every": int, "eval_samples": int}
+        known = [f.name for f in dataclasses.fields(self)]
         for key, value in changes.items():
+            if key not in known:
+                raise ConfigError(f"{where}: " + unknown_name("option", key, known))
             if key == "betas":
                 ok = (isinstance(value, (tuple, list)) and len(value) == 2
                       and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in value))
