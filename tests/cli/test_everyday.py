@@ -179,3 +179,22 @@ def test_doctor_diagnoses_the_plan_train_would_run_and_says_which(small_corpus, 
     assert doc["plan_used"].startswith("the tuned plan") and doc["measurements"]["micro_batch"] == 2
     assert main([*argv, "--no-tuned", "-q"]) == 0
     assert "warm-up steps" not in capsys.readouterr().out  # -q: the result only, no progress line
+
+
+def test_an_effective_batch_far_beyond_the_data_is_warned():
+    import torch
+
+    from saturate.workloads.base import data_note
+
+    data = [(torch.zeros(2), torch.zeros(1))] * 10
+    w = custom_workload("w", model=torch.nn.Linear(2, 1), dataset=data, loss=torch.nn.functional.mse_loss,
+                        effective_batch=16, lr=1e-3)
+    assert "larger than the training data (10 distinct samples)" in data_note(w.train_data, 16, 5)
+    assert "about 1600 times over" in data_note(w.train_data, 8, 2000)
+    assert data_note(w.train_data, 8, 20) is None  # 16 passes: ordinary
+
+
+def test_train_says_so(tmp_path, small_corpus, capsys):
+    assert main(["train", "--data", str(small_corpus), *TINY, "--effective-batch", "4096", "--steps", "1",
+                 "--run-dir", str(tmp_path / "r"), "--no-progress"]) == 0
+    assert "larger than the training data" in capsys.readouterr().out

@@ -50,7 +50,7 @@ from saturate.engine.watch import TrainingWatch
 from saturate.errors import CheckpointError, ConfigError, SaturateError
 from saturate.hardware import measure_matmul_peak, synchronize
 from saturate.plan import Plan
-from saturate.workloads.base import FLOAT32_MAX, Workload
+from saturate.workloads.base import FLOAT32_MAX, Workload, data_note
 
 
 @dataclass
@@ -216,6 +216,8 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
     if effective != optim.effective_batch:
         notes.append(f"effective batch {effective} differs from the workload's {optim.effective_batch}: "
                      f"learning rate scaled linearly {optim.lr:g} -> {lr:g}")
+    if note := data_note(workload.train_data, effective, cfg.steps or optim.steps):  # a batch far beyond the data
+        notes.append(note)
     if not lr <= FLOAT32_MAX:
         raise ConfigError(f"the learning rate scaled to the effective batch, {lr:g}, is beyond float32's range")
     stepper = Stepper(workload, plan, device, lr, notes=notes, compile=False, dist=dist)

@@ -96,3 +96,33 @@ class Workload:
         """Short hashes of each part of the identity, so a mismatch can be named."""
         return {k: hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()[:16]
                 for k, v in self.identity.items()}
+
+
+MANY_PASSES = 100  # reading the data more often than this in one run is said (overfitting, wasted compute)
+
+
+def distinct_samples(dataset: Any) -> int | None:
+    """How many different samples a training dataset holds: its `distinct_samples` (windows drawn from a
+    corpus or a series say theirs), else its length when finite; None when unknown."""
+    n = getattr(dataset, "distinct_samples", None)
+    if n is None:
+        try:
+            n = len(dataset)
+        except TypeError:
+            return None
+    return int(n) if 0 < n < 2**62 else None
+
+
+def data_note(dataset: Any, effective: int, steps: int) -> str | None:
+    """A warning when the effective batch is far beyond the data: larger than it, or read many times over."""
+    n = distinct_samples(dataset)
+    if n is None:
+        return None
+    if effective > n:
+        return (f"the effective batch ({effective}) is larger than the training data ({n} distinct samples): "
+                "every step repeats samples; a smaller --effective-batch or more data")
+    passes = effective * steps / n
+    if passes > MANY_PASSES:
+        return (f"{steps} steps × {effective} samples read the training data ({n} distinct samples) about "
+                f"{passes:.0f} times over: expect overfitting; fewer --steps or more data")
+    return None

@@ -50,7 +50,7 @@ class Epochs(Dataset):
 
     def __init__(self, dataset: Any, seed: int = 0, shuffle: bool = True) -> None:
         self.dataset, self.seed, self.shuffle = dataset, seed, shuffle
-        self.n = len(dataset)
+        self.n = self.distinct_samples = len(dataset)
         if self.n < 1:
             raise ConfigError("the dataset is empty")
         self._epoch, self._perm = -1, np.arange(0)

@@ -139,6 +139,7 @@ class SeriesWindows(Dataset):
     def __init__(self, values: torch.Tensor, window: int, lo: int, hi: int, seed: int = 0) -> None:
         self.values, self.window, self.lo, self.seed = values, window, lo, seed
         self.n_starts = hi - lo - window  # the target row must be inside [lo, hi)
+        self.distinct_samples = self.n_starts  # one per target row
         if self.n_starts < 1:
             raise DataError(f"{hi - lo} rows cannot hold a window of {window} and its next step")
         self._seed_key = _splitmix64(np.array([seed], dtype=np.uint64))
