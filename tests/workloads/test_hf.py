@@ -204,3 +204,21 @@ def test_cli_hf_no_config_fails_fast(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.startswith("saturate: error: --hf model: no config.json")
     assert not (tmp_path / "t").exists()
+
+
+def test_a_chat_fine_tune_with_the_builtin_template_exports_a_tokenizer_that_carries_it(folders, tmp_path, cpu):
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"prompt": f"say {i}", "response": f"{i} {i}"}) + "\n" for i in range(20)))
+    w = hf.hf_workload(folders["config"], task="sft", data=[str(chats)], seq_len=64, effective_batch=4, steps=1,
+                       warmup_steps=0)
+    assert w.info["template"].startswith("builtin")  # the folder's tokenizer has no chat template
+    train(w, Plan(micro_batch=4), RunConfig(run_dir=tmp_path / "run", steps=1, progress=False, tensorboard=False),
+          hardware=cpu)
+    tok = hf.transformers_module().AutoTokenizer.from_pretrained(tmp_path / "run", local_files_only=True)
+    chat = [{"role": "user", "content": "say 1"}, {"role": "assistant", "content": "1 1"}]
+    assert tok.apply_chat_template(chat, tokenize=False) == "<|user|>\nsay 1\n<|assistant|>\n1 1<|endoftext|>\n"
+    prompt = tok.apply_chat_template(chat[:1], tokenize=False, add_generation_prompt=True)
+    assert prompt == "<|user|>\nsay 1\n<|assistant|>\n"
+    ids = tok.apply_chat_template(chat, tokenize=True, return_dict=False)
+    trained, _ = ChatFormat(hf.open_folder(folders["config"]).tokenizer).encode(chat)  # what the model learned
+    assert list(ids) == trained.tolist()
