@@ -198,3 +198,15 @@ def test_train_says_so(tmp_path, small_corpus, capsys):
     assert main(["train", "--data", str(small_corpus), *TINY, "--effective-batch", "4096", "--steps", "1",
                  "--run-dir", str(tmp_path / "r"), "--no-progress"]) == 0
     assert "larger than the training data" in capsys.readouterr().out
+
+
+def test_verbose_shows_the_machine_and_the_plan_and_quiet_tune_one_line(tmp_path, small_corpus, capsys,
+                                                                         quick_trials):
+    assert main(["train", "-v", "--data", str(small_corpus), *TINY, "--steps", "1", "--no-progress",
+                 "--run-dir", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "saturate probe" in out and "the plan trained:" in out and "micro_batch = " in out
+    assert main(["tune", "-q", "--data", str(small_corpus), *TINY, "--steps", "5", "--no-compile",
+                 "--out", str(tmp_path / "t")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"tuned plan: {tmp_path / 't' / 'plan.toml'} Plan(name='tuned'")

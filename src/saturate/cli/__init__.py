@@ -19,7 +19,14 @@ from saturate.cli import env as env_cli
 from saturate.cli import sweep as sweep_cli
 from saturate.cli import tune as tune_cli
 from saturate.cli.args import add_workload_args, positive, recorded_source, source_from_args, source_record
-from saturate.cli.output import add_common_flags, json_document, run_result_dict, verbosity
+from saturate.cli.output import (
+    add_common_flags,
+    json_document,
+    run_result_dict,
+    show_machine,
+    show_plan,
+    verbosity,
+)
 from saturate.engine.signals import PREEMPTION_SIGNALS, Preempted, preemption_raises
 from saturate.workloads.source import Source, from_source
 
@@ -138,10 +145,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     plan = resolve_plan(args.plan) if args.plan else None  # None: the checkpoint's, or the seed plan
     with json_document(args) as emit:
         hw = probe(measure_peaks=False, device=args.device)
+        show_machine(args, hw)
         workload = from_source(src)
         result = train(workload, plan, config, hardware=hw)
-        if verbosity(args) > 0:
-            print(f"plan: {result.plan.to_dict()}\nmachine: {hw.to_dict()}")
+        show_plan(args, result.plan, "the plan trained")
         emit(run_result_dict(result))
     if not result.interrupted:
         return 0

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from saturate.cli.args import add_workload_args, positive, workload_from_args
-from saturate.cli.output import say
+from saturate.cli.output import say, show_machine, show_plan
 from saturate.errors import ConfigError
 
 
@@ -80,6 +80,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
              if plan.name == "tuned" else "the seed plan (no tuned plan cached; `saturate tune` makes one)")
     for note in notes:
         say(args, console, f"[yellow]note:[/] {note}")
+    show_machine(args, hw)
+    show_plan(args, plan, f"the plan diagnosed ({which})")
     say(args, console, f"[dim]doctor: {config.warmup} warm-up steps, then {config.steps}+ measured steps of "
                        f"{workload.name} with {which} …[/]")
     before = diagnose(workload, plan, config, hardware=hw)

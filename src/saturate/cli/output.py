@@ -42,6 +42,23 @@ def console(args: argparse.Namespace, **kw: Any) -> Any:
     return Console(highlight=False, stderr=bool(getattr(args, "json", False)), **kw)
 
 
+def show_machine(args: argparse.Namespace, hw: Any) -> None:
+    """-v: what probe() found, before the work starts."""
+    if verbosity(args) > 0:
+        from saturate.hardware import render_hardware
+
+        render_hardware(hw, console(args))
+
+
+def show_plan(args: argparse.Namespace, plan: Any, what: str) -> None:
+    """-v: a plan in full, as TOML (`what` says which: "the plan trained", …)."""
+    if verbosity(args) > 0:
+        import tomli_w
+
+        text = tomli_w.dumps({k: v for k, v in plan.to_dict().items() if k != "provenance"})
+        console(args).print(f"{what}:\n{text}", markup=False)
+
+
 def say(args: argparse.Namespace, out: Any, text: str) -> None:
     """A progress or context line: shown unless -q."""
     if verbosity(args) >= 0:

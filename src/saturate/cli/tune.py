@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from saturate.cli.args import add_workload_args, positive, source_from_args, source_record, workload_from_args
-from saturate.cli.output import json_document, run_result_dict, tune_result_dict, verbosity
+from saturate.cli.output import json_document, run_result_dict, show_machine, show_plan, tune_result_dict, verbosity
 from saturate.errors import ConfigError
 
 
@@ -64,6 +64,12 @@ def _console() -> Any:
     return Console() if sys.stdout.isatty() else Console(width=160)
 
 
+def _quiet_console() -> Any:
+    from rich.console import Console
+
+    return Console(quiet=True)
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from saturate.hardware import probe
 
@@ -73,9 +79,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     with json_document(args) as emit:
         hw = probe(measure_peaks=False, device=args.device)
+        show_machine(args, hw)
+        quiet = verbosity(args) < 0  # -q: the trials unprinted, the result in one line
         result = tune(workload_from_args(args), hw, budget_s=args.budget, planned_steps=args.steps,
                       allow_batch_change=args.allow_batch_change, out_dir=args.out, seed=args.seed,
-                      try_compile=not args.no_compile, console=_console())
+                      try_compile=not args.no_compile, console=_quiet_console() if quiet else _console())
+        if quiet:
+            print(f"tuned plan: {result.plan_path} {result.plan!r} (evidence: {result.json_path})")
+        show_plan(args, result.plan, "the tuned plan")
         emit(tune_result_dict(result))
     return 0
 
@@ -92,6 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     with json_document(args) as emit:
         hw = probe(measure_peaks=True, device=args.device)
+        show_machine(args, hw)
         report = run(workload_from_args(args), hw, budget_s=args.budget, steps=args.steps, minutes=args.minutes,
                      run_dir=args.run_dir, allow_batch_change=args.allow_batch_change, seed=args.seed,
                      progress=not args.no_progress and verbosity(args) >= 0, try_compile=not args.no_compile,
