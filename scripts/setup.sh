@@ -4,7 +4,8 @@
 # An installed torch is used as it is: a CUDA or ROCm build you installed stays. Only where no
 # torch is installed at all does this install torch==2.13.0 (on a machine whose pip resolves it
 # to a local CPU wheel, that is the CPU build), so pip never pulls gigabytes of CUDA wheels
-# behind your back. `--dev` adds the test and lint tools.
+# behind your back. `--dev` adds the test and lint tools. pip's output is shown (a line per package),
+# so a slow download is visibly progressing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -17,10 +18,11 @@ if "$PY" -c "import torch" 2>/dev/null; then
     echo "setup: torch $version is installed but saturate needs torch >= 2.4; upgrade it for your CUDA/ROCm first" >&2
     exit 1
   fi
-  echo "setup: using the installed torch $version"
+  echo "setup: [1/2] using the installed torch $version"
 else
-  echo "setup: no torch installed; installing torch==2.13.0 (for a GPU, install your CUDA/ROCm build of torch first)"
-  "$PY" -m pip install --quiet "torch==2.13.0"
+  echo "setup: [1/2] no torch installed; installing torch==2.13.0 (for a GPU, install your CUDA/ROCm build of torch first)"
+  "$PY" -m pip install --progress-bar on "torch==2.13.0"
 fi
-"$PY" -m pip install --quiet -e ".${extras}"
+echo "setup: [2/2] installing saturate${extras:+ with $extras} and its dependencies (pip's own lines follow) …"
+"$PY" -m pip install --progress-bar on -e ".${extras}"
 echo "setup: saturate installed ($("$PY" -c 'import saturate; print(saturate.__version__)' 2>/dev/null || echo '?'))"

@@ -18,7 +18,7 @@ from typing import Any
 import tomli_w
 
 from saturate.atomic import atomic_write_bytes
-from saturate.errors import ConfigError
+from saturate.errors import ConfigError, did_you_mean, unknown_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,7 +30,7 @@ COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune", "max-auto
 STRATEGIES = ("single", "ddp", "fsdp")
 
 
-@dataclass
+@dataclass(repr=False)
 class Plan:
     """Every speed knob saturate turns. Effective batch = micro_batch × grad_accum × processes."""
 
@@ -71,6 +71,18 @@ class Plan:
         if self.cpu_offload and self.strategy != "fsdp":
             raise ConfigError(f"plan.cpu_offload needs plan.strategy = 'fsdp' (got {self.strategy!r})")
 
+    def __repr__(self) -> str:
+        """One line, valid Python: the name, the split, and only the settings that differ from the defaults
+        (the provenance is left out; `to_dict()` has everything)."""
+        shown = ("provenance", "name", "micro_batch", "grad_accum")  # said otherwise, or not at all
+        rest = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(Plan)
+                if f.name not in shown and getattr(self, f.name) != f.default]
+        name = f"name={self.name!r}, " if self.name else ""
+        return (f"Plan({name}micro_batch={self.micro_batch}, grad_accum={self.grad_accum}"
+                + "".join(f", {r}" for r in rest) + ")")
+
+    __str__ = __repr__
+
     def samples_per_step(self, world_size: int = 1) -> int:
         """The effective (global) batch this plan trains with, in samples."""
         return self.micro_batch * self.grad_accum * world_size
@@ -91,7 +103,7 @@ class Plan:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"{source}: unknown key {unknown[0]!r} (known keys: {', '.join(sorted(known))})")
+            raise ConfigError(f"{source}: " + unknown_name("key", unknown[0], sorted(known)))
         return cls(**data)
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -170,7 +182,7 @@ def reference_plan(name: str) -> Plan:
     try:
         return REFERENCE_PLANS[name].replace()
     except KeyError:
-        raise ConfigError(f"unknown reference plan {name!r} (known: {', '.join(REFERENCE_PLANS)})") from None
+        raise ConfigError(unknown_name("reference plan", name, REFERENCE_PLANS)) from None
 
 
 def default_plan(effective_batch: int, device_type: str, supports: dict[str, bool], world_size: int = 1) -> Plan:
@@ -219,5 +231,5 @@ def resolve_plan(spec: str) -> Plan:
         return Plan.load(spec)  # a missing .toml file gets "does not exist"
     if spec in REFERENCE_PLANS:
         return reference_plan(spec)
-    raise ConfigError(f"plan {spec!r} is neither a file nor a reference plan "
-                      f"(reference plans: {', '.join(REFERENCE_PLANS)})")
+    raise ConfigError(f"plan {spec!r} is neither a file nor a reference plan{did_you_mean(spec, REFERENCE_PLANS)}; "
+                      f"reference plans: {', '.join(REFERENCE_PLANS)}")

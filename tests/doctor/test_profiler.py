@@ -133,3 +133,12 @@ def test_a_partial_window_can_be_diagnosed_by_hand():
 def test_bad_profiler_settings_are_refused(kw):
     with pytest.raises(SaturateError, match=next(iter(kw))):
         Profiler(**kw)
+
+
+def test_the_profiler_names_the_device_and_its_bf16_as_the_cli_doctor_does(cpu):
+    model, opt = small_model()
+    prof = Profiler(model, opt, warmup=1, count_steps=1, steps=3, report=False)
+    train(prof, model, opt, DataLoader(Samples(), batch_size=8), steps=5)
+    m = prof.diagnosis.measurements
+    assert m.device_name == cpu.cpu_name and m.device_name != "cpu"  # the CPU's model, not "cpu (cpu)"
+    assert m.supports_bf16 == bool(cpu.supports.get("bf16")) and m.precision == "fp32"  # the bf16 rule's inputs

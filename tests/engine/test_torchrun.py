@@ -330,10 +330,11 @@ def test_run_under_torchrun_tunes_compares_and_trains_as_one_job(tmp_path, corpu
     plan = Plan.load(run_dir / "tune" / "plan.toml")
     assert plan.strategy in ("ddp", "fsdp") and plan.micro_batch * plan.grad_accum * 2 == 8
     assert plan.provenance["world_size"] == 2 and plan.provenance["effective_batch"] == 8
-    trials = json.loads((run_dir / "tune" / "tune.json").read_text())["trials"]
+    evidence = json.loads((run_dir / "tune" / "tune.json").read_text())
+    trials = evidence["trials"]
     strategies = {t["strategy"] for t in trials}
     assert strategies == {"ddp", "fsdp"}, strategies  # both measured, the faster kept
-    assert any(d.startswith("strategy: ") for d in plan.provenance["decisions"])
+    assert any(d.startswith("strategy: ") for d in evidence["decisions"])
     comparison = json.loads((run_dir / "comparison.json").read_text())
     assert comparison["processes"] == 2
     assert [r["label"] for r in comparison["rows"]] == ["naive", "tuned", "tuned: the training run"]

@@ -76,9 +76,9 @@ class FakeGpus(GpuSource):
 def test_the_view_shows_unmeasured_sensors_as_n_a_with_their_reason(tmp_path):
     data = monitor.reading(FakeGpus(None), tmp_path)
     out = io.StringIO()
-    Console(file=out, width=160).print(monitor.render(data))
+    Console(file=out, width=160).print(monitor.render(data, wide=True))  # wide: the clocks too
     text = out.getvalue()
-    assert "Fake H200" in text and "97 %" in text and "650 / 700 W" in text and "1980 MHz" in text
+    assert "Fake H200" in text and "97 %" in text and "650/700 W" in text and "1980 MHz" in text
     assert "n/a[1]" in text and "n/a[2]" in text
     assert "[1] NVML: Not Supported" in text and "[2] NVML: Insufficient Permissions" in text
     assert "no saturate training running" in text

@@ -120,5 +120,5 @@ def test_cli_sweep_table_plot_json_and_refusals(tmp_path, cpu, monkeypatch, caps
     assert cli.main([*other, "--out", str(tmp_path / "sw")]) == 2
     assert "holds a sweep with other settings (grid)" in capsys.readouterr().err
     assert cli.main([*args, "--grid", "hiden=1,2", "--out", str(tmp_path / "bad")]) == 2
-    assert "ts-lstm has no parameter 'hiden'" in capsys.readouterr().err
+    assert "ts-lstm: unknown parameter 'hiden' (did you mean 'hidden'?)" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()  # refused before anything was written

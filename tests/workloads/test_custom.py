@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import subprocess
 import textwrap
 from pathlib import Path
@@ -167,7 +168,8 @@ def test_bad_specs_and_parameters(tmp_path, bad_module):
     (tmp_path / "broken.py").write_text("def workload(:\n")
     with pytest.raises(ConfigError, match=r"broken.py:1: syntax error"):
         load_workload(f"{tmp_path / 'broken.py'}:workload")
-    with pytest.raises(ConfigError, match=r"workload\(\) cannot be called with widht=3 .*it takes: width, n, steps"):
+    with pytest.raises(ConfigError, match=r"workload\(\) has no parameter 'widht' \(did you mean 'width'\?\); "
+                                          r"it takes: width, n, steps"):
         load_workload(f"{EXAMPLES / 'cnn.py'}:workload", {"widht": 3})
 
 
@@ -223,3 +225,12 @@ def test_cli_train_with_a_module_function_and_a_bad_one(tmp_path):
     assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("saturate: error: --workload mywork:broken:")
     assert "loss= needs batches of (inputs..., target)" in bad.stderr
     assert not (tmp_path / "r2").exists()  # nothing was written before the error
+
+
+@pytest.mark.slow
+def test_the_readme_cnn_learns_in_the_steps_the_readme_shows(tmp_path, cpu):
+    """README: `saturate train --workload examples/cnn.py:workload --steps 50` leaves chance (ln 10) far behind."""
+    w = load_workload(f"{EXAMPLES / 'cnn.py'}:workload")
+    result = train(w, None, RunConfig(run_dir=tmp_path / "run", steps=50, progress=False, tensorboard=False),
+                   hardware=cpu)
+    assert result.val_loss < 0.5 < math.log(10)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import socket
 import subprocess
@@ -79,7 +80,7 @@ def test_gpt2_from_a_config_trains_on_a_local_corpus(tmp_path, folders, corpus, 
     assert w.flops_per_sample == pytest.approx((6 * n + 12 * 2 * 32 * 32) * 32)  # 6N + 12·L·C·T per token
     result = train(w, Plan(micro_batch=4, grad_accum=2), RunConfig(run_dir=tmp_path / "run", steps=3, progress=False,
                                                                    tensorboard=False), hardware=cpu)
-    assert result.steps == 3 and result.mfu and result.val_loss == pytest.approx(torch.log(torch.tensor(400.)), rel=0.1)
+    assert result.steps == 3 and result.mfu and result.val_loss == pytest.approx(math.log(400), rel=0.1)
     # The export opens in Transformers as it is: weights, config and the tokenizer the data went through.
     from safetensors.torch import load_file
 
@@ -220,3 +221,21 @@ def test_load_model_reopens_an_hf_run(tmp_path, folders, corpus, cpu):
     x = torch.randint(0, 400, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(model(input_ids=x).logits, reference(input_ids=x, use_cache=False).logits)
+
+
+def test_a_chat_fine_tune_with_the_builtin_template_exports_a_tokenizer_that_carries_it(folders, tmp_path, cpu):
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"prompt": f"say {i}", "response": f"{i} {i}"}) + "\n" for i in range(20)))
+    w = hf.hf_workload(folders["config"], task="sft", data=[str(chats)], seq_len=64, effective_batch=4, steps=1,
+                       warmup_steps=0)
+    assert w.info["template"].startswith("builtin")  # the folder's tokenizer has no chat template
+    train(w, Plan(micro_batch=4), RunConfig(run_dir=tmp_path / "run", steps=1, progress=False, tensorboard=False),
+          hardware=cpu)
+    tok = hf.transformers_module().AutoTokenizer.from_pretrained(tmp_path / "run", local_files_only=True)
+    chat = [{"role": "user", "content": "say 1"}, {"role": "assistant", "content": "1 1"}]
+    assert tok.apply_chat_template(chat, tokenize=False) == "<|user|>\nsay 1\n<|assistant|>\n1 1<|endoftext|>\n"
+    prompt = tok.apply_chat_template(chat[:1], tokenize=False, add_generation_prompt=True)
+    assert prompt == "<|user|>\nsay 1\n<|assistant|>\n"
+    ids = tok.apply_chat_template(chat, tokenize=True, return_dict=False)
+    trained, _ = ChatFormat(hf.open_folder(folders["config"]).tokenizer).encode(chat)  # what the model learned
+    assert list(ids) == trained.tolist()

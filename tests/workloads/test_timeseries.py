@@ -137,7 +137,7 @@ def test_headerless_csv_and_other_refusals(tmp_path):
         ts_lstm_workload([str(path), str(path)], **TINY)
     with pytest.raises(DataError, match="does not exist"):
         ts_lstm_workload([str(tmp_path / "none.csv")], **TINY)
-    with pytest.raises(ConfigError, match="ts-lstm has no parameter 'hiden'"):
+    with pytest.raises(ConfigError, match="ts-lstm: unknown parameter 'hiden'"):
         ts_lstm_workload(hiden=3)
     with pytest.raises(ConfigError, match="window must be a positive integer"):
         ts_lstm_workload(window=0)
@@ -151,3 +151,27 @@ def test_cli_refuses_a_non_numeric_csv_before_training(tmp_path):
     assert out.returncode == 2 and out.stderr.count("\n") == 1
     assert out.stderr.startswith(f"saturate: error: {path}: column 'when' is not numeric: row 2")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_date_column_is_skipped_with_columns_and_a_semicolon_csv_is_read(tmp_path):
+    path = tmp_path / "dated.csv"
+    lines = ["date;load;temp"] + [f"2024-01-{1 + i % 28:02d};{np.sin(i / 5):.4f};{np.cos(i / 7):.4f}"
+                                  for i in range(200)]
+    path.write_text("\n".join(lines) + "\n")
+    values, names = read_csv(path, ["load", "3"])  # by name, or by 1-based number
+    assert names == ["load", "temp"] and values.shape == (200, 2) and values[1, 0] == pytest.approx(np.sin(0.2), 1e-3)
+    w = ts_lstm_workload([str(path)], columns="load,temp", **TINY)
+    assert w.info["series"] == 2 and w.identity["data"]["columns"] == ["load", "temp"]
+    with pytest.raises(DataError, match="column 'date' is not numeric.*--param columns="):
+        ts_lstm_workload([str(path)], **TINY)
+    with pytest.raises(DataError, match="unknown column 'lod' \\(did you mean 'load'\\?\\)"):
+        read_csv(path, ["lod"])
+    with pytest.raises(ConfigError, match="synthetic series have none"):
+        ts_lstm_workload(columns="load", **TINY)
+
+
+def test_a_separator_that_cannot_be_sniffed_is_named_in_the_error(tmp_path):
+    path = tmp_path / "odd.csv"
+    path.write_text("load\n" + "".join(f"{i}:{i + 1}\n" for i in range(50)))  # ':' is no separator saturate knows
+    with pytest.raises(DataError, match="separator was read as ','"):
+        read_csv(path)

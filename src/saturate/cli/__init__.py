@@ -12,11 +12,21 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from saturate.cli import doctor as doctor_cli
+from saturate.cli import env as env_cli
 from saturate.cli import sweep as sweep_cli
 from saturate.cli import tune as tune_cli
 from saturate.cli.args import add_workload_args, positive, recorded_source, source_from_args, source_record
+from saturate.cli.output import (
+    add_common_flags,
+    json_document,
+    run_result_dict,
+    show_machine,
+    show_plan,
+    verbosity,
+)
 from saturate.engine.signals import PREEMPTION_SIGNALS, Preempted, preemption_raises
 from saturate.workloads.source import Source, from_source
 
@@ -26,12 +36,41 @@ EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM/SIGUSR1 with a checkpoint
 EXIT_INTERRUPTED = 130
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with "did you mean" for a mistyped verb, choice or option."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        import re
+
+        from saturate.errors import did_you_mean
+
+        if m := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
+            message += did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
+        elif m := re.search(r"unrecognized arguments: (\S+)", message):
+            message += did_you_mean(m.group(1), _option_strings(self))
+        return super().error(message)
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every long option of `parser` and of its verbs."""
+    out = []
+    for action in parser._actions:
+        out += [o for o in action.option_strings if o.startswith("--")]
+        if isinstance(action, argparse._SubParsersAction):
+            for sp in action.choices.values():
+                out += _option_strings(sp)
+    return sorted(set(out))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from saturate import __version__
+
+    parser = _Parser(
         prog="saturate",
         description="Make PyTorch training use its hardware fully. With no command: `run` gpt-tiny on the "
                     "embedded default corpus (the Python standard library's source): tune, train, compare.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    parser.add_argument("--version", action="version", version=f"saturate {__version__}")
+    add_common_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("probe", help="what this machine has, with measured matmul peaks")
@@ -55,7 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=int, metavar="N", help="steps between validations (default: the preset's)")
     p.add_argument("--ckpt-every", type=int, metavar="N", help="steps between checkpoints (default: --eval-every)")
     p.add_argument("--keep", type=int, default=3, metavar="K", help="checkpoints kept (default 3)")
-    p.add_argument("--no-progress", action="store_true", help="no console output while training")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no live progress while training (the start line and the summary are still printed; "
+                        "-q leaves only the summary)")
+    p.add_argument("--json", action="store_true",
+                   help="the result (plan, figures, paths) as one JSON document on stdout; the rest on stderr")
     p.add_argument("--no-tuned", action="store_true",
                    help="ignore the tuned plan cached for this preset on this machine (with no --plan)")
     p.add_argument("--stuck-after", type=positive(float, "--stuck-after"), metavar="SECONDS",
@@ -72,8 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(e.g. val/loss:5), with a checkpoint")
     p.set_defaults(func=cmd_train)
 
-    for verbs in (tune_cli, doctor_cli, sweep_cli):  # tune and run; doctor and monitor; sweep
+    for verbs in (tune_cli, doctor_cli, sweep_cli, env_cli):  # tune and run; doctor and monitor; sweep; env
         verbs.add_parsers(sub)
+    for verb in sub.choices.values():  # `saturate train -q --debug …` as well as `saturate -q --debug train …`
+        add_common_flags(verb, top=False)
     return parser
 
 
@@ -102,15 +147,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = RunConfig(
         steps=args.steps, minutes=args.minutes, run_dir=args.run_dir, resume=args.resume, seed=src.seed,
         device=args.device, log_every=args.log_every, eval_every=args.eval_every,
-        ckpt_every=args.ckpt_every, keep_checkpoints=args.keep, progress=not args.no_progress,
+        ckpt_every=args.ckpt_every, keep_checkpoints=args.keep,
+        progress=not args.no_progress and verbosity(args) >= 0, quiet=verbosity(args) < 0,
         use_tuned=not args.no_tuned, source=source_record(src), stuck_after=args.stuck_after,
         early_stop=args.early_stop, **_sinks(args.log_to),
     )
     # None: the checkpoint's, or the seed plan; --config: the replayed run's
     plan = resolve_plan(args.plan) if args.plan else getattr(args, "config_plan", None)
-    hw = probe(measure_peaks=False, device=args.device)
-    workload = from_source(src)
-    result = train(workload, plan, config, hardware=hw)
+    with json_document(args) as emit:
+        hw = probe(measure_peaks=False, device=args.device)
+        show_machine(args, hw)
+        workload = from_source(src)
+        result = train(workload, plan, config, hardware=hw)
+        show_plan(args, result.plan, "the plan trained")
+        emit(run_result_dict(result))
     if not result.interrupted:
         return 0
     if _rank() == 0:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from saturate.cli.args import add_workload_args, positive, workload_from_args
+from saturate.cli.output import say, show_machine, show_plan
 from saturate.errors import ConfigError
 
 
@@ -21,7 +22,9 @@ def add_parsers(sub: Any) -> None:
                                    "stopped; nothing in your files is changed.")
     add_workload_args(p)
     p.add_argument("--plan", metavar="FILE|NAME",
-                   help="a plan.toml or a reference plan (naive, a6000-after, …); default: the seed plan")
+                   help="a plan.toml or a reference plan (naive, a6000-after, …); default: the plan `train` would "
+                        "run (the tuned plan cached for this workload on this machine, else the seed plan)")
+    p.add_argument("--no-tuned", action="store_true", help="ignore the cached tuned plan (with no --plan)")
     p.add_argument("--steps", type=positive(int, "--steps"), default=10, metavar="N",
                    help="optimizer steps timed (default 10; more while under 2 s)")
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="untimed steps first (default 2)")
@@ -44,6 +47,7 @@ def add_parsers(sub: Any) -> None:
                    help="seconds between readings (default 1)")
     p.add_argument("--runs", type=Path, default=Path("runs"), metavar="DIR",
                    help="where to look for a running saturate job (default: ./runs)")
+    p.add_argument("--wide", action="store_true", help="add the clocks and the memory share (wider than 80 columns)")
     p.set_defaults(func=cmd_monitor)
 
 
@@ -52,8 +56,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     from saturate.doctor.report import prediction_text, render
     from saturate.doctor.run import DoctorConfig, apply_fix, diagnose, outcome, plan_fix
+    from saturate.engine.resume import choose_plan
     from saturate.hardware import probe
-    from saturate.plan import default_plan, resolve_plan
+    from saturate.plan import resolve_plan
 
     if args.script is not None:
         return _doctor_script(args)
@@ -67,16 +72,22 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     plan = resolve_plan(args.plan) if args.plan else None
     hw = probe(measure_peaks=False, device=args.device)
     workload = workload_from_args(args)  # a preset, --workload module:function, --hf, --task sft
-    if plan is None:
-        plan = default_plan(workload.optim.effective_batch, hw.device_type, hw.supports)
+    notes: list[str] = []
+    given = plan is not None
+    plan = choose_plan(plan, None, workload, hw, use_tuned=not args.no_tuned, notes=notes)  # what train would run
     console = Console(highlight=False, stderr=args.json)
-    if not args.json:
-        console.print(f"[dim]doctor: {config.warmup} warm-up steps, then {config.steps}+ measured steps of "
-                      f"{workload.name} …[/]")
+    which = (f"the plan {args.plan}" if given else "the tuned plan cached for it on this machine"
+             if plan.name == "tuned" else "the seed plan (no tuned plan cached; `saturate tune` makes one)")
+    for note in notes:
+        say(args, console, f"[yellow]note:[/] {note}")
+    show_machine(args, hw)
+    show_plan(args, plan, f"the plan diagnosed ({which})")
+    say(args, console, f"[dim]doctor: {config.warmup} warm-up steps, then {config.steps}+ measured steps of "
+                       f"{workload.name} with {which} …[/]")
     before = diagnose(workload, plan, config, hardware=hw)
     if not args.apply:
         if args.json:
-            print(json.dumps(before.to_dict(), indent=2, default=str))
+            print(json.dumps({**before.to_dict(), "plan_used": which}, indent=2, default=str))
         else:
             render(before, console)
         return 0
@@ -140,9 +151,8 @@ def _doctor_script(args: argparse.Namespace) -> int:
     if args.warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
     console = Console(highlight=False, stderr=args.json)
-    if not args.json:
-        console.print(f"[dim]doctor: running your command with saturate's hooks: {args.warmup} warm-up steps, "
-                      f"then {args.steps} measured steps; then it is stopped …[/]")
+    say(args, console, f"[dim]doctor: running your command with saturate's hooks: {args.warmup} warm-up steps, "
+                       f"then {args.steps} measured steps; then it is stopped …[/]")
     diagnosis, run = doctor_command(args.script, warmup=args.warmup, steps=args.steps,
                                     first_step_timeout=args.first_step_timeout, quiet_stdout=args.json)
     if args.json:
@@ -156,4 +166,4 @@ def _doctor_script(args: argparse.Namespace) -> int:
 def cmd_monitor(args: argparse.Namespace) -> int:
     from saturate.telemetry.monitor import run_monitor
 
-    return run_monitor(once=args.once, as_json=args.json, interval=args.interval, root=args.runs)
+    return run_monitor(once=args.once, as_json=args.json, interval=args.interval, root=args.runs, wide=args.wide)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from saturate.cli.args import add_workload_args, workload_from_args
+from saturate.cli.output import verbosity
 from saturate.errors import ConfigError
 from saturate.workloads.source import parse_params
 
@@ -26,7 +26,10 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--allow-batch-change", action="store_true",
                    help="let tuning grow the effective batch (learning rate rescaled linearly)")
     p.add_argument("--out", type=Path, help="the sweep's folder; the same --out resumes it (default: runs/sweep-…)")
-    p.add_argument("--no-progress", action="store_true", help="no progress display while training")
+    p.add_argument("--no-progress", action="store_true", help="no live progress while training")
+    p.add_argument("--wide", action="store_true",
+                   help="every column in the results table (precision, workers, the workload's metrics, time); "
+                        "by default it fits 80 columns")
     p.set_defaults(func=cmd_sweep)
 
 
@@ -47,8 +50,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               "data": args.data, "params": fixed, "effective_batch": args.effective_batch,
               "tokenizer": args.tokenizer, "text_field": args.text_field}
     hw = probe(measure_peaks=False, device=args.device)
-    console = RichConsole() if sys.stdout.isatty() else RichConsole(width=160)
+    console = RichConsole(highlight=False)  # the terminal's width (80 when not a terminal)
     result = sweep(lambda params: workload_from_args(args, params), grid, hw, out_dir=out, steps=args.steps,
                    budget_s=args.budget, try_compile=not args.no_compile, allow_batch_change=args.allow_batch_change,
-                   seed=args.seed, progress=not args.no_progress, console=console, settings={"source": source})
+                   seed=args.seed, progress=not args.no_progress and verbosity(args) >= 0, console=console,
+                   settings={"source": source}, wide=args.wide)
     return 130 if result["interrupted"] else 0

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from saturate.cli.args import add_workload_args, positive, source_from_args, source_record, workload_from_args
+from saturate.cli.output import json_document, run_result_dict, show_machine, show_plan, tune_result_dict, verbosity
 from saturate.errors import ConfigError
 
 
@@ -55,16 +56,23 @@ def _add_script_args(p: argparse.ArgumentParser) -> None:
                    help="with -- CMD: optimizer steps timed per trial, after 2 warm-up steps (default 10)")
     p.add_argument("--first-step-timeout", type=positive(float, "--first-step-timeout"), default=300.0, metavar="S",
                    help="with -- CMD: stop a trial if no optimizer step came within S seconds (default 300)")
-    p.add_argument("--json", action="store_true", help="with -- CMD: one JSON document on stdout")
+    p.add_argument("--json", action="store_true",
+                   help="the result (plan, figures, paths) as one JSON document on stdout; the rest on stderr")
 
 
-def _console() -> Any:
-    """Rich wraps at 80 columns when output is not a terminal; `run`'s tables and `tune --wide` need more."""
+def _console(wide: bool = False) -> Any:
+    """The tables fit 80 columns, the width rich uses off a terminal; `--wide` ones get 160 there."""
     import sys
 
     from rich.console import Console
 
-    return Console() if sys.stdout.isatty() else Console(width=160)
+    return Console() if sys.stdout.isatty() or not wide else Console(width=160)
+
+
+def _quiet_console() -> Any:
+    from rich.console import Console
+
+    return Console(quiet=True)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -72,17 +80,21 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     if args.script is not None:
         return _tune_script(args)
-    from rich.console import Console
 
     from saturate.tune import tune
 
-    hw = probe(measure_peaks=False, device=args.device)
-    # The tables fit 80 columns, the width rich uses off a terminal; --wide ones get room there too.
-    console = _console() if args.wide else Console()
-    tune(workload_from_args(args), hw, budget_s=args.budget, planned_steps=args.steps,
-         allow_batch_change=args.allow_batch_change, out_dir=args.out, seed=args.seed,
-         try_compile=not args.no_compile, console=console, wide=args.wide,
-         allow_micro_batch_change=args.allow_micro_batch_change)
+    with json_document(args) as emit:
+        hw = probe(measure_peaks=False, device=args.device)
+        show_machine(args, hw)
+        quiet = verbosity(args) < 0  # -q: the trials unprinted, the result in one line
+        result = tune(workload_from_args(args), hw, budget_s=args.budget, planned_steps=args.steps,
+                      allow_batch_change=args.allow_batch_change, out_dir=args.out, seed=args.seed,
+                      try_compile=not args.no_compile, console=_quiet_console() if quiet else _console(args.wide),
+                      wide=args.wide, allow_micro_batch_change=args.allow_micro_batch_change)
+        if quiet:
+            print(f"tuned plan: {result.plan_path} {result.plan!r} (evidence: {result.json_path})")
+        show_plan(args, result.plan, "the tuned plan")
+        emit(tune_result_dict(result))
     return 0
 
 
@@ -96,12 +108,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.overrides:
         raise ConfigError("--overrides applies to a command after --")
 
-    hw = probe(measure_peaks=True, device=args.device)
-    report = run(workload_from_args(args), hw, budget_s=args.budget, steps=args.steps, minutes=args.minutes,
-                 run_dir=args.run_dir, allow_batch_change=args.allow_batch_change, seed=args.seed,
-                 progress=not args.no_progress, try_compile=not args.no_compile, console=_console(),
-                 source=source_record(source_from_args(args)),
-                 allow_micro_batch_change=args.allow_micro_batch_change)
+    with json_document(args) as emit:
+        hw = probe(measure_peaks=True, device=args.device)
+        show_machine(args, hw)
+        report = run(workload_from_args(args), hw, budget_s=args.budget, steps=args.steps, minutes=args.minutes,
+                     run_dir=args.run_dir, allow_batch_change=args.allow_batch_change, seed=args.seed,
+                     progress=not args.no_progress and verbosity(args) >= 0, try_compile=not args.no_compile,
+                     console=_console(getattr(args, "wide", False)), source=source_record(source_from_args(args)),
+                     allow_micro_batch_change=args.allow_micro_batch_change)
+        emit({"run_dir": str(report.run_dir), "rows": [r.to_dict() for r in report.rows],
+              **(report.comparison.to_dict() if report.comparison else {}), "trained": report.trained,
+              "tuning": report.tuning.to_dict() if report.tuning else None, "timing": report.timing,
+              "tuned": tune_result_dict(report.tuned) if report.tuned else None,
+              "training": run_result_dict(report.training), "notes": report.notes})
     if not report.training.interrupted:
         return 0
     return 75 if report.training.stop_signal in PREEMPTION_SIGNALS else 130

@@ -42,6 +42,15 @@ ROLES = {"system", "user", "assistant", "tool"}
 ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
 BUILTIN_TEMPLATE = "builtin-1"  # "<|role|>\ncontent\n" per message; the assistant's content ends with end-of-text
 
+
+def builtin_jinja(end_of_text: str) -> str:
+    """The built-in template as a Transformers chat template (Jinja), `end_of_text` the tokenizer's token that
+    ends a response: exported with a fine-tuned model, so `apply_chat_template` renders what it was trained on."""
+    return ("{% for m in messages %}{% if m['role'] == 'assistant' %}<|assistant|>\n{{ m['content'] }}"
+            + end_of_text.replace("{", "{{ '{' }}")
+            + "\n{% else %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endif %}{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+
 Message = dict[str, str]
 
 

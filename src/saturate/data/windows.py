@@ -65,6 +65,7 @@ class RandomWindows(MappedTokens, Dataset):
         self.seq_len = seq_len
         self.seed = seed
         self.n_starts = len(tokens) - seq_len  # valid start offsets
+        self.distinct_samples = max(1, len(tokens) // seq_len)  # windows that do not overlap
         self._seed_key = _splitmix64(np.array([seed], dtype=np.uint64))  # hashed once, mixed into every index
 
     def __len__(self) -> int:

@@ -153,7 +153,8 @@ class Instrument:
         per_step = self.clock.per_step()
         phases = {p: sum(s[p] for s in per_step) / steps for p in PHASES}
         dev = self.device
-        name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
+        name = context.pop("device_name", None) or (torch.cuda.get_device_name(dev) if dev.type == "cuda"
+                                                    else dev.type)
         device_type = context.pop("device_type", "rocm" if dev.type == "cuda" and torch.version.hip else dev.type)
         m = Measurements(device_type=device_type, device_name=name, timing=self.clock.kind, steps=steps,
                          step_s=self.window_s / steps, phases=phases, cpu_cores=_cores(),
@@ -238,3 +239,14 @@ def _cores() -> int:
 def loader_worker_pids(iterator: Any) -> set[int]:
     """The process ids of a DataLoader iterator's workers (empty without workers)."""
     return {w.pid for w in getattr(iterator, "_workers", []) if getattr(w, "pid", None)}
+
+
+def device_facts(dev: torch.device, hw: Any = None) -> dict[str, Any]:
+    """What the doctor says about the device, as probe() sees it (the CLI doctor and the Profiler alike):
+    its name (the GPU's, or the CPU's model) and whether it has native bf16 (a CPU with AVX-512 BF16/AMX too)."""
+    if hw is None:
+        from saturate.hardware import probe
+
+        hw = probe(measure_peaks=False, device=str(dev))
+    name = hw.devices[dev.index or 0].name if hw.devices and dev.type != "cpu" else hw.cpu_name
+    return {"device_name": name, "supports_bf16": bool(hw.supports.get("bf16"))}

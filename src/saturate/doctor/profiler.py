@@ -24,11 +24,23 @@ import torch
 import torch.nn as nn
 
 from saturate.doctor.findings import Diagnosis
-from saturate.doctor.instrument import Instrument, loader_worker_pids
+from saturate.doctor.instrument import Instrument, device_facts, loader_worker_pids
 from saturate.doctor.rules import decide
 from saturate.errors import SaturateError
 
 T = TypeVar("T")
+
+
+def _precision(model: nn.Module, device: torch.device) -> str:
+    """"bf16"/"fp16" under autocast or with half-precision weights, else "fp32" (as a Plan names it)."""
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+    try:
+        if torch.is_autocast_enabled(device.type):
+            return names.get(torch.get_autocast_dtype(device.type), "fp32")
+    except (TypeError, RuntimeError):  # a device type autocast does not know
+        pass
+    weight = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return names.get(weight, "fp32")
 
 
 def _device_of(model: nn.Module | None, device: str | torch.device | None) -> torch.device:
@@ -69,6 +81,7 @@ class Profiler:
                                      optimizer_phase=optimizer is not None)
         self.diagnosis: Diagnosis | None = None
         self._step = 0  # steps finished
+        self._precision: str | None = None  # what the first forward ran in: fp32, or autocast's bf16/fp16
         self._handles: list[Any] = []
         self._loader: Any = None
         self._iterator: Any = None
@@ -167,8 +180,9 @@ class Profiler:
             context["num_workers"] = getattr(loader, "num_workers", None)
             context["prefetch_factor"] = getattr(loader, "prefetch_factor", None)
             context["pin_memory"] = getattr(loader, "pin_memory", None)
-        if self.device.type == "cuda":
-            context["supports_bf16"] = torch.cuda.is_bf16_supported()
+        if self._precision is not None:
+            context["precision"] = self._precision
+        context.update(device_facts(self.device))  # the name and native bf16 as probe() says, like `saturate doctor`
         self.diagnosis = decide(inst.measurements(**context))
         if self.report:
             from saturate.doctor.report import render
@@ -187,6 +201,8 @@ class Profiler:
             self.instrument.leave()
 
     def _forward_begin(self, module: nn.Module, args: Any) -> None:
+        if self._precision is None:
+            self._precision = _precision(module, self.device)
         self._enter("forward")  # ignored inside backward (activation checkpointing re-runs forward there)
 
     def _forward_end(self, module: nn.Module, args: Any, output: Any) -> None:

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import default_collate
 
 from saturate.doctor.findings import Diagnosis, Fix, ScalingProbe
-from saturate.doctor.instrument import Instrument, contention_record, loader_worker_pids
+from saturate.doctor.instrument import Instrument, contention_record, device_facts, loader_worker_pids
 from saturate.doctor.rules import decide
 from saturate.engine.schedule import scaled_lr
 from saturate.engine.step import OutOfMemoryError, Stepper, split_batch, to_device
@@ -111,15 +111,11 @@ def diagnose(workload: Workload, plan: Plan | None = None, config: DoctorConfig 
         context="plan", device_type=hw.device_type, samples_per_step=float(effective), micro_batch=plan.micro_batch,
         grad_accum=plan.grad_accum, num_workers=plan.num_workers, prefetch_factor=plan.prefetch_factor,
         pin_memory=pin, non_blocking=plan.non_blocking, precision=plan.precision, compile=plan.compile,
-        supports_bf16=bool(hw.supports.get("bf16")))
+        **device_facts(dev, hw))
     m.scaling = probe
     m.item_s = item_s
     m.contention = contention_record(contention)
     m.notes = notes + m.notes
-    if hw.devices:
-        m.device_name = hw.devices[dev.index or 0].name
-    elif dev.type == "cpu":
-        m.device_name = hw.cpu_name
     return decide(m)
 
 

@@ -1,12 +1,22 @@
-"""What the user sees while training: a rich progress bar on a terminal, plain lines otherwise."""
+"""What the user sees while training: a start line, a rich progress bar on a terminal (plain lines otherwise),
+notes, and the summary at the end. Without live progress the start line, notes and summary still print
+(a long run is never silent); quiet leaves the summary alone. The summary fits 80 columns."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+
+
+def _within(path: Path, folder: Path) -> str:
+    try:
+        return f"(run folder)/{path.relative_to(folder)}"
+    except ValueError:
+        return str(path)
 
 
 def _fmt_rate(x: float) -> str:
@@ -17,8 +27,10 @@ class ConsoleSink:
     """A metrics sink that renders step, loss, tokens/s, MFU, memory and ETA."""
 
     def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True,
-                 console: Console | None = None) -> None:
-        self.enabled = enabled
+                 console: Console | None = None, live: bool = True, quiet: bool = False) -> None:
+        self.enabled = enabled  # False: nothing at all (a rank other than 0)
+        self.live = enabled and live  # the progress bar or per-window lines
+        self.chatty = enabled and not quiet  # the start line and notes
         self.console = console or Console(highlight=False)
         self.total = total_steps
         self.start_step = start_step
@@ -28,7 +40,7 @@ class ConsoleSink:
         self._task: Any = None
 
     def note(self, text: str) -> None:
-        if self.enabled:
+        if self.chatty:
             self.console.print(f"[yellow]note:[/] {text}")
 
     def start(self, workload: Any, plan: Any, hw: Any, effective: int, total_steps: int,
@@ -36,7 +48,7 @@ class ConsoleSink:
         self.total = total_steps
         self.processes = processes
         self.tokens = workload.tokens_per_sample > 1
-        if not self.enabled:
+        if not self.chatty:
             return
         info = ", ".join(f"{k} {v}" for k, v in workload.info.items())
         where = f"resuming at step {resumed_from}" if resumed_from is not None else "starting"
@@ -46,7 +58,7 @@ class ConsoleSink:
         self.console.print(f"[bold]{workload.name}[/] on {hw.torch_device} ({info}); {where}, "
                            f"{total_steps} steps of {effective} samples = {split}; precision {plan.precision}, "
                            f"workers {plan.num_workers}, compile {plan.compile}")
-        if self.console.is_terminal:
+        if self.live and self.console.is_terminal:
             self._progress = Progress(
                 TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
                 TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=False,
@@ -63,7 +75,7 @@ class ConsoleSink:
         self.log(record["step"], {k: v for k, v in record.items() if k != "step"})
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        if not self.enabled:
+        if not self.live:
             return
         if "train/loss" not in metrics:  # validation, or the workload's own end-of-run metrics
             text = f"step {step}: " + ", ".join(f"{k.removeprefix('val/').replace('_', ' ')} {v:.4g}"
@@ -100,6 +112,8 @@ class ConsoleSink:
         if not self.enabled:
             return
         t = Table(title="run summary (measured in this run)", show_header=False)
+        t.add_column(no_wrap=True)
+        t.add_column(overflow="fold")  # a long path breaks onto the next line, never cut to "…"
         early = " (stopped early)" if result.stopped_early else ""
         t.add_row("steps", f"{result.steps} / {result.total_steps}{early}")
         if getattr(result, "stop_reason", None):
@@ -119,10 +133,9 @@ class ConsoleSink:
         for name, value in getattr(result, "metrics", {}).items():
             t.add_row(name, f"{value:.4g}")
         t.add_row("run folder", str(result.run_dir))
-        if result.checkpoint:
-            t.add_row("checkpoint", str(result.checkpoint))
-        if result.weights:
-            t.add_row("weights", str(result.weights))
+        for label, path in (("checkpoint", result.checkpoint), ("weights", result.weights)):
+            if path:  # inside the run folder: said relative to it, so the row stays short
+                t.add_row(label, _within(Path(path), Path(result.run_dir)))
         self.console.print(t)
         if result.stopped_early and not getattr(result, "finished", False):
             launch = (f"torchrun --nproc_per_node={self.processes} -m saturate" if self.processes > 1

@@ -53,7 +53,7 @@ from saturate.engine.watch import TrainingWatch
 from saturate.errors import CheckpointError, ConfigError, SaturateError
 from saturate.hardware import synchronize
 from saturate.plan import Plan
-from saturate.workloads.base import FLOAT32_MAX, Workload
+from saturate.workloads.base import FLOAT32_MAX, Workload, data_note
 
 
 @dataclass
@@ -70,7 +70,8 @@ class RunConfig:
     eval_every: int | None = None  # default: the workload's
     ckpt_every: int | None = None  # default: eval_every
     keep_checkpoints: int = 3
-    progress: bool = True  # console output (rich progress on a terminal, lines otherwise)
+    progress: bool = True  # live progress (a bar on a terminal, a line per logged window otherwise)
+    quiet: bool = False  # no start line and no notes: only the final summary (printed unless rank > 0)
     tensorboard: bool = True  # also write TensorBoard events (run_dir/tensorboard)
     # More sinks beside metrics.jsonl: names ("tensorboard", "csv", "wandb", "mlflow") and/or your own Sink objects
     log_to: Sequence[str | Sink] = ()
@@ -230,6 +231,8 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
     if effective != optim.effective_batch:
         notes.append(f"effective batch {effective} differs from the workload's {optim.effective_batch}: "
                      f"learning rate scaled linearly {optim.lr:g} -> {lr:g}")
+    if note := data_note(workload.train_data, effective, cfg.steps or optim.steps):  # a batch far beyond the data
+        notes.append(note)
     if not lr <= FLOAT32_MAX:
         raise ConfigError(f"the learning rate scaled to the effective batch, {lr:g}, is beyond float32's range")
     stepper = Stepper(workload, plan, device, lr, notes=notes, compile=False, dist=dist)
@@ -262,7 +265,7 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
         raise ConfigError(f"--early-stop watches validation, and workload {workload.name} has no validation data")
     if early_stop is not None and state is not None:
         early_stop.load_state_dict(state.get("early_stop"))
-    console = ConsoleSink(total_steps, start_step=step, enabled=cfg.progress and dist.is_main)
+    console = ConsoleSink(total_steps, start_step=step, enabled=dist.is_main, live=cfg.progress, quiet=cfg.quiet)
     sinks = Sinks([], warn=lambda text: (notes.append(text), console.note(text)))
     if dist.is_main:  # trackers start here, before any step: one that cannot is one line, not a lost run
         sinks.sinks = make_sinks(run_dir, step if state is not None else None, cfg.log_to, cfg.tensorboard, settings)

@@ -124,30 +124,35 @@ def _with_unit(value: float | None, unit: str) -> str | None:
     return None if value is None else f"{value:.0f}{unit}"
 
 
-def render(data: dict[str, Any]) -> Group:
-    """The monitor's screen for one reading (see `reading`)."""
+def render(data: dict[str, Any], wide: bool = False) -> Group:
+    """The monitor's screen for one reading (see `reading`): fits 80 columns; `wide` adds the clocks and
+    the memory share."""
     gpus = [GpuReading(**g) for g in data["gpus"]]
     host = HostReading(**data["host"])
     notes: list[str] = []
     parts: list[Any] = []
     if gpus:
         t = Table(box=None, padding=(0, 1))
-        for col in ("GPU", "name", "util", "memory used / total", "power / limit", "SM clock", "mem clock", "temp"):
-            t.add_column(col, justify="left" if col in ("GPU", "name") else "right")
+        clocks = ["SM clock", "mem clock"] if wide else []
+        for col in ("GPU", "name", "util", "memory used/total", "power/limit", *clocks, "temp"):
+            t.add_column(col, justify="left" if col in ("GPU", "name") else "right",
+                         overflow="fold", no_wrap=col != "name")
         for r in gpus:
             mem = None
             if r.mem_used is not None and r.mem_total:
-                mem = f"{r.mem_used / _GIB:.1f} / {r.mem_total / _GIB:.1f} GiB ({100 * r.mem_used / r.mem_total:.0f} %)"
+                share = f" ({100 * r.mem_used / r.mem_total:.0f} %)" if wide else ""
+                mem = f"{r.mem_used / _GIB:.1f}/{r.mem_total / _GIB:.1f} GiB{share}"
             power = None
             if r.power_w is not None:
                 limit = _na(r, "power_limit_w", _with_unit(r.power_limit_w, ""), notes)
-                power = f"{r.power_w:.0f} / {limit} W"
+                power = f"{r.power_w:.0f}/{limit} W"
+            clock_cells = [_na(r, "sm_clock_mhz", _with_unit(r.sm_clock_mhz, " MHz"), notes),
+                           _na(r, "mem_clock_mhz", _with_unit(r.mem_clock_mhz, " MHz"), notes)] if wide else []
             t.add_row(str(r.index), Text(r.name),
                       _na(r, "util_pct", _with_unit(r.util_pct, " %"), notes),
                       _na(r, "mem_used", mem, notes),
                       _na(r, "power_w", power, notes),
-                      _na(r, "sm_clock_mhz", _with_unit(r.sm_clock_mhz, " MHz"), notes),
-                      _na(r, "mem_clock_mhz", _with_unit(r.mem_clock_mhz, " MHz"), notes),
+                      *clock_cells,
                       _na(r, "temp_c", _with_unit(r.temp_c, " °C"), notes))
         parts.append(t)
         if data.get("gpu_note"):
@@ -181,7 +186,7 @@ def render(data: dict[str, Any]) -> Group:
 
 
 def run_monitor(*, once: bool = False, as_json: bool = False, interval: float = 1.0, root: Path = Path("runs"),
-                console: Console | None = None, max_updates: int | None = None) -> int:
+                console: Console | None = None, max_updates: int | None = None, wide: bool = False) -> int:
     """The `saturate monitor` command: a live view, or JSON lines with `as_json`; `once` reads once.
 
     `max_updates` bounds the number of refreshes (for tests); Ctrl-C ends the view.
@@ -198,15 +203,15 @@ def run_monitor(*, once: bool = False, as_json: bool = False, interval: float = 
                 if as_json:
                     print(json.dumps(data, indent=2 if once else None), flush=True)
                 else:
-                    console.print(render(data))
+                    console.print(render(data, wide))
                 updates += 1
                 if once or (max_updates is not None and updates >= max_updates):
                     return 0
                 time.sleep(interval)
-        with Live(render(reading(source, root)), console=console, refresh_per_second=4) as live:
+        with Live(render(reading(source, root), wide), console=console, refresh_per_second=4) as live:
             while max_updates is None or updates < max_updates:
                 time.sleep(interval)
-                live.update(render(reading(source, root)))
+                live.update(render(reading(source, root), wide))
                 updates += 1
         return 0
     except KeyboardInterrupt:

@@ -32,7 +32,7 @@ from saturate.workloads.coupling import kept_micro_batch
 
 @dataclass
 class TuneResult:
-    plan: Plan  # the verified plan (name "tuned"), its evidence in plan.provenance
+    plan: Plan  # the verified plan (name "tuned"); where it came from in plan.provenance, its trials in `search`
     search: SearchResult
     out_dir: Path
     plan_path: Path
@@ -142,9 +142,7 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
         "verified_samples_per_s": result.chosen.samples_per_s,
         "verified_peak_memory_bytes": result.chosen.peak_memory_bytes,
         "memory_kind": measurer.memory_kind,
-        "decisions": result.decisions,
-        "trials": [t.to_dict() for t in result.trials],
-        "loader_trials": [t.to_dict() for t in result.loader_trials],
+        "evidence": str(out_dir / "tune.json"),  # the trials and decisions; plan.toml keeps the settings short
     })
     result.plan = plan
     json_path, plan_path = out_dir / "tune.json", out_dir / "plan.toml"

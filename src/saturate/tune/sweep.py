@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
+from rich.text import Text
 
 from saturate.atomic import atomic_path, atomic_write_bytes
 from saturate.errors import ConfigError, SaturateError
@@ -103,7 +104,7 @@ def sweep(make_workload: Callable[[dict[str, Any]], Workload], grid: Mapping[str
           hardware: Any = None, *, out_dir: Path, steps: int | None = None, budget_s: float | None = None,
           try_compile: bool = True, allow_batch_change: bool = False, seed: int = 0, progress: bool = False,
           console: Console | None = None, measurer_factory: Callable[[Workload, Any], Any] | None = None,
-          settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+          settings: Mapping[str, Any] | None = None, wide: bool = False) -> dict[str, Any]:
     """Tune then train every grid point; returns the sweep's JSON (also written to out_dir/sweep.json).
 
     `settings` are what else defines the sweep (the workload source, fixed parameters) for the resume
@@ -173,7 +174,7 @@ def sweep(make_workload: Callable[[dict[str, Any]], Workload], grid: Mapping[str
     summary = {"best": best and point_key(best["params"]), "plot": str(plot_path) if plot_path else None,
                "interrupted": interrupted}
     state.save(summary)
-    console.print(results_table(rows, list(grid), best))
+    console.print(results_table(rows, list(grid), best, wide=wide))
     if interrupted:
         console.print(f"[yellow]interrupted[/yellow]: run the same command with --out {out_dir} to resume")
     console.print(f"sweep folder: {out_dir} (sweep.json" + (f", {plot_path.name}" if plot_path else "") + ")")
@@ -195,23 +196,35 @@ def _plan_summary(plan: Plan) -> dict[str, Any]:
             "activation_checkpointing": plan.activation_checkpointing}
 
 
-def results_table(rows: list[dict[str, Any]], keys: list[str], best: dict[str, Any] | None) -> Table:
-    extra = sorted({k for r in rows for k in (r.get("metrics") or {})})
-    t = Table(title="sweep results (every figure measured in its point's training run)", box=box.SIMPLE_HEAVY,
+def results_table(rows: list[dict[str, Any]], keys: list[str], best: dict[str, Any] | None,
+                  wide: bool = False) -> RenderableType:
+    """One row per point. At 80 columns: the parameters, the split, samples/s, validation loss and status;
+    `wide` adds precision, workers, the workload's own metrics and the training time (all are in sweep.json).
+    A failed point's error is said under the table, not squeezed into a cell."""
+    extra = sorted({k for r in rows for k in (r.get("metrics") or {})}) if wide else []
+    t = Table(title="sweep results (measured in each point's training run)", box=box.SIMPLE_HEAVY,
               title_justify="left")
-    for col in [*keys, "micro×accum", "precision", "workers", "samples/s", "val loss", *extra, "train s", "status"]:
-        t.add_column(col, justify="left" if col in ("precision", "status") else "right")
+    cols = [*keys, "micro×accum", *(["precision", "workers"] if wide else []), "samples/s", "val loss", *extra,
+            *(["train s"] if wide else []), "status"]
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("precision", "status") else "right", overflow="fold")
+    failures = []
     for r in rows:
         p = r.get("plan") or {}
         status = r.get("status", "?") + (" (best)" if best is not None and r is best else "")
         if r.get("status") == "failed":
-            status = f"failed: {r.get('error', '')[:60]}"
+            failures.append(r)
+            status = f"failed [{len(failures)}]"
         t.add_row(*[str(r["params"].get(k)) for k in keys],
-                  f"{p['micro_batch']}×{p['grad_accum']}" if p else "-", p.get("precision", "-"),
-                  str(p.get("num_workers", "-")), _f(r.get("samples_per_s"), "{:,.1f}"),
-                  _f(r.get("val_loss"), "{:.4f}"), *[_f((r.get("metrics") or {}).get(k), "{:.4g}") for k in extra],
-                  _f(r.get("train_seconds"), "{:.1f}"), status)
-    return t
+                  f"{p['micro_batch']}×{p['grad_accum']}" if p else "-",
+                  *([p.get("precision", "-"), str(p.get("num_workers", "-"))] if wide else []),
+                  _f(r.get("samples_per_s"), "{:,.1f}"), _f(r.get("val_loss"), "{:.4f}"),
+                  *[_f((r.get("metrics") or {}).get(k), "{:.4g}") for k in extra],
+                  *([_f(r.get("train_seconds"), "{:.1f}")] if wide else []), status)
+    if not failures:
+        return t
+    lines = [f"[{i}] {point_key(r['params'])}: {r.get('error', '')}" for i, r in enumerate(failures, 1)]
+    return Group(t, *(Text(line) for line in lines))
 
 
 def _f(v: float | None, fmt: str) -> str:

@@ -6,6 +6,7 @@ model all go through the same engine. The kinds that build one live beside this 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from typing import Any
 import torch.nn as nn
 from torch.utils.data import Dataset
 
-from saturate.errors import ConfigError
+from saturate.errors import ConfigError, unknown_name
 
 FLOAT32_MAX = 3.4028234663852886e38  # an optimizer's float32 arithmetic: larger learning rates overflow
 
@@ -49,6 +50,29 @@ class Optimization:
             raise ConfigError(f"grad_clip must be > 0 or None, got {self.grad_clip}")
 
 
+    def with_values(self, changes: dict[str, Any], where: str) -> Optimization:
+        """A copy with `changes` (from --param or a preset's overrides), each value checked against its field:
+        one ConfigError naming the field (`where`: "preset gpt-tiny", …), never a Python internal."""
+        kinds = {"effective_batch": int, "warmup_steps": int, "steps": int, "eval_every": int, "eval_samples": int}
+        known = [f.name for f in dataclasses.fields(self)]
+        for key, value in changes.items():
+            if key not in known:
+                raise ConfigError(f"{where}: " + unknown_name("option", key, known))
+            if key == "betas":
+                ok = (isinstance(value, (tuple, list)) and len(value) == 2
+                      and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in value))
+                want = "two numbers"
+            elif key == "grad_clip" and value is None:
+                ok, want = True, ""
+            else:
+                kind = kinds.get(key, float)
+                ok = isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
+                want = "an integer" if kind is int else "a number"
+            if not ok:
+                raise ConfigError(f"{where}: {key} must be {want}, got {value!r}")
+        return dataclasses.replace(self, **{k: tuple(v) if k == "betas" else v for k, v in changes.items()})
+
+
 @dataclass
 class Workload:
     name: str
@@ -78,3 +102,33 @@ class Workload:
         """Short hashes of each part of the identity, so a mismatch can be named."""
         return {k: hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()[:16]
                 for k, v in self.identity.items()}
+
+
+MANY_PASSES = 100  # reading the data more often than this in one run is said (overfitting, wasted compute)
+
+
+def distinct_samples(dataset: Any) -> int | None:
+    """How many different samples a training dataset holds: its `distinct_samples` (windows drawn from a
+    corpus or a series say theirs), else its length when finite; None when unknown."""
+    n = getattr(dataset, "distinct_samples", None)
+    if n is None:
+        try:
+            n = len(dataset)
+        except TypeError:
+            return None
+    return int(n) if 0 < n < 2**62 else None
+
+
+def data_note(dataset: Any, effective: int, steps: int) -> str | None:
+    """A warning when the effective batch is far beyond the data: larger than it, or read many times over."""
+    n = distinct_samples(dataset)
+    if n is None:
+        return None
+    if effective > n:
+        return (f"the effective batch ({effective}) is larger than the training data ({n} distinct samples): "
+                "every step repeats samples; a smaller --effective-batch or more data")
+    passes = effective * steps / n
+    if passes > MANY_PASSES:
+        return (f"{steps} steps × {effective} samples read the training data ({n} distinct samples) about "
+                f"{passes:.0f} times over: expect overfitting; fewer --steps or more data")
+    return None

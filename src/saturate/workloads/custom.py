@@ -17,7 +17,6 @@ PyTorch's FLOP counter (forward + backward), so MFU is reported for any model.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import importlib
 import inspect
@@ -35,7 +34,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import Dataset, default_collate
 
-from saturate.errors import ConfigError, SaturateError
+from saturate.errors import ConfigError, SaturateError, did_you_mean
 from saturate.workloads.base import Optimization, Workload
 
 UNBOUNDED = 2**62  # the length of a dataset whose indices are unbounded (RandomWindows and the like)
@@ -51,7 +50,7 @@ class Epochs(Dataset):
 
     def __init__(self, dataset: Any, seed: int = 0, shuffle: bool = True) -> None:
         self.dataset, self.seed, self.shuffle = dataset, seed, shuffle
-        self.n = len(dataset)
+        self.n = self.distinct_samples = len(dataset)
         if self.n < 1:
             raise ConfigError("the dataset is empty")
         self._epoch, self._perm = -1, np.arange(0)
@@ -117,11 +116,7 @@ def custom_workload(
     loss_fn = step if step is not None else _criterion_step(loss)
     steps = int(optim.get("steps", 1000))
     optim.setdefault("warmup_steps", max(0, min(100, steps // 10)))
-    try:
-        optimization = Optimization(effective_batch=effective_batch, lr=lr, **optim)
-    except TypeError as e:
-        known = ", ".join(f.name for f in dataclasses.fields(Optimization))
-        raise ConfigError(f"workload {name!r}: {e} (options: {known})") from None
+    optimization = Optimization(effective_batch=effective_batch, lr=lr).with_values(optim, f"workload {name!r}")
     train_data = dataset if len(dataset) >= UNBOUNDED else Epochs(dataset, seed=seed, shuffle=shuffle)
     w = Workload(name=name, build_model=build, train_data=train_data, val_data=val_dataset, loss_fn=loss_fn,
                  optim=optimization, tokens_per_sample=tokens_per_sample, flops_per_sample=flops_per_sample,
@@ -349,13 +344,13 @@ def load_workload(spec: str, params: Mapping[str, Any] | None = None) -> Workloa
     try:
         inspect.signature(fn).bind(**params)
     except TypeError as e:
-        try:
-            accepted = ", ".join(inspect.signature(fn).parameters) or "none"
-        except (TypeError, ValueError):
-            accepted = "?"
+        names = list(inspect.signature(fn).parameters)
+        if stray := [k for k in params if k not in names]:  # a mistyped keyword: name it, and its near miss
+            raise ConfigError(f"--workload {spec}: {func_name}() has no parameter {stray[0]!r}"
+                              f"{did_you_mean(stray[0], names)}; it takes: {', '.join(names) or 'none'}") from None
         given = ", ".join(f"{k}={v!r}" for k, v in params.items()) or "no parameters"
         raise ConfigError(f"--workload {spec}: {func_name}() cannot be called with {given} ({e}; it takes: "
-                          f"{accepted})") from None
+                          f"{', '.join(names) or 'none'})") from None
     except ValueError:
         pass  # no signature to check (a builtin); the call below reports any problem
     try:

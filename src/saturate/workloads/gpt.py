@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from saturate.errors import ConfigError
+from saturate.errors import ConfigError, unknown_name
 from saturate.workloads.base import Optimization, Workload
 
 
@@ -240,18 +240,18 @@ def preset_with(preset: str, overrides: dict[str, Any]) -> tuple[GPTPreset, Opti
     try:
         p = PRESETS[preset]
     except KeyError:
-        raise ConfigError(f"unknown GPT preset {preset!r} (known: {', '.join(PRESETS)})") from None
+        raise ConfigError(unknown_name("GPT preset", preset, PRESETS)) from None
     shape_keys = ("n_layer", "n_head", "n_embd", "seq_len")
     shape = {k: v for k, v in overrides.items() if k in shape_keys}
     rest = {k: v for k, v in overrides.items() if k not in shape_keys}
     known = [*shape_keys, *(f.name for f in dataclasses.fields(Optimization))]
+    for k in rest:
+        if k not in known:
+            raise ConfigError(f"preset {preset}: " + unknown_name("parameter", k, known))
     for k, v in shape.items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"preset {preset}: {k} must be a positive integer, got {v!r}")
-    try:
-        return dataclasses.replace(p, **shape), dataclasses.replace(p.optim, **rest)
-    except TypeError as e:
-        raise ConfigError(f"bad override for preset {preset}: {e} (known: {', '.join(known)})") from None
+    return dataclasses.replace(p, **shape), p.optim.with_values(rest, f"preset {preset}")
 
 
 def gpt_workload(

@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from saturate.errors import ConfigError, DataError
+from saturate.errors import ConfigError, DataError, unknown_name
 from saturate.workloads.base import Optimization, Workload
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -255,15 +255,14 @@ def hf_workload(path: str | os.PathLike[str], *, task: str = "lm", data: Sequenc
     optim_keys = {f.name for f in dataclasses.fields(Optimization)}
     unknown = sorted(set(params) - optim_keys - {"seq_len"})
     if unknown:
-        raise ConfigError(f"--hf has no parameter {unknown[0]!r} (parameters: seq_len and the optimisation's: "
-                          f"{', '.join(sorted(optim_keys))})")
+        raise ConfigError("--hf: " + unknown_name("parameter", unknown[0], ["seq_len", *sorted(optim_keys)]))
     hf = open_folder(path)
     seq_len = params.pop("seq_len", None) or min(hf.max_positions or 1024, 1024)
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
         raise ConfigError(f"--hf {hf.path}: seq_len must be an integer >= 2, got {seq_len!r}")
     if hf.max_positions is not None and seq_len > hf.max_positions:
         raise ConfigError(f"--hf {hf.path}: seq_len {seq_len} is longer than the model's {hf.max_positions} positions")
-    optim = dataclasses.replace(DEFAULT_OPTIM, **params)
+    optim = DEFAULT_OPTIM.with_values(params, f"--hf {hf.path}")
     tok: Any = hf.tokenizer if hf.tokenizer is not None else tokenizer
     name = "hf-" + (re.sub(r"[^A-Za-z0-9._+-]", "-", hf.path.resolve().name).lstrip(".-_+") or "model")
     info = {"hf": str(hf.path), "model_type": hf.config.model_type, "parameters": f"{hf.parameters:,}",

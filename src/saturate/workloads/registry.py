@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Sequence
 from typing import Any
 
-from saturate.errors import ConfigError
+from saturate.errors import ConfigError, unknown_name
 from saturate.workloads.base import Workload
 from saturate.workloads.gpt import PRESETS, gpt_workload
 
@@ -42,7 +42,7 @@ def build_workload(
     parameters of its model (a GPT's n_layer, n_head, n_embd, seq_len; ts-lstm's hidden, window, …).
     """
     if preset not in PRESETS and preset not in OTHER_PRESETS:
-        raise ConfigError(f"unknown preset {preset!r} (known: {', '.join(preset_names())})")
+        raise ConfigError(unknown_name("preset", preset, preset_names()))
     if preset in OTHER_PRESETS:
         module, _, function = OTHER_PRESETS[preset][0].partition(":")
         return getattr(importlib.import_module(module), function)(data=data, seed=seed, **overrides)

@@ -12,6 +12,7 @@ what is learned.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from saturate.data.chat import IGNORE, PackedRows, jsonl_files, prepare, read_conversations
+from saturate.data.chat import (
+    BUILTIN_TEMPLATE,
+    IGNORE,
+    PackedRows,
+    builtin_jinja,
+    jsonl_files,
+    prepare,
+    read_conversations,
+)
 from saturate.errors import ConfigError, DataError
 from saturate.workloads.base import Optimization, Workload
 
@@ -57,6 +66,8 @@ def sft_workload(name: str, data: Sequence[str] | None, tokenizer: Any, seq_len:
     files = jsonl_files(data)
     train, val, meta = prepare(files, tokenizer, seq_len)
     val_rows = val[: optim.eval_samples] if len(val) else None
+    if export_extras is not None and meta["template"].startswith(BUILTIN_TEMPLATE) and hasattr(tokenizer, "hf"):
+        export_extras = _with_template(export_extras, tokenizer)  # the exported tokenizer renders what was trained
     return Workload(
         name=name,
         build_model=build_model,
@@ -115,3 +126,22 @@ def _preset_tokenizer(spec: str, data: Sequence[str] | None) -> Any:
     path.parent.mkdir(parents=True, exist_ok=True)
     tok.save(path)
     return tok
+
+
+def _with_template(export: Callable[[nn.Module, Path], list[Path]], tokenizer: Any) -> Callable[..., list[Path]]:
+    """`export`, then the built-in chat template written beside the tokenizer files it copied (as
+    chat_template.jinja, and in tokenizer_config.json for Transformers that read it there)."""
+    template = builtin_jinja(tokenizer.hf.convert_ids_to_tokens(tokenizer.eot_id))
+
+    def write(model: nn.Module, out_dir: Path) -> list[Path]:
+        from saturate.atomic import atomic_write_bytes
+
+        written = export(model, out_dir)
+        atomic_write_bytes(out_dir / "chat_template.jinja", template.encode())
+        config = out_dir / "tokenizer_config.json"
+        if config.is_file():
+            data = json.loads(config.read_text())
+            atomic_write_bytes(config, (json.dumps({**data, "chat_template": template}, indent=2) + "\n").encode())
+        return [*written, out_dir / "chat_template.jinja"]
+
+    return write

@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.data import Dataset
 
 from saturate.data.windows import _splitmix64
-from saturate.errors import ConfigError, DataError
+from saturate.errors import ConfigError, DataError, unknown_name
 from saturate.workloads.base import Optimization, Workload
 
 
@@ -46,6 +46,7 @@ class TSConfig:
     data_seed: int = 0  # the synthetic signal (the run's --seed draws the windows and the weights)
     val_fraction: float = 0.1  # the last rows, for validation
     eval_windows: int = 512  # validation windows, evenly spaced over the validation rows
+    columns: str = ""  # a CSV's columns to read, "a,b" by header name (or 1-based number); "" for all
 
     def __post_init__(self) -> None:
         for name in ("window", "hidden", "layers", "n_series", "length", "eval_windows"):
@@ -54,6 +55,8 @@ class TSConfig:
                 raise ConfigError(f"ts-lstm: {name} must be a positive integer, got {v!r}")
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"ts-lstm: val_fraction must be between 0 and 1, got {self.val_fraction!r}")
+        if not isinstance(self.columns, (str, int)) or isinstance(self.columns, bool):
+            raise ConfigError(f"ts-lstm: columns must be names separated by commas, got {self.columns!r}")
 
 
 # The guide's "after" batch (256) is the default effective batch; tuning keeps it exactly.
@@ -81,16 +84,24 @@ def synthetic_series(length: int, n_series: int, seed: int = 0) -> np.ndarray:
     return (signal + noise).astype(np.float32)
 
 
-def read_csv(path: str | Path) -> tuple[np.ndarray, list[str]]:
+def read_csv(path: str | Path, columns: Sequence[str] = ()) -> tuple[np.ndarray, list[str]]:
     """The numeric columns of a CSV as (rows, columns) float32, and the column names.
 
-    A first row that is not all numbers is the header. Anything else that is not a number — a text
-    column, an empty cell, a row of another width — is a DataError naming the file, row and column.
+    The separator is sniffed (",", ";", tab or "|"). A first row that is not all numbers is the header.
+    `columns` keeps only those (header names, or 1-based numbers), so a date or label column can be
+    skipped. Anything else that is not a number — a text column, an empty cell, a row of another width —
+    is a DataError naming the file, row and column.
     """
     path = Path(path)
     try:
         with open(path, newline="", encoding="utf-8") as f:
-            rows = [r for r in csv.reader(f) if any(cell.strip() for cell in r)]
+            sample = f.read(64 * 1024)
+            f.seek(0)
+            try:
+                dialect: Any = csv.Sniffer().sniff(sample, delimiters=",;\t|")
+            except csv.Error:  # one column, or nothing to tell: the standard comma
+                dialect = csv.excel
+            rows = [r for r in csv.reader(f, dialect) if any(cell.strip() for cell in r)]
     except FileNotFoundError:
         raise DataError(f"CSV file {path} does not exist") from None
     except IsADirectoryError:
@@ -106,6 +117,10 @@ def read_csv(path: str | Path) -> tuple[np.ndarray, list[str]]:
     names = [h.strip() or f"column {i + 1}" for i, h in enumerate(header)]
     if first == 1 and len(rows) == 1:
         raise DataError(f"CSV file {path} has a header but no data rows")
+    if columns:
+        keep = [_column_index(path, c, names) for c in columns]
+        rows = [rows[0]] * first + [[r[i] if i < len(r) else "" for i in keep] for r in rows[first:]]
+        names = [names[i] for i in keep]
     values = np.empty((len(rows) - first, len(names)), dtype=np.float32)
     for r, row in enumerate(rows[first:]):
         line = r + first + 1
@@ -116,12 +131,22 @@ def read_csv(path: str | Path) -> tuple[np.ndarray, list[str]]:
                 v = float(cell)
             except ValueError:
                 what = "is empty" if not cell.strip() else f"is not a number ({cell.strip()[:30]!r})"
-                raise DataError(f"{path}: column {names[c]!r} is not numeric: row {line} {what}; ts-lstm reads "
-                                "numeric columns only (drop or encode the others)") from None
+                sep = (f" (the separator was read as {dialect.delimiter!r}; is the file separated by another?)"
+                       if len(names) == 1 else "")
+                raise DataError(f"{path}: column {names[c]!r} is not numeric: row {line} {what}{sep}; ts-lstm reads "
+                                "numeric columns only: choose them with --param columns=NAME,NAME") from None
             if not math.isfinite(v):
                 raise DataError(f"{path}: column {names[c]!r}, row {line} is {cell.strip()}; fill missing values")
             values[r, c] = v
     return values, names
+
+
+def _column_index(path: Path, column: str, names: list[str]) -> int:
+    if column in names:
+        return names.index(column)
+    if column.isdigit() and 1 <= int(column) <= len(names):
+        return int(column) - 1
+    raise DataError(f"{path}: " + unknown_name("column", column, names))
 
 
 def _is_number(text: str) -> bool:
@@ -139,6 +164,7 @@ class SeriesWindows(Dataset):
     def __init__(self, values: torch.Tensor, window: int, lo: int, hi: int, seed: int = 0) -> None:
         self.values, self.window, self.lo, self.seed = values, window, lo, seed
         self.n_starts = hi - lo - window  # the target row must be inside [lo, hi)
+        self.distinct_samples = self.n_starts  # one per target row
         if self.n_starts < 1:
             raise DataError(f"{hi - lo} rows cannot hold a window of {window} and its next step")
         self._seed_key = _splitmix64(np.array([seed], dtype=np.uint64))
@@ -255,22 +281,21 @@ def ts_lstm_workload(data: Sequence[str] | None = None, *, seed: int = 0, **para
     optim_keys = {f.name for f in dataclasses.fields(Optimization)}
     unknown = sorted(set(params) - ts_keys - optim_keys)
     if unknown:
-        raise ConfigError(f"ts-lstm has no parameter {unknown[0]!r} (parameters: {', '.join(sorted(ts_keys))}; "
-                          f"and the optimisation's: {', '.join(sorted(optim_keys))})")
+        raise ConfigError("ts-lstm: " + unknown_name("parameter", unknown[0], [*sorted(ts_keys), *sorted(optim_keys)]))
     cfg = TSConfig(**{k: v for k, v in params.items() if k in ts_keys})
-    try:
-        optim = dataclasses.replace(DEFAULT_OPTIM, **{k: v for k, v in params.items() if k in optim_keys})
-    except TypeError as e:
-        raise ConfigError(f"ts-lstm: {e}") from None
+    optim = DEFAULT_OPTIM.with_values({k: v for k, v in params.items() if k in optim_keys}, "ts-lstm")
 
     if data:
         if len(data) != 1 or Path(data[0]).suffix.lower() != ".csv":
             raise DataError(f"ts-lstm reads one .csv file; got {', '.join(map(str, data))}")
         path = Path(data[0]).expanduser()
-        raw, names = read_csv(path)
-        source = {"csv": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16]}
+        raw, names = read_csv(path, [c.strip() for c in str(cfg.columns).split(",") if c.strip()])
+        source = {"csv": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16],
+                  **({"columns": names} if cfg.columns else {})}
         where = f"{path}"
     else:
+        if cfg.columns:
+            raise ConfigError("ts-lstm: columns picks columns of a CSV (--data FILE.csv); synthetic series have none")
         raw = synthetic_series(cfg.length, cfg.n_series, cfg.data_seed)
         names = [f"series {i + 1}" for i in range(cfg.n_series)]
         source = {"synthetic": {"length": cfg.length, "n_series": cfg.n_series, "data_seed": cfg.data_seed}}

@@ -1,0 +1,133 @@
+"""Human output fits an 80-column terminal: probe, doctor (and script doctor), monitor, sweep and train's
+summary, rendered at width 80: no line longer, nothing cut to "…". (The tuner's trial tables and run's
+before/after table have their own tests.)"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from saturate.doctor.findings import Measurements, ScalingProbe
+from saturate.doctor.report import render as render_diagnosis
+from saturate.doctor.rules import decide
+from saturate.engine.console import ConsoleSink
+from saturate.engine.summary import RunResult
+from saturate.hardware import render_hardware
+from saturate.hardware.readings import GpuReading, HostReading
+from saturate.plan import Plan
+from saturate.telemetry import Stat
+from saturate.telemetry.monitor import render as render_monitor
+from saturate.tune.sweep import results_table
+
+GIB = 1024**3
+LONG_DIR = Path("runs") / "gpt-small-20260101-120000" / "a-rather-long-subfolder-name" / "checkpoints"
+
+
+def fits(draw, width: int = 80) -> str:
+    console = Console(record=True, width=width, file=open("/dev/null", "w"), highlight=False)  # noqa: SIM115
+    draw(console)
+    text = console.export_text()
+    long = [line for line in text.splitlines() if len(line) > width]
+    assert not long, "\n".join(long)
+    assert "…" not in text, text
+    return text
+
+
+def test_probe(cpu):
+    gpu_like = dataclasses.replace(cpu, notes=[*cpu.notes, "a long note " * 12])
+    fits(lambda c: render_hardware(gpu_like, c))
+
+
+def _slow_gpu_step() -> Measurements:
+    return Measurements(
+        device_type="cuda", device_name="NVIDIA H100 80GB HBM3", timing="device time (CUDA events)", steps=10,
+        step_s=0.412, phases={"data": 0.2, "h2d": 0.01, "forward": 0.06, "backward": 0.12, "optimizer": 0.02,
+                              "other": 0.002},
+        micro_batch=8, grad_accum=4, num_workers=0, precision="fp32", compile="none", supports_bf16=True,
+        syncs_per_step=3.0, syncs_by_phase={"forward": 1.0, "other": 2.0}, sync_method="set_sync_debug_mode",
+        cpu_cores=16, host_ram_total=128 * GIB, host_ram_available_min=90 * GIB, swap_bytes=0, tree_peak=6 * GIB,
+        main_peak=5 * GIB, host_budget=90 * GIB, device_mem_total=80 * GIB, device_mem_peak=31 * GIB,
+        device_util=Stat(41.0, 99.0, 3.0, 40), host_cpu=Stat(12.0, 30.0, 5.0, 40), samples_per_step=32.0,
+        scaling=ScalingProbe(micro_batches=(4, 8), seconds=(0.05, 0.09)),
+        item_s=0.004, notes=["a note about the run " * 6], context="plan")
+
+
+def test_doctor():
+    fits(lambda c: render_diagnosis(decide(_slow_gpu_step()), c))
+
+
+def test_script_doctor():
+    from saturate.integrations.command import ScriptRun
+    from saturate.integrations.doctor import render_script
+
+    report = {"model": {"class": "GPT", "parameters": 124_000_000, "wrapped_in": ["DistributedDataParallel"]},
+              "optimizer": {"class": "AdamW", "site": "train.py:88"},
+              "loaders": [{"site": "/home/someone/projects/a-long-project-name/train.py:61", "batch_size": 8,
+                           "num_workers": 0, "pin_memory": False, "batches": 40}]}
+    values = {"command": ["python", "train.py", "--config", "configs/a-long-config-name.yaml"], "report": report}
+    run = ScriptRun(returncode=0, summary=None, optimizer_steps=12, seconds=30.0, **values)
+    fits(lambda c: render_script(decide(_slow_gpu_step()), run, c))
+
+
+def _monitor_data(n_gpus: int) -> dict:
+    gpus = [dataclasses.asdict(GpuReading(i, "NVIDIA H100 80GB HBM3", 97.0, 61 * GIB, 80 * GIB, 612.0, 700.0,
+                                          1980.0, 2619.0, 71.0)) for i in range(n_gpus)]
+    host = HostReading(cpu_pct=43.0, cpu_count=128, ram_total=2000 * GIB, ram_used=600 * GIB,
+                       ram_available=1400 * GIB, swap_total=0, swap_used=0, swap_in=None, swap_out=None)
+    job = {"run_dir": str(LONG_DIR), "pid": 123456, "step": 1500, "total_steps": 20000, "tokens_per_s": 1.2e6,
+           "mfu": 0.41, "loss": 2.3456, "logged_s_ago": 3.0}
+    return {"time": 0.0, "gpu_source": "nvml", "gpu_note": None, "gpus": gpus, "host": dataclasses.asdict(host),
+            "job": job}
+
+
+@pytest.mark.parametrize("n_gpus", [1, 8])
+def test_monitor(n_gpus):
+    fits(lambda c: c.print(render_monitor(_monitor_data(n_gpus))))
+
+
+def test_monitor_wide_keeps_the_clocks():
+    text = fits(lambda c: c.print(render_monitor(_monitor_data(1), wide=True)), width=160)
+    assert "SM clock" in text and "1980 MHz" in text
+
+
+def _sweep_rows() -> list[dict]:
+    rows = []
+    for i, (hidden, window) in enumerate([(128, 30), (256, 30), (128, 90), (256, 90)]):
+        rows.append({"params": {"hidden": hidden, "window": window}, "status": "done",
+                     "plan": {"micro_batch": 64, "grad_accum": 4, "precision": "bf16", "num_workers": 2},
+                     "samples_per_s": 12345.6 + i, "val_loss": 0.123456, "train_seconds": 1234.5,
+                     "metrics": {"val/mse": 0.01, "val/mae": 0.05, "val/mae_last_value": 0.07}})
+    rows.append({"params": {"hidden": 512, "window": 90}, "status": "failed",
+                 "error": "nothing fits at micro-batch 1 even with activation checkpointing on this device"})
+    return rows
+
+
+def test_sweep():
+    rows = _sweep_rows()
+    text = fits(lambda c: c.print(results_table(rows, ["hidden", "window"], rows[0])))
+    assert "12,345.6" in text and "nothing fits" in text
+
+
+def test_sweep_wide_keeps_every_column():
+    rows = _sweep_rows()
+    text = fits(lambda c: c.print(results_table(rows, ["hidden", "window"], rows[0], wide=True)), width=200)
+    assert "val/mae_last_value" in text or "mae_last_value" in text and "workers" in text
+
+
+def test_train_summary():
+    result = RunResult(run_dir=LONG_DIR.parent, plan=Plan(), steps=2000, total_steps=2000, train_seconds=1234.5,
+                       tokens_per_s=1.234e6, samples_per_s=1205.1, mfu=0.412, peak_label="measured bf16 matmul peak",
+                       peak_memory_bytes=31 * GIB, memory_kind="host RSS", train_loss=2.3456, val_loss=2.4567,
+                       checkpoint=LONG_DIR / "ckpt-2000.pt", weights=LONG_DIR.parent / "model.safetensors",
+                       stopped_early=True, interrupted=False,
+                       metrics={"val/mae_last_value": 0.07})
+
+    def draw(c: Console) -> None:
+        sink = ConsoleSink(2000, console=c)
+        sink.finish(result)
+
+    text = fits(draw)
+    assert "ckpt-2000.pt" in text
