@@ -25,8 +25,9 @@ from saturate.engine.step import OutOfMemoryError, Stepper, split_batch, to_devi
 from saturate.errors import ConfigError, SaturateError
 from saturate.hardware import synchronize
 from saturate.hardware.contention import ContentionMeter
-from saturate.plan import Plan, default_plan
+from saturate.plan import Plan
 from saturate.workloads.base import Workload
+from saturate.workloads.coupling import workload_default_plan
 
 
 @dataclass
@@ -62,7 +63,7 @@ def diagnose(workload: Workload, plan: Plan | None = None, config: DoctorConfig 
     dev = torch.device(hw.torch_device)
     optim = workload.optim
     if plan is None:
-        plan = default_plan(optim.effective_batch, hw.device_type, hw.supports)
+        plan, _ = workload_default_plan(workload, hw.device_type, hw.supports)
     if plan.strategy != "single":
         raise ConfigError(f"the doctor runs one process; plan.strategy {plan.strategy!r} is not supported here")
     effective = plan.samples_per_step()
