@@ -337,7 +337,8 @@ def test_run_under_torchrun_tunes_compares_and_trains_as_one_job(tmp_path, corpu
     assert any(d.startswith("strategy: ") for d in evidence["decisions"])
     comparison = json.loads((run_dir / "comparison.json").read_text())
     assert comparison["processes"] == 2
-    assert [r["label"] for r in comparison["rows"]] == ["naive", "tuned", "tuned: the training run"]
+    labels = [r["label"] for r in comparison["rows"]]  # a runner-up when the search measured one
+    assert labels in (["naive", "tuned", "training run"], ["naive", "runner-up", "tuned", "training run"]), labels
     assert all(r["status"] == "ok" and r["samples_per_s"] > 0 for r in comparison["rows"])
     assert max(losses(run_dir)) == 4
     cached = list((Path(env["SATURATE_CACHE"]) / "plans").glob("gpt-tiny-*-2p.toml"))
@@ -377,7 +378,8 @@ def test_a_trial_failing_on_one_rank_outside_forward_backward_ends_on_both(tmp_p
     out_dir = tmp_path / "tune"
     done = run(torchrun(str(script), "tune", "--data", str(corpus), "--effective-batch", "8", "--budget", "150",
                         "--no-compile", "--out", str(out_dir)), env)
-    assert "rank 1: OutOfMemoryError: simulated in the optimizer step after micro-batch 4" in done.stdout
+    said = " ".join(done.stdout.split())  # the tables fit 80 columns: an outcome may wrap
+    assert "rank 1: OutOfMemoryError: simulated in the optimizer step after micro-batch 4" in said, done.stdout
     plan = Plan.load(out_dir / "plan.toml")
     assert plan.micro_batch <= 2 and plan.micro_batch * plan.grad_accum * 2 == 8
 

@@ -212,7 +212,7 @@ def test_run_applies_lightning_overrides_in_the_full_run(tmp_path):
                    "train.py", "--width", "32", "--max-steps", "12", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
-    assert len(d["ratios"]) == 2 and all(t["samples_per_step"] == 32 for t in d["as_written"] + d["tuned"])
+    assert len(d["ratios"]) == 3 and all(t["samples_per_step"] == 32 for t in d["as_written"] + d["tuned"])
     full = d["full_run"]
     assert full["returncode"] == 0 and full["optimizer_steps"] == 12  # max_steps counts optimizer steps
     assert full["loaders"][0]["batch_size"] == 16 and full["loaders"][0]["batches"] == 12 * 2

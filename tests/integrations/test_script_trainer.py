@@ -168,7 +168,7 @@ def test_run_applies_training_arguments_from_outside_and_the_full_run_writes_its
                    cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
-    assert len(d["as_written"]) == len(d["tuned"]) == 2
+    assert len(d["as_written"]) == len(d["tuned"]) == 3  # alternating rounds
     full = d["full_run"]
     assert full["returncode"] == 0 and full["optimizer_steps"] == 12
     assert full["trainer"]["args"]["optim"] == "adamw_torch" and full["trainer"]["in_force"]["optim"] == \

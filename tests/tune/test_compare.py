@@ -162,7 +162,8 @@ def test_a_cached_plan_is_reused_with_no_tuning(tmp_path, cpu, monkeypatch):
 def test_a_job_too_short_for_one_trial_trains_the_default_plan_untuned(tmp_path, cpu, monkeypatch):
     from saturate.tune.trial import BudgetTooSmall
 
-    workload = SimpleNamespace(name="w", fingerprint=lambda: {"m": 2}, optim=SimpleNamespace(effective_batch=8))
+    workload = SimpleNamespace(name="w", fingerprint=lambda: {"m": 2}, optim=SimpleNamespace(effective_batch=8),
+                               micro_batch=None, batch_coupled=None)
     naive = Plan(micro_batch=8, name="naive")
 
     class OneNaive:

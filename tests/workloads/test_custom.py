@@ -191,7 +191,8 @@ def test_tune_and_run_are_as_complete_for_a_user_workload(tmp_path, monkeypatch)
     assert evidence["loader_trials"] and any(d.startswith("micro-batch:") for d in evidence["decisions"])
     assert evidence["plan"]["micro_batch"] * evidence["plan"]["grad_accum"] == 16
     rows = json.loads((tmp_path / "run" / "comparison.json").read_text())["rows"]
-    assert [r["label"] for r in rows] == ["naive", "tuned", "tuned: the training run"]
+    labels = [r["label"] for r in rows]  # a runner-up when the search measured one
+    assert labels in (["naive", "tuned", "training run"], ["naive", "runner-up", "tuned", "training run"]), labels
     assert all(r["samples_per_s"] and r["mfu"] for r in rows)  # MFU from the counted FLOPs
 
 
