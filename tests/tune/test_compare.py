@@ -53,7 +53,8 @@ def meter(monkeypatch):
 
 
 def plans(*names: str) -> list[tuple[str, Plan]]:
-    return [(n, Plan(micro_batch=4, grad_accum=2, name=n)) for n in names]
+    """Plans with different settings (one with the settings of another is measured once: see below)."""
+    return [(n, Plan(micro_batch=4, grad_accum=2, num_workers=i, name=n)) for i, n in enumerate(names)]
 
 
 def measure(speeds, cpu, load=None, console=None):
@@ -187,3 +188,16 @@ def test_a_job_too_short_for_one_trial_trains_the_default_plan_untuned(tmp_path,
     assert "not tuned" in got.why and "--budget tunes anyway" in got.why
     with pytest.raises(BudgetTooSmall):  # the user's own --budget: their request fails in one line
         run_module._tune(workload, cpu, dist, [("naive", naive)], budget_s=5.0, steps=20, **kw)
+
+
+def test_a_plan_with_the_same_settings_as_another_is_measured_once_and_not_called_a_gain(cpu, meter):
+    m = Rounds({"naive": 100.0, "tuned": 100.0})
+    same = [("naive", Plan(micro_batch=8, grad_accum=4, name="naive")), ("tuned", Plan(micro_batch=8, grad_accum=4))]
+    cmp = compare(WORKLOAD, cpu, same, measurer=m)
+    assert m.order == ["naive"] * 3  # the tuned plan is naive's settings: not measured again
+    tuned = cmp.row("tuned")
+    assert [r.label for r in cmp.rows] == ["naive", "tuned"] and tuned.rounds == cmp.row("naive").rounds
+    assert tuned.vs_naive is None and tuned.note == "the same settings as naive: measured once"
+    trained, lines, notes = run_module._choose(cmp)
+    assert trained == "tuned" and not notes
+    assert lines == ["tuned: the same settings as naive: measured once (nothing to compare)"]

@@ -99,6 +99,19 @@ def _knobs(plan: Plan) -> tuple[Any, ...]:
     return tuple(getattr(plan, f.name) for f in fields(Plan) if f.name not in (*_LOADER, "name", "provenance"))
 
 
+def same_settings(plans: Sequence[tuple[str, Plan]]) -> dict[str, str]:
+    """label -> the earlier label whose plan has exactly the same settings (name and provenance aside)."""
+    seen: dict[tuple[Any, ...], str] = {}
+    twins: dict[str, str] = {}
+    for label, plan in plans:
+        key = tuple(getattr(plan, f.name) for f in fields(Plan) if f.name not in ("name", "provenance"))
+        if key in seen:
+            twins[label] = seen[key]
+        else:
+            seen[key] = label
+    return twins
+
+
 def runner_up(trials: Sequence[Trial], chosen: Plan, others: Sequence[Plan] = ()) -> Plan | None:
     """The fastest plan the search measured but did not choose (nor one of `others`), with the chosen plan's
     loader. Memory points (one step) and compiled plans (a compilation per round) are left out."""
@@ -125,8 +138,9 @@ def compare(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], *, seed:
     measurer = measurer or RealMeasurer(dataclasses.replace(workload, val_data=None), hw, seed=seed,
                                         min_seconds=min_seconds, max_steps=40, dist=dist,
                                         min_steps=2 if min_seconds < 1 else 3)  # a short job: shorter measurements
-    labels = [label for label, _ in plans]
     by_label = dict(plans)
+    same = same_settings(plans)  # a plan whose settings an earlier one has is measured once, as that one
+    labels = [label for label, _ in plans if label not in same]
     measured: dict[str, list[tuple[Trial, float | None]]] = {label: [] for label in labels}
     meter = ContentionMeter().start()
     started = time.perf_counter()
@@ -153,9 +167,14 @@ def compare(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], *, seed:
                 total += 1  # busy: one more round, so a burst of load weighs less in the median
     contention = meter.stop()
     rows = [_row(label, by_label[label], measured[label], workload, hw, dist.world_size) for label in labels]
+    for label, twin in same.items():  # in the order given: the alias after the row it repeats
+        row = dataclasses.replace(next(r for r in rows if r.label == twin), label=label,
+                                  note=f"the same settings as {twin}: measured once")
+        rows.insert(next(i for i, (name, _) in enumerate(plans) if name == label), row)
     naive = next((r for r in rows if r.label == "naive"), None)
     for r in rows:
-        r.vs_naive = Ratio.between(r.rounds, naive.rounds) if naive is not None else None
+        twin_of_naive = same.get(r.label) == "naive"  # naive against itself would read as a measured 1.00×
+        r.vs_naive = Ratio.between(r.rounds, naive.rounds) if naive is not None and not twin_of_naive else None
     return Comparison(rows, total, contention, time.perf_counter() - started)
 
 

@@ -262,6 +262,8 @@ def _choose(cmp: Comparison, label: str = "tuned") -> tuple[str, list[str], list
         if r.label != "naive" and r.vs_naive is not None:
             lines.append(f"{r.label} vs naive: {r.vs_naive.verdict()}, median of {r.vs_naive.rounds} interleaved "
                          "rounds (range)")
+        elif r.note.startswith("the same settings as"):
+            lines.append(f"{r.label}: {r.note} (nothing to compare)")
     tuned = cmp.row(label)
     beaten = cmp.faster_than(label)
     if tuned is not None and tuned.status != "ok":
