@@ -130,8 +130,9 @@ def test_the_runner_up_is_the_fastest_plan_not_chosen():
 
 
 def test_the_tuning_budget_follows_the_training_time():
-    assert run_module.tuning_budget(7.0) == run_module.BUDGET_FLOOR_S  # a 20-step job: the floor, not minutes
-    assert run_module.tuning_budget(1800.0) == pytest.approx(180.0)  # 10 % of half an hour
+    assert run_module.tuning_budget(7.0) is None  # a 20-step job: not tuned at all, not minutes of tuning
+    assert run_module.tuning_budget(200.0) == pytest.approx(40.0)  # the main job: 20 %
+    assert run_module.tuning_budget(1800.0) == pytest.approx(360.0)  # 20 % of half an hour
     assert run_module.tuning_budget(1e6) == run_module.BUDGET_CEILING_S
     assert run_module.measure_seconds(None, 3) == 3.0 and run_module.measure_seconds(6.0, 3) == 0.5
 
@@ -157,7 +158,7 @@ def test_a_cached_plan_is_reused_with_no_tuning(tmp_path, cpu, monkeypatch):
     assert budgets == [42.0]  # --budget overrides the cache
     run_module._tune(workload, cpu, SimpleNamespace(world_size=1, is_main=True), [], budget_s=None,
                      **(kw | {"minutes": 60.0, "try_compile": True, "allow_batch_change": True}))
-    assert budgets[-1] == pytest.approx(360.0)  # no cache with a batch change: 10 % of the hour
+    assert budgets[-1] == pytest.approx(600.0)  # no cache with a batch change: 20 % of the hour, capped
 
 
 def test_a_job_too_short_for_one_trial_trains_the_default_plan_untuned(tmp_path, cpu, monkeypatch):
@@ -184,8 +185,11 @@ def test_a_job_too_short_for_one_trial_trains_the_default_plan_untuned(tmp_path,
     dist = SimpleNamespace(world_size=1, is_main=True)
     got = run_module._tune(workload, cpu, dist, [("naive", naive)], budget_s=None, steps=20, **kw)
     assert got.label == "default" and got.result is None and got.plan.name == "default"
-    assert got.budget_s == run_module.BUDGET_FLOOR_S and got.predicted_training_s == pytest.approx(10.0)
+    assert got.budget_s is None and got.predicted_training_s == pytest.approx(10.0)  # 20 steps × 0.5 s: too short
     assert "not tuned" in got.why and "--budget tunes anyway" in got.why
+    got = run_module._tune(workload, cpu, dist, [("naive", naive)], budget_s=None, steps=400, **kw)
+    assert got.label == "default" and got.budget_s == pytest.approx(40.0)  # tried: no trial fits the 40 s
+    assert "does not hold one trial" in got.why
     with pytest.raises(BudgetTooSmall):  # the user's own --budget: their request fails in one line
         run_module._tune(workload, cpu, dist, [("naive", naive)], budget_s=5.0, steps=20, **kw)
 

@@ -94,7 +94,7 @@ class ConsoleSink:
         if "memory/peak_gib" in metrics:
             parts.append(f"mem {metrics['memory/peak_gib']:.2f} GiB")
         else:
-            parts.append(f"host RSS {metrics['memory/host_peak_rss_gib']:.2f} GiB")
+            parts.append(f"RSS {metrics['memory/host_peak_rss_gib']:.2f} GiB")  # host peak: fits 80 columns
         if "gpu/util_pct" in metrics:  # telemetry (engine/watch.py): means over the same window
             parts.append(f"GPU {metrics['gpu/util_pct']:.0f}%")
         elif "cpu/util_pct" in metrics:
