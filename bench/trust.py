@@ -152,12 +152,14 @@ def before_after(workload: Any, hw: Any, args: argparse.Namespace, tmp: Path) ->
         f"  independent round {r + 1}: {n:>6} {t.tokens_per_s:>10,.0f} tokens/s"))
     independent = Ratio.between(bench.tokens_per_s(runs["tuned"]), bench.tokens_per_s(runs["naive"]))
     agreement = printed.median / independent.median if printed and independent else None
-    mfus = [r.mfu for r in report.rows if r.mfu is not None]
+    mfus = [r.mfu.value for r in report.rows if r.mfu is not None and r.mfu.value is not None]
+    over_peak = [r.label for r in report.rows if r.mfu is not None and r.mfu.exceeds_peak]  # never printed
     return {"printed_speedup": printed.to_dict() if printed else None,
             "independent_speedup": independent.to_dict() if independent else None,
             "printed_over_independent": agreement,
             "within_10pct": agreement is not None and abs(agreement - 1) <= 0.10,
             "mfu_max": max(mfus, default=None), "mfu_never_over_100pct": all(m <= 1 for m in mfus),
+            "mfu_over_peak_withheld": over_peak,
             "run_wall_s": run_s, "tuning_s": report.tuning.seconds if report.tuning else None,
             "untuned_train_wall_s": train_s, "untuned_plan": describe(untuned.plan),
             "run_over_untuned": run_s / train_s, "compared": label, "trained": report.trained,
