@@ -183,8 +183,8 @@ def test_tune_and_run_are_as_complete_for_a_user_workload(tmp_path, monkeypatch)
                                                                max_steps=2))
     monkeypatch.setattr(run, "compare", functools.partial(run.compare, min_seconds=0.05))
     rc = cli.main(["run", "--workload", f"{EXAMPLES / 'cnn.py'}:workload", "--param", "width=8", "--param", "n=256",
-                   "--effective-batch", "16", "--steps", "3", "--budget", "60", "--no-compile", "--run-dir", str(tmp_path / "run"),
-                   "--no-progress"])
+                   "--effective-batch", "16", "--steps", "3", "--budget", "60", "--no-compile",
+                   "--run-dir", str(tmp_path / "run"), "--no-progress"])
     assert rc == 0
     evidence = json.loads((tmp_path / "run" / "tune" / "tune.json").read_text())
     assert {"precision", "memory", "verify"} <= {t["stage"] for t in evidence["trials"]}
