@@ -30,6 +30,18 @@ COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune", "max-auto
 STRATEGIES = ("single", "ddp", "fsdp")
 
 
+
+def read_toml(path: Path, what: str, missing: str = "does not exist") -> dict[str, Any]:
+    """A TOML file's tables; ConfigError naming `what` when it is missing (`what missing`), unreadable or not TOML."""
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {missing}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{what} cannot be read: {getattr(e, 'strerror', None) or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{what} is not valid TOML: {e}") from None
+
 @dataclass(repr=False)
 class Plan:
     """Every speed knob saturate turns. Effective batch = micro_batch × grad_accum × processes."""
@@ -117,14 +129,7 @@ class Plan:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:
         path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"plan file {path} does not exist") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"plan file {path} cannot be read: {e}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"plan file {path} is not valid TOML: {e}") from None
+        data = read_toml(path, f"plan file {path}", "does not exist")
         if "plan" in data and isinstance(data["plan"], dict) and len(data) == 1:
             data = data["plan"]  # accept a [plan] table as well as top-level keys
         return cls.from_dict(data, source=str(path))

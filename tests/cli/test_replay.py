@@ -76,4 +76,4 @@ def test_a_bad_run_toml_is_one_line(first, tmp_path, capsys, edit, message):
 
 def test_a_missing_run_toml_is_one_line(tmp_path, capsys):
     assert main(["train", "--config", str(tmp_path / "nope.toml")]) == 2
-    assert capsys.readouterr().err.strip() == f"saturate: error: --config {tmp_path / 'nope.toml'}: no such file"
+    assert capsys.readouterr().err.strip() == f"saturate: error: --config {tmp_path / 'nope.toml'} does not exist"

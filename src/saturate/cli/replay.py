@@ -46,17 +46,10 @@ def parse_with_config(parser: argparse.ArgumentParser, argv: Sequence[str], path
 
 def read_run_toml(path: Path) -> dict[str, Any]:
     """run.toml's tables, every key checked against what `train` knows."""
-    from saturate.plan import tomllib
+    from saturate.plan import read_toml
 
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"--config {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"--config {path} cannot be read: {getattr(e, 'strerror', None) or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"--config {path} is not valid TOML: {e}") from None
+    data = read_toml(path, f"--config {path}")
     plan_keys = [f for f in Plan.__dataclass_fields__ if f != "provenance"]
     known = {"workload": [*WORKLOAD_KEYS, "name", "python"], "run": list(RUN_KEYS), "plan": [*plan_keys, "provenance"]}
     for section, table in data.items():
