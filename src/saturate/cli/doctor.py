@@ -26,7 +26,8 @@ def add_parsers(sub: Any) -> None:
                         "run (the tuned plan cached for this workload on this machine, else the seed plan)")
     p.add_argument("--no-tuned", action="store_true", help="ignore the cached tuned plan (with no --plan)")
     p.add_argument("--steps", type=positive(int, "--steps"), default=10, metavar="N",
-                   help="optimizer steps timed (default 10; more while under 2 s)")
+                   help="optimizer steps timed (default 10; for a preset, more until the timed windows agree, "
+                        "and at least 2 s)")
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="untimed steps first (default 2)")
     p.add_argument("--apply", action="store_true",
                    help="turn the top plan fix into a plan, run it the same way, print predicted against measured")

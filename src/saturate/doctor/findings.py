@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from saturate.telemetry import Stat
+from saturate.tune.noise import trimmed
 
 VERDICTS = {
     "oom-risk": "at risk of OOM",
@@ -94,6 +95,12 @@ class Measurements:
     steps: int  # optimizer steps timed
     step_s: float  # wall seconds per optimizer step over the timed window
     phases: dict[str, float]  # seconds per step by phase (sums to about step_s)
+    # The timed steps in windows of equal step counts (doctor.windows): each window's share of the step by
+    # phase, and its mean device utilisation (accelerators, percent). A figure's range is over these windows
+    # (trimmed of the extremes from five on, as tune.noise does); with none, a figure is a single value.
+    window_shares: list[dict[str, float]] = field(default_factory=list)
+    window_util: list[float] = field(default_factory=list)
+    step_spread: float | None = None  # relative half-range of the windows' step rates (tune.noise.summarize)
     context: str = "plan"  # "plan" (a saturate preset) or "loop" (a user's own loop)
     samples_per_step: float | None = None
     micro_batch: int | None = None
@@ -106,6 +113,7 @@ class Measurements:
     compile: str | None = None
     supports_bf16: bool | None = None
     syncs_per_step: float | None = None
+    syncs_each_step: list[float] = field(default_factory=list)  # the count of every counted step
     syncs_by_phase: dict[str, float] = field(default_factory=dict)
     sync_method: str = ""
     sync_missing: str | None = None
@@ -140,6 +148,26 @@ class Measurements:
 
     def share(self, *phases: str) -> float:
         return sum(self.phases.get(p, 0.0) for p in phases) / self.step_s if self.step_s > 0 else 0.0
+
+    def share_range(self, *phases: str) -> tuple[float, float]:
+        """The lowest and highest share of the step these phases took over the timed windows (trimmed); without
+        windows, the share over the whole stretch twice."""
+        values = trimmed([sum(w.get(p, 0.0) for p in phases) for w in self.window_shares])
+        return (values[0], values[-1]) if values else (self.share(*phases), self.share(*phases))
+
+    def idle_range(self) -> tuple[float, float] | None:
+        """The device's idle share (1 − utilisation) over the windows (trimmed), or over the samples' mean alone;
+        None when utilisation was not measured."""
+        values = trimmed([1 - u / 100 for u in self.window_util])
+        if values:
+            return values[0], values[-1]
+        return None if self.device_util.mean is None else (1 - self.device_util.mean / 100,) * 2
+
+    def syncs_range(self) -> tuple[float, float] | None:
+        """The fewest and most synchronisations of a counted step; None when they were not counted."""
+        if self.syncs_each_step:
+            return min(self.syncs_each_step), max(self.syncs_each_step)
+        return None if self.syncs_per_step is None else (self.syncs_per_step, self.syncs_per_step)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

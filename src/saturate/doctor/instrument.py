@@ -18,6 +18,7 @@ import torch
 
 from saturate.doctor.findings import Measurements
 from saturate.doctor.measure import PHASES, PhaseClock, SyncCounter
+from saturate.doctor.windows import per_window, split
 from saturate.hardware import synchronize
 from saturate.hardware.contention import Contention, ContentionMeter
 from saturate.telemetry import Sampler, Snapshot, Stat, gpu_stat, host_memory_budget, host_stat, swap_traffic
@@ -35,7 +36,9 @@ class Instrument:
         self.host_budget = host_budget
         self.telemetry = telemetry
         self.counted_steps = 0
+        self.count_totals: list[int] = []  # syncs counted so far at the end of each counted step
         self.timed_steps = 0
+        self.window_ends: list[int] = []  # timed steps at each window's end (doctor.windows); empty: split after
         self.data_wall = 0.0
         self.data_cpu = 0.0
         self._data_start: tuple[float, float] | None = None
@@ -120,9 +123,15 @@ class Instrument:
             self.clock.begin_step()
 
     def end_step(self) -> None:
+        if self.mode == "count":
+            self.count_totals.append(self.counter.total())
         if self.mode == "time":
             self.clock.end_step()
             self.timed_steps += 1
+
+    def step_seconds(self) -> list[float]:
+        """Seconds of every timed step so far (synchronises the device)."""
+        return [sum(s.values()) for s in self.clock.per_step()]
 
     def end_timing(self) -> None:
         synchronize(self.device)
@@ -152,13 +161,16 @@ class Instrument:
             raise ValueError("no timed step finished")
         per_step = self.clock.per_step()
         phases = {p: sum(s[p] for s in per_step) / steps for p in PHASES}
+        ends = [e for e in self.window_ends if e <= len(per_step)] or split(len(per_step))
+        window_shares, step_spread = per_window(per_step, ends)
         dev = self.device
         name = context.pop("device_name", None) or (torch.cuda.get_device_name(dev) if dev.type == "cuda"
                                                     else dev.type)
         device_type = context.pop("device_type", "rocm" if dev.type == "cuda" and torch.version.hip else dev.type)
         m = Measurements(device_type=device_type, device_name=name, timing=self.clock.kind, steps=steps,
                          step_s=self.window_s / steps, phases=phases, cpu_cores=_cores(),
-                         cpu_threads=torch.get_num_threads(), **context)
+                         cpu_threads=torch.get_num_threads(), window_shares=window_shares, step_spread=step_spread,
+                         **context)
         # Synchronisations
         m.sync_method = self.counter.method
         if not self.counter.available:
@@ -166,6 +178,7 @@ class Instrument:
         elif self.counted_steps > 0:
             m.syncs_per_step = self.counter.total() / self.counted_steps
             m.syncs_by_phase = {k: v / self.counted_steps for k, v in self.counter.counts.items()}
+            m.syncs_each_step = [float(b - a) for a, b in zip([0, *self.count_totals], self.count_totals, strict=False)]
         else:
             m.sync_missing = "no counted steps"
         # Telemetry
@@ -175,6 +188,7 @@ class Instrument:
             m.device_mem_total = int(torch.cuda.get_device_properties(dev).total_memory)
             if snaps:
                 m.device_util = gpu_stat(snaps, "util_pct")
+                m.window_util = window_means(snaps, len(window_shares))
                 used = gpu_stat(snaps, "mem_used")
                 m.device_mem_used_peak = None if used.peak is None else int(used.peak)
             else:
@@ -223,6 +237,16 @@ class Instrument:
         m.workers_seen = max((sum(pid in self.worker_pids for pid in p.children_bytes) for p in procs), default=0)
         if self._budget is not None:
             m.host_budget, m.host_budget_source = self._budget
+
+
+def window_means(snaps: list[Snapshot], windows: int) -> list[float]:
+    """The device's mean utilisation in each window: the samples cut into `windows` runs of consecutive samples
+    (windows hold equal step counts, so about equal times; the sampler reads at a steady interval)."""
+    if windows < 2 or len(snaps) < windows:
+        return []
+    size = len(snaps) / windows
+    chunks = [snaps[round(i * size):round((i + 1) * size)] for i in range(windows)]
+    return [v for c in chunks if (v := gpu_stat(c, "util_pct").mean) is not None]
 
 
 def contention_record(c: Contention) -> dict[str, Any]:

@@ -70,13 +70,16 @@ def render(d: Diagnosis, console: Console | None = None, title: str = "saturate 
     console.print(Text(f"{title}: {_where(m)}", style="bold"))
     if m.contention and m.contention.get("line"):  # what else ran meanwhile, first: it colours every figure below
         console.print(Text(m.contention["line"], style="bold yellow" if m.contention.get("significant") else "dim"))
-    console.print(f"{m.steps} steps timed: {m.step_s:.4g} s per optimizer step"
+    spread = (f" ±{100 * m.step_spread:.1f} % over {len(m.window_shares)} windows" if m.step_spread is not None
+              else "")
+    console.print(f"{m.steps} steps timed: {m.step_s:.4g} s per optimizer step{spread}"
                   + (f", {m.samples_per_step / m.step_s:.1f} samples/s" if m.samples_per_step else "")
                   + f" (measured; phases in {m.timing})")
     t = Table(show_header=True, box=None, padding=(0, 2))
     t.add_column("phase")
     t.add_column("per step", justify="right")
     t.add_column("share", justify="right")
+    t.add_column("over windows", justify="right")
     t.add_column("")
     total = sum(m.phases.values()) or 1.0
     for p in PHASES:
@@ -84,7 +87,9 @@ def render(d: Diagnosis, console: Console | None = None, title: str = "saturate 
         if v == 0.0 and p in ("h2d",) and m.context == "loop":
             continue  # not separable in a user's loop: part of "everything else"
         share = v / total
-        t.add_row(_PHASE_LABELS[p], f"{1000 * v:.1f} ms", f"{100 * share:.0f} %", "█" * round(30 * share))
+        low, high = m.share_range(p)
+        ranged = f"{100 * low:.0f}..{100 * high:.0f} %" if len(m.window_shares) > 1 else ""
+        t.add_row(_PHASE_LABELS[p], f"{1000 * v:.1f} ms", f"{100 * share:.0f} %", ranged, "█" * round(20 * share))
     console.print(t)
     if m.syncs_per_step is not None:
         where = ", ".join(f"{v:g} in {k}" for k, v in m.syncs_by_phase.items() if v)

@@ -25,6 +25,14 @@ The rules:
                          rules that held are still listed. (Our own loader workers and torch
                          threads oversubscribing a CPU run's cores is a note.)
 
+Thresholds respect the noise. The timed steps are measured in windows (doctor.windows), and a
+timed figure (the wait for data, the device's idle time, the probe's fixed share) crosses its
+threshold only when its whole range over the windows is past it; a range that holds the threshold
+gives a note, "within noise of the threshold (x..y % vs z %)", no verdict and no fix (so two runs
+of the same job do not flip between a verdict and compute-bound). A sync count crosses one per
+step only when every counted step synced. The memory figures (1, 2, 6) are peaks and floors of
+what was allocated, read by sampling rather than timed, and are compared as they are.
+
 The memory risks (1, 2) win whenever they hold, then contention. Otherwise, of the rules that hold, the verdict is
 the one whose best fix (keeping the training the same) is predicted to gain the most, ties going
 to the order above: a tiny model at micro-batch 1 also waits a little for each of its many
@@ -52,6 +60,7 @@ from saturate.doctor.findings import (
     MEMORY_TARGET,
     OOM_SHARE,
     SWAP_BYTES,
+    VERDICTS,
     Diagnosis,
     Finding,
     Fix,
@@ -59,6 +68,20 @@ from saturate.doctor.findings import (
     Prediction,
 )
 from saturate.doctor.fixes import divisors, gib, knob, micro_batch_fix, micro_cost, ms, pct, step_at, worker_fix
+
+
+def _past(low: float, high: float, threshold: float) -> bool | None:
+    """Whether a measured range is past a threshold: True when all of it is, False when none of it is, None when
+    the threshold lies inside it (within the measurement's noise)."""
+    return True if low >= threshold else False if high < threshold else None
+
+
+def _within_noise(what: str, low: float, high: float, threshold: float, verdict: str) -> Finding:
+    """The note for a figure whose range straddles a threshold: nothing is called from it, no fix proposed."""
+    return Finding("note", [
+        f"{what} is within noise of the threshold ({100 * low:.0f}..{100 * high:.0f} % vs {pct(threshold)}) of "
+        f"{VERDICTS[verdict]} over the timed windows: not called either way and no fix proposed from it (a "
+        "quieter machine or a longer measurement would decide)"])
 
 
 def _check_oom(m: Measurements) -> Finding | None:
@@ -140,11 +163,14 @@ def _check_host_memory(m: Measurements) -> Finding | None:
 
 
 def _check_input(m: Measurements) -> Finding | None:
-    share = m.share("data", "h2d") if m.accelerator else m.share("data")  # a CPU "copy" is a no-op call
-    if share < INPUT_SHARE:
-        return None
+    phases = ("data", "h2d") if m.accelerator else ("data",)  # a CPU "copy" is a no-op call
+    low, high = m.share_range(*phases)
+    if (past := _past(low, high, INPUT_SHARE)) is not True:
+        return None if past is False else _within_noise("the wait for data", low, high, INPUT_SHARE, "input-bound")
     evidence = [f"{pct(m.share('data'))} of each step ({ms(m.phases.get('data', 0.0))} of {ms(m.step_s)}) "
-                f"waiting for the next batch with {m.num_workers if m.num_workers is not None else '?'} loader workers"]
+                f"waiting for the next batch with {m.num_workers if m.num_workers is not None else '?'} loader workers"
+                + (f" ({100 * low:.0f}..{100 * high:.0f} % over {len(m.window_shares)} timed windows)"
+                   if len(m.window_shares) > 1 else "")]
     if m.accelerator and m.phases.get("h2d", 0.0) > 0:
         evidence.append(f"{pct(m.share('h2d'))} copying batches to the device")
     fixes = []
@@ -170,16 +196,23 @@ def _sync_where(m: Measurements) -> str:
 
 
 def _check_sync(m: Measurements) -> Finding | None:
-    if m.syncs_per_step is None or m.syncs_per_step < 1:
+    syncs = m.syncs_range()
+    if syncs is None or syncs[1] < 1:
         return None
     where = _sync_where(m)
     if not m.accelerator:
         return Finding("note", [
             f"{m.syncs_per_step:g} host read(s) of a tensor value per step ({where}): free on a CPU, but each "
             "would make a GPU wait (read losses every N steps instead, as saturate's trainer does)"])
-    idle = None if m.device_util.mean is None else 1 - m.device_util.mean / 100
-    if idle is None or idle < IDLE_SHARE:
+    idle_range = m.idle_range()
+    if syncs[0] < 1:  # some counted steps read nothing: the count per step straddles one
+        return Finding("note", [f"{syncs[0]:g}..{syncs[1]:g} host-device synchronisations per counted step "
+                                f"({where}): not every step syncs, so synchronisation-bound is not called"])
+    if idle_range is None or (past := _past(*idle_range, IDLE_SHARE)) is False:
         return None
+    if past is None:
+        return _within_noise("the device's idle time", *idle_range, IDLE_SHARE, "sync-bound")
+    idle = 1 - (m.device_util.mean or 0) / 100
     evidence = [f"{m.syncs_per_step:g} host-device synchronisation(s) per step ({where}), counted with {m.sync_method}",
                 f"the device was idle {pct(idle)} of the time (utilisation {m.device_util.mean:.0f} % mean over "
                 f"{m.device_util.samples} samples)"]
@@ -212,17 +245,19 @@ def _check_overhead(m: Measurements) -> Finding | None:
         if high < FIXED_SHARE:
             return None
         if low < FIXED_SHARE:  # the threshold lies inside the measurement's spread: say so, call nothing
-            return Finding("note", [
-                f"the fixed part of a micro-step is {pct(low)}..{pct(high)} within the spread of the probe's "
-                f"timings, across the {pct(FIXED_SHARE)} threshold of launch/overhead-bound: not called either "
-                "way (a quieter machine or a longer probe would decide)"])
+            return _within_noise("the fixed part of a micro-step (the batch-scaling probe's timings)", low, high,
+                                 FIXED_SHARE, "overhead-bound")
         evidence = [f"a micro-step costs {ms(probe.fixed_s)} whatever its size plus {ms(probe.per_sample_s)} per "
                     f"sample: at micro-batch {m.micro_batch} the fixed part is {pct(share)} of it (measured at "
                     f"micro-batch {probe.micro_batches[0]} and {probe.micro_batches[1]})"]
-    elif m.accelerator and m.device_util.mean is not None:
-        idle = 1 - m.device_util.mean / 100
-        if idle < IDLE_NO_PROBE or m.share("data", "h2d") >= INPUT_SHARE or (m.syncs_per_step or 0) >= 1:
+    elif m.accelerator and (idle_range := m.idle_range()) is not None:
+        idle = 1 - (m.device_util.mean or 0) / 100
+        # Not when the data or a sync could be to blame (even only within the noise of their thresholds).
+        if m.share_range("data", "h2d")[1] >= INPUT_SHARE or (m.syncs_per_step or 0) >= 1:
             return None
+        if (past := _past(*idle_range, IDLE_NO_PROBE)) is not True:
+            return None if past is False else _within_noise("the device's idle time with no data wait or sync",
+                                                            *idle_range, IDLE_NO_PROBE, "overhead-bound")
         evidence = [f"the device was idle {pct(idle)} of the time with no data wait and no sync to blame: the host "
                     "cannot launch work as fast as the device runs it"]
     else:
@@ -286,7 +321,10 @@ def _check_contention(m: Measurements) -> Finding | None:
 
 
 def _compute_bound(m: Measurements) -> Finding:
-    evidence = [f"waiting for data {pct(m.share('data'))} of the step"]
+    low, high = m.share_range("data")
+    evidence = [f"waiting for data {pct(m.share('data'))} of the step"
+                + (f" ({100 * low:.0f}..{100 * high:.0f} % over {len(m.window_shares)} timed windows)"
+                   if len(m.window_shares) > 1 else "")]
     if m.syncs_per_step is not None:
         evidence.append(f"{m.syncs_per_step:g} synchronisation(s) per step")
     if m.scaling is not None and m.micro_batch:

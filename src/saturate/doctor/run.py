@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,12 +20,14 @@ from torch.utils.data import default_collate
 from saturate.doctor.findings import Diagnosis, Fix, ScalingProbe
 from saturate.doctor.instrument import Instrument, contention_record, device_facts, loader_worker_pids
 from saturate.doctor.rules import decide
+from saturate.doctor.windows import Windows
 from saturate.engine.schedule import scaled_lr
 from saturate.engine.step import OutOfMemoryError, Stepper, split_batch, to_device
 from saturate.errors import ConfigError, SaturateError
 from saturate.hardware import synchronize
 from saturate.hardware.contention import ContentionMeter
 from saturate.plan import Plan
+from saturate.tune.noise import WindowRule
 from saturate.workloads.base import Workload
 from saturate.workloads.coupling import workload_default_plan
 
@@ -34,10 +36,13 @@ from saturate.workloads.coupling import workload_default_plan
 class DoctorConfig:
     """How long the instrumented stretch runs; nothing here changes a step."""
 
-    steps: int = 10  # optimizer steps timed (more when they take under `min_seconds`)
+    steps: int = 10  # optimizer steps timed at least
     warmup: int = 2  # untimed steps first (compilation, allocator, loader start-up)
     count_steps: int = 1  # steps with synchronisations counted (not timed)
-    min_seconds: float = 2.0  # keep timing until this long has passed, up to 10 × `steps`
+    # Timed at least this long, in windows of `min_seconds / rule.min_windows`, until the last windows' step
+    # rates agree or the rule's cap (raised when other processes keep the machine busy): doctor.windows.
+    min_seconds: float = 2.0
+    rule: WindowRule = field(default_factory=WindowRule)
     scaling: bool = True  # run the batch-scaling probe
     host_memory_budget: int | None = None  # bytes the job may use on the host (default: what is free)
     interval: float = 0.25  # telemetry sampling period, seconds
@@ -88,16 +93,22 @@ def diagnose(workload: Workload, plan: Plan | None = None, config: DoctorConfig 
             inst.begin_count()
             for _ in range(cfg.count_steps):
                 stepper.step(batches, timer=inst.timer)
+                inst.end_step()  # the count of each step, for its range
             inst.end_count(cfg.count_steps)
         meter = ContentionMeter().start()  # what else runs, over the timed steps and the probe
+        windows = Windows(cfg.steps, cfg.min_seconds, cfg.min_seconds / cfg.rule.min_windows, cfg.rule)
         inst.begin_timing()
         start = time.perf_counter()
         done = 0
-        while done < cfg.steps or (time.perf_counter() - start < cfg.min_seconds and done < 10 * cfg.steps):
+        while True:
             inst.begin_step()
             stepper.step(batches, timer=inst.timer)
             inst.end_step()
             done += 1
+            if windows.step_done(done, time.perf_counter() - start, inst.step_seconds,
+                                 lambda: meter.stop().significant()):
+                break
+        inst.window_ends = windows.ends
         inst.end_timing()
     finally:
         inst.close()

@@ -28,12 +28,17 @@ class Summary:
     windows: int
 
 
+def trimmed(values: list[float]) -> list[float]:
+    """The values a spread is taken over: sorted, without the single highest and lowest from five values on."""
+    return sorted(values)[1:-1] if len(values) >= 5 else sorted(values)
+
+
 def summarize(rates: list[float]) -> Summary:
     """Median and relative half-range of window throughputs (trimmed of the extremes from five on)."""
     if not rates:
         raise ValueError("no windows to summarise")
     med = statistics.median(rates)
-    kept = sorted(rates)[1:-1] if len(rates) >= 5 else rates
+    kept = trimmed(rates)
     spread = (max(kept) - min(kept)) / (2 * med) if med > 0 and len(kept) > 1 else 0.0
     return Summary(median=med, spread=spread, windows=len(rates))
 
