@@ -21,10 +21,12 @@ from toy import (  # noqa: F401
     one_thread,
 )
 
+from saturate.doctor.findings import Measurements
 from saturate.doctor.run import DoctorConfig, apply_fix, diagnose, outcome, plan_fix
 from saturate.errors import ConfigError
 from saturate.plan import Plan
 from saturate.telemetry import read_process_tree
+from saturate.tune.noise import WindowRule
 from saturate.workloads import build_workload
 
 QUICK = DoctorConfig(steps=4, warmup=1, count_steps=1, min_seconds=0.0)
@@ -51,6 +53,22 @@ def test_slow_samples_are_input_bound_and_the_workers_fix_is_measured_faster(cpu
     # 40 ms of sleep per step shared by two workers: ~2×, over the 1.5× margin this asserts.
     assert result.measured_gain > 1.5
     assert after.measurements.workers_seen == new_plan.num_workers
+
+
+def test_the_timed_steps_are_windows_until_they_agree_and_each_share_has_its_range(cpu):
+    workload = mlp_workload(Samples(delay=0.005), effective_batch=8)
+    rule = WindowRule(max_windows=5, max_seconds=4.0)
+    config = DoctorConfig(steps=2, warmup=1, count_steps=2, min_seconds=0.3, scaling=False, rule=rule)
+    m = diagnose(workload, Plan(micro_batch=8, grad_accum=1), config, hardware=cpu).measurements
+    assert rule.min_windows <= len(m.window_shares) <= 2 * rule.max_windows  # agreed, or the cap (doubled if busy)
+    assert m.steps % len(m.window_shares) == 0  # windows of equal step counts
+    assert m.step_spread is not None and m.step_spread >= 0
+    low, high = m.share_range("data")
+    assert 0 < low <= m.share("data") <= high  # each window waits for its batches too
+    assert all(sum(w.values()) == pytest.approx(1.0) for w in m.window_shares)
+    assert m.syncs_each_step == [0.0, 0.0]  # one count per counted step
+    again = Measurements.from_dict(m.to_dict())  # a script's measurements come back through JSON
+    assert again.share_range("data") == pytest.approx((low, high))
 
 
 def test_a_tiny_model_at_micro_batch_one_is_overhead_bound(cpu):

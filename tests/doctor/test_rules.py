@@ -337,3 +337,74 @@ def test_measurements_with_contention_and_spread_survive_json():
     m = measured(contention=_busy(), scaling=ScalingProbe((1, 4), (0.01, 0.02), spread=(0.1, 0.2)))
     back = Measurements.from_dict(json.loads(json.dumps(m.to_dict())))
     assert back.contention == m.contention and back.scaling.spread == (0.1, 0.2)
+
+
+# --- thresholds against the range over the timed windows ---------------------------------------
+
+
+def windows_of(data: list[float]) -> list[dict[str, float]]:
+    return [{"data": d, "forward": 1 - d} for d in data]
+
+
+def input_case(data: list[float]) -> Measurements:
+    mean = sum(data) / len(data)
+    return measured(phases={"data": 0.1 * mean, "forward": 0.1 * (1 - mean)}, window_shares=windows_of(data),
+                    data_cpu_share=0.05)
+
+
+def test_a_wait_for_data_across_the_threshold_is_within_noise_with_no_fix():
+    d = decide(input_case([0.12, 0.16, 0.18]))  # 12..18 % against 15 %
+    assert d.verdict == "compute-bound"
+    assert not any(f.changes.get("num_workers") for f in d.fixes)
+    notes = [e for f in d.findings if f.verdict == "note" for e in f.evidence]
+    assert any("within noise of the threshold (12..18 % vs 15 %)" in e for e in notes)
+    assert "12..18 % over 3 timed windows" in d.evidence[0]
+
+
+def test_a_wait_for_data_past_the_threshold_in_every_window_is_input_bound():
+    d = decide(input_case([0.16, 0.18, 0.20]))
+    assert d.verdict == "input-bound"
+    assert "16..20 % over 3 timed windows" in d.evidence[0]
+    assert d.fixes and d.fixes[0].changes.get("num_workers")
+
+
+def test_a_wait_for_data_under_the_threshold_in_every_window_says_nothing_of_it():
+    d = decide(input_case([0.10, 0.12, 0.14]))
+    assert d.verdict == "compute-bound"
+    assert not any("within noise" in e for f in d.findings for e in f.evidence)
+
+
+def test_same_job_two_runs_either_side_of_the_threshold_give_one_verdict():
+    # One run's mean wait is 14 %, the next one's 16 %: the ranges overlap the threshold both times.
+    runs = [input_case([0.11, 0.14, 0.17]), input_case([0.13, 0.16, 0.19])]
+    assert {round(m.share("data"), 2) for m in runs} == {0.14, 0.16}
+    assert {decide(m).verdict for m in runs} == {"compute-bound"}
+
+
+def test_device_idle_across_the_sync_threshold_is_within_noise():
+    m = gpu(syncs_per_step=3.0, syncs_by_phase={"other": 3.0}, device_util=Stat(85.0, 99.0, 60.0, 20),
+            window_util=[80.0, 86.0, 90.0])  # idle 10..20 % against 15 %
+    d = decide(m)
+    assert d.verdict != "sync-bound"
+    assert any("within noise of the threshold (10..20 % vs 15 %)" in e for f in d.findings for e in f.evidence)
+    m.window_util = [70.0, 75.0, 80.0]  # idle 20..30 %: every window past it
+    assert decide(m).verdict == "sync-bound"
+
+
+def test_syncs_in_only_some_counted_steps_are_not_sync_bound():
+    m = gpu(syncs_per_step=1.0, syncs_each_step=[0.0, 2.0], syncs_by_phase={"other": 1.0},
+            device_util=Stat(50.0, 99.0, 10.0, 20))
+    d = decide(m)
+    assert d.verdict != "sync-bound"
+    assert any("not every step syncs" in e for f in d.findings for e in f.evidence)
+    m.syncs_each_step = [1.0, 1.0]
+    assert decide(m).verdict == "sync-bound"
+
+
+def test_device_idle_across_the_overhead_threshold_without_a_probe_is_within_noise():
+    m = gpu(syncs_per_step=0.0, device_util=Stat(60.0, 99.0, 10.0, 20), window_util=[50.0, 60.0, 70.0])
+    d = decide(m)  # idle 30..50 % against 40 %
+    assert d.verdict != "overhead-bound"
+    assert any("within noise of the threshold (30..50 % vs 40 %)" in e for f in d.findings for e in f.evidence)
+    m.window_util = [45.0, 50.0, 55.0]  # idle 45..55 %
+    assert decide(m).verdict == "overhead-bound"

@@ -150,10 +150,11 @@ class Measurements:
         return sum(self.phases.get(p, 0.0) for p in phases) / self.step_s if self.step_s > 0 else 0.0
 
     def share_range(self, *phases: str) -> tuple[float, float]:
-        """The lowest and highest share of the step these phases took over the timed windows (trimmed); without
-        windows, the share over the whole stretch twice."""
+        """The lowest and highest share of the step these phases took over the timed windows (trimmed), widened to
+        hold the share over the whole stretch; without windows, that share twice."""
+        whole = self.share(*phases)
         values = trimmed([sum(w.get(p, 0.0) for p in phases) for w in self.window_shares])
-        return (values[0], values[-1]) if values else (self.share(*phases), self.share(*phases))
+        return (min(values[0], whole), max(values[-1], whole)) if values else (whole, whole)
 
     def idle_range(self) -> tuple[float, float] | None:
         """The device's idle share (1 − utilisation) over the windows (trimmed), or over the samples' mean alone;
