@@ -141,6 +141,7 @@ def _script_tuning(args: argparse.Namespace, console: Any) -> Any:
                   "saturate's hooks, then stops it …[/]")
     return tune_command(args.script, steps=args.trial_steps, cores=usable_cores()[0],
                         first_step_timeout=args.first_step_timeout, quiet_stdout=args.json,
+                        allow_micro_batch_change=args.allow_micro_batch_change,
                         on_trial=lambda t: console.print(f"[dim]  {t.name}: {t.step_s:.4g} s/step[/]"))
 
 

@@ -39,7 +39,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from saturate.integrations import lightning_hooks
+from saturate.integrations import coupled, lightning_hooks
 from saturate.integrations.overrides import FUSED_OPTIMIZERS, loader_changes, optimizer_changes
 from saturate.integrations.trainer_hooks import TrainerWatch
 
@@ -318,7 +318,7 @@ class Script:
                 wrappers.append(type(inner).__name__)  # DistributedDataParallel, OptimizedModule (compile)
                 inner = getattr(inner, "module", getattr(inner, "_orig_mod", None))
             self.model_info = {"class": type(inner).__name__, "wrapped_in": wrappers,
-                               "parameters": sum(p.numel() for p in best.parameters())}
+                               "parameters": sum(p.numel() for p in best.parameters()), **coupled.record(inner)}
         return best
 
     # --- what is written ----------------------------------------------------------------------

@@ -10,7 +10,8 @@ the script wrote and which overrides set it come from the framework's adapter (`
 1. precision: bf16 where native (else fp16 on CUDA), accepted only when every one of the first steps' losses
    is within the tuner's tolerance of the script's own (trials start from the same seed);
 2. micro-batch × accumulation over the exact splits of the effective batch as written: upwards while each
-   gains; if none above helped, one step down;
+   gains; if none above helped, one step down; not searched when the script's model has batch-coupled layers
+   (BatchNorm: the micro-batch is part of its maths, `coupled.py`) unless `--allow-micro-batch-change`;
 3. activation checkpointing, only where memory stopped a larger micro-batch, at that micro-batch; not on a CPU;
 4. the fused optimizer;
 5. compile, not on a CPU; accepted only when faster and when the steps the trainer plans, times the time
@@ -22,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from saturate.integrations.coupled import kept_split
 from saturate.integrations.overrides import merge
 from saturate.tune.results import LOSS_TOLERANCE
 from saturate.tune.search import loss_drift
@@ -68,8 +70,10 @@ class Framework(Protocol):
     def compile(self) -> Option: ...
 
 
-def trainer_stages(search: Search, fw: Framework, supports: dict[str, bool]) -> None:
-    """Precision, micro-batch × accumulation, checkpointing, fused optimizer and compile, in that order."""
+def trainer_stages(search: Search, fw: Framework, supports: dict[str, bool], model: dict[str, Any] | None = None,
+                   allow_micro_batch_change: bool = False) -> None:
+    """Precision, micro-batch × accumulation, checkpointing, fused optimizer and compile, in that order. `model`:
+    the report's model (its batch-coupled layers keep the micro-batch unless `allow_micro_batch_change`)."""
     decisions = search.result.decisions
     device = search.result.device_type
     base = search.result.baseline
@@ -92,7 +96,7 @@ def trainer_stages(search: Search, fw: Framework, supports: dict[str, bool]) -> 
         trial("precision", fw.precision(name, device), lambda t: _loss_problem(t, base))
 
     # 2. micro-batch × accumulation at the same effective batch
-    memory_stopped = _split_stage(search, fw)
+    memory_stopped = _split_stage(search, fw, model, allow_micro_batch_change)
 
     # 3. activation checkpointing, only where memory stopped a larger micro-batch
     knob = fw.checkpointing_knob
@@ -119,15 +123,21 @@ def trainer_stages(search: Search, fw: Framework, supports: dict[str, bool]) -> 
     trial(fw.compile_knob, option, lambda t: _compile_problem(t, best, fw.planned_steps or 0))
 
 
-def _split_stage(search: Search, fw: Framework) -> tuple[int, int] | None:
+def _split_stage(search: Search, fw: Framework, model: dict[str, Any] | None = None,
+                 allow_change: bool = False) -> tuple[int, int] | None:
     """Climb the exact splits of the effective batch; (the micro-batch, the effective batch) where a larger
-    micro-batch ran out of memory, else None."""
+    micro-batch ran out of memory, else None. Not with batch-coupled layers in the model, unless allowed."""
     decisions = search.result.decisions
     written = fw.split()
     if isinstance(written, str):
         decisions.append(f"micro-batch: {written}")
         return None
     micro, accum = written
+    keep, line = kept_split(model, micro, accum, allow_change)
+    if line:
+        decisions.append(line)
+    if keep:
+        return None
     effective = micro * accum
     splits = [d for d in range(1, effective + 1) if effective % d == 0]
     memory_stopped, chosen, tried = None, (micro, accum), []

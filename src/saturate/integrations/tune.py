@@ -110,10 +110,11 @@ class ScriptTuning:
 def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, cores: int = 1,
                  first_step_timeout: float = 300.0, quiet_stdout: bool = False,
                  on_trial: Callable[[ScriptTrial], None] | None = None, runner: Runner = run_instrumented,
-                 supports: dict[str, bool] | None = None) -> ScriptTuning:
+                 supports: dict[str, bool] | None = None, allow_micro_batch_change: bool = False) -> ScriptTuning:
     """Measure the script as written, then the settings above one family at a time; the fastest wins.
 
-    `supports`: native bf16/fp16/tf32 on the script's device (default: `saturate.hardware.probe`'s)."""
+    `supports`: native bf16/fp16/tf32 on the script's device (default: `saturate.hardware.probe`'s).
+    `allow_micro_batch_change`: search a trainer's micro-batch even when the model has batch-coupled layers."""
     search = _Search(list(command), warmup, steps, first_step_timeout, quiet_stdout, on_trial, runner)
     base, run = search.trial("as written", {})
     base.outcome = "the script's own settings"
@@ -129,7 +130,7 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
             from saturate.hardware import probe
 
             supports = probe(measure_peaks=False, device=device).supports
-        trainer_stages(search, framework, supports)
+        trainer_stages(search, framework, supports, report.get("model"), allow_micro_batch_change)
     search.loader_stages(cores)
     if device == "cuda":
         search.consider("TF32", search.with_overrides({"tf32": True}))
