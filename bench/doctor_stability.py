@@ -61,7 +61,8 @@ def one_run(workload: Any, plan: Plan, cfg: DoctorConfig, hw: Any) -> dict[str, 
     d = diagnose(workload, plan, cfg, hardware=hw)
     m = d.measurements
     low, high = m.share_range("data")
-    return {"verdict": d.verdict, "seconds": time.monotonic() - started, "steps": m.steps,
+    return {"verdict": d.verdict, "findings": [f.verdict for f in d.findings if f.verdict != "note"],
+            "seconds": time.monotonic() - started, "steps": m.steps,
             "windows": len(m.window_shares), "step_s": m.step_s, "step_spread": m.step_spread,
             "data_share": m.share("data"), "data_range": [low, high],
             "fixed_share_range": list(m.scaling.fixed_share_range(m.micro_batch)) if m.scaling and m.micro_batch
@@ -104,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
                     r = one_run(workload, plan, cfg, hw)
                     runs.append(r)
                     lo, hi = r["data_range"]
-                    print(f"  {c:<6} {name:<8} run {i + 1}: {r['verdict']:<15} data {100 * lo:.0f}..{100 * hi:.0f} % "
+                    also = ", ".join(r["findings"])
+                    print(f"  {c:<6} {name:<8} run {i + 1}: {r['verdict']:<15} ({also}) "
+                          f"data {100 * lo:.0f}..{100 * hi:.0f} % "
                           f"step ±{100 * (r['step_spread'] or 0):.1f} % over {r['windows']} windows, "
                           f"{r['seconds']:.0f} s", flush=True)
                 common, agree = collections.Counter(r["verdict"] for r in runs).most_common(1)[0]
