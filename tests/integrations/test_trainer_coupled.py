@@ -4,6 +4,7 @@ Lightning machine (every decision, no script run); the batch-coupled layers foun
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -84,3 +85,23 @@ def test_a_lightning_script_with_batchnorm_reports_its_coupled_layers(tmp_path, 
     run = run_instrumented([sys.executable, "train.py", "--width", "16"], settings, quiet_stdout=True)
     assert run.report["model"]["batch_coupled"] == ["BatchNorm1d"]
     assert Path(tmp_path / "train.py").read_text() == coupled  # the script is not touched
+
+
+@pytest.mark.parametrize("flag", [[], ["--allow-micro-batch-change"]])
+def test_the_cli_hands_the_flag_to_the_script_tuning(flag, monkeypatch, tmp_path):
+    import saturate.integrations.tune as script_tune
+    from saturate.cli import main
+
+    seen: dict[str, Any] = {}
+
+    def fake(command: list[str], **kw: Any) -> Any:
+        seen.update(kw)
+        return tune_command(command, runner=CoupledLightning(["BatchNorm2d"]), supports={"bf16": True},
+                            allow_micro_batch_change=kw["allow_micro_batch_change"])
+
+    monkeypatch.setattr(script_tune, "tune_command", fake)
+    monkeypatch.chdir(tmp_path)
+    assert main(["tune", *flag, "--out", "t", "--", "python", "train.py"]) == 0
+    assert seen["allow_micro_batch_change"] is bool(flag)
+    decisions = json.loads((tmp_path / "t" / "tune.json").read_text())["decisions"]
+    assert any(d.startswith("micro-batch: not searched") for d in decisions) is not bool(flag)
