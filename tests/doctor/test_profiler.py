@@ -76,6 +76,8 @@ def test_reading_the_loss_every_step_is_counted_as_one_sync_per_step():
     d = prof.diagnosis
     assert d.measurements.syncs_per_step == 1.0
     assert d.measurements.syncs_by_phase == {"other": 1.0}
+    assert d.measurements.syncs_each_step == [1.0, 1.0]  # each counted step's own count
+    assert len(d.measurements.window_shares) == 3  # the 3 timed steps split into windows afterwards
     # On a CPU a read costs nothing: it is a note, not the verdict (the GPU case is in test_doctor_gpu.py).
     assert d.verdict != "sync-bound"
     assert any(f.verdict == "note" and "1 host read" in f.evidence[0] for f in d.findings)

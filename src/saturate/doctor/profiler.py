@@ -13,6 +13,10 @@ What is timed: waiting for the loader (the wrapper), the model's forward (module
 backward (a hook on the output's autograd node and an end-of-backward callback), the
 optimizer step (optimizer hooks), and everything else as "other" (the copy to the device, the
 loss, the user's own code). Without a model or optimizer those phases are part of "other".
+
+The Profiler times the steps it was asked for, no more (a user's loop, or a script saturate stops after
+them); they are split into up to five windows afterwards (`doctor.windows.split`), and the shares' ranges
+and the step-time spread the rules use are over those windows.
 """
 
 from __future__ import annotations
