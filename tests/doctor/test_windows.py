@@ -32,6 +32,11 @@ def test_the_minimum_steps_keep_agreeing_windows_going():
     assert run(w, [0.1] * 100)[0] == 10
 
 
+def test_the_minimum_steps_hold_past_the_cap():
+    w = Windows(min_steps=12, window_s=0.0, rule=WindowRule(max_windows=4, max_seconds=100.0))
+    assert run(w, [0.1, 0.2] * 100)[0] == 12  # 1-step windows that never agree: capped at 4, run to 12
+
+
 def test_disagreeing_windows_stop_at_the_cap_and_a_busy_machine_doubles_it():
     noisy = [0.1, 0.1, 0.15, 0.15] * 100  # windows of 2 steps alternate 0.2 s and 0.3 s: never agree
     rule = WindowRule(max_windows=4, max_seconds=100.0)

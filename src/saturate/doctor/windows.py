@@ -3,9 +3,9 @@
 A verdict rests on shares of the step (waiting for data, the device idle, …) compared with
 thresholds; one figure over one stretch cannot say whether the next run would land on the same side.
 So the timed steps are cut into windows of equal step counts (the first window's length in steps is
-whatever reaches `window_s`), and `Windows.step_done` says when to stop: when the last windows'
-step rates agree (tune.noise's `WindowRule`, the tuner's own rule) after at least `min_steps` steps
-and `min_seconds`, or at the rule's cap, raised when other processes kept the machine busy (read
+whatever reaches `window_s`), and `Windows.step_done` says when to stop: after at least `min_steps`
+steps and `min_seconds`, when the last windows' step rates agree (tune.noise's `WindowRule`, the
+tuner's own rule) or at the rule's cap, raised when other processes kept the machine busy (read
 once, when the windows first failed to agree within the normal cap). `split` cuts a stretch of a
 fixed length (a user's loop, where the Profiler times the steps it was asked for) into windows
 after the fact. `per_window` turns the steps' phase splits into each window's shares; the rules
@@ -41,7 +41,9 @@ class Windows:
             return False
         self.ends.append(steps)
         rates = window_rates(step_seconds(), self.ends)
-        if self.rule.agreed(rates) and steps >= self.min_steps and elapsed >= self.min_seconds:
+        if steps < self.min_steps or elapsed < self.min_seconds:  # the minimums hold whatever the windows say
+            return False
+        if self.rule.agreed(rates):
             return True
         if self.busy is None and self.rule.capped(rates, elapsed):
             self.busy = busy()
