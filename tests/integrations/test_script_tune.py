@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import cli_env, line_of, saturate_cmd
 from saturate.integrations.command import run_instrumented
 from saturate.integrations.overrides import merge
@@ -125,6 +127,7 @@ def test_a_plain_adamw_script_gets_fused_tried_at_its_line(tmp_path, monkeypatch
     assert edits(tuning) == [f"{line_of(script, 'AdamW(')}: AdamW(..., fused=True)"]
 
 
+@pytest.mark.slow  # a tuning trial, then the whole script
 def test_run_with_nothing_found_skips_the_side_by_side_and_runs_the_script_as_written(tmp_path):
     (tmp_path / "sgd.py").write_text(PLAIN.replace("OPTIMIZER", "torch.optim.SGD(model.parameters(), lr=0.01)"))
     out = saturate("run", "--trial-steps", "2", "--trial-seconds", "1", "--json", "--", sys.executable, "sgd.py",
