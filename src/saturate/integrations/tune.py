@@ -45,7 +45,7 @@ from saturate.integrations.doctor import TRAINER_TERMS, trainer_edit
 from saturate.integrations.frameworks import framework_of, fused_option
 from saturate.integrations.overrides import merge
 from saturate.integrations.script_trial import MIN_GAIN, WINDOW_S, ScriptTrial, window_rule
-from saturate.integrations.trainer_tune import stage, trainer_stages
+from saturate.integrations.trainer_tune import Option, stage, trainer_stages
 from saturate.tune.decide import Comparison
 from saturate.tune.noise import WindowRule, rate_text
 
@@ -99,9 +99,7 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
     windows of at least `window_s` until `rule` says they are enough (default `window_rule()`).
     `supports`: native bf16/fp16/tf32 on the script's device (default: `saturate.hardware.probe`'s)."""
     rule = rule or window_rule()
-    search = _Search(list(command), warmup, steps, first_step_timeout, quiet_stdout, on_trial, runner)
-    search.windows = {"window_s": window_s, "window_steps": steps, **asdict(rule)}
-    search.rule = rule
+    search = _Search(list(command), warmup, steps, first_step_timeout, quiet_stdout, on_trial, runner, rule, window_s)
     base, run = search.trial("as written", {})
     base.outcome = "the script's own settings"
     report = run.report or {}
@@ -130,7 +128,7 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
     return result
 
 
-def _plain_fused(optimizer: dict[str, Any], device: str) -> Any:
+def _plain_fused(optimizer: dict[str, Any], device: str) -> Option:
     """A plain script's fused-optimizer trial (`frameworks.fused_option`), where torch has the kernel on `device`."""
     option = fused_option(optimizer)
     if isinstance(option, str):
@@ -148,13 +146,14 @@ class _Search:
     """The trials of one tuning: each a run of the script, kept only when measured faster."""
 
     def __init__(self, command: list[str], warmup: int, steps: int, first_step_timeout: float, quiet_stdout: bool,
-                 on_trial: Callable[[ScriptTrial], None] | None, runner: Runner) -> None:
+                 on_trial: Callable[[ScriptTrial], None] | None, runner: Runner, rule: WindowRule,
+                 window_s: float) -> None:
         self.command, self.warmup, self.steps = command, warmup, steps
         self.first_step_timeout, self.quiet_stdout = first_step_timeout, quiet_stdout
         self.on_trial, self.runner = on_trial, runner
         self.result: ScriptTuning = None  # type: ignore[assignment]  # set once the baseline is measured
-        self.windows: dict[str, Any] | None = None  # the child's timed windows (`windows.StepWindows`)
-        self.rule: WindowRule | None = None
+        self.rule = rule  # when a trial's windows are enough, in the child (`windows.StepWindows`) and here
+        self.windows = {"window_s": window_s, "window_steps": steps, **asdict(rule)}
 
     def trial(self, name: str, overrides: dict[str, Any]) -> tuple[ScriptTrial, ScriptRun]:
         settings = {"mode": "trial", "warmup": drained(self.warmup, overrides), "count_steps": 0,
