@@ -68,10 +68,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix=f"saturate-{name}-") as tmp:
             d = measure(name, args.trial_steps, Path(tmp))
         results[name] = d
-        spread = bench.Spread.of(d["ratios"])
-        rows.append([name, spread.fmt(".2f", unit="×"), str(len(d["ratios"])), json.dumps(d["overrides"]) or "{}",
+        # nothing kept by the tuning: no side-by-side (it would time the same command twice), the script as written
+        ratio = bench.Spread.of(d["ratios"]).fmt(".2f", unit="×") if d["ratios"] else "- (nothing to apply)"
+        rows.append([name, ratio, str(len(d["ratios"])), json.dumps(d["overrides"]) or "{}",
                      f"{d['full_run']['steps_per_s']:.3g}" if d["full_run"].get("steps_per_s") else "-"])
-        print(f"{name}: tuned ÷ as written {spread.fmt('.2f', unit='×')}", flush=True)
+        print(f"{name}: tuned ÷ as written {ratio}", flush=True)
     hw = probe(measure_peaks=False)
     date = datetime.date.today().isoformat()
     bench.print_table(f"guide scripts, tuned ÷ as written (saturate run -- CMD), {bench.device_label(hw)}, {date}",

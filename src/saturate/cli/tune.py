@@ -53,7 +53,11 @@ def _add_tuning_args(p: argparse.ArgumentParser) -> None:
 def _add_script_args(p: argparse.ArgumentParser) -> None:
     """Options for a user's own command after `--` (`saturate tune -- python train.py …`)."""
     p.add_argument("--trial-steps", type=positive(int, "--trial-steps"), default=10, metavar="N",
-                   help="with -- CMD: optimizer steps timed per trial, after 2 warm-up steps (default 10)")
+                   help="with -- CMD: optimizer steps split into phases per trial, after 2 warm-up steps; then the "
+                        "script's steps are timed in windows until they agree (default 10)")
+    p.add_argument("--trial-seconds", type=positive(float, "--trial-seconds"), default=10.0, metavar="S",
+                   help="with -- CMD: the most a tuning trial's timed windows last, doubled on a busy machine "
+                        "(default 10)")
     p.add_argument("--first-step-timeout", type=positive(float, "--first-step-timeout"), default=300.0, metavar="S",
                    help="with -- CMD: stop a trial if no optimizer step came within S seconds (default 300)")
     p.add_argument("--json", action="store_true",
@@ -135,14 +139,19 @@ def _refuse_preset_flags(args: argparse.Namespace) -> None:
 
 def _script_tuning(args: argparse.Namespace, console: Any) -> Any:
     from saturate.hardware import usable_cores
-    from saturate.integrations.tune import tune_command
+    from saturate.integrations.tune import tune_command, window_rule
 
     console.print(f"[dim]tune: each trial runs your command's first {2 + args.trial_steps} optimizer steps with "
-                  "saturate's hooks, then stops it …[/]")
+                  "saturate's hooks, then times its steps in windows until they agree (at most "
+                  f"{args.trial_seconds:g} s), then stops it …[/]")
+
+    def show(t: Any) -> None:
+        spread = f" ±{100 * t.spread:.1f} %" if t.spread is not None else ""
+        console.print(f"[dim]  {t.name}: {t.step_s:.4g} s/step{spread}[/]")
+
     return tune_command(args.script, steps=args.trial_steps, cores=usable_cores()[0],
-                        first_step_timeout=args.first_step_timeout, quiet_stdout=args.json,
-                        allow_micro_batch_change=args.allow_micro_batch_change,
-                        on_trial=lambda t: console.print(f"[dim]  {t.name}: {t.step_s:.4g} s/step[/]"))
+                        first_step_timeout=args.first_step_timeout, quiet_stdout=args.json, on_trial=show,
+                        allow_micro_batch_change=args.allow_micro_batch_change, rule=window_rule(args.trial_seconds))
 
 
 def _tune_script(args: argparse.Namespace) -> int:
@@ -178,7 +187,7 @@ def _run_script(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from saturate.integrations.run import ScriptRunReport, full_run, render, side_by_side
+    from saturate.integrations.run import NOTHING_FOUND, ScriptRunReport, full_run, render, side_by_side
     from saturate.integrations.tune import render as render_tuning
 
     _refuse_preset_flags(args)
@@ -191,19 +200,27 @@ def _run_script(args: argparse.Namespace) -> int:
         if not isinstance(overrides, dict):
             raise ConfigError(f"--overrides {args.overrides}: expected a JSON object of settings")
         _check_trainer_overrides(args.overrides, overrides)
+        reason = f"{args.overrides} sets nothing; the script runs as written (no side-by-side)"
     else:
         tuning = _script_tuning(args, console)
         render_tuning(tuning, console)
         overrides = tuning.best.overrides
-    console.print("[dim]run: the script as written and tuned, in alternating rounds …[/]")
-    rounds = 3
-    written, tuned = side_by_side(args.script, overrides, steps=args.trial_steps, rounds=rounds,
-                                  first_step_timeout=args.first_step_timeout, quiet_stdout=args.json,
-                                  on_round=lambda r, name: console.print(
-                                      f"[dim]  measuring side by side: round {r + 1}/{rounds} ({name})[/]"))
-    console.print("[dim]run: the whole script with the tuned settings applied from outside …[/]")
+        reason = NOTHING_FOUND
+    written: list[Any] = []
+    tuned: list[Any] = []
+    if overrides:
+        reason = None
+        console.print("[dim]run: the script as written and tuned, in alternating rounds …[/]")
+        rounds = 3
+        written, tuned = side_by_side(args.script, overrides, steps=args.trial_steps, rounds=rounds,
+                                      first_step_timeout=args.first_step_timeout, quiet_stdout=args.json,
+                                      on_round=lambda r, name: console.print(
+                                          f"[dim]  measuring side by side: round {r + 1}/{rounds} ({name})[/]"))
+        console.print("[dim]run: the whole script with the tuned settings applied from outside …[/]")
+    else:
+        console.print("[dim]run: nothing to apply; the whole script as written …[/]")
     full = full_run(args.script, overrides, first_step_timeout=args.first_step_timeout, quiet_stdout=args.json)
-    report = ScriptRunReport(list(full.command), overrides, written, tuned, full)
+    report = ScriptRunReport(list(full.command), overrides, written, tuned, full, reason)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:

@@ -30,6 +30,17 @@ def framework_of(report: dict[str, Any]) -> Framework | None:
     return None
 
 
+def fused_option(optimizer: dict[str, Any]) -> Option:
+    """The fused trial for the script's own optimizer (as the report names it: class, site, fused), or why not:
+    torch's `Adam`/`AdamW` constructed with `fused=True` (the `"optimizer"` override)."""
+    cls = optimizer.get("class") or "?"
+    if optimizer.get("fused"):
+        return f"not tried (the script's {cls} is already fused)"
+    if cls not in FUSED_OPTIMIZERS:
+        return f"not tried ({cls} has no fused variant saturate tries; Adam and AdamW do)"
+    return f"{cls}(fused=True)", {"optimizer": {"fused": True}}
+
+
 class TransformersTrainer:
     checkpointing_knob = "gradient_checkpointing"
     compile_knob = "torch_compile"
@@ -112,12 +123,7 @@ class LightningTrainer:
                 "or FSDPStrategy(activation_checkpointing_policy=...))")
 
     def fused(self) -> Option:
-        cls = self.optimizer.get("class") or "?"
-        if self.optimizer.get("fused"):
-            return f"not tried (the script's {cls} is already fused)"
-        if cls not in FUSED_OPTIMIZERS:
-            return f"not tried ({cls} has no fused variant saturate tries; Adam and AdamW do)"
-        return f"{cls}(fused=True)", {"optimizer": {"fused": True}}
+        return fused_option(self.optimizer)
 
     def compile(self) -> str:
         return ("not tried (torch.compile of the LightningModule from outside compiles only its forward, which "

@@ -32,6 +32,7 @@ import contextlib
 import inspect
 import json
 import os
+import random
 import sys
 import time
 import traceback
@@ -42,6 +43,7 @@ from typing import Any
 from saturate.integrations import coupled, lightning_hooks
 from saturate.integrations.overrides import FUSED_OPTIMIZERS, loader_changes, optimizer_changes
 from saturate.integrations.trainer_hooks import TrainerWatch
+from saturate.integrations.windows import StepWindows
 
 ENV_DIR = "SATURATE_SCRIPT_DIR"
 ENV_SETTINGS = "SATURATE_SCRIPT_SETTINGS"
@@ -103,6 +105,7 @@ class Script:
         self.samples = 0  # without the Profiler: samples fetched from DataLoaders
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.windows = StepWindows(settings.get("windows"), self.world)  # a trial's timed windows, if asked
         self.optimizer: Any = None  # the optimizer the Profiler follows
         self._followed: weakref.ref | None = None  # without the Profiler: the optimizer whose steps are counted
         self.optimizer_steps = 0
@@ -148,8 +151,6 @@ class Script:
             if name in sys.modules:
                 self.patch(name, sys.modules[name])
         if self.mode == "trial":  # trials start from the same weights and batches even if the script never seeds
-            import random
-
             random.seed(0)
             torch.manual_seed(0)
         if self.overrides.get("tf32"):
@@ -270,7 +271,7 @@ class Script:
             self._start(optimizer)
             return
         self.profiler.step()
-        if self.profiler.diagnosis is not None:
+        if self.profiler.diagnosis is not None and self.windows.step():  # then a trial's windows, if asked
             self._report()
             if self.stop:
                 self._exit()
@@ -339,9 +340,8 @@ class Script:
             "loaders": [{**info, **_loader_settings(ref)} for ref, info in self._live_loaders()],
             "optimizer": {"class": type(opt).__name__, "site": getattr(opt, "_saturate_site", None),
                           "fused": defaults.get("fused"), "foreach": defaults.get("foreach")},
-            "model": self.model_info,
-            "optimizer_steps": self.optimizer_steps,
-            "first_step_s": self.first_step_s,
+            "model": self.model_info, "optimizer_steps": self.optimizer_steps,
+            "first_step_s": self.first_step_s, "windows": self.windows.record(),
             "trainer": self.trainer.report(),
             "lightning": self.lightning.report(),
         }, default=str))
@@ -383,10 +383,10 @@ class Script:
         if self.done or self.profiler is None:
             return
         inst = self.profiler.instrument
-        if inst.mode == "time" and inst.timed_steps >= 1:
+        if self.profiler.diagnosis is not None or (inst.mode == "time" and inst.timed_steps >= 1):
             self.profiler.finish()
-            self._report(f"the script ended after {inst.timed_steps} timed step(s), fewer than the "
-                         f"{self.steps} asked for")
+            self._report(self.windows.cut_short() or f"the script ended after {inst.timed_steps} timed step(s), "
+                         f"fewer than the {self.steps} asked for")
         elif self.rank == 0:
             self._write(f"status-{os.getpid()}.json", json.dumps({"optimizer_steps": self.optimizer_steps}))
 

@@ -3,7 +3,10 @@ run with those settings applied from outside (no edit), and the before/after tab
 
 The side-by-side rounds alternate (as written, tuned | tuned, as written | …; tune/rounds.py) so that a
 burst of load on the machine hits both; the ratio reported is the median of the per-round ratios, with
-its range, and "no measurable gain" when the range includes 1.0.
+its range, and "within noise" when the range includes 1.0.
+
+When there is nothing to apply (tuning kept no setting: none was faster beyond the noise), there is no
+side-by-side — it would time the same command twice — and the script runs as written (`NOTHING_FOUND`).
 """
 
 from __future__ import annotations
@@ -20,17 +23,22 @@ from rich.text import Text
 
 from saturate.errors import ConfigError
 from saturate.integrations.command import ScriptRun, run_instrumented
-from saturate.integrations.tune import ScriptTrial, drained
+from saturate.integrations.script_trial import ScriptTrial
+from saturate.integrations.tune import drained
 from saturate.tune.rounds import Ratio, interleaved, per_round
+
+NOTHING_FOUND = ("tuning found no setting faster than the script as written beyond the noise; it runs as written "
+                 "(no side-by-side: it would time the same command twice)")
 
 
 @dataclass
 class ScriptRunReport:
     command: list[str]
     overrides: dict[str, Any]
-    as_written: list[ScriptTrial]  # one per round
+    as_written: list[ScriptTrial]  # one per round (none when there was no side-by-side)
     tuned: list[ScriptTrial]
     full: ScriptRun  # the whole run, with the overrides applied
+    reason: str | None = None  # why there was no side-by-side
 
     @property
     def ratios(self) -> list[float]:
@@ -48,7 +56,9 @@ class ScriptRunReport:
         rate, n = self.full_rate()
         ratio = Ratio.of(self.ratios)
         return {"command": self.command, "overrides": self.overrides, "ratios": self.ratios,
-                "speedup": ratio.to_dict() if ratio else None,
+                "speedup": ratio.to_dict() if ratio else None, "reason": self.reason,
+                "side_by_side": None if self.reason else {"rounds": len(self.as_written),
+                                                          "verdict": ratio.to_dict()["verdict"] if ratio else None},
                 "as_written": [vars(t) for t in self.as_written], "tuned": [vars(t) for t in self.tuned],
                 "full_run": {"returncode": self.full.returncode, "optimizer_steps": self.full.optimizer_steps,
                              "steps_per_s": rate, "seconds": self.full.seconds,
@@ -87,6 +97,21 @@ def full_run(command: Sequence[str], overrides: dict[str, Any], *, first_step_ti
 
 def render(report: ScriptRunReport, console: Console) -> None:
     console.print(Text(f"saturate run -- {shlex.join(report.command)}", style="bold"))
+    if report.reason:
+        console.print(Text(report.reason))
+    else:
+        _render_side_by_side(report, console)
+    rate, n = report.full_rate()
+    full = report.full
+    status = "finished" if full.returncode == 0 else f"ended with exit code {full.returncode}"
+    which = "as written" if not report.overrides else "with the tuned settings"
+    line = f"the full run {which}: {status} after {full.optimizer_steps} optimizer steps in {full.seconds:.1f} s"
+    if rate is not None:
+        line += f", {rate:.3g} steps/s after its first steps (measured)"
+    console.print(line)
+
+
+def _render_side_by_side(report: ScriptRunReport, console: Console) -> None:
     t = Table(box=None, padding=(0, 1))
     for col, justify in (("", "left"), ("s/step (median)", "right"), ("samples/s", "right"), ("rounds", "right")):
         t.add_column(col, justify=justify)
@@ -96,14 +121,11 @@ def render(report: ScriptRunReport, console: Console) -> None:
         t.add_row(name, f"{step:.4g}", f"{statistics.median(rates):.1f}" if rates else "-", str(len(trials)))
     console.print(t)
     ratio = Ratio.of(report.ratios)
-    if ratio is not None:
-        console.print(f"tuned ÷ as written: {ratio.verdict()} (median of {ratio.rounds} alternating rounds, "
-                      "with their range)")
-    rate, n = report.full_rate()
-    full = report.full
-    status = "finished" if full.returncode == 0 else f"ended with exit code {full.returncode}"
-    line = f"the full run with the tuned settings: {status} after {full.optimizer_steps} optimizer steps in " \
-           f"{full.seconds:.1f} s"
-    if rate is not None:
-        line += f", {rate:.3g} steps/s after its first steps (measured)"
-    console.print(line)
+    if ratio is None:
+        return
+    console.print(f"tuned ÷ as written: {ratio.verdict()} (median of {ratio.rounds} alternating rounds, "
+                  "with their range)")
+    if not (ratio.faster or ratio.slower):
+        noise = 50 * (ratio.high - ratio.low) / ratio.median
+        console.print(f"  the tuned settings' gain is within noise here (±{noise:.1f} % between rounds): side by "
+                      "side, they were not measurably faster")

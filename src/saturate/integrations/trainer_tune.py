@@ -2,10 +2,11 @@
 measurement.
 
 Called by `tune.tune_command` when the as-written run saw a trainer; each stage runs trials through the
-search (`consider`: a run of the script with the overrides, kept only when measured faster by `GAIN_MIN`)
-and adds a decision line. The stages are the same for every framework; what a knob is called there, what
-the script wrote and which overrides set it come from the framework's adapter (`Framework`, implemented in
-`frameworks.py`), which says instead why a knob cannot be set from outside. Order:
+search (`consider`: a run of the script with the overrides, kept only when measured faster beyond both
+trials' noise and `MIN_GAIN`) and adds a decision line (`stage`). The stages are the same for every
+framework; what a knob is called there, what the script wrote and which overrides set it come from the
+framework's adapter (`Framework`, implemented in `frameworks.py`), which says instead why a knob cannot be
+set from outside. Order:
 
 1. precision: bf16 where native (else fp16 on CUDA), accepted only when every one of the first steps' losses
    is within the tuner's tolerance of the script's own (trials start from the same seed);
@@ -20,6 +21,7 @@ the script wrote and which overrides set it come from the framework's adapter (`
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -77,14 +79,7 @@ def trainer_stages(search: Search, fw: Framework, supports: dict[str, bool], mod
     decisions = search.result.decisions
     device = search.result.device_type
     base = search.result.baseline
-
-    def trial(knob: str, option: Option, check: Callable[[Any], str | None] | None = None) -> None:
-        if isinstance(option, str):
-            decisions.append(f"{knob}: {option}")
-            return
-        label, over = option
-        t = search.consider(label, search.with_overrides(over), check)
-        decisions.append(f"{knob}: {t.outcome}" if label.startswith(knob) else f"{knob}: {label} {t.outcome}")
+    trial = functools.partial(stage, search)
 
     # 1. precision, checked against the script's own losses
     name = "bf16" if supports.get("bf16") else "fp16" if supports.get("fp16") and device == "cuda" else None
@@ -121,6 +116,18 @@ def trainer_stages(search: Search, fw: Framework, supports: dict[str, bool], mod
                   "back; try it where the model runs on a GPU)")
     best = search.result.best
     trial(fw.compile_knob, option, lambda t: _compile_problem(t, best, fw.planned_steps or 0))
+
+
+def stage(search: Search, knob: str, option: Option, check: Callable[[Any], str | None] | None = None) -> None:
+    """One knob: its trial through the search (kept only when measured faster), or why it is not tried; either
+    way a decision line."""
+    decisions = search.result.decisions
+    if isinstance(option, str):
+        decisions.append(f"{knob}: {option}")
+        return
+    label, over = option
+    t = search.consider(label, search.with_overrides(over), check)
+    decisions.append(f"{knob}: {t.outcome}" if label.startswith(knob) else f"{knob}: {label} {t.outcome}")
 
 
 def _split_stage(search: Search, fw: Framework, model: dict[str, Any] | None = None,

@@ -2,14 +2,20 @@
 
 Each trial is the script's first optimizer steps run with saturate's hooks, some settings applied
 from outside (`hooks`: DataLoader arguments at construction, TF32 at start-up, a Transformers
-`Trainer`'s `TrainingArguments` before the Trainer reads them), timed, then stopped. What is tried,
-in order, each kept only when measured faster than the best so far by more than `GAIN_MIN` (so a
-change within the machine's noise is not taken):
+`Trainer`'s `TrainingArguments` before the Trainer reads them), then stopped. The doctor's Profiler
+splits its first timed steps into phases (the share spent waiting for data); then, detached, the
+script's own steps are timed in windows until they agree or a cap (`windows.py`, with the preset
+tuner's `tune.noise.WindowRule`), so a trial's step time is a median with a spread. What is tried, in
+order, each kept only when faster than the best so far beyond both trials' spreads added and by at
+least `MIN_GAIN` (`tune.decide.compare`; otherwise "within noise (±x %)"):
 
 For a Transformers `Trainer` or a Lightning `Trainer` (`trainer_tune`'s stages, the knobs in each
 framework's terms from `frameworks.py`): precision, checked against the script's own first losses;
 micro-batch × accumulation at the same effective batch; activation checkpointing where memory stopped a
 larger micro-batch; the fused optimizer; compile, where the planned steps pay back its compile time.
+For a plain script (no Trainer): the fused optimizer, when the optimizer the script steps is torch's
+`Adam`/`AdamW`, not fused, and torch has the fused kernel on the script's device (`fused=True` given at
+its constructor from outside; the edit said at that line).
 For every script:
 6. loader workers (only when the as-written run waits for data): 1, 2, 4, … up to the usable cores,
    with persistent workers; growth stops at the first count from 2 on that does not gain (one worker
@@ -24,7 +30,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,50 +42,16 @@ from saturate.atomic import atomic_write_bytes
 from saturate.errors import SaturateError
 from saturate.integrations.command import ScriptRun, run_instrumented
 from saturate.integrations.doctor import TRAINER_TERMS, trainer_edit
-from saturate.integrations.frameworks import framework_of
+from saturate.integrations.frameworks import framework_of, fused_option
 from saturate.integrations.overrides import merge
-from saturate.integrations.trainer_tune import trainer_stages
+from saturate.integrations.script_trial import MIN_GAIN, WINDOW_S, ScriptTrial, window_rule
+from saturate.integrations.trainer_tune import Option, stage, trainer_stages
+from saturate.tune.decide import Comparison
+from saturate.tune.noise import WindowRule, rate_text
 
-GAIN_MIN = 1.05  # a setting is kept only when measured at least this much faster than the best so far
 INPUT_SHARE_MIN = 0.05  # below this share of the step waiting for data, loader settings cannot gain much
 
 Runner = Callable[..., ScriptRun]  # run_instrumented's signature; tests pass a fake machine
-
-
-@dataclass
-class ScriptTrial:
-    """One short instrumented run of the script with `overrides` applied."""
-
-    name: str
-    overrides: dict[str, Any]
-    step_s: float
-    samples_per_s: float | None
-    data_share: float
-    steps: int
-    outcome: str = ""  # why it was kept or not
-    losses: list[float] = field(default_factory=list)  # a Trainer's per-step losses, from the first step
-    first_step_s: float | None = None  # from torch's import to the end of the first optimizer step
-    samples_per_step: float | None = None
-    note: str = ""  # what a check found when it passed (the losses' drift)
-
-    @classmethod
-    def of(cls, name: str, overrides: dict[str, Any], run: ScriptRun) -> ScriptTrial:
-        report = run.report or {}
-        m = report["measurements"]
-        step_s = m["step_s"]
-        sps = m["samples_per_step"] / step_s if m.get("samples_per_step") and step_s > 0 else None
-        data = m["phases"].get("data", 0.0) / step_s if step_s > 0 else 0.0
-        losses = (report.get("trainer") or report.get("lightning") or {}).get("losses") or []
-        return cls(name, overrides, step_s, sps, data, m["steps"], losses=losses,
-                   first_step_s=report.get("first_step_s"), samples_per_step=m.get("samples_per_step"))
-
-    @classmethod
-    def failed(cls, name: str, overrides: dict[str, Any], why: str) -> ScriptTrial:
-        return cls(name, overrides, float("inf"), None, 0.0, 0, outcome=f"failed: {why}")
-
-    @property
-    def ok(self) -> bool:
-        return self.step_s != float("inf")
 
 
 @dataclass
@@ -95,12 +67,21 @@ class ScriptTuning:
     lightning: dict[str, Any] | None = None  # a Lightning Trainer as the as-written run saw it
     optimizer: dict[str, Any] | None = None  # the followed optimizer: class, where it was made, fused
 
+    rule: WindowRule = field(default_factory=window_rule)  # how each trial's windows were judged
+
     @property
     def speedup(self) -> float:
         return self.baseline.step_s / self.best.step_s if self.best.step_s > 0 else 1.0
 
+    def gain(self) -> Comparison | None:
+        """The best trial against the script as written, with both spreads (None when nothing was kept)."""
+        return None if self.best is self.baseline else self.best.against(self.baseline)
+
     def to_dict(self) -> dict[str, Any]:
+        gain = self.gain()
         return {"command": self.command, "overrides": self.best.overrides, "speedup": self.speedup,
+                "gain": None if gain is None else {"gain": gain.gain, "noise": gain.noise, "text": gain.text()},
+                "min_gain": MIN_GAIN, "window_rule": asdict(self.rule),
                 "baseline": vars(self.baseline), "best": vars(self.best), "trials": [vars(t) for t in self.trials],
                 "decisions": self.decisions, "loaders": self.loaders, "device_type": self.device_type,
                 "trainer": self.trainer, "lightning": self.lightning, "optimizer": self.optimizer,
@@ -110,19 +91,23 @@ class ScriptTuning:
 def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, cores: int = 1,
                  first_step_timeout: float = 300.0, quiet_stdout: bool = False,
                  on_trial: Callable[[ScriptTrial], None] | None = None, runner: Runner = run_instrumented,
-                 supports: dict[str, bool] | None = None, allow_micro_batch_change: bool = False) -> ScriptTuning:
+                 supports: dict[str, bool] | None = None, rule: WindowRule | None = None,
+                 window_s: float = WINDOW_S, allow_micro_batch_change: bool = False) -> ScriptTuning:
     """Measure the script as written, then the settings above one family at a time; the fastest wins.
 
+    `steps`: the Profiler's timed steps per trial (and with several processes, each window's steps); then
+    windows of at least `window_s` until `rule` says they are enough (default `window_rule()`).
     `supports`: native bf16/fp16/tf32 on the script's device (default: `saturate.hardware.probe`'s).
     `allow_micro_batch_change`: search a trainer's micro-batch even when the model has batch-coupled layers."""
-    search = _Search(list(command), warmup, steps, first_step_timeout, quiet_stdout, on_trial, runner)
+    rule = rule or window_rule()
+    search = _Search(list(command), warmup, steps, first_step_timeout, quiet_stdout, on_trial, runner, rule, window_s)
     base, run = search.trial("as written", {})
     base.outcome = "the script's own settings"
     report = run.report or {}
     device = report["measurements"]["device_type"]
     result = ScriptTuning(list(run.command), base, base, [base], loaders=report.get("loaders", []),
                           device_type=device, trainer=report.get("trainer"), lightning=report.get("lightning"),
-                          optimizer=report.get("optimizer"))
+                          optimizer=report.get("optimizer"), rule=rule)
     search.result = result
     framework = framework_of(report)
     if framework is not None:
@@ -131,33 +116,52 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
 
             supports = probe(measure_peaks=False, device=device).supports
         trainer_stages(search, framework, supports, report.get("model"), allow_micro_batch_change)
+    else:
+        stage(search, "fused optimizer", _plain_fused(result.optimizer or {}, device))
     search.loader_stages(cores)
     if device == "cuda":
         search.consider("TF32", search.with_overrides({"tf32": True}))
     else:
         result.decisions.append(f"TF32: not on {device}")
     if framework is None:
-        result.decisions.append("micro-batch, precision, compile and fused optimizer: need the script's training "
-                                "code (a Transformers or a Lightning Trainer's arguments); not tried from outside")
+        result.decisions.append("micro-batch, precision and compile: need the script's training code (a "
+                                "Transformers or a Lightning Trainer's arguments); not tried from outside")
     return result
+
+
+def _plain_fused(optimizer: dict[str, Any], device: str) -> Option:
+    """A plain script's fused-optimizer trial (`frameworks.fused_option`), where torch has the kernel on `device`."""
+    option = fused_option(optimizer)
+    if isinstance(option, str):
+        return option
+    import torch
+
+    from saturate.tune.api import fused_adamw_available
+
+    if not fused_adamw_available(torch.device(device)):
+        return f"not tried (this torch has no fused {optimizer.get('class')} on {device})"
+    return option
 
 
 class _Search:
     """The trials of one tuning: each a run of the script, kept only when measured faster."""
 
     def __init__(self, command: list[str], warmup: int, steps: int, first_step_timeout: float, quiet_stdout: bool,
-                 on_trial: Callable[[ScriptTrial], None] | None, runner: Runner) -> None:
+                 on_trial: Callable[[ScriptTrial], None] | None, runner: Runner, rule: WindowRule,
+                 window_s: float) -> None:
         self.command, self.warmup, self.steps = command, warmup, steps
         self.first_step_timeout, self.quiet_stdout = first_step_timeout, quiet_stdout
         self.on_trial, self.runner = on_trial, runner
         self.result: ScriptTuning = None  # type: ignore[assignment]  # set once the baseline is measured
+        self.rule = rule  # when a trial's windows are enough, in the child (`windows.StepWindows`) and here
+        self.windows = {"window_s": window_s, "window_steps": steps, **asdict(rule)}
 
     def trial(self, name: str, overrides: dict[str, Any]) -> tuple[ScriptTrial, ScriptRun]:
         settings = {"mode": "trial", "warmup": drained(self.warmup, overrides), "count_steps": 0,
-                    "steps": self.steps, "stop": True, "overrides": overrides}
+                    "steps": self.steps, "stop": True, "overrides": overrides, "windows": self.windows}
         run = self.runner(self.command, settings, first_step_timeout=self.first_step_timeout,
                           quiet_stdout=self.quiet_stdout)
-        t = ScriptTrial.of(name, overrides, run)
+        t = ScriptTrial.of(name, overrides, run, self.rule)
         error = ((run.report or {}).get("trainer") or {}).get("error")
         if error and overrides.get("trainer"):
             t = ScriptTrial.failed(name, overrides, f"the Trainer refused the arguments ({error})")
@@ -167,7 +171,8 @@ class _Search:
 
     def consider(self, name: str, overrides: dict[str, Any],
                  check: Callable[[ScriptTrial], str | None] | None = None) -> ScriptTrial:
-        """Run a trial; keep it when `check` finds nothing wrong and it is at least GAIN_MIN faster."""
+        """Run a trial; keep it when `check` finds nothing wrong and it is faster than the best so far beyond
+        both trials' noise and by `MIN_GAIN` at least (`ScriptTrial.against`)."""
         try:
             t, _ = self.trial(name, overrides)
         except SaturateError as e:  # the script failed with this setting (out of memory, refused)
@@ -179,14 +184,14 @@ class _Search:
         if not t.ok:
             return t
         problem = check(t) if check is not None else None
-        gain = result.best.step_s / t.step_s if t.step_s > 0 else 0.0
+        c = t.against(result.best)
         if problem:
             t.outcome = f"not kept: {problem}"
-        elif gain >= GAIN_MIN:
-            t.outcome = f"kept: {gain:.2f}× the best so far"
+        elif c.faster:
+            t.outcome = f"kept: {c.text()} over the best so far"
             result.best = t
         else:
-            t.outcome = f"not kept: {gain:.2f}× the best so far (needs {GAIN_MIN:.2f}×)"
+            t.outcome = f"not kept: {c.text()} against the best so far"
         if t.note and not problem:
             t.outcome += f"; {t.note}"
         return t
@@ -296,28 +301,37 @@ def render(tuning: ScriptTuning, console: Console, written: Path | None = None) 
     elif tuning.lightning:
         console.print(Text(f"Lightning {tuning.lightning['class']} at {tuning.lightning.get('site') or '?'}"))
     t = Table(box=None, padding=(0, 1))
-    for col, justify in (("trial", "left"), ("s/step", "right"), ("samples/s", "right"), ("data", "right")):
+    for col, justify in (("trial", "left"), ("s/step", "right"), ("samples/s (median ±)", "right"),
+                         ("data", "right"), ("windows", "right")):
         t.add_column(col, justify=justify)
     for trial in tuning.trials:
         if not trial.ok:
-            t.add_row(trial.name, "failed", "-", "-")
+            t.add_row(trial.name, "failed", "-", "-", "-")
             continue
-        t.add_row(trial.name, f"{trial.step_s:.4g}", f"{trial.samples_per_s:.1f}" if trial.samples_per_s else "-",
-                  f"{100 * trial.data_share:.0f} %")
+        spread = trial.spread if trial.windows > 1 else None
+        rate = rate_text(trial.samples_per_s, spread, unit="") if trial.samples_per_s else (
+            f"±{100 * spread:.1f} %" if spread is not None else "-")
+        t.add_row(trial.name, f"{trial.step_s:.4g}", rate, f"{100 * trial.data_share:.0f} %",
+                  str(trial.windows or "-") + (" busy" if trial.busy else ""))
     console.print(t)
     for trial in tuning.trials[1:]:
         console.print(Text(f"  {trial.name}: {trial.outcome}"))
     for d in tuning.decisions:
         console.print(Text(f"  {d}"))
-    console.print(Text(f"best: {tuning.best.name}, {tuning.speedup:.2f}× the script as written (measured, "
-                       f"{tuning.best.steps} timed steps each)", style="bold"))
+    gain = tuning.gain()
+    if gain is None:
+        console.print(Text("best: the script as written (no setting was faster beyond the noise and by "
+                           f"{100 * MIN_GAIN:.0f} %; medians of each trial's timed windows)", style="bold"))
+    else:
+        console.print(Text(f"best: {tuning.best.name}, {tuning.speedup:.2f}× the script as written ({gain.text()}; "
+                           "medians of each trial's timed windows)", style="bold"))
     lines = edits(tuning)
     if lines:
         console.print("the edit to make in your script:")
         for line in lines:
             console.print(Text(f"  {line}"))
     else:
-        console.print("no setting measured faster than the script as written; nothing to change")
+        console.print("no setting measured faster than the script as written beyond the noise; nothing to change")
     if written is not None:
         console.print(f"overrides written to {written} (`saturate run --overrides {written} -- CMD` applies them "
                       "without an edit)")
