@@ -189,6 +189,7 @@ def _run_script(args: argparse.Namespace) -> int:
 
     from saturate.integrations.run import NOTHING_FOUND, ScriptRunReport, full_run, render, side_by_side
     from saturate.integrations.tune import render as render_tuning
+    from saturate.integrations.tune import window_rule
 
     _refuse_preset_flags(args)
     console = Console(highlight=False, stderr=args.json)
@@ -214,7 +215,7 @@ def _run_script(args: argparse.Namespace) -> int:
         rounds = 3
         written, tuned = side_by_side(args.script, overrides, steps=args.trial_steps, rounds=rounds,
                                       first_step_timeout=args.first_step_timeout, quiet_stdout=args.json,
-                                      on_round=lambda r, name: console.print(
+                                      rule=window_rule(args.trial_seconds), on_round=lambda r, name: console.print(
                                           f"[dim]  measuring side by side: round {r + 1}/{rounds} ({name})[/]"))
         console.print("[dim]run: the whole script with the tuned settings applied from outside …[/]")
     else:

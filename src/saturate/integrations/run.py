@@ -23,8 +23,9 @@ from rich.text import Text
 
 from saturate.errors import ConfigError
 from saturate.integrations.command import ScriptRun, run_instrumented
-from saturate.integrations.script_trial import ScriptTrial
-from saturate.integrations.tune import drained
+from saturate.integrations.script_trial import ScriptTrial, window_rule
+from saturate.integrations.tune import trial_settings
+from saturate.tune.noise import WindowRule
 from saturate.tune.rounds import Ratio, interleaved, per_round
 
 NOTHING_FOUND = ("tuning found no setting faster than the script as written beyond the noise; it runs as written "
@@ -69,22 +70,24 @@ class ScriptRunReport:
 
 def side_by_side(command: Sequence[str], overrides: dict[str, Any], *, rounds: int = 3, warmup: int = 2,
                  steps: int = 10, first_step_timeout: float = 300.0, quiet_stdout: bool = False,
-                 on_round: Callable[[int, str], None] | None = None) -> tuple[list[ScriptTrial], list[ScriptTrial]]:
-    """The script as written and with `overrides`, measured in alternating rounds (interleaved()).
+                 on_round: Callable[[int, str], None] | None = None,
+                 rule: WindowRule | None = None) -> tuple[list[ScriptTrial], list[ScriptTrial]]:
+    """The script as written and with `overrides`, measured in alternating rounds (interleaved()), each round
+    timed in windows as a tuning trial is (`rule`, default `window_rule()`), so a round's figure is a median.
 
     `on_round(round, name)` is called before each measurement (for a progress line)."""
+    rule = rule or window_rule()
     trials: dict[str, list[ScriptTrial]] = {"as written": [], "tuned": []}
     for r, name in interleaved(list(trials), rounds):
         if on_round is not None:
             on_round(r, name)
         over = overrides if name == "tuned" else {}
-        settings = {"mode": "trial", "warmup": drained(warmup, over), "count_steps": 0, "steps": steps,
-                    "stop": True, "overrides": over}
-        run = run_instrumented(command, settings, first_step_timeout=first_step_timeout, quiet_stdout=quiet_stdout)
+        run = run_instrumented(command, trial_settings(over, warmup, steps, rule),
+                               first_step_timeout=first_step_timeout, quiet_stdout=quiet_stdout)
         refused = ((run.report or {}).get("trainer") or {}).get("error")
         if refused and over.get("trainer"):
             raise ConfigError(f"the script's Trainer refused the overrides {over['trainer']}: {refused}")
-        trials[name].append(ScriptTrial.of(name, over, run))
+        trials[name].append(ScriptTrial.of(name, over, run, rule))
     return trials["as written"], trials["tuned"]
 
 

@@ -154,11 +154,10 @@ class _Search:
         self.on_trial, self.runner = on_trial, runner
         self.result: ScriptTuning = None  # type: ignore[assignment]  # set once the baseline is measured
         self.rule = rule  # when a trial's windows are enough, in the child (`windows.StepWindows`) and here
-        self.windows = {"window_s": window_s, "window_steps": steps, **asdict(rule)}
+        self.window_s = window_s
 
     def trial(self, name: str, overrides: dict[str, Any]) -> tuple[ScriptTrial, ScriptRun]:
-        settings = {"mode": "trial", "warmup": drained(self.warmup, overrides), "count_steps": 0,
-                    "steps": self.steps, "stop": True, "overrides": overrides, "windows": self.windows}
+        settings = trial_settings(overrides, self.warmup, self.steps, self.rule, self.window_s)
         run = self.runner(self.command, settings, first_step_timeout=self.first_step_timeout,
                           quiet_stdout=self.quiet_stdout)
         t = ScriptTrial.of(name, overrides, run, self.rule)
@@ -230,6 +229,14 @@ class _Search:
             self.consider("prefetch 4", self.with_overrides({"loader": {"prefetch_factor": 4}}))
         if result.device_type == "cuda" and not loader.get("pin_memory"):
             self.consider("pinned memory", self.with_overrides({"loader": {"pin_memory": True}}))
+
+
+def trial_settings(overrides: dict[str, Any], warmup: int, steps: int, rule: WindowRule,
+                   window_s: float = WINDOW_S) -> dict[str, Any]:
+    """What the child is told for one trial: warm up (draining the loader's buffer), time `steps` steps with the
+    Profiler, then windows of at least `window_s` until `rule` says they are enough, then stop."""
+    return {"mode": "trial", "warmup": drained(warmup, overrides), "count_steps": 0, "steps": steps, "stop": True,
+            "overrides": overrides, "windows": {"window_s": window_s, "window_steps": steps, **asdict(rule)}}
 
 
 def drained(warmup: int, overrides: dict[str, Any]) -> int:
