@@ -32,6 +32,7 @@ import contextlib
 import inspect
 import json
 import os
+import random
 import sys
 import time
 import traceback
@@ -39,8 +40,10 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from saturate.doctor import selftime
 from saturate.integrations import lightning_hooks
 from saturate.integrations.overrides import FUSED_OPTIMIZERS, loader_changes, optimizer_changes
+from saturate.integrations.patches import Patches
 from saturate.integrations.trainer_hooks import TrainerWatch
 
 ENV_DIR = "SATURATE_SCRIPT_DIR"
@@ -111,6 +114,7 @@ class Script:
         self._forward_hooks: list[Any] = []
         self.loaders: dict[int, dict[str, Any]] = {}  # id(DataLoader) -> where it was made, settings, batches
         self.profiler: Any = None
+        self.patches = Patches()  # what install() changed in torch, undone when the Profiler's window ends
         self.model_info: dict[str, Any] | None = None
         self.done = False
         self.started = time.perf_counter()  # about when torch finished importing
@@ -123,10 +127,7 @@ class Script:
     # --- installing ---------------------------------------------------------------------------
 
     def patch(self, name: str, module: Any) -> None:
-        if name in lightning_hooks.WATCHED:
-            self.lightning.patch(name, module)
-        else:
-            self.trainer.patch(name, module)
+        (self.lightning if name in lightning_hooks.WATCHED else self.trainer).patch(name, module)
 
     def install(self) -> None:
         import torch
@@ -136,9 +137,9 @@ class Script:
 
         from saturate.doctor.profiler import batch_len
 
-        register_optimizer_step_post_hook(self._after_step)
-        self._forward_hooks = [register_module_forward_pre_hook(self._forward_pre),
-                               register_module_forward_hook(self._forward_post)]
+        self.patches.hook(register_optimizer_step_post_hook(selftime.own(self._after_step)))
+        self._forward_hooks = [register_module_forward_pre_hook(selftime.own(self._forward_pre)),
+                               register_module_forward_hook(selftime.own(self._forward_post))]
         script = self
         loader_init, loader_iter, iter_next = dl.DataLoader.__init__, dl.DataLoader.__iter__, \
             dl._BaseDataLoaderIter.__next__
@@ -148,8 +149,6 @@ class Script:
             if name in sys.modules:
                 self.patch(name, sys.modules[name])
         if self.mode == "trial":  # trials start from the same weights and batches even if the script never seeds
-            import random
-
             random.seed(0)
             torch.manual_seed(0)
         if self.overrides.get("tf32"):
@@ -170,7 +169,7 @@ class Script:
                     bound.arguments["prefetch_factor"] = None
                     bound.arguments["persistent_workers"] = False
                 args, kwargs = bound.args[1:], bound.kwargs
-            loader_init(loader, *args, **kwargs)
+            selftime.foreign(loader_init, loader, *args, **kwargs)
             if id(loader) not in script.loaders:
                 script.loaders[id(loader)] = {"site": script.loader_site(loader), "batches": 0,
                                               "ref": weakref.ref(loader), "as_written": as_written,
@@ -186,13 +185,13 @@ class Script:
             loader = ref() if ref is not None else None
             prof = script.profiler
             if not script.profile and loader is not None:
-                batch = iter_next(it)
+                batch = selftime.foreign(iter_next, it)
                 script.samples += batch_len(batch)
                 if (info := script.loaders.get(id(loader))) is not None:
                     info["batches"] += 1
                 return batch
             if prof is None or script.done or loader is None:
-                return iter_next(it)
+                return selftime.foreign(iter_next, it)
             info = script.loaders.get(id(loader))
             if info is not None and prof.instrument.mode == "time":
                 info["batches"] += 1
@@ -203,10 +202,10 @@ class Script:
             if not hasattr(opt, "_saturate_site"):
                 opt._saturate_site = caller_site()
 
-        dl.DataLoader.__init__ = init  # type: ignore[method-assign]
-        dl.DataLoader.__iter__ = make_iter  # type: ignore[method-assign]
-        dl._BaseDataLoaderIter.__next__ = next_batch  # type: ignore[method-assign]
-        torch.optim.Optimizer.__init__ = optimizer_created  # type: ignore[method-assign]
+        for owner, name, value in ((dl.DataLoader, "__init__", init), (dl.DataLoader, "__iter__", make_iter),
+                                   (dl._BaseDataLoaderIter, "__next__", selftime.own(next_batch)),
+                                   (torch.optim.Optimizer, "__init__", optimizer_created)):
+            self.patches.replace(owner, name, value)
         atexit.register(self._at_exit)
 
     def made_at_train_site(self, bound: Any) -> bool:
@@ -272,8 +271,7 @@ class Script:
         self.profiler.step()
         if self.profiler.diagnosis is not None:
             self._report()
-            if self.stop:
-                self._exit()
+            self._exit() if self.stop else self.patches.detach(self.profiler.model)  # nothing of saturate stays
 
     def _follows(self, optimizer: Any) -> bool:
         """Whether `optimizer`'s step is the script's step: the first optimizer to step is followed; in a whole run
@@ -344,6 +342,7 @@ class Script:
             "first_step_s": self.first_step_s,
             "trainer": self.trainer.report(),
             "lightning": self.lightning.report(),
+            "instrumentation": self.profiler.instrumentation,
         }, default=str))
 
     def _live_loaders(self) -> list[tuple[Any, dict[str, Any]]]:
@@ -378,7 +377,8 @@ class Script:
                 self._write(SUMMARY, json.dumps({
                     "world_size": self.world, "optimizer_steps": self.optimizer_steps, "samples": self.samples,
                     "loaders": self._iterated_loaders(), "lightning": self.lightning.report(),
-                    "step_times": self.step_times, "trainer": self.trainer.report()}))
+                    "step_times": self.step_times, "trainer": self.trainer.report(),
+                    "instrumentation": selftime.totals()}))
             return
         if self.done or self.profiler is None:
             return
