@@ -22,7 +22,7 @@ from saturate.hardware import synchronize
 from saturate.hardware.contention import Contention, ContentionMeter
 from saturate.telemetry import Sampler, Snapshot, Stat, gpu_stat, host_memory_budget, host_stat, swap_traffic
 
-SAMPLER_CPU_SHARE = 0.005  # the telemetry thread reads (smaps_rollup: milliseconds) within 0.5 % of a core
+SAMPLER_CPU_SHARE = 0.005  # the telemetry thread reads (smaps_rollup: ms) within 0.5 % of the CPU time
 
 
 class Instrument:
