@@ -113,7 +113,7 @@ def paired(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def quartiles(values: list[float]) -> tuple[float, float]:
-    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
     return q[0], q[2]
 
 
@@ -122,7 +122,7 @@ def main() -> None:
     ap.add_argument("--config", default="mid", choices=["tiny", "mid", "small", "medium"], help="the script's config")
     ap.add_argument("--steps", type=int, default=90, help="optimizer steps per run (default 90)")
     ap.add_argument("--skip", type=int, default=10, help="steps left out at the start of each run (default 10)")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--pairs", type=int, default=30, help="in-process pairs of blocks (default 30)")
     ap.add_argument("--block", type=int, default=12, help="steps per in-process block (default 12)")
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON here")
@@ -141,7 +141,8 @@ def main() -> None:
                     for k in ("own", "sampler"))
     rows = [[name, bench.Spread.of(step["cpu"][name]).fmt(".2f", 1000, " ms"),
              *("-" if name == "as written" else cost[clock][name].fmt("+.2f", 100, " %") for clock in ("cpu", "wall")),
-             *(bench.Spread.of(f[name]).fmt(".3f", 1000, " ms") if f[name] else "-" for f in (own, sampler))]
+             *(bench.Spread.of(f[name]).fmt(".3f", 1000, " ms") if f[name] and name == "measuring" else "-"
+               for f in (own, sampler))]
             for name in NAMES]
     pairs = paired(args)
     hw = probe(measure_peaks=False, device="cpu")
