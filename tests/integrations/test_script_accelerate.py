@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from conftest import line_of, run_saturate
+from conftest import cli_env, line_of, run_saturate
+from saturate.integrations.run import full_run
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -75,3 +80,50 @@ def test_run_under_accelerate_launch_applies_the_overrides_in_every_rank(tmp_pat
     assert full["loaders"][0]["num_workers"] == 1 and full["loaders"][0]["persistent_workers"] is True
     assert (tmp_path / "user-out" / "final").is_dir()  # the full run is the real one: it saves where it says
     assert (tmp_path / "user-out" / "states" / "step_14").is_dir()
+
+
+# `saturate run`'s full run (integrations.run.full_run: the script with the overrides applied from outside), as the
+# CLI makes it after its side-by-side rounds; a Ctrl-C reaches saturate, which stops the command's process group.
+FULL_RUN = """
+import json, sys
+from saturate.integrations.run import full_run
+full_run(json.loads(sys.argv[1]), json.loads(sys.argv[2]), quiet_stdout=True)
+"""
+
+
+def _complete_states(folder: Path) -> list[int]:
+    """The steps of the script's saved states that both ranks finished writing."""
+    return sorted(int(p.name.split("_")[1]) for p in folder.glob("step_*")
+                  if all((p / f"random_states_{rank}.pkl").exists() for rank in (0, 1)))
+
+
+@pytest.mark.slow
+def test_an_interrupted_full_run_resumes_from_the_scripts_own_state_with_the_overrides(tmp_path, monkeypatch):
+    over = {"loader": {"num_workers": 1, "persistent_workers": True}}
+    command = [*LAUNCH, str(SCRIPT), *TOY, "--max-steps", "10", "--save-every", "3"]
+    env = {**cli_env(), "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    states = tmp_path / "user-out" / "states"
+    first = subprocess.Popen([sys.executable, "-c", FULL_RUN, json.dumps(command), json.dumps(over)], cwd=tmp_path,
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not _complete_states(states) and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first.send_signal(signal.SIGINT)  # Ctrl-C, once the script saved its first state
+        first.wait(timeout=60)
+    finally:
+        first.kill()
+    saved = _complete_states(states)
+    assert saved and saved[-1] < 10, f"the interruption came too late: states {saved}"
+    assert not (tmp_path / "user-out" / "final").exists()  # interrupted before its end
+
+    # the same command again, continuing: the script's own resume, saturate's overrides applied again
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    resumed = full_run([*command, "--is_keep_training=True"], over)
+    assert resumed.returncode == 0, resumed.tail
+    summary = resumed.summary
+    assert summary["optimizer_steps"] == 10 - saved[-1]  # from its latest state to --max-steps, not from 0
+    assert summary["loaders"][0]["num_workers"] == 1 and summary["loaders"][0]["persistent_workers"] is True
+    assert (states / "step_10").is_dir() and (tmp_path / "user-out" / "final").is_dir()

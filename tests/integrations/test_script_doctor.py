@@ -90,6 +90,7 @@ def test_human_report_names_the_script_and_its_knobs(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "verdict:" in out.stdout and "in your script" in out.stdout
     assert "training DataLoader at" in out.stdout and line_of(script, "DataLoader(") in out.stdout
+    assert "saturate's hooks:" in " ".join(out.stdout.split())  # their own time per step, measured
     assert "config: {" in out.stdout  # the script's own output still reaches the terminal
 
 

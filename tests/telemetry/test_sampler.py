@@ -58,3 +58,43 @@ def test_swap_traffic_over_a_window():
     a.swap_in = None
     a.missing["swap_in"] = "swap traffic is only counted on Linux"
     assert swap_traffic(snaps) == (None, "swap traffic is only counted on Linux")
+
+
+class CostlyGpu(GpuSource):
+    """A sensor whose reading burns 20 ms of the reading thread's CPU time."""
+
+    name = "costly"
+
+    def __init__(self):
+        super().__init__(None)
+        self.calls = 0
+
+    def read(self):
+        self.calls += 1
+        start = time.thread_time()
+        while time.thread_time() - start < 0.02:
+            pass
+        return []
+
+
+def test_a_sampler_with_a_cpu_share_waits_as_long_as_its_readings_cost():
+    capped, free = CostlyGpu(), CostlyGpu()
+    started = time.process_time()
+    with Sampler(0.01, gpu=capped, max_cpu_share=0.01) as s, Sampler(0.01, gpu=free):
+        deadline = time.time() + 30
+        while free.calls < 3 and time.time() < deadline:
+            time.sleep(0.02)
+    used = time.process_time() - started
+    assert free.calls >= 3 and s.read_seconds >= 0.02
+    # 20 ms of CPU at 1 %: each next reading only once the process used 2 s more CPU time (here: one in all)
+    assert capped.calls <= 1 + int(used / 2.0) and capped.calls < free.calls
+
+
+def test_a_reading_taken_just_before_start_is_not_repeated():
+    gpu = CostlyGpu()
+    s = Sampler(30.0, gpu=gpu)
+    s.read_once()
+    s.start()
+    time.sleep(0.2)
+    s.stop()
+    assert gpu.calls == 1 and len(s.snapshots) == 1

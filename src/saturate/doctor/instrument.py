@@ -23,6 +23,8 @@ from saturate.hardware import synchronize
 from saturate.hardware.contention import Contention, ContentionMeter
 from saturate.telemetry import Sampler, Snapshot, Stat, gpu_stat, host_memory_budget, host_stat, swap_traffic
 
+SAMPLER_CPU_SHARE = 0.005  # the telemetry thread reads (smaps_rollup: ms) within 0.5 % of the CPU time
+
 
 class Instrument:
     def __init__(self, device: torch.device, *, compiled: bool = False, interval: float = 0.25,
@@ -105,7 +107,7 @@ class Instrument:
             index = self.device.index if self.device.index is not None else (
                 torch.cuda.current_device() if self.device.type == "cuda" else None)
             self.sampler = Sampler(self.interval, torch_indices=[index] if index is not None else [],
-                                   process_pid=pid, proportional=True)
+                                   process_pid=pid, proportional=True, max_cpu_share=SAMPLER_CPU_SHARE)
             first = self.sampler.read_once()
             own = first.process.total_bytes if first.process and first.process.total_bytes else 0
             self._budget = ((self.host_budget, "given") if self.host_budget is not None

@@ -17,6 +17,7 @@ loss, the user's own code). Without a model or optimizer those phases are part o
 The Profiler times the steps it was asked for, no more (a user's loop, or a script saturate stops after
 them); they are split into up to five windows afterwards (`doctor.windows.split`), and the shares' ranges
 and the step-time spread the rules use are over those windows.
+The hooks' own time over the timed steps (`selftime`) is kept as `prof.instrumentation`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any, TypeVar
 import torch
 import torch.nn as nn
 
+from saturate.doctor import selftime
 from saturate.doctor.findings import Diagnosis
 from saturate.doctor.instrument import Instrument, device_facts, loader_worker_pids
 from saturate.doctor.rules import decide
@@ -79,11 +81,14 @@ class Profiler:
                 raise SaturateError(f"Profiler: {name} must be >= {low}, got {v}")
         self.warmup, self.count_steps, self.steps = warmup, count_steps, steps
         self.report = report
+        self.model = model
         self.device = _device_of(model, device)
         compiled = model is not None and type(model).__name__ == "OptimizedModule"
         self.instrument = Instrument(self.device, compiled=compiled, interval=interval, host_budget=host_memory_budget,
                                      optimizer_phase=optimizer is not None)
         self.diagnosis: Diagnosis | None = None
+        self.instrumentation: dict[str, Any] | None = None  # the hooks' own time over the timed steps
+        self._own: list[tuple[int, int]] = []  # selftime marks at the timed steps' boundaries
         self._step = 0  # steps finished
         self._precision: str | None = None  # what the first forward ran in: fp32, or autocast's bf16/fp16
         self._handles: list[Any] = []
@@ -112,19 +117,20 @@ class Profiler:
                 return
             yield batch
 
+    @selftime.own
     def next_batch(self, iterator: Iterator[T], loader: Any = None, fetch: Callable[[Any], T] = next) -> T:
         """One batch from `iterator` (`fetch(iterator)`), the wait timed as waiting for data. The body of
         `data()`; saturate's hooks in a user's unchanged script call it from the DataLoader iterator."""
         if loader is not None:
             self._loader = loader
         if self._done:
-            return fetch(iterator)
+            return selftime.foreign(fetch, iterator)
         if iterator is not self._iterator:
             self._iterator = iterator
             self.instrument.worker_pids |= loader_worker_pids(iterator)
         entered = self.instrument.enter("data")
         try:
-            batch = fetch(iterator)
+            batch = selftime.foreign(fetch, iterator)
         finally:
             if entered:
                 self.instrument.leave()
@@ -133,10 +139,13 @@ class Profiler:
             self._samples += batch_len(batch)
         return batch
 
+    @selftime.own
     def step(self) -> None:
         """Mark the end of one optimizer step."""
         if self._done:
             return
+        if self.instrument.mode == "time":
+            self._own.append(selftime.mark())
         self.instrument.end_step()
         self._step += 1
         self._stage_for(self._step)
@@ -152,8 +161,8 @@ class Profiler:
             if inst.mode == "count":
                 inst.end_count(self.count_steps)
             inst.begin_timing()
+            self._own = [selftime.mark()]
         if step == timing_from + self.steps:
-            inst.end_timing()
             self.finish()
             return
         inst.begin_step()
@@ -174,6 +183,8 @@ class Profiler:
                                 f"{self.count_steps}, then at least one timed step)")
         loader = self._loader
         steps = inst.timed_steps
+        self.instrumentation = {**selftime.summary(self._own, [sum(s.values()) for s in inst.clock.per_step()]),
+                                "sampler_cpu_s": inst.sampler.read_seconds if inst.sampler is not None else None}
         context: dict[str, Any] = {"context": "loop"}
         if self._batches:
             context["grad_accum"] = round(self._batches / steps)
@@ -196,19 +207,23 @@ class Profiler:
 
     # --- hooks --------------------------------------------------------------------------------
 
+    @selftime.own
     def _enter(self, phase: str) -> None:
         if not self._done:
             self.instrument.enter(phase)
 
+    @selftime.own
     def _leave(self, phase: str) -> None:
         if not self._done and self.instrument.phase == phase:
             self.instrument.leave()
 
+    @selftime.own
     def _forward_begin(self, module: nn.Module, args: Any) -> None:
         if self._precision is None:
             self._precision = _precision(module, self.device)
         self._enter("forward")  # ignored inside backward (activation checkpointing re-runs forward there)
 
+    @selftime.own
     def _forward_end(self, module: nn.Module, args: Any, output: Any) -> None:
         if self._done or self.instrument.phase != "forward":
             return
@@ -221,14 +236,19 @@ class Profiler:
             fired = [False]
 
             def begin(grad_outputs: Any) -> None:
-                if fired[0]:
-                    return
-                fired[0] = True
-                if self.instrument.enter("backward"):
-                    torch.autograd.Variable._execution_engine.queue_callback(lambda: self._leave("backward"))
+                self._backward_begin(fired)
 
             for node in nodes:
                 node.register_prehook(begin)
+
+    @selftime.own
+    def _backward_begin(self, fired: list[bool]) -> None:
+        """The first of the forward output's autograd nodes to run: backward begins (once per forward)."""
+        if fired[0]:
+            return
+        fired[0] = True
+        if self.instrument.enter("backward"):
+            torch.autograd.Variable._execution_engine.queue_callback(lambda: self._leave("backward"))
 
     def _remove_hooks(self) -> None:
         for h in self._handles:

@@ -225,6 +225,10 @@ def render_script(d: Diagnosis, run: ScriptRun, console: Console | None = None) 
                       + (f", {loader['batches']} batches in the timed steps" if loader.get("batches") else ""))
     if report.get("world_size", 1) > 1:
         console.print(f"  {report['world_size']} processes; rank 0 measured")
+    own = report.get("instrumentation") or {}
+    if own.get("per_step_s") is not None and own.get("share_of_step") is not None:
+        console.print(f"  saturate's hooks: {1e3 * own['per_step_s']:.3f} ms per timed step inside their own code "
+                      f"({100 * own['share_of_step']:.2f} % of the step; measured, not counting torch's calls to them)")
     for i, fix in enumerate(d.fixes, 1):
         where = in_your_script(fix, report, d.measurements.device_type)
         if where:

@@ -40,8 +40,10 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from saturate.integrations import coupled, lightning_hooks
+from saturate.doctor import selftime
+from saturate.integrations import found, lightning_hooks
 from saturate.integrations.overrides import FUSED_OPTIMIZERS, loader_changes, optimizer_changes
+from saturate.integrations.patches import Patches
 from saturate.integrations.trainer_hooks import TrainerWatch
 from saturate.integrations.windows import StepWindows
 
@@ -114,6 +116,7 @@ class Script:
         self._forward_hooks: list[Any] = []
         self.loaders: dict[int, dict[str, Any]] = {}  # id(DataLoader) -> where it was made, settings, batches
         self.profiler: Any = None
+        self.patches = Patches()  # what install() changed in torch, undone when the Profiler's window ends
         self.model_info: dict[str, Any] | None = None
         self.done = False
         self.started = time.perf_counter()  # about when torch finished importing
@@ -126,10 +129,7 @@ class Script:
     # --- installing ---------------------------------------------------------------------------
 
     def patch(self, name: str, module: Any) -> None:
-        if name in lightning_hooks.WATCHED:
-            self.lightning.patch(name, module)
-        else:
-            self.trainer.patch(name, module)
+        (self.lightning if name in lightning_hooks.WATCHED else self.trainer).patch(name, module)
 
     def install(self) -> None:
         import torch
@@ -139,9 +139,9 @@ class Script:
 
         from saturate.doctor.profiler import batch_len
 
-        register_optimizer_step_post_hook(self._after_step)
-        self._forward_hooks = [register_module_forward_pre_hook(self._forward_pre),
-                               register_module_forward_hook(self._forward_post)]
+        self.patches.hook(register_optimizer_step_post_hook(selftime.own(self._after_step)))
+        self._forward_hooks = [register_module_forward_pre_hook(selftime.own(self._forward_pre)),
+                               register_module_forward_hook(selftime.own(self._forward_post))]
         script = self
         loader_init, loader_iter, iter_next = dl.DataLoader.__init__, dl.DataLoader.__iter__, \
             dl._BaseDataLoaderIter.__next__
@@ -171,11 +171,11 @@ class Script:
                     bound.arguments["prefetch_factor"] = None
                     bound.arguments["persistent_workers"] = False
                 args, kwargs = bound.args[1:], bound.kwargs
-            loader_init(loader, *args, **kwargs)
+            selftime.foreign(loader_init, loader, *args, **kwargs)
             if id(loader) not in script.loaders:
                 script.loaders[id(loader)] = {"site": script.loader_site(loader), "batches": 0,
                                               "ref": weakref.ref(loader), "as_written": as_written,
-                                              "settings": _loader_settings(loader)}
+                                              "settings": found.loader_settings(loader)}
 
         def make_iter(loader: Any) -> Any:
             it = loader_iter(loader)
@@ -187,13 +187,13 @@ class Script:
             loader = ref() if ref is not None else None
             prof = script.profiler
             if not script.profile and loader is not None:
-                batch = iter_next(it)
+                batch = selftime.foreign(iter_next, it)
                 script.samples += batch_len(batch)
                 if (info := script.loaders.get(id(loader))) is not None:
                     info["batches"] += 1
                 return batch
             if prof is None or script.done or loader is None:
-                return iter_next(it)
+                return selftime.foreign(iter_next, it)
             info = script.loaders.get(id(loader))
             if info is not None and prof.instrument.mode == "time":
                 info["batches"] += 1
@@ -204,10 +204,10 @@ class Script:
             if not hasattr(opt, "_saturate_site"):
                 opt._saturate_site = caller_site()
 
-        dl.DataLoader.__init__ = init  # type: ignore[method-assign]
-        dl.DataLoader.__iter__ = make_iter  # type: ignore[method-assign]
-        dl._BaseDataLoaderIter.__next__ = next_batch  # type: ignore[method-assign]
-        torch.optim.Optimizer.__init__ = optimizer_created  # type: ignore[method-assign]
+        for owner, name, value in ((dl.DataLoader, "__init__", init), (dl.DataLoader, "__iter__", make_iter),
+                                   (dl._BaseDataLoaderIter, "__next__", selftime.own(next_batch)),
+                                   (torch.optim.Optimizer, "__init__", optimizer_created)):
+            self.patches.replace(owner, name, value)
         atexit.register(self._at_exit)
 
     def made_at_train_site(self, bound: Any) -> bool:
@@ -273,8 +273,7 @@ class Script:
         self.profiler.step()
         if self.profiler.diagnosis is not None and self.windows.step():  # then a trial's windows, if asked
             self._report()
-            if self.stop:
-                self._exit()
+            self._exit() if self.stop else self.patches.detach(self.profiler.model)  # nothing of saturate stays
 
     def _follows(self, optimizer: Any) -> bool:
         """Whether `optimizer`'s step is the script's step: the first optimizer to step is followed; in a whole run
@@ -296,31 +295,10 @@ class Script:
         self.optimizer = optimizer
         for h in self._forward_hooks:
             h.remove()
-        model = self._model_of(optimizer)
+        model, self.model_info = found.model_of(optimizer, self.roots)
         self.profiler = Profiler(model, optimizer, warmup=self.warmup, count_steps=self.count_steps,
                                  steps=self.steps, report=False)
         self._write(FIRST_STEP, "")
-
-    def _model_of(self, optimizer: Any) -> Any:
-        import torch
-
-        owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        best, best_n = None, 0
-        for ref in self.roots:
-            module = ref()
-            if module is None:
-                continue
-            n = sum(1 for p in module.parameters() if id(p) in owned)
-            if n > best_n:
-                best, best_n = module, n
-        if best is not None:
-            inner, wrappers = best, []
-            while isinstance(getattr(inner, "module", getattr(inner, "_orig_mod", None)), torch.nn.Module):
-                wrappers.append(type(inner).__name__)  # DistributedDataParallel, OptimizedModule (compile)
-                inner = getattr(inner, "module", getattr(inner, "_orig_mod", None))
-            self.model_info = {"class": type(inner).__name__, "wrapped_in": wrappers,
-                               "parameters": sum(p.numel() for p in best.parameters()), **coupled.record(inner)}
-        return best
 
     # --- what is written ----------------------------------------------------------------------
 
@@ -337,27 +315,15 @@ class Script:
         self._write(REPORT, json.dumps({
             "world_size": self.world,
             "measurements": m,
-            "loaders": [{**info, **_loader_settings(ref)} for ref, info in self._live_loaders()],
+            "loaders": found.live_loaders(self.loaders),
             "optimizer": {"class": type(opt).__name__, "site": getattr(opt, "_saturate_site", None),
                           "fused": defaults.get("fused"), "foreach": defaults.get("foreach")},
             "model": self.model_info, "optimizer_steps": self.optimizer_steps,
             "first_step_s": self.first_step_s, "windows": self.windows.record(),
             "trainer": self.trainer.report(),
             "lightning": self.lightning.report(),
+            "instrumentation": self.profiler.instrumentation,
         }, default=str))
-
-    def _live_loaders(self) -> list[tuple[Any, dict[str, Any]]]:
-        """The DataLoaders still alive with what was recorded of them, the most used first."""
-        found = [(info["ref"](), {k: v for k, v in info.items() if k not in ("ref", "settings")})
-                 for info in self.loaders.values()]
-        return sorted([(loader, info) for loader, info in found if loader is not None], key=lambda x: -x[1]["batches"])
-
-    def _iterated_loaders(self) -> list[dict[str, Any]]:
-        """Every DataLoader that gave batches, alive or not (at exit the script's are gone), with its settings as
-        made, the most used first."""
-        used = [info for info in self.loaders.values() if info["batches"]]
-        return [{**{k: v for k, v in info.items() if k not in ("ref", "settings")}, **info["settings"]}
-                for info in sorted(used, key=lambda i: -i["batches"])]
 
     def _write(self, name: str, text: str) -> None:
         tmp = self.folder / f".{name}.{os.getpid()}"
@@ -377,8 +343,9 @@ class Script:
             if self.rank == 0 and self.step_times:
                 self._write(SUMMARY, json.dumps({
                     "world_size": self.world, "optimizer_steps": self.optimizer_steps, "samples": self.samples,
-                    "loaders": self._iterated_loaders(), "lightning": self.lightning.report(),
-                    "step_times": self.step_times, "trainer": self.trainer.report()}))
+                    "loaders": found.iterated_loaders(self.loaders), "lightning": self.lightning.report(),
+                    "step_times": self.step_times, "trainer": self.trainer.report(),
+                    "instrumentation": selftime.totals()}))
             return
         if self.done or self.profiler is None:
             return
@@ -390,11 +357,3 @@ class Script:
         elif self.rank == 0:
             self._write(f"status-{os.getpid()}.json", json.dumps({"optimizer_steps": self.optimizer_steps}))
 
-
-def _loader_settings(loader: Any) -> dict[str, Any]:
-    batch_size = loader.batch_size if loader.batch_size is not None else \
-        getattr(loader.batch_sampler, "batch_size", None)  # a batch sampler's (Accelerate's, a Trainer's)
-    return {"batch_size": batch_size, "num_workers": loader.num_workers,
-            "prefetch_factor": loader.prefetch_factor, "pin_memory": loader.pin_memory,
-            "persistent_workers": loader.persistent_workers, "class": type(loader).__name__,
-            "sets_batch_size": loader.batch_size is not None}  # False: batches from a batch_sampler of its own

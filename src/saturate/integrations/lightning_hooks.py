@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from saturate.doctor import selftime
 from saturate.integrations.losses import StepLosses
 
 WATCHED = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
@@ -81,10 +82,11 @@ class LightningWatch:
             return
         losses = self.losses
 
+        @selftime.own
         @functools.wraps(backward)
         def wrapped(closure_loss: Any, *args: Any, **kwargs: Any) -> Any:
             losses.add(closure_loss)
-            return backward(closure_loss, *args, **kwargs)
+            return selftime.foreign(backward, closure_loss, *args, **kwargs)
 
         strategy.backward = wrapped
 

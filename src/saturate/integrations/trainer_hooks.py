@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from saturate.doctor import selftime
 from saturate.integrations.losses import StepLosses
 
 # TrainingArguments fields reported, and those saturate may change
@@ -120,9 +121,10 @@ class TrainerWatch:
                 watch._before(trainer, bound.arguments["args"])
             init(trainer, *args, **kwargs)
 
+        @selftime.own
         @functools.wraps(step)
         def wrapped_step(trainer: Any, *args: Any, **kwargs: Any) -> Any:
-            loss = step(trainer, *args, **kwargs)
+            loss = selftime.foreign(step, trainer, *args, **kwargs)
             if watch.trainer is not None and watch.trainer() is trainer:
                 watch.losses.add(loss)
             return loss

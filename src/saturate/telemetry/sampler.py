@@ -4,7 +4,9 @@ A ``Sampler`` reads the GPU sensors and the host (``saturate.hardware.gpu_sensor
 ``host_sensors``) every ``interval`` seconds into a bounded history of ``Snapshot``s; ``gpu_stat``,
 ``host_stat`` and ``swap_traffic`` summarise a window of them. A figure not measured stays missing
 with its reason, never 0. A reading of GPU and host counters costs a fraction of a millisecond
-(see docs/benchmarks.md).
+(see docs/benchmarks.md); a process tree's proportional memory (smaps_rollup) costs milliseconds, so a
+sampler given `max_cpu_share` keeps its readings within that share of the process's own CPU time (on a
+busy machine a process gets less CPU per second: the readings slow down with it).
 """
 
 from __future__ import annotations
@@ -43,14 +45,16 @@ class Sampler:
 
     gpu: a GpuSource, or None to open one for `torch_indices` (or every GPU when those are None).
     process_pid: also read this process tree (`proportional` memory: see read_process_tree).
+    max_cpu_share: readings within this share of the process's CPU time (the wait after one grows to match).
     """
 
     def __init__(self, interval: float = 1.0, *, gpu: GpuSource | None = None,
                  torch_indices: Sequence[int] | None = None, process_pid: int | None = None,
-                 proportional: bool = False, history: int = 3600) -> None:
+                 proportional: bool = False, history: int = 3600, max_cpu_share: float | None = None) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be > 0, got {interval}")
         self.interval = interval
+        self.max_cpu_share = max_cpu_share
         self._own_gpu = gpu is None
         self.gpu = gpu if gpu is not None else open_gpu_source(torch_indices)
         self.process_pid = process_pid
@@ -88,12 +92,24 @@ class Sampler:
         return snap
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        # the next reading waits `interval`, and with max_cpu_share until the process has used the CPU time that
+        # makes the readings so far that share of it (readings taken before start() included)
+        cpu_due = time.process_time() + self._cpu_debt(self.read_seconds)
+        wait = self.interval if self.snapshots else 0.0  # a reading taken just before start() is not repeated
+        while not self._stop.wait(wait):
+            wait = self.interval
+            if time.process_time() < cpu_due:
+                continue
+            spent = self.read_seconds
             try:
                 self.read_once()
             except Exception as e:  # never let a sensor kill the thread (or the training with it)
                 self.errors.append(reason(e))
-            self._stop.wait(self.interval)
+            cpu_due = time.process_time() + self._cpu_debt(self.read_seconds - spent)
+
+    def _cpu_debt(self, cost: float) -> float:
+        """The process CPU seconds that a reading of `cost` CPU seconds must wait for (0 without a share)."""
+        return cost / self.max_cpu_share if self.max_cpu_share else 0.0
 
     def start(self) -> Sampler:
         if self._thread is None:
