@@ -47,7 +47,7 @@ class Clocked(FakeMachine):
 def clocked(monkeypatch):
     def make(length, **kw) -> Clocked:
         machine = Clocked(length, **kw)
-        module = importlib.import_module("saturate.tune.search")
+        module = importlib.import_module("saturate.tune.state")
         monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: machine.now))
         return machine
     return make

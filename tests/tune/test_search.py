@@ -271,7 +271,7 @@ def test_budget_running_out_keeps_the_best_so_far_and_says_what_was_not_tried(mo
 
     machine = FakeMachine(speed=saturating(1000), memory=linear_memory(GiB, 0.01 * GiB), trial_seconds=1.0)
     clock = iter(range(10_000))  # every look at the clock is one second later
-    module = importlib.import_module("saturate.tune.search")
+    module = importlib.import_module("saturate.tune.state")
     monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: float(next(clock))))
     result = search(machine, Plan(), settings(budget_s=4, try_compile=False))
     assert result.chosen.ok and result.plan in machine.tried
