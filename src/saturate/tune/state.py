@@ -76,8 +76,9 @@ class SearchState:
         return None if budget is None else budget - (self.now() - self.started)
 
     def longest(self) -> float:
-        """The longest model trial so far: the prediction for the next one."""
-        return max((t.seconds for t in self.trials), default=0.0)
+        """The longest model trial so far: the prediction for the next one. The first trial also warms the
+        process up (and is timed before the budget is shared out), so it counts only until another has run."""
+        return max((t.seconds for t in self.trials[1:] or self.trials), default=0.0)
 
     def verifying(self) -> float:
         """The time kept for the verification: a quarter more than the longest model trial (it adds the real
