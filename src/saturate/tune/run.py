@@ -62,12 +62,16 @@ def tuning_budget(predicted_training_s: float) -> float | None:
     return None if share < BUDGET_FLOOR_S else min(share, BUDGET_CEILING_S)
 
 
+COMPARE_SHARE = 0.05  # of the predicted training, for the side-by-side's timed steps (its builds come on top)
+FULL_MEASURE_S = 3.0  # timed seconds per side-by-side measurement when the job can afford it
+
+
 def measure_seconds(predicted_training_s: float | None, plans: int, rounds: int = ROUNDS) -> float:
-    """How long each side-by-side measurement runs: about 5 % of the predicted training over all of them,
-    0.5 to 3 s each (3 s when nothing is predicted)."""
+    """How long each side-by-side measurement is timed: `COMPARE_SHARE` of the predicted training over all of
+    them, 0.5 to `FULL_MEASURE_S` s each (the full length when nothing is predicted)."""
     if predicted_training_s is None:
-        return 3.0
-    return min(max(0.05 * predicted_training_s / (rounds * max(plans, 1)), 0.5), 3.0)
+        return FULL_MEASURE_S
+    return min(max(COMPARE_SHARE * predicted_training_s / (rounds * max(plans, 1)), 0.5), FULL_MEASURE_S)
 
 
 @dataclass
@@ -211,7 +215,8 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
             why = (f"using the plan tuned for {workload.name} on this machine "
                    f"({cached.provenance.get('tuned_at', 'date unknown')}): no tuning; --budget tunes again")
             console.print(why)
-            verified = cached.provenance.get("verified_samples_per_s")
+            verified = (cached.provenance.get("verified_samples_per_s")
+                        or cached.provenance.get("measured_samples_per_s"))
             predicted = (minutes * 60 if minutes else steps * cached.samples_per_step(dist.world_size) / verified
                          if verified else None)
             return Tuning(cached, None, 0.0, None, why, predicted_training_s=predicted)
@@ -239,9 +244,10 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
                if predicted else f"tuning budget {budget_s:.0f} s ({source})") + "; --budget sets another"
         console.print(why)
     try:
+        # No verification trial: the side-by-side measures the plan again, through its real loader.
         result = tune(workload, hw, budget_s=budget_s, planned_steps=steps, allow_batch_change=allow_batch_change,
                       out_dir=run_dir / "tune", seed=seed, console=console, try_compile=try_compile,
-                      allow_micro_batch_change=allow_micro_batch_change)
+                      allow_micro_batch_change=allow_micro_batch_change, verify=False)
     except BudgetTooSmall as e:
         if not predicted:  # the user's --budget: their request fails, in one line
             raise
@@ -276,8 +282,11 @@ def _choose(cmp: Comparison, label: str = "tuned") -> tuple[str, list[str], list
     lines, notes, trained = [], [], label
     for r in cmp.rows:
         if r.label != "naive" and r.vs_naive is not None:
+            short = (not (r.vs_naive.faster or r.vs_naive.slower) and cmp.measure_s is not None
+                     and cmp.measure_s < FULL_MEASURE_S)
             lines.append(f"{r.label} vs naive: {r.vs_naive.verdict()}, median of {r.vs_naive.rounds} interleaved "
-                         "rounds (range)")
+                         "rounds (range)" + (f"; each measurement was {cmp.measure_s:.1f} s, sized to the job: too "
+                                             "short to resolve a gain this small" if short else ""))
         elif r.note.startswith("the same settings as"):
             lines.append(f"{r.label}: {r.note} (nothing to compare)")
     tuned = cmp.row(label)
