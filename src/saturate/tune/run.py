@@ -5,7 +5,9 @@ The comparison rows are measured in this process by the same method, in interlea
 (compare.py), so their ratios are fair on a busy machine; the last row is the training run itself.
 Tuning must pay for itself: unless `--budget` is given, the plan cached for this workload and
 hardware is reused with no tuning, or else the tuning budget is a share of the training time
-predicted for the untuned job (naive, measured once), within a floor and a ceiling. The output says
+predicted for the untuned job (naive, measured once), within a floor and a ceiling; the tuning runs no
+verification trial (the side-by-side measures the plan again, through its real loader). The side-by-side's
+measurements are timed for `COMPARE_SHARE` of the predicted training over all of them. The output says
 what tuning cost (measured), what it is predicted to save (labelled), and the measured total.
 """
 
