@@ -122,7 +122,8 @@ class SearchState:
         model = [t for t in self.trials if t.stage != "verify"]
         todo = max(1, self.planned - len(model)) + (1 if self.s.verify else 0)
         loader = 0.0 if self.loader_trials else self.loader_settings * LOADER_TRIAL_S
-        setup = max((t.seconds - t.steps * t.step_s for t in model if t.ok and t.step_s and t.steps), default=0.0)
+        setup = max((t.seconds - t.steps * t.step_s for t in model[1:] or model  # the first also warmed up
+                     if t.ok and t.step_s and t.steps), default=0.0)
         return max(0.0, (left - loader) / todo - setup)
 
     def measure(self, run: Callable[[], Trial]) -> Trial:
