@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -174,13 +176,21 @@ def test_a_cached_plan_is_reused_with_no_tuning(tmp_path, cpu, monkeypatch):
 def test_a_job_too_short_for_one_trial_trains_the_default_plan_untuned(tmp_path, cpu, monkeypatch):
     from saturate.tune.trial import BudgetTooSmall
 
-    workload = SimpleNamespace(name="w", fingerprint=lambda: {"m": 2}, optim=SimpleNamespace(effective_batch=8),
-                               micro_batch=None, batch_coupled=None)
+    @dataclasses.dataclass
+    class Job:  # a workload's fields that matter here (a dataclass: its validation data is left out to predict)
+        name: str = "w"
+        fingerprint: Any = lambda: {"m": 2}
+        optim: Any = dataclasses.field(default_factory=lambda: SimpleNamespace(effective_batch=8))
+        micro_batch: int | None = None
+        batch_coupled: Any = None
+        val_data: Any = "validation"
+
+    workload = Job()
     naive = Plan(micro_batch=8, name="naive")
 
     class OneNaive:
-        def __init__(self, *a, **k) -> None:
-            pass
+        def __init__(self, workload, *a, **k) -> None:
+            assert workload.val_data is None  # one window of training steps predicts the training
 
         def verify(self, plan: Plan) -> Trial:
             return Trial(stage="verify", plan=plan, samples_per_s=16.0, step_s=0.5)

@@ -13,6 +13,7 @@ what tuning cost (measured), what it is predicted to save (labelled), and the me
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from saturate.tune.compare import (  # noqa: F401 - Row, comparison_table: the t
     runner_up,
 )
 from saturate.tune.measure import RealMeasurer
+from saturate.tune.noise import WindowRule
 from saturate.tune.trial import BudgetTooSmall
 from saturate.workloads.base import Workload
 from saturate.workloads.coupling import workload_default_plan
@@ -229,8 +231,9 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
         if minutes:
             predicted, source = minutes * 60, f"--minutes {minutes:g}"
         else:
-            # One step after the warm-up: a rough figure is enough to size the budget.
-            naive = RealMeasurer(workload, hw, seed=seed, min_steps=1, min_seconds=0.0, dist=dist).verify(
+            # One window (a step or a few) after the warm-up, no validation pass: a rough figure sizes the budget.
+            naive = RealMeasurer(dataclasses.replace(workload, val_data=None), hw, seed=seed, min_steps=1,
+                                 min_seconds=0.0, rule=WindowRule(min_windows=1), dist=dist).verify(
                 dict(refs)["naive"])
             predicted = steps * naive.step_s if naive.ok and naive.step_s else None
             source = (f"{steps} steps at naive's {naive.step_s:.3g} s/step, measured once" if predicted
