@@ -417,3 +417,17 @@ def test_tune_without_verification_writes_the_model_trials_figure(tmp_path, cpu)
     saved = P.load(result.plan_path)
     assert saved.provenance.get("verified_samples_per_s") is None
     assert result.plan.provenance["measured_samples_per_s"] == result.search.chosen.samples_per_s
+
+
+def test_the_climb_passes_over_a_gain_within_noise_to_a_larger_micro_batch():
+    # ±6 % per trial: 8 -> 16 gains 8 % (within the 12 % noise), 8 -> 32 gains 20 % (beyond it).
+    rates = {8: 100.0, 16: 108.0, 32: 120.0, 64: 119.0}
+    machine = FakeMachine(speed=lambda p: rates[p.micro_batch], memory=linear_memory(GiB, 0.01 * GiB), spread=0.06)
+    result = search(machine, Plan(), settings(try_compile=False, supports={}, fused_available=False))
+    assert result.plan.micro_batch == 32
+    sixteen = next(t for t in result.trials if t.plan.micro_batch == 16)
+    assert "within noise" in sixteen.verdict and "a larger one is tried" in sixteen.verdict
+    slower = FakeMachine(speed=lambda p: {8: 100.0, 16: 97.0}.get(p.micro_batch, 130.0),
+                         memory=linear_memory(GiB, 0.01 * GiB), spread=0.06)
+    search(slower, Plan(), settings(try_compile=False, supports={}, fused_available=False))
+    assert 32 not in {p.micro_batch for p in slower.tried}  # no gain at all: the climb stops there

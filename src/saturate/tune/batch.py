@@ -4,7 +4,8 @@ Memory first: a line fitted to the peak memory at two or three micro-batches pre
 ones fit, unless even the largest candidate fits with memory growing in proportion to the
 micro-batch (peak = fixed + per-sample × micro-batch, both ≥ 0, so the proportional figure is an
 upper bound) — then no memory trial is spent. The micro-batch climbs from the precision stage's
-micro-batch while each step up is faster beyond the noise, then tries below; checkpointing is
+micro-batch while each step up is faster beyond the noise (a step up that is faster within the noise
+is passed over: the next one is compared with the best so far), then tries below; checkpointing is
 tried only when memory stopped a climb that was still gaining.
 """
 
@@ -93,6 +94,9 @@ def micro_batch(st: SearchState, best: Trial, fit: MemoryFit | None) -> Trial:
         if c.faster:
             best.verdict = f"{m}: {c.text()}"
             best = t
+            continue
+        if c.gain > 0 and m != max(fitting):  # faster, but not beyond the noise: a larger one may be, against best
+            t.verdict = f"{c.text()} vs {best.plan.micro_batch}: not enough alone; a larger one is tried"
             continue
         t.verdict = f"{c.text()} vs {best.plan.micro_batch}: not enough to grow"
         stop = f"{m} measured {c.text()}"
