@@ -51,3 +51,16 @@ def test_the_window_cap_ends_a_trial_after_its_minimum_windows(workload, cpu):
     m.window_cap_s = 0.0  # windows never agree within 0 %: only the cap ends the trial
     t = m.model_trial(Plan(micro_batch=2, grad_accum=2), "x")
     assert t.ok and t.windows == 3
+
+
+def test_plans_that_would_not_fit_together_are_built_again(workload, cpu, monkeypatch):
+    built = []
+    real = resident.Stepper
+    monkeypatch.setattr(resident, "Stepper", lambda *a, **kw: built.append(a[1]) or real(*a, **kw))
+    m = ResidentMeasurer(workload, cpu, window_s=0.0, min_steps=1, rule=WindowRule(min_windows=2))
+    m.window_cap_s = 0.0
+    a, b = Plan(micro_batch=2, grad_accum=2, name="a"), Plan(micro_batch=1, grad_accum=4, name="b")
+    assert m.verify(a).ok
+    m.memory_capacity = -1  # nothing more fits beside `a`: it is dropped before `b` is built
+    assert m.verify(b).ok and m.verify(a).ok
+    assert [p.micro_batch for p in built] == [2, 1, 2]

@@ -7,8 +7,10 @@ times the first steps after a rebuild (the allocator and kernel caches refilling
 timed in windows (the rule's minimum, or until `window_cap_s` timed seconds): the noise the
 side-by-side reports is between rounds, not within one measurement.
 
-Every plan stays in memory until `close()`: used where the plans fit together (host memory on a
-CPU); compare.py rebuilds per measurement on a GPU.
+Every plan stays in memory until `close()`, as long as the plans held (each one's peak while it
+was built and warmed up, and as much again for the next) fit in half the memory capacity; past
+that, those held are dropped and built again when next measured. compare.py uses it off a GPU
+(host memory); on a GPU it rebuilds per measurement.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from saturate.plan import Plan
 from saturate.tune.measure import RealMeasurer
 from saturate.tune.process import PeakMemory, release
 from saturate.tune.trial import Trial, first_line, is_oom
+
+HEADROOM = 0.5  # the plans held together may use this share of the memory capacity (the loader, the run after)
 
 
 @dataclass
@@ -63,6 +67,9 @@ class ResidentMeasurer(RealMeasurer):
         return self._agreed(trial)
 
     def _build(self, plan: Plan, key: str) -> _Held:
+        peaks = [h.peak_memory_bytes or 0 for h in self._held.values()]
+        if peaks and sum(peaks) + max(peaks) > HEADROOM * self.memory_capacity:
+            self.close()  # another plan would not fit beside those held: they are built again when measured
         torch.manual_seed(self.seed)
         pin = plan.pin_memory and self.device.type == "cuda"
         with PeakMemory(self.device) as mem:
