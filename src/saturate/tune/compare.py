@@ -144,9 +144,10 @@ def compare(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], *, seed:
     if measurer is None:
         kind = RealMeasurer if torch.device(hw.torch_device).type == "cuda" else ResidentMeasurer
         # Training steps only: the verification's validation pass (memory proven already) would add to every one.
+        # Two warm-up steps: after a build, the second step still runs slower (bf16 on a CPU: bench/side_by_side.py).
         measurer = kind(dataclasses.replace(workload, val_data=None), hw, seed=seed, max_steps=40, dist=dist,
                         min_seconds=min_seconds, window_s=min(0.25, min_seconds / 2), rule=WindowRule(min_windows=2),
-                        min_steps=2 if min_seconds < 1 else 3)  # a short job: shorter measurements
+                        warmup=2, min_steps=2 if min_seconds < 1 else 3)  # a short job: shorter measurements
         measurer.window_cap_s = min_seconds  # a measurement's timed seconds: its share of the job
     try:
         cmp = _rounds(workload, hw, plans, rounds, dist, console, measurer)
