@@ -8,8 +8,8 @@ in each round every method measures both, back to back, and gives tuned ÷ naive
   step, timed windows of about ``--seconds``, the 5 ms RSS sampler (PeakMemory) running throughout;
 - ``no-sampler``: the same without the RSS sampler;
 - ``warm-3``: the same with three warm-up steps;
-- ``resident``: each plan built and warmed up once, every round times more of its run
-  (tune/resident.py: the side-by-side now, off a GPU);
+- ``resident``: each plan built and warmed up (two steps) once, every round times more of its run
+  (tune/resident.py, as compare.py uses it: the side-by-side now, off a GPU);
 - ``train``: saturate's train() for ``--warmup`` + ``--steps`` steps, the last timed
   (bench/_harness.py: the independent measurement of bench/trust.py).
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     def measurer(method: str) -> Any:
         kind = ResidentMeasurer if method == "resident" else measure.RealMeasurer
         m = kind(workload, hw, seed=args.seed, max_steps=40, min_seconds=args.seconds,
-                 window_s=min(0.25, args.seconds / 2), warmup=3 if method == "warm-3" else 1,
+                 window_s=min(0.25, args.seconds / 2), warmup={"warm-3": 3, "resident": 2}.get(method, 1),
                  min_steps=2, rule=WindowRule(min_windows=2))
         m.window_cap_s = args.seconds
         return m
