@@ -47,7 +47,7 @@ class Clocked(FakeMachine):
 def clocked(monkeypatch):
     def make(length, **kw) -> Clocked:
         machine = Clocked(length, **kw)
-        module = importlib.import_module("saturate.tune.search")
+        module = importlib.import_module("saturate.tune.state")
         monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: machine.now))
         return machine
     return make
@@ -117,3 +117,60 @@ def test_writing_the_evidence_is_kept_out_of_the_search_budget():
     assert settings(budget_s=100).search_budget() == pytest.approx(95.0)  # 2 s + 3 %
     assert settings(budget_s=1000).search_budget() == pytest.approx(990.0)  # at most 10 s
     assert settings().search_budget() is None
+
+
+class Capped(Clocked):
+    """A fake whose trials take `setup` seconds and are then timed for the rule's `timed` seconds, or for the
+    search's window cap when it is shorter (but never under `shortest`, the minimum windows)."""
+
+    def __init__(self, setup: float = 2.0, timed: float = 8.0, shortest: float = 1.5, **kw) -> None:
+        super().__init__(lambda p, stage: setup + self.timed(), **kw)
+        self.setup, self.full, self.shortest = setup, timed, shortest
+        self.window_cap_s: float | None = None
+        self.caps: list[float | None] = []
+
+    def timed(self) -> float:
+        return self.full if self.window_cap_s is None else max(self.shortest, min(self.full, self.window_cap_s))
+
+    def model_trial(self, plan: Plan, stage: str, **kw) -> Trial:
+        self.caps.append(self.window_cap_s)
+        t = super().model_trial(plan, stage, **kw)
+        if t.ok:  # as many steps as the timed seconds hold
+            t.steps = max(1, round((t.seconds - self.setup) / t.step_s))
+        return t
+
+
+@pytest.fixture
+def capped(clocked, monkeypatch):
+    def make(**kw) -> Capped:
+        machine = Capped(**kw)
+        module = importlib.import_module("saturate.tune.state")
+        monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: machine.now))
+        return machine
+    return make
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_trials_timed_for_a_share_of_the_budget_reach_the_micro_batch_stage(capped, clocked, verify):
+    # 45 s holds four 10 s trials: timed in full, the search ends after the precision stage (or one micro-batch
+    # when it verifies nothing); timed for a share of the budget left, it climbs every micro-batch, within budget.
+    machine = capped()
+    result = search(machine, Plan(), settings(budget_s=45, try_compile=False, verify=verify), started=0.0)
+    stages = [t.stage for t in result.trials]
+    assert stages.count("micro-batch") >= 2 and result.plan.micro_batch > 8, (stages, result.skipped)
+    assert machine.now <= 45 and result.chosen.ok
+    assert all(c is not None and c < 8 for c in machine.caps)
+    full = clocked(lambda p, stage: 10.0)  # a measurer that times every trial for the rule's full 8 s
+    search(full, Plan(), settings(budget_s=45, try_compile=False, verify=verify), started=0.0)
+    assert len([p for p in full.tried if p.micro_batch > 8]) == (0 if verify else 1)
+
+
+def test_without_verification_the_budget_holds_more_trials(capped):
+    verified, unverified = capped(), capped()
+    a = search(verified, Plan(), settings(budget_s=45, try_compile=False), started=0.0)
+    b = search(unverified, Plan(), settings(budget_s=45, try_compile=False, verify=False), started=0.0)
+    assert [t.stage for t in a.trials][-1] == "verify" and "verify" not in [t.stage for t in b.trials]
+    assert len([t for t in b.trials if t.ok]) > len([t for t in a.trials if t.ok and t.stage != "verify"])
+    assert unverified.now <= 45 and verified.now <= 45
+    assert b.chosen.plan == b.plan and b.chosen.stage != "verify" and "measured again by the caller" in b.chosen.verdict
+    assert any(d.startswith("verification: left to the caller") for d in b.decisions)

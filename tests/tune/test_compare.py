@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -96,7 +98,13 @@ def test_within_noise_is_no_measurable_gain_and_tuned_still_trains(cpu, meter):
     cmp, _ = measure({"naive": 100.0, "tuned": 101.0}, cpu, load=[1, 1, 1, 1.05, 1, 1])  # naive ran fast once
     trained, lines, notes = run_module._choose(cmp)
     assert trained == "tuned" and not notes
-    assert lines[0].startswith("tuned vs naive: no measurable gain (")
+    assert lines[0].startswith("tuned vs naive: no measurable gain (") and "too short" not in lines[0]
+    cmp.measure_s = 0.6  # measurements sized to a short job: said
+    assert run_module._choose(cmp)[1][0].endswith("each measurement was 0.6 s, sized to the job: too short to "
+                                                  "resolve a gain this small")
+    cmp, _ = measure({"naive": 100.0, "tuned": 150.0}, cpu)
+    cmp.measure_s = 0.6  # a gain resolved however briefly measured: nothing to excuse
+    assert "too short" not in run_module._choose(cmp)[1][0]
 
 
 def test_the_before_after_table_fits_80_columns(cpu, meter):
@@ -151,26 +159,38 @@ def test_a_cached_plan_is_reused_with_no_tuning(tmp_path, cpu, monkeypatch):
     got = run_module._tune(workload, cpu, SimpleNamespace(world_size=1, is_main=True), [], budget_s=None, **kw)
     assert got.result is None and got.seconds == 0.0 and got.plan.micro_batch == 4
     assert got.predicted_training_s == pytest.approx(100 * 8 / 80.0)
+    unverified = plan.replace(provenance={"world_size": 1, "measured_samples_per_s": 40.0})  # tuned by `run`
+    cache.store(unverified, workload, cpu.fingerprint())
+    got = run_module._tune(workload, cpu, SimpleNamespace(world_size=1, is_main=True), [], budget_s=None, **kw)
+    assert got.predicted_training_s == pytest.approx(100 * 8 / 40.0)
     budgets = []
-    monkeypatch.setattr(run_module, "tune", lambda *a, **k: budgets.append(k["budget_s"]) or SimpleNamespace(
-        plan=plan))
+    monkeypatch.setattr(run_module, "tune", lambda *a, **k: budgets.append((k["budget_s"], k["verify"]))
+                        or SimpleNamespace(plan=plan))
     run_module._tune(workload, cpu, SimpleNamespace(world_size=1, is_main=True), [], budget_s=42.0, **kw)
-    assert budgets == [42.0]  # --budget overrides the cache
+    assert budgets == [(42.0, False)]  # --budget overrides the cache; the side-by-side measures the plan again
     run_module._tune(workload, cpu, SimpleNamespace(world_size=1, is_main=True), [], budget_s=None,
                      **(kw | {"minutes": 60.0, "try_compile": True, "allow_batch_change": True}))
-    assert budgets[-1] == pytest.approx(600.0)  # no cache with a batch change: 20 % of the hour, capped
+    assert budgets[-1][0] == pytest.approx(600.0)  # no cache with a batch change: 20 % of the hour, capped
 
 
 def test_a_job_too_short_for_one_trial_trains_the_default_plan_untuned(tmp_path, cpu, monkeypatch):
     from saturate.tune.trial import BudgetTooSmall
 
-    workload = SimpleNamespace(name="w", fingerprint=lambda: {"m": 2}, optim=SimpleNamespace(effective_batch=8),
-                               micro_batch=None, batch_coupled=None)
+    @dataclasses.dataclass
+    class Job:  # a workload's fields that matter here (a dataclass: its validation data is left out to predict)
+        name: str = "w"
+        fingerprint: Any = lambda: {"m": 2}
+        optim: Any = dataclasses.field(default_factory=lambda: SimpleNamespace(effective_batch=8))
+        micro_batch: int | None = None
+        batch_coupled: Any = None
+        val_data: Any = "validation"
+
+    workload = Job()
     naive = Plan(micro_batch=8, name="naive")
 
     class OneNaive:
-        def __init__(self, *a, **k) -> None:
-            pass
+        def __init__(self, workload, *a, **k) -> None:
+            assert workload.val_data is None  # one window of training steps predicts the training
 
         def verify(self, plan: Plan) -> Trial:
             return Trial(stage="verify", plan=plan, samples_per_s=16.0, step_s=0.5)

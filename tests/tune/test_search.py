@@ -271,7 +271,7 @@ def test_budget_running_out_keeps_the_best_so_far_and_says_what_was_not_tried(mo
 
     machine = FakeMachine(speed=saturating(1000), memory=linear_memory(GiB, 0.01 * GiB), trial_seconds=1.0)
     clock = iter(range(10_000))  # every look at the clock is one second later
-    module = importlib.import_module("saturate.tune.search")
+    module = importlib.import_module("saturate.tune.state")
     monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: float(next(clock))))
     result = search(machine, Plan(), settings(budget_s=4, try_compile=False))
     assert result.chosen.ok and result.plan in machine.tried
@@ -352,3 +352,82 @@ def test_bf16_near_zero_losses_are_accepted_and_a_diverging_bf16_rejected():
     rejected = search(FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB), losses=diverging),
                       Plan(), settings(try_compile=False))
     assert rejected.plan.precision == "fp32" and any("bf16 rejected" in d for d in rejected.decisions)
+
+
+def test_loader_feeds_the_model_only_beyond_both_spreads_and_says_within_noise():
+    # The model at 500 ±5 %: 1.2× is 600. One worker reads 640 ±10 %: above the need, but its lower bound is not.
+    def loader(p: Plan) -> tuple[float, int]:
+        return {0: 300.0, 1: 640.0}.get(p.num_workers, 900.0), p.num_workers * GiB
+
+    def machine(spread: float | None) -> FakeMachine:
+        m = FakeMachine(speed=lambda p: 500.0, memory=linear_memory(GiB, 0.1 * GiB), loader=loader, cores=8,
+                        spread=spread)
+        real = m.loader_trial
+
+        def loader_trial(plan: Plan) -> LoaderTrial:
+            t = real(plan)
+            t.spread = spread if spread is None else 2 * spread
+            return t
+        m.loader_trial = loader_trial
+        return m
+
+    exact = search(machine(None), Plan(), settings(try_compile=False, supports={}))
+    assert exact.plan.num_workers == 1  # no spread: 640 ≥ 600 feeds it
+    noisy = search(machine(0.05), Plan(), settings(try_compile=False, supports={}))
+    assert noisy.plan.num_workers == 2  # 640 ±10 % vs 600 ±5 %: within noise; 2 workers (900) feed it beyond
+    one = next(t for t in noisy.loader_trials if t.num_workers == 1 and t.prefetch_factor == 2)
+    assert "within noise" in one.verdict
+    assert "beyond both figures' noise" in next(d for d in noisy.decisions if d.startswith("loader"))
+
+
+def test_loader_within_noise_is_chosen_and_said_when_nothing_feeds_beyond_it():
+    def loader(p: Plan) -> tuple[float, int]:
+        return (300.0 if p.num_workers == 0 else 620.0), p.num_workers * GiB
+
+    m = FakeMachine(speed=lambda p: 500.0, memory=linear_memory(GiB, 0.1 * GiB), loader=loader, cores=2, spread=0.05)
+    result = search(m, Plan(), settings(try_compile=False, supports={}))
+    assert result.plan.num_workers == 1  # the cheapest that may feed it
+    assert "within noise, so it may not always keep up" in next(d for d in result.decisions if d.startswith("loader"))
+
+
+def test_no_memory_trial_when_every_candidate_fits_in_proportion():
+    plenty = search(FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB)), Plan(),
+                    settings(try_compile=False))
+    assert not [t for t in plenty.trials if t.stage == "memory"] and plenty.fit is None
+    assert any("every candidate fits, no memory trial run (a prediction)" in d for d in plenty.decisions)
+    tight = search(FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.5 * GiB), capacity=10 * GiB),
+                   Plan(), settings(try_compile=False))
+    assert [t for t in tight.trials if t.stage == "memory"] and tight.fit is not None
+
+
+def test_tune_without_verification_writes_the_model_trials_figure(tmp_path, cpu):
+    import dataclasses
+
+    from rich.console import Console
+
+    from saturate.plan import Plan as P
+    from saturate.tune import tune
+    from saturate.workloads import build_workload
+
+    w = dataclasses.replace(build_workload("gpt-tiny", seed=0, effective_batch=8), val_data=None)
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB), device_type="cpu")
+    result = tune(w, cpu, out_dir=tmp_path / "t", measurer=machine, try_compile=False, use_cache=False,
+                  console=Console(file=open("/dev/null", "w")), verify=False)  # noqa: SIM115
+    assert machine.verifications == 0 and "verify" not in [t.stage for t in result.search.trials]
+    saved = P.load(result.plan_path)
+    assert saved.provenance.get("verified_samples_per_s") is None
+    assert result.plan.provenance["measured_samples_per_s"] == result.search.chosen.samples_per_s
+
+
+def test_the_climb_passes_over_a_gain_within_noise_to_a_larger_micro_batch():
+    # ±6 % per trial: 8 -> 16 gains 8 % (within the 12 % noise), 8 -> 32 gains 20 % (beyond it).
+    rates = {8: 100.0, 16: 108.0, 32: 120.0, 64: 119.0}
+    machine = FakeMachine(speed=lambda p: rates[p.micro_batch], memory=linear_memory(GiB, 0.01 * GiB), spread=0.06)
+    result = search(machine, Plan(), settings(try_compile=False, supports={}, fused_available=False))
+    assert result.plan.micro_batch == 32
+    sixteen = next(t for t in result.trials if t.plan.micro_batch == 16)
+    assert "within noise" in sixteen.verdict and "a larger one is tried" in sixteen.verdict
+    slower = FakeMachine(speed=lambda p: {8: 100.0, 16: 97.0}.get(p.micro_batch, 130.0),
+                         memory=linear_memory(GiB, 0.01 * GiB), spread=0.06)
+    search(slower, Plan(), settings(try_compile=False, supports={}, fused_available=False))
+    assert 32 not in {p.micro_batch for p in slower.tried}  # no gain at all: the climb stops there

@@ -68,14 +68,17 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
          planned_steps: int | None = None, allow_batch_change: bool = False, out_dir: Path | None = None,
          measurer: Measurer | None = None, seed: int = 0, try_compile: bool = True, device: str | None = None,
          console: Console | None = None, use_cache: bool = True, wide: bool = False,
-         allow_micro_batch_change: bool = False, **settings: Any) -> TuneResult:
+         allow_micro_batch_change: bool = False, verify: bool = True, **settings: Any) -> TuneResult:
     """Find the fastest plan for `workload` on this machine by measurement, and prove it.
 
     The effective batch is kept exactly unless `allow_batch_change` (the learning rate is then
     rescaled by train()). With batch-coupled layers (BatchNorm) the micro-batch is kept unless
     `allow_micro_batch_change` (workloads/coupling.py). Writes `plan.toml`, `tune.json` and PNG plots
     to `out_dir`, and caches the plan for `train` to reuse on this hardware. `wide`: the tables show
-    every figure (default: 80 columns). The budget counts from this call: the search stops where its
+    every figure (default: 80 columns). `verify=False` leaves out the last trial, which runs the chosen plan
+    through the real loader and a validation pass: for a caller that measures the plan again anyway (`saturate
+    run`'s side-by-side), so the budget goes to the search; the plan then carries its model trial's figure
+    (`measured_samples_per_s`), not a verified one. The budget counts from this call: the search stops where its
     next trial and the verification would not fit, and a budget smaller than one trial fails after that
     trial's first step.
     """
@@ -99,7 +102,7 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
                        effective_batch=workload.optim.effective_batch, planned_steps=steps,
                        supports=dict(hw.supports), fused_available=fused_adamw_available(dev),
                        world_size=world, allow_batch_change=allow_batch_change, budget_s=budget_s,
-                       try_compile=try_compile, **settings)
+                       try_compile=try_compile, verify=verify, **settings)
     out_dir = Path(broadcast_object(str(out_dir) if out_dir is not None else str(
         Path("runs") / f"tune-{workload.name}-{time.strftime('%Y%m%d-%H%M%S')}")))  # rank 0's name on every rank
     console.print(f"[bold]saturate tune[/bold] {workload.name} on {_describe(hw)}: effective batch "
@@ -139,8 +142,9 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
         "effective_batch": result.plan.samples_per_step(world),
         "world_size": world,
         "tuning_seconds": round(result.seconds, 1),
-        "verified_samples_per_s": result.chosen.samples_per_s,
-        "verified_peak_memory_bytes": result.chosen.peak_memory_bytes,
+        "measured_samples_per_s": result.chosen.samples_per_s,  # the verification's, or the model trial's
+        **({"verified_samples_per_s": result.chosen.samples_per_s,
+            "verified_peak_memory_bytes": result.chosen.peak_memory_bytes} if verify else {}),
         "memory_kind": measurer.memory_kind,
         "evidence": str(out_dir / "tune.json"),  # the trials and decisions; plan.toml keeps the settings short
     })

@@ -27,6 +27,7 @@ from saturate.engine.summary import mfu_peak
 from saturate.hardware.contention import Contention, ContentionMeter
 from saturate.hardware.mfu import Mfu, mfu
 from saturate.plan import Plan
+from saturate.tune.noise import WindowRule
 from saturate.tune.rounds import Ratio, interleaved
 from saturate.tune.trial import Trial
 from saturate.workloads.base import Workload
@@ -66,6 +67,7 @@ class Comparison:
     rounds: int
     contention: Contention | None = None
     seconds: float = 0.0  # wall time of the rounds
+    measure_s: float | None = None  # timed seconds per measurement (None: the measurer's own)
 
     def row(self, label: str) -> Row | None:
         return next((r for r in self.rows if r.label == label), None)
@@ -81,7 +83,7 @@ class Comparison:
         return max(beaten, key=lambda rq: rq[1].median, default=None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rounds": self.rounds, "seconds": round(self.seconds, 1),
+        return {"rounds": self.rounds, "seconds": round(self.seconds, 1), "measure_s": self.measure_s,
                 "contention": self.contention.to_dict() if self.contention else None}
 
 
@@ -129,15 +131,35 @@ def compare(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], *, seed:
             console: Console | None = None, measurer: Any = None) -> Comparison:
     """Measure each plan the same way in interleaved rounds in this process (every rank together under
     torchrun; the rows then give the whole job's samples/s and the ranks' mean utilisation). One more
-    round when other processes kept the machine busy meanwhile."""
+    round when other processes kept the machine busy meanwhile. Each measurement times `min_seconds` of training
+    steps, in two windows (or more, when one step is longer than a window); the noise reported is between rounds.
+
+    Off a GPU each plan is built once and kept (resident.py): every round times more steps of the same run,
+    after one warm-up; on a GPU, where the plans need not fit together, each measurement rebuilds its plan."""
     from saturate.tune.measure import RealMeasurer
+    from saturate.tune.resident import ResidentMeasurer
 
     dist = dist or DistInfo()
     console = console or Console(quiet=True)
-    # Training steps only: the verification's validation pass (memory proven already) would add to every measurement.
-    measurer = measurer or RealMeasurer(dataclasses.replace(workload, val_data=None), hw, seed=seed,
-                                        min_seconds=min_seconds, max_steps=40, dist=dist,
-                                        min_steps=2 if min_seconds < 1 else 3)  # a short job: shorter measurements
+    if measurer is None:
+        kind = RealMeasurer if torch.device(hw.torch_device).type == "cuda" else ResidentMeasurer
+        # Training steps only: the verification's validation pass (memory proven already) would add to every one.
+        # Two warm-up steps: after a build, the second step still runs slower (bf16 on a CPU: bench/side_by_side.py).
+        measurer = kind(dataclasses.replace(workload, val_data=None), hw, seed=seed, max_steps=40, dist=dist,
+                        min_seconds=min_seconds, window_s=min(0.25, min_seconds / 2), rule=WindowRule(min_windows=2),
+                        warmup=2, min_steps=2 if min_seconds < 1 else 3)  # a short job: shorter measurements
+        measurer.window_cap_s = min_seconds  # a measurement's timed seconds: its share of the job
+    try:
+        cmp = _rounds(workload, hw, plans, rounds, dist, console, measurer)
+        cmp.measure_s = getattr(measurer, "window_cap_s", None)
+        return cmp
+    finally:
+        if hasattr(measurer, "close"):
+            measurer.close()
+
+
+def _rounds(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], rounds: int, dist: DistInfo,
+            console: Console, measurer: Any) -> Comparison:
     by_label = dict(plans)
     same = same_settings(plans)  # a plan whose settings an earlier one has is measured once, as that one
     labels = [label for label, _ in plans if label not in same]

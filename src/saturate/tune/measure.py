@@ -91,6 +91,9 @@ class RealMeasurer:
         # When a model trial must end (time.monotonic()), set by the search under a budget: a trial whose first
         # step predicts it would end later stops there (status OVER_BUDGET) instead of overrunning the budget.
         self.deadline: float | None = None
+        # Timed seconds a trial may take at most, set by the search from the budget left (state.window_cap); the
+        # rule's minimum windows are timed whatever it says. None: the rule's caps alone.
+        self.window_cap_s: float | None = None
 
     def all_agree(self, flag: bool) -> bool:
         return not agree_any(not flag)
@@ -233,6 +236,8 @@ class RealMeasurer:
             if not agreed and busy is None and rule.capped(rates, elapsed):
                 busy = meter.stop().significant()  # read once, when the windows failed to agree in time
             done = (steps is not None or agreed or rule.capped(rates, elapsed, bool(busy))
+                    or (self.window_cap_s is not None and len(rates) >= rule.min_windows
+                        and elapsed >= self.window_cap_s)
                     or (self.max_steps is not None and n >= self.max_steps))
             if not agree_any(not done):  # every rank is done
                 break

@@ -218,7 +218,7 @@ def plot(result: SearchResult, out_dir: Path, loader_margin: float) -> tuple[lis
     if own is not None:
         ax1.plot([own.plan.micro_batch], [own.samples_per_s], "*", color="green", markersize=16, zorder=5,
                  label=f"chosen: {plan_text(own.plan)}")
-    if result.chosen.samples_per_s:
+    if result.chosen.samples_per_s and result.chosen.stage == "verify":  # unverified: its own trial is the star
         ax1.plot([chosen.micro_batch], [result.chosen.samples_per_s], "x", color="black", markersize=10, zorder=5,
                  label="verified (with the real loader)")
     ax1.set(xlabel="micro-batch", ylabel="samples/s (median ± spread)", title="Throughput against micro-batch")
@@ -236,7 +236,8 @@ def plot(result: SearchResult, out_dir: Path, loader_margin: float) -> tuple[lis
             if rows:
                 ax.plot([w for w, _ in rows], [v for _, v in rows], "o-", label=f"prefetch {pf}")
         model_rate = result.chosen.samples_per_s or 0
-        ax.axhline(model_rate, color="black", ls="--", label="model (verified plan)")
+        ax.axhline(model_rate, color="black", ls="--", label="model (verified plan)" if result.chosen.stage == "verify"
+                   else "model (chosen plan's trial)")
         ax.axhline(model_rate * loader_margin, color="grey", ls=":", label=f"{loader_margin:g}× model: wanted")
         ax.set(xlabel="DataLoader workers", ylabel="samples/s (loader alone)", yscale="log",
                title="Input pipeline against workers")

@@ -26,7 +26,8 @@ class SearchSettings:
     headroom: float = 0.9  # share of the memory capacity a plan may use
     min_gain: float = 0.03  # a change is taken only when it gains more than this, and more than the noise
     verify_tolerance: float = 0.10  # the verification may be this much below its plan's model trial (the loader)
-    loader_margin: float = 1.5  # the loader must feed this many times faster than the model computes
+    # The loader must feed this many times the model's rate, beyond both figures' noise (loader_stage.py).
+    loader_margin: float = 1.2
     loss_tolerance: float = LOSS_TOLERANCE  # largest per-step loss difference against fp32 (search.loss_drift)
     try_compile: bool = True
     compile_mode: str = "default"
@@ -34,6 +35,9 @@ class SearchSettings:
     compile_speedup_bound: float = 3.0  # the compile time limit assumes at most this speed-up
     # The only micro-batch tried (batch-coupled layers: it is part of the model's maths); None searches it.
     fixed_micro_batch: int | None = None
+    # Verify the chosen plan here (real loader, a validation pass); False when the caller measures it again
+    # anyway (saturate run's side-by-side): the budget then goes to the search's trials.
+    verify: bool = True
 
     def __post_init__(self) -> None:
         if self.fixed_micro_batch:

@@ -5,12 +5,15 @@ The comparison rows are measured in this process by the same method, in interlea
 (compare.py), so their ratios are fair on a busy machine; the last row is the training run itself.
 Tuning must pay for itself: unless `--budget` is given, the plan cached for this workload and
 hardware is reused with no tuning, or else the tuning budget is a share of the training time
-predicted for the untuned job (naive, measured once), within a floor and a ceiling. The output says
+predicted for the untuned job (naive, measured once), within a floor and a ceiling; the tuning runs no
+verification trial (the side-by-side measures the plan again, through its real loader). The side-by-side's
+measurements are timed for `COMPARE_SHARE` of the predicted training over all of them. The output says
 what tuning cost (measured), what it is predicted to save (labelled), and the measured total.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -38,6 +41,7 @@ from saturate.tune.compare import (  # noqa: F401 - Row, comparison_table: the t
     runner_up,
 )
 from saturate.tune.measure import RealMeasurer
+from saturate.tune.noise import WindowRule
 from saturate.tune.trial import BudgetTooSmall
 from saturate.workloads.base import Workload
 from saturate.workloads.coupling import workload_default_plan
@@ -62,12 +66,16 @@ def tuning_budget(predicted_training_s: float) -> float | None:
     return None if share < BUDGET_FLOOR_S else min(share, BUDGET_CEILING_S)
 
 
+COMPARE_SHARE = 0.05  # of the predicted training, for the side-by-side's timed steps (its builds come on top)
+FULL_MEASURE_S = 3.0  # timed seconds per side-by-side measurement when the job can afford it
+
+
 def measure_seconds(predicted_training_s: float | None, plans: int, rounds: int = ROUNDS) -> float:
-    """How long each side-by-side measurement runs: about 5 % of the predicted training over all of them,
-    0.5 to 3 s each (3 s when nothing is predicted)."""
+    """How long each side-by-side measurement is timed: `COMPARE_SHARE` of the predicted training over all of
+    them, 0.5 to `FULL_MEASURE_S` s each (the full length when nothing is predicted)."""
     if predicted_training_s is None:
-        return 3.0
-    return min(max(0.05 * predicted_training_s / (rounds * max(plans, 1)), 0.5), 3.0)
+        return FULL_MEASURE_S
+    return min(max(COMPARE_SHARE * predicted_training_s / (rounds * max(plans, 1)), 0.5), FULL_MEASURE_S)
 
 
 @dataclass
@@ -211,7 +219,8 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
             why = (f"using the plan tuned for {workload.name} on this machine "
                    f"({cached.provenance.get('tuned_at', 'date unknown')}): no tuning; --budget tunes again")
             console.print(why)
-            verified = cached.provenance.get("verified_samples_per_s")
+            verified = (cached.provenance.get("verified_samples_per_s")
+                        or cached.provenance.get("measured_samples_per_s"))
             predicted = (minutes * 60 if minutes else steps * cached.samples_per_step(dist.world_size) / verified
                          if verified else None)
             return Tuning(cached, None, 0.0, None, why, predicted_training_s=predicted)
@@ -222,8 +231,9 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
         if minutes:
             predicted, source = minutes * 60, f"--minutes {minutes:g}"
         else:
-            # One step after the warm-up: a rough figure is enough to size the budget.
-            naive = RealMeasurer(workload, hw, seed=seed, min_steps=1, min_seconds=0.0, dist=dist).verify(
+            # One window (a step or a few) after the warm-up, no validation pass: a rough figure sizes the budget.
+            naive = RealMeasurer(dataclasses.replace(workload, val_data=None), hw, seed=seed, min_steps=1,
+                                 min_seconds=0.0, rule=WindowRule(min_windows=1), dist=dist).verify(
                 dict(refs)["naive"])
             predicted = steps * naive.step_s if naive.ok and naive.step_s else None
             source = (f"{steps} steps at naive's {naive.step_s:.3g} s/step, measured once" if predicted
@@ -239,9 +249,10 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
                if predicted else f"tuning budget {budget_s:.0f} s ({source})") + "; --budget sets another"
         console.print(why)
     try:
+        # No verification trial: the side-by-side measures the plan again, through its real loader.
         result = tune(workload, hw, budget_s=budget_s, planned_steps=steps, allow_batch_change=allow_batch_change,
                       out_dir=run_dir / "tune", seed=seed, console=console, try_compile=try_compile,
-                      allow_micro_batch_change=allow_micro_batch_change)
+                      allow_micro_batch_change=allow_micro_batch_change, verify=False)
     except BudgetTooSmall as e:
         if not predicted:  # the user's --budget: their request fails, in one line
             raise
@@ -276,8 +287,11 @@ def _choose(cmp: Comparison, label: str = "tuned") -> tuple[str, list[str], list
     lines, notes, trained = [], [], label
     for r in cmp.rows:
         if r.label != "naive" and r.vs_naive is not None:
+            short = (not (r.vs_naive.faster or r.vs_naive.slower) and cmp.measure_s is not None
+                     and cmp.measure_s < FULL_MEASURE_S)
             lines.append(f"{r.label} vs naive: {r.vs_naive.verdict()}, median of {r.vs_naive.rounds} interleaved "
-                         "rounds (range)")
+                         "rounds (range)" + (f"; each measurement was {cmp.measure_s:.1f} s, sized to the job: too "
+                                             "short to resolve a gain this small" if short else ""))
         elif r.note.startswith("the same settings as"):
             lines.append(f"{r.label}: {r.note} (nothing to compare)")
     tuned = cmp.row(label)

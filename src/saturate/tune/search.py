@@ -4,30 +4,30 @@ Order: precision (with a loss check against fp32) -> memory fit -> micro-batch (
 the micro-batches that keep the effective batch exact) -> activation checkpointing (only when
 memory stopped the climb) -> DDP or FSDP2 (under torchrun) -> fused optimizer -> torch.compile
 (only when it pays back its compile time within the planned run) -> input pipeline (cheapest
-loader that comfortably outruns the model within the host-RAM budget) -> verification with real
-training and validation steps.
+loader that feeds the model beyond the noise, within the host-RAM budget) -> verification with
+real training and validation steps (left to the caller when it measures the plan again anyway:
+`SearchSettings.verify`).
 
 Everything here talks to a `Measurer`, so the logic is tested with a deterministic fake. A plan is
-only ever reported with figures from a trial that ran it; predictions are labelled.
-
-Over 400 lines because `_Search` is one algorithm, its stages reading and narrowing the same
-state (the best trial, the memory fit, the budget) in order; split up, each stage would lose sight
-of the others. Its settings and result types are in results.py.
+only ever reported with figures from a trial that ran it; predictions are labelled. The state the
+stages share and the budget are in state.py; the batch-sizing stages in batch.py, the loader's in
+loader_stage.py; the settings and result types in results.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import time
 from collections.abc import Callable
-from typing import Any
 
-from saturate.errors import ConfigError, SaturateError
+from saturate.errors import SaturateError
 from saturate.plan import Plan
+from saturate.tune import batch
 from saturate.tune.decide import check_verification, compare, keep_candidate
-from saturate.tune.noise import rate_text
-from saturate.tune.results import MemoryFit, SearchResult, SearchSettings, fit_memory
-from saturate.tune.trial import OVER_BUDGET, BudgetTooSmall, LoaderTrial, Measurer, Trial
+from saturate.tune.loader_stage import ladder, loader
+from saturate.tune.results import SearchResult, SearchSettings
+from saturate.tune.state import SearchState
+from saturate.tune.trial import OVER_BUDGET, LoaderTrial, Measurer, Trial
 
 
 def search(measurer: Measurer, base: Plan, s: SearchSettings,
@@ -37,119 +37,41 @@ def search(measurer: Measurer, base: Plan, s: SearchSettings,
     return _Search(measurer, base, s, on_trial, started).run()
 
 
-def _rate(t: Trial) -> str:
-    return rate_text(t.samples_per_s, t.spread)
-
-
-def _gib(n: float | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.2f} GiB"
-
-
-class _Search:
-    def __init__(self, measurer: Measurer, base: Plan, s: SearchSettings,
-                 on_trial: Callable[[Trial | LoaderTrial], None] | None = None, started: float | None = None) -> None:
-        self.on_trial = on_trial or (lambda t: None)
-        if s.effective_batch % s.world_size:
-            raise ConfigError(f"effective batch {s.effective_batch} is not divisible by {s.world_size} processes")
-        self.m, self.base, self.s = measurer, base, s
-        self.local = s.effective_batch // s.world_size
-        self.trials: list[Trial] = []
-        self.loader_trials: list[LoaderTrial] = []
-        self.decisions: list[str] = []
-        self.skipped: list[str] = []
-        self.warnings: list[str] = []  # what the user must know about the result (an inconsistent verification)
-        self.started = time.monotonic() if started is None else started
-        self.budget_spent = False  # a trial stopped after its first step: it would have ended past the budget
-        self.all_agree: Callable[[bool], bool] = getattr(measurer, "all_agree", lambda flag: flag)
-        self.discard_compiled: Callable[[], None] = getattr(measurer, "discard_compiled", lambda: None)
-
-    # --- helpers --------------------------------------------------------------------------------
-
-    def candidates(self) -> list[int]:
-        """Micro-batches that keep the effective batch exact (and larger ones when it may grow)."""
-        if self.s.fixed_micro_batch:  # batch-coupled layers (workloads/coupling.py): not searched
-            return [self.s.fixed_micro_batch]
-        out = [d for d in range(1, self.local + 1) if self.local % d == 0]
-        if self.s.allow_batch_change:
-            out += [self.local * k for k in (2, 4, 8)]
-        return out
-
-    def at(self, plan: Plan, micro: int) -> Plan:
-        return plan.replace(micro_batch=micro, grad_accum=max(1, self.local // micro))
-
-    def remaining(self) -> float | None:
-        budget = self.s.search_budget()
-        return None if budget is None else budget - (time.monotonic() - self.started)
-
-    def longest(self) -> float:
-        """The longest model trial so far: the prediction for the next one."""
-        return max((t.seconds for t in self.trials), default=0.0)
-
-    def verifying(self) -> float:
-        """The time kept for the verification: a quarter more than the longest model trial (it adds the real
-        loader and a validation pass)."""
-        return 1.25 * self.longest()
-
-    def affordable(self, what: str, loader: bool = False) -> bool:
-        """Whether the budget still holds one more trial as long as the longest of its kind so far, and
-        then the verification (predicted as long as the longest model trial)."""
-        left = self.remaining()
-        if left is None:
-            return True
-        need = max((t.seconds for t in self.loader_trials), default=0.0) if loader else self.longest()
-        # Several processes: each rank's clock decides, and all must take the same branch.
-        if self.all_agree(not self.budget_spent and left >= need + self.verifying()):
-            return True
-        self.skipped.append(f"{what}: not tried, the budget had {max(left, 0):.0f} s left; a trial takes up to "
-                            f"{need:.0f} s and verifying the plan ~{self.verifying():.0f} s (predicted from the "
-                            "trials)")
-        return False
-
-    def deadline(self) -> float | None:
-        """When a model trial must end (time.monotonic()): the budget's end less the time kept for verification;
-        before any trial, half the budget (the verification will take about as long as the first trial)."""
-        budget = self.s.search_budget()
-        if budget is None:
-            return None
-        return self.started + (budget - self.verifying() if self.trials else budget / 2)
-
-    def trial(self, plan: Plan, stage: str, **kw: Any) -> Trial:
-        if hasattr(self.m, "deadline"):  # the measurer stops a trial whose first step predicts an overrun
-            self.m.deadline = self.deadline()
-        t = self.m.model_trial(plan, stage, **kw)
-        self.trials.append(t)
-        self.on_trial(t)
-        if t.status == OVER_BUDGET:
-            self.budget_spent = True
-        nothing = not any(x.ok for x in self.trials)  # no plan measured yet: nothing to choose from
-        if self.s.budget_s is not None and ((t.status == OVER_BUDGET and nothing)
-                                            or (len(self.trials) == 1 and t.seconds > self.s.budget_s)):
-            why = (f"{t.error}, with the verification (about as long) still to come" if t.status == OVER_BUDGET
-                   else f"alone took {t.seconds:.1f} s")
-            raise BudgetTooSmall(f"tuning budget {self.s.budget_s:g} s is too small: the first trial (micro-batch "
-                                 f"{plan.micro_batch}, {plan.precision}) {why}; give --budget "
-                                 f"{max(60, int(10 * t.seconds))} or more")
-        return t
-
-    # --- the stages -----------------------------------------------------------------------------
-
+class _Search(SearchState):
     def run(self) -> SearchResult:
+        self.planned = self.expected_trials()
+        self.loader_settings = len(ladder(self.m.cores))
         best = self.precision()
-        fit = self.memory(best)
-        best = self.micro_batch(best, fit)
-        best = self.activation_checkpointing(best, fit)
+        fit = batch.memory(self, best)
+        best = batch.micro_batch(self, best, fit)
+        best = batch.activation_checkpointing(self, best, fit)
         best = self.strategy(best)
         best = self.fused(best)
         best = self.compile(best)
-        plan = self.loader(best)
-        chosen = self.consistent(self.verify(plan), best)
+        plan = loader(self, best)
+        if self.s.verify:
+            chosen = self.consistent(self.verify(plan), best)
+        else:  # the caller measures the plan again (saturate run's side-by-side): its model trial stands for it
+            best.verdict = "chosen (not verified here: measured again by the caller)"
+            chosen = dataclasses.replace(best, plan=plan)
+            self.decisions.append("verification: left to the caller, which measures the plan again")
         effective = chosen.plan.samples_per_step(self.s.world_size)
         if effective != self.s.effective_batch:
             self.decisions.append(f"effective batch: {self.s.effective_batch} -> {effective} (allowed); training "
                                   "rescales the learning rate linearly")
         return SearchResult(plan=chosen.plan, trials=self.trials, loader_trials=self.loader_trials, fit=fit,
-                            decisions=self.decisions, seconds=time.monotonic() - self.started, chosen=chosen,
+                            decisions=self.decisions, seconds=self.now() - self.started, chosen=chosen,
                             skipped=self.skipped, warnings=self.warnings)
+
+    def expected_trials(self) -> int:
+        """The model trials the stages are expected to run (the budget is shared out by it): the precisions,
+        two steps of the micro-batch climb, FSDP, the fused optimizer and compile where they apply."""
+        s, cands = self.s, self.candidates()
+        probe = max(m for m in cands if m <= max(1, min(s.probe_micro, self.local)))
+        precisions = 1 + bool(s.supports.get("bf16") or s.supports.get("fp16")) + bool(
+            s.supports.get("tf32") and self.m.device_type == "cuda")
+        return (precisions + min(2, len([m for m in cands if m > probe])) + (s.world_size > 1)
+                + s.fused_available + s.try_compile)
 
     def precision(self) -> Trial:
         s = self.s
@@ -218,114 +140,6 @@ class _Search:
                 f"precision: {_precision_label(best.plan)}, {best.samples_per_s / ref.samples_per_s:.2f}× fp32 "
                 f"samples/s at micro-batch {best.plan.micro_batch} ({compare(best, ref, s.min_gain).text()}); its "
                 f"first {len(best.losses)} losses are within {100 * drift:.2f} % of fp32's")
-        return best
-
-    def memory(self, best: Trial) -> MemoryFit | None:
-        """Peak memory at two or three small micro-batches, fitted with a line."""
-        cands = self.candidates()
-        want = [m for m in cands if m < best.plan.micro_batch][:2]
-        if len(want) < 2:
-            want += [m for m in cands if m > best.plan.micro_batch][: 2 - len(want)]
-        points = [(best.plan.micro_batch, best.peak_memory_bytes)] if best.peak_memory_bytes is not None else []
-        for m in want:
-            if not self.affordable(f"memory at micro-batch {m}"):
-                break
-            t = self.trial(self.at(best.plan, m), "memory", steps=1)
-            if t.peak_memory_bytes is not None and t.ok:
-                points.append((m, t.peak_memory_bytes))
-                t.verdict = "memory point"
-            else:
-                t.verdict = f"{t.status}: {t.error}"
-        points.sort()
-        if len(points) < 2:
-            self.skipped.append("memory fit: fewer than two measured points")
-            return None
-        fit = fit_memory(points, self.m.memory_capacity, self.s.headroom, self.m.memory_kind)
-        if fit.slope <= 0:
-            self.decisions.append(f"memory: peak {self.m.memory_kind} memory did not grow with the micro-batch "
-                                  f"({', '.join(f'{m}: {_gib(b)}' for m, b in points)}); no limit predicted")
-        else:
-            top = max((m for m in cands if fit.fits(m)), default=None)
-            self.decisions.append(
-                f"memory: measured {', '.join(f'{m} -> {_gib(b)}' for m, b in points)}; fit {_gib(fit.intercept)} + "
-                f"{_gib(fit.slope)} per sample; limit {_gib(fit.limit)} ({100 * self.s.headroom:.0f} % of "
-                f"{_gib(fit.capacity)}); largest micro-batch predicted to fit: {top} (a prediction)")
-        return fit
-
-    def micro_batch(self, best: Trial, fit: MemoryFit | None) -> Trial:
-        cands = self.candidates()
-        m0 = best.plan.micro_batch
-        too_big = [m for m in cands if fit is not None and not fit.fits(m)]
-        for m in too_big:
-            self.skipped.append(f"micro-batch {m}: not tried, predicted {_gib(fit.predict(m))} > "
-                                f"limit {_gib(fit.limit)}")
-        fitting = [m for m in cands if m not in too_big]
-        self.memory_capped = bool(too_big)
-        stop = ""
-        for m in [c for c in fitting if c > m0]:
-            if not self.affordable(f"micro-batch {m}"):
-                stop = "the tuning budget ran out"
-                break
-            t = self.trial(self.at(best.plan, m), "micro-batch")
-            if not t.ok:
-                t.verdict = f"{t.status}: {t.error}"
-                self.memory_capped = self.memory_capped or t.status == "oom"
-                stop = f"{m} ran out of memory" if t.status == "oom" else f"{m}: {t.status}"
-                break
-            c = compare(t, best, self.s.min_gain)
-            if c.faster:
-                best.verdict = f"{m}: {c.text()}"
-                best = t
-                continue
-            t.verdict = f"{c.text()} vs {best.plan.micro_batch}: not enough to grow"
-            stop = f"{m} measured {c.text()}"
-            self.memory_capped = False
-            break
-        else:
-            stop = "the largest micro-batch that fits" if self.memory_capped else "the largest candidate"
-        if best.plan.micro_batch == m0:  # nothing above helped: try below
-            for m in reversed([c for c in fitting if c < m0]):
-                if not self.affordable(f"micro-batch {m}"):
-                    break
-                t = self.trial(self.at(best.plan, m), "micro-batch")
-                c = compare(t, best, self.s.min_gain) if t.ok else None
-                if c is not None and c.faster:
-                    best.verdict = f"{m}: {c.text()}"
-                    best = t
-                    continue
-                t.verdict = f"{t.status}: {t.error}" if c is None else f"{c.text()} vs {best.plan.micro_batch}"
-                break
-        p = best.plan
-        self.decisions.append(f"micro-batch: {p.micro_batch} × {p.grad_accum} accumulation "
-                              f"({_rate(best)} measured; stopped because {stop})")
-        return best
-
-    def activation_checkpointing(self, best: Trial, fit: MemoryFit | None) -> Trial:
-        if best.plan.activation_checkpointing:
-            return best  # forced on by the precision stage: the model does not fit without it
-        bigger = [m for m in self.candidates() if m > best.plan.micro_batch]
-        if not (self.memory_capped and bigger):
-            self.decisions.append("activation checkpointing: off (the micro-batch search was not limited by memory)")
-            return best
-        start = best
-        for m in bigger:
-            if not self.affordable(f"activation checkpointing at micro-batch {m}"):
-                break
-            t = self.trial(self.at(best.plan, m).replace(activation_checkpointing=True), "activation-checkpointing")
-            c = compare(t, best, self.s.min_gain) if t.ok else None
-            if c is not None and c.faster:
-                best.verdict = f"checkpointing at {m}: {c.text()}"
-                best = t
-                continue
-            t.verdict = f"{t.status}: {t.error}" if c is None else c.text()
-            break
-        if best is start:
-            self.decisions.append("activation checkpointing: off (tried; larger micro-batches with recompute "
-                                  f"measured no faster: {t.verdict})")
-        else:
-            self.decisions.append(f"activation checkpointing: on, micro-batch {best.plan.micro_batch} with recompute "
-                                  f"is {compare(best, start, self.s.min_gain).text()} vs {start.plan.micro_batch} "
-                                  "without")
         return best
 
     def strategy(self, best: Trial) -> Trial:
@@ -415,88 +229,11 @@ class _Search:
         self.discard_compiled()  # every rank reached this verdict: all discard alike
         return best
 
-    def loader(self, best: Trial) -> Plan:
-        """The cheapest loader setting that feeds `loader_margin`× the model's rate within the RAM budget."""
-        s, m = self.s, self.m
-        need = s.loader_margin * best.samples_per_s
-        ladder = sorted({0, *[w for w in (1, 2, 4, 8, 16, 32) if w <= m.cores], m.cores})
-        cuda = m.device_type == "cuda"
-        base = best.plan.replace(pin_memory=False, non_blocking=False, persistent_workers=False,
-                                 prefetch_factor=None)
-
-        def setting(w: int, pf: int | None, pin: bool) -> Plan:
-            return base.replace(num_workers=w, prefetch_factor=pf if w else None, persistent_workers=w > 0,
-                                pin_memory=pin, non_blocking=pin)
-
-        def refused(t: LoaderTrial) -> str:
-            """Why a setting is out of bounds whatever its speed ("" when it is within them)."""
-            if not t.ok:
-                return f"{t.status}: {t.error}"
-            if t.worker_memory_bytes and t.worker_memory_bytes > m.ram_budget:
-                return f"workers use {_gib(t.worker_memory_bytes)} > RAM budget {_gib(m.ram_budget)}"
-            if t.swap_grew_bytes > 0:
-                return f"swap grew by {_gib(t.swap_grew_bytes)}"
-            return ""
-
-        def slow(t: LoaderTrial) -> str:
-            return f"{t.samples_per_s:.0f} samples/s < {need:.0f} needed" if (t.samples_per_s or 0) < need else ""
-
-        measured: list[tuple[Plan, LoaderTrial]] = []
-
-        def measure(plan: Plan) -> LoaderTrial:
-            t = m.loader_trial(plan)
-            self.loader_trials.append(t)
-            self.on_trial(t)
-            measured.append((plan, t))
-            return t
-
-        for w in ladder:  # the whole worker ladder at the default prefetch: it is cheap and plotted
-            if not self.affordable(f"loader with {w} workers", loader=True):
-                break
-            measure(setting(w, 2, False))
-        for p, t in list(measured):  # deeper prefetch only where the default did not feed the model
-            if p.num_workers and not refused(t) and slow(t) and self.affordable(f"loader prefetch 4, {p.num_workers}",
-                                                                                          loader=True):
-                measure(setting(p.num_workers, 4, False))
-        within = [(p, t) for p, t in measured if not refused(t)]
-        feeding = [(p, t) for p, t in within if not slow(t)]
-        ct: LoaderTrial | None
-        if feeding:
-            chosen, ct = min(feeding, key=lambda pt: (pt[0].num_workers, pt[0].prefetch_factor or 0))
-            why = (f"{ct.samples_per_s:.0f} samples/s alone, ≥ {s.loader_margin:g}× the model's "
-                   f"{best.samples_per_s:.0f}; the cheapest setting that does")
-        elif within:
-            chosen, ct = max(within, key=lambda pt: pt[1].samples_per_s or 0)
-            why = (f"the fastest within the RAM budget, {ct.samples_per_s:.0f} samples/s, under the "
-                   f"{need:.0f} wanted: this run will be input-bound")
-        elif not measured:
-            chosen, ct = setting(0, None, False), None
-            why = "not measured: the tuning budget ran out first; loading in the training process"
-        else:
-            chosen, ct = setting(0, None, False), None
-            why = "no loader setting could be measured within the RAM budget; loading in the training process"
-        for _p, t in measured:
-            t.verdict = "chosen" if t is ct else (refused(t) or slow(t) or "costlier than the chosen setting")
-        if cuda and ct is not None and self.affordable("pinned memory", loader=True):
-            pinned_plan = setting(chosen.num_workers, chosen.prefetch_factor, True)
-            pt = measure(pinned_plan)
-            if not refused(pt) and not slow(pt):
-                pt.verdict = "chosen: pinned batches let the copy to the GPU overlap compute"
-                ct.verdict = "pinned is preferred when it still feeds the model"
-                chosen = pinned_plan
-            else:
-                pt.verdict = refused(pt) or slow(pt)
-        self.decisions.append(f"loader: {chosen.num_workers} workers, prefetch {chosen.prefetch_factor or '-'}, "
-                              f"pinned {'yes' if chosen.pin_memory else 'no'} ({why})")
-        return chosen
-
     def verify(self, plan: Plan) -> Trial:
         """Real steps through the real loader plus validation; back off on OOM."""
         smaller = [m for m in self.candidates() if m < plan.micro_batch]
         while True:
-            t = self.m.verify(plan)
-            self.trials.append(t)
-            self.on_trial(t)
+            t = self.measure(lambda p=plan: self.m.verify(p))
             if t.ok:
                 return t
             if t.status != "oom" or not smaller:
@@ -507,16 +244,12 @@ class _Search:
                                   f"loader and validation; backed off to {smaller[-1]}")
             plan = self.at(plan, smaller.pop())
 
-
     def consistent(self, chosen: Trial, model: Trial) -> Trial:
         """The verification against the chosen plan's own model trial (decide.check_verification)."""
         def again(plan: Plan) -> Trial | None:
             if not self.affordable("re-measuring the verification"):
                 return None
-            t = self.m.verify(plan)
-            self.trials.append(t)
-            self.on_trial(t)
-            return t
+            return self.measure(lambda: self.m.verify(plan))
 
         chosen, warning = check_verification(chosen, model, self.s.verify_tolerance, again)
         if warning:

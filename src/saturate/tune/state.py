@@ -1,0 +1,152 @@
+"""What every stage of the search reads and narrows: the trials so far, the decisions, the budget.
+
+`SearchState` holds the search's state and the helpers each stage calls: the micro-batches that keep
+the effective batch exact, whether the budget still holds a trial (`affordable`), when a trial must
+end (`deadline`), how long it may be timed (`window_cap`), and `trial`, which runs one and records
+it. The stages are in search.py (precision, strategy, fused optimizer, compile, verification),
+batch.py (memory, micro-batch, activation checkpointing) and loader_stage.py (the input pipeline).
+
+The budget is shared out as the search goes: a trial is timed for at most the budget left (less the
+loader stage and, when the plan is verified here, the verification) divided by the model trials
+still planned, so a short budget measures every stage briefly rather than the first ones long.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from saturate.errors import ConfigError
+from saturate.plan import Plan
+from saturate.tune.noise import rate_text
+from saturate.tune.results import SearchSettings
+from saturate.tune.trial import OVER_BUDGET, BudgetTooSmall, LoaderTrial, Measurer, Trial
+
+LOADER_TRIAL_S = 1.0  # what a loader trial is expected to take before one has run (kept from the model trials)
+
+
+def gib(n: float | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def rate(t: Trial) -> str:
+    return rate_text(t.samples_per_s, t.spread)
+
+
+class SearchState:
+    def __init__(self, measurer: Measurer, base: Plan, s: SearchSettings,
+                 on_trial: Callable[[Trial | LoaderTrial], None] | None = None, started: float | None = None) -> None:
+        self.on_trial = on_trial or (lambda t: None)
+        if s.effective_batch % s.world_size:
+            raise ConfigError(f"effective batch {s.effective_batch} is not divisible by {s.world_size} processes")
+        self.m, self.base, self.s = measurer, base, s
+        self.local = s.effective_batch // s.world_size
+        self.trials: list[Trial] = []
+        self.loader_trials: list[LoaderTrial] = []
+        self.decisions: list[str] = []
+        self.skipped: list[str] = []
+        self.warnings: list[str] = []  # what the user must know about the result (an inconsistent verification)
+        self.started = self.now() if started is None else started
+        self.budget_spent = False  # a trial stopped after its first step: it would have ended past the budget
+        self.memory_capped = False  # the micro-batch climb was stopped by memory (predicted or an OOM)
+        self.planned = 1  # model trials the search expects to run in all (set by the search before its stages)
+        self.loader_settings = 0  # loader settings the loader stage expects to measure
+        self.all_agree: Callable[[bool], bool] = getattr(measurer, "all_agree", lambda flag: flag)
+        self.discard_compiled: Callable[[], None] = getattr(measurer, "discard_compiled", lambda: None)
+
+    @staticmethod
+    def now() -> float:
+        return time.monotonic()
+
+    def candidates(self) -> list[int]:
+        """Micro-batches that keep the effective batch exact (and larger ones when it may grow)."""
+        if self.s.fixed_micro_batch:  # batch-coupled layers (workloads/coupling.py): not searched
+            return [self.s.fixed_micro_batch]
+        out = [d for d in range(1, self.local + 1) if self.local % d == 0]
+        if self.s.allow_batch_change:
+            out += [self.local * k for k in (2, 4, 8)]
+        return out
+
+    def at(self, plan: Plan, micro: int) -> Plan:
+        return plan.replace(micro_batch=micro, grad_accum=max(1, self.local // micro))
+
+    def remaining(self) -> float | None:
+        budget = self.s.search_budget()
+        return None if budget is None else budget - (self.now() - self.started)
+
+    def longest(self) -> float:
+        """The longest model trial so far: the prediction for the next one. The first trial also warms the
+        process up (and is timed before the budget is shared out), so it counts only until another has run."""
+        return max((t.seconds for t in self.trials[1:] or self.trials), default=0.0)
+
+    def verifying(self) -> float:
+        """The time kept for the verification: a quarter more than the longest model trial (it adds the real
+        loader and a validation pass); none when the caller measures the plan instead (`SearchSettings.verify`)."""
+        return 1.25 * self.longest() if self.s.verify else 0.0
+
+    def affordable(self, what: str, loader: bool = False) -> bool:
+        """Whether the budget still holds one more trial as long as the longest of its kind so far, and
+        then the verification (predicted as long as the longest model trial)."""
+        left = self.remaining()
+        if left is None:
+            return True
+        need = max((t.seconds for t in self.loader_trials), default=0.0) if loader else self.longest()
+        # Several processes: each rank's clock decides, and all must take the same branch.
+        if self.all_agree(not self.budget_spent and left >= need + self.verifying()):
+            return True
+        verifying = f" and verifying the plan ~{self.verifying():.0f} s" if self.s.verify else ""
+        self.skipped.append(f"{what}: not tried, the budget had {max(left, 0):.0f} s left; a trial takes up to "
+                            f"{need:.0f} s{verifying} (predicted from the trials)")
+        return False
+
+    def deadline(self) -> float | None:
+        """When a model trial must end (time.monotonic()): the budget's end less the time kept for verification;
+        before any trial, half the budget when the plan is verified here (the verification will take about as
+        long as the first trial), else all of it."""
+        budget = self.s.search_budget()
+        if budget is None:
+            return None
+        if self.trials:
+            return self.started + budget - self.verifying()
+        return self.started + (budget / 2 if self.s.verify else budget)
+
+    def window_cap(self) -> float | None:
+        """Timed seconds the next trial may take (None without a budget): the budget left, less the loader
+        stage still to come, shared by the model trials still planned (and the verification, when it runs
+        here), less the set-up a trial has needed so far (building, the warm-up). The measurer still times
+        its minimum windows, however short this is."""
+        left = self.remaining()
+        if left is None:
+            return None
+        model = [t for t in self.trials if t.stage != "verify"]
+        todo = max(1, self.planned - len(model)) + (1 if self.s.verify else 0)
+        loader = 0.0 if self.loader_trials else self.loader_settings * LOADER_TRIAL_S
+        setup = max((t.seconds - t.steps * t.step_s for t in model[1:] or model  # the first also warmed up
+                     if t.ok and t.step_s and t.steps), default=0.0)
+        return max(0.0, (left - loader) / todo - setup)
+
+    def measure(self, run: Callable[[], Trial]) -> Trial:
+        """Tell the measurer how long the trial may be timed, run it and record it."""
+        if hasattr(self.m, "window_cap_s"):
+            self.m.window_cap_s = self.window_cap()
+        t = run()
+        self.trials.append(t)
+        self.on_trial(t)
+        return t
+
+    def trial(self, plan: Plan, stage: str, **kw: Any) -> Trial:
+        if hasattr(self.m, "deadline"):  # the measurer stops a trial whose first step predicts an overrun
+            self.m.deadline = self.deadline()
+        t = self.measure(lambda: self.m.model_trial(plan, stage, **kw))
+        if t.status == OVER_BUDGET:
+            self.budget_spent = True
+        nothing = not any(x.ok for x in self.trials)  # no plan measured yet: nothing to choose from
+        if self.s.budget_s is not None and ((t.status == OVER_BUDGET and nothing)
+                                            or (len(self.trials) == 1 and t.seconds > self.s.budget_s)):
+            why = (f"{t.error}" + (", with the verification (about as long) still to come" if self.s.verify else "")
+                   if t.status == OVER_BUDGET else f"alone took {t.seconds:.1f} s")
+            raise BudgetTooSmall(f"tuning budget {self.s.budget_s:g} s is too small: the first trial (micro-batch "
+                                 f"{plan.micro_batch}, {plan.precision}) {why}; give --budget "
+                                 f"{max(60, int(10 * t.seconds))} or more")
+        return t
