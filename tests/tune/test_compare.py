@@ -94,6 +94,21 @@ def test_a_tuned_plan_slower_than_naive_in_every_round_is_not_trained(cpu, meter
     assert notes and "slower than naive in every round" in notes[0] and "training with naive instead" in notes[0]
 
 
+def test_a_cached_plan_beaten_in_every_round_is_replaced_in_the_cache(cpu, meter, tmp_path, monkeypatch):
+    from saturate.tune import cache
+
+    monkeypatch.setenv("SATURATE_CACHE", str(tmp_path))
+    job = SimpleNamespace(name="w", fingerprint=lambda: "data", optim=SimpleNamespace(effective_batch=8))
+    cmp, _ = measure({"naive": 100.0, "tuned": 47.0}, cpu)
+    tuned = cmp.row("tuned").plan.replace(provenance={"tuned_at": "then", "verified_samples_per_s": 47.0})
+    cache.store(tuned, job, "hw")
+    line = run_module._recache(job, SimpleNamespace(fingerprint=lambda: "hw"), 1, tuned, cmp.row("naive"))
+    plan, _ = cache.lookup(job, "hw")
+    assert plan.num_workers == cmp.row("naive").plan.num_workers != tuned.num_workers  # naive's settings now
+    assert plan.provenance["measured_samples_per_s"] == 100.0 and "verified_samples_per_s" not in plan.provenance
+    assert plan.provenance["replaced_because"].startswith("naive: measured faster") and "naive's settings" in line
+
+
 def test_within_noise_is_no_measurable_gain_and_tuned_still_trains(cpu, meter):
     cmp, _ = measure({"naive": 100.0, "tuned": 101.0}, cpu, load=[1, 1, 1, 1.05, 1, 1])  # naive ran fast once
     trained, lines, notes = run_module._choose(cmp)

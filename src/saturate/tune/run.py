@@ -8,12 +8,15 @@ hardware is reused with no tuning, or else the tuning budget is a share of the t
 predicted for the untuned job (naive, measured once), within a floor and a ceiling; the tuning runs no
 verification trial (the side-by-side measures the plan again, through its real loader). The side-by-side's
 measurements are timed for `COMPARE_SHARE` of the predicted training over all of them. The output says
-what tuning cost (measured), what it is predicted to save (labelled), and the measured total.
+what tuning cost (measured), what it is predicted to save (labelled), and the measured total. A tuned
+(or cached) plan measured slower than another plan in every round is not trained, and that faster plan
+replaces it in the cache, so the next run of the job does not reuse a plan found slower here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import json
 import time
 from dataclasses import dataclass, field
@@ -162,6 +165,8 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
         cmp = compare(workload, hw, plans, seed=seed, dist=dist, console=console,
                       min_seconds=measure_seconds(predicted, len(plans)))
         trained, verdicts, notes = _choose(cmp, tuning.label)
+        if dist.is_main and trained != tuning.label and tuning.label == "tuned":
+            notes.append(_recache(workload, hw, dist.world_size, tuning.plan, cmp.row(trained)))
         for n in notes:
             console.print(f"[yellow]note:[/yellow] {n}", highlight=False)
         timing = _say_costs(console, cmp, tuning, trained, steps or workload.optim.steps, minutes)
@@ -279,6 +284,17 @@ def _cached_plan(workload: Workload, hw: Any, world: int, try_compile: bool) -> 
     if not try_compile and plan.compile != "none":
         return None
     return plan
+
+
+def _recache(workload: Workload, hw: Any, world: int, tuned: Plan, faster: Any) -> str:
+    """The cache keeps the plan measured faster than the tuned one in every round, so that the next `saturate
+    run` of this job does not reuse a plan this run found slower; the line that says so."""
+    provenance = {**(tuned.provenance or {}), "measured_samples_per_s": faster.samples_per_s,
+                  "replaced_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                  "replaced_because": f"{faster.label}: measured faster than the tuned plan in every round"}
+    provenance.pop("verified_samples_per_s", None)
+    path = cache.store(faster.plan.replace(name="tuned", provenance=provenance), workload, hw.fingerprint(), world)
+    return f"the cached plan for this job is now {faster.label}'s settings ({path}); --budget tunes again"
 
 
 def _choose(cmp: Comparison, label: str = "tuned") -> tuple[str, list[str], list[str]]:
