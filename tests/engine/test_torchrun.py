@@ -1,6 +1,6 @@
 """DDP and FSDP2 under torchrun on the CPU (gloo, two processes), through the real command line.
 
-Every run trains one block of gpt-tiny for a few steps at a global batch of 8: one process with 4 × 2, or two
+Every run trains gpt-tiny for a few steps at a global batch of 8: one process with 4 × 2, or two
 processes with 4 × 1 each, so they see the same samples and must reach the same parameters.
 """
 
@@ -35,12 +35,9 @@ def torchrun(*args: str, nproc: int = 2) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
 
 
-ONE_BLOCK = ("--param", "n_layer=1")  # steps short enough for many runs, long enough to be interrupted mid-run
-
-
 def train_args(corpus: Path, plan: Path, run_dir: Path, *extra: str) -> list[str]:
-    return ["train", "--data", str(corpus), *ONE_BLOCK, "--plan", str(plan), "--steps", str(STEPS), "--ckpt-every",
-            "3", "--eval-every", "4", "--log-every", "1", "--run-dir", str(run_dir), *extra]
+    return ["train", "--data", str(corpus), "--plan", str(plan), "--steps", str(STEPS), "--ckpt-every", "3",
+            "--eval-every", "4", "--log-every", "1", "--run-dir", str(run_dir), *extra]
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +184,7 @@ def test_fsdp_checkpoint_resumes_in_one_process(tmp_path, fsdp, single, env, cor
     ckpt.mkdir(parents=True)
     subprocess.run(["cp", "-r", str(fsdp / "checkpoints" / "ckpt-00000006"), str(ckpt)], check=True)
     subprocess.run(["cp", str(fsdp / "metrics.jsonl"), str(run_dir)], check=True)
-    done = run(saturate_cmd("train", "--data", str(corpus), *ONE_BLOCK, "--steps", str(STEPS), "--ckpt-every", "3",
+    done = run(saturate_cmd("train", "--data", str(corpus), "--steps", str(STEPS), "--ckpt-every", "3",
                             "--eval-every", "4", "--log-every", "1", "--run-dir", str(run_dir), "--resume"), env)
     assert "resuming a checkpoint of 2 process(es) with 1: grad_accum 1 -> 2" in done.stdout
     assert Plan.load(run_dir / "plan.toml").grad_accum == 2
