@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+# gpt-tiny shrunk to ~20 K parameters (one block, 32 wide, 32-token windows): for tests of a flow, not of the model,
+# where every step of the 3 M-parameter preset would cost ~0.1-0.5 s on a 2-core CPU.
+TINY = ("--param", "n_layer=1", "--param", "n_embd=32", "--param", "n_head=2", "--param", "seq_len=32")
 
 
 @pytest.fixture(autouse=True)

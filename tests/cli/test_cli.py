@@ -1,4 +1,6 @@
-"""The command line end to end, as a user runs it: `python -m saturate ...` in a subprocess.
+"""The command line end to end, as a user runs it: `saturate.cli.main`, what `python -m saturate` runs, in this
+process with its own working folder, cache and streams (a torch import less per command), and `python -m saturate`
+itself in a subprocess for the shared training run and the --debug traceback.
 
 Bad input must end in one line on stderr that names the problem, a non-zero exit, no traceback
 and no half-written file; the success paths must leave the files a run promises.
@@ -6,8 +8,11 @@ and no half-written file; the success paths must leave the files a run promises.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -33,9 +38,29 @@ def _env(cache: Path) -> dict[str, str]:
     return env
 
 
-def _saturate(*args: str, cwd: Path, cache: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "saturate", *args], cwd=cwd, env=_env(cache),
-                          capture_output=True, text=True, timeout=timeout)
+def _saturate(*args: str, cwd: Path, cache: Path, timeout: float = 120,
+              subprocess_: bool = False) -> subprocess.CompletedProcess:
+    """`saturate ARGS` in `cwd` with its own token cache: main() here, or `python -m saturate` with `subprocess_`."""
+    if subprocess_:
+        return subprocess.run([sys.executable, "-m", "saturate", *args], cwd=cwd, env=_env(cache),
+                              capture_output=True, text=True, timeout=timeout)
+    from saturate.cli import main
+
+    out, err, here, saved = io.StringIO(), io.StringIO(), Path.cwd(), dict(os.environ)
+    os.environ["SATURATE_CACHE"] = str(cache)
+    os.environ.pop("XDG_CACHE_HOME", None)
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as e:  # argparse's usage errors
+                code = e.code if isinstance(e.code, int) else 1
+    finally:
+        os.chdir(here)
+        os.environ.clear()
+        os.environ.update(saved)
+    return subprocess.CompletedProcess(["saturate", *args], code, out.getvalue(), err.getvalue())
 
 
 def _files(root: Path) -> set[str]:
@@ -82,7 +107,7 @@ def trained(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("trained")
     (root / "small.txt").write_text(TEXT)
     proc = _saturate("train", "--steps", "2", "--data", "small.txt", "--run-dir", "r", "--no-progress",
-                     "--log-every", "1", cwd=root, cache=root / "cache")
+                     "--log-every", "1", cwd=root, cache=root / "cache", subprocess_=True)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     return root
@@ -98,7 +123,7 @@ def test_unknown_preset(work):
 
 def test_unknown_preset_with_debug_shows_the_traceback(work):
     proc = _saturate("--debug", "train", "--preset", "gpt-enormous", "--data", "small.txt",
-                     cwd=work, cache=work / "cache")
+                     cwd=work, cache=work / "cache", subprocess_=True)
     assert proc.returncode != 0
     assert "Traceback" in proc.stderr
     assert "ConfigError" in proc.stderr and "gpt-enormous" in proc.stderr

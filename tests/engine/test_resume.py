@@ -21,8 +21,9 @@ STEPS = 12
 
 
 def train_args(corpus: Path, plan: Path, run_dir: Path, *extra: str) -> list[str]:
-    return ["train", "--data", str(corpus), "--plan", str(plan), "--steps", str(STEPS), "--ckpt-every", "4",
-            "--eval-every", "6", "--log-every", "1", "--run-dir", str(run_dir), *extra]
+    # One block of gpt-tiny: steps short enough to keep six runs quick, long enough to be interrupted mid-run.
+    return ["train", "--data", str(corpus), "--param", "n_layer=1", "--plan", str(plan), "--steps", str(STEPS),
+            "--ckpt-every", "4", "--eval-every", "6", "--log-every", "1", "--run-dir", str(run_dir), *extra]
 
 
 @pytest.fixture(scope="module")

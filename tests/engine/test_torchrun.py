@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import cli_env, make_small_corpus, saturate_cmd
+from conftest import TINY, cli_env, make_small_corpus, saturate_cmd
 from saturate.engine.checkpoint import CheckpointManager
 from saturate.engine.metrics import read_jsonl
 from saturate.plan import Plan
@@ -64,6 +64,11 @@ def plans(shared: Path) -> dict[str, Path]:
         found[name] = shared / f"{name}.toml"
         Plan(micro_batch=4, **{"grad_accum": 1, **fields}).save(found[name])
     return found
+
+
+def short(env: dict[str, str]) -> dict[str, str]:
+    """`env` with trials cut short (tune/noise.py's testing knob), for the tests of a tuning's flow, not its figures."""
+    return {**env, "SATURATE_TESTING_SHORT_TRIALS": "1"}
 
 
 def run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -323,8 +328,8 @@ def test_run_under_torchrun_tunes_compares_and_trains_as_one_job(tmp_path, corpu
     decisions (DDP against FSDP2 included); rank 0 alone reports and writes; the plan splits the
     global batch over both processes and trains with it."""
     run_dir = tmp_path / "run"
-    done = run(torchrun("-m", "saturate", "run", "--data", str(corpus), "--effective-batch", "8", "--budget",
-                        "150", "--steps", "4", "--no-compile", "--no-progress", "--run-dir", str(run_dir)), env)
+    done = run(torchrun("-m", "saturate", "run", "--data", str(corpus), *TINY, "--effective-batch", "8", "--budget",
+                        "150", "--steps", "4", "--no-compile", "--no-progress", "--run-dir", str(run_dir)), short(env))
     out = done.stdout
     assert out.count("saturate tune gpt-tiny") == 1 and "2 processes" in out  # reported once, by rank 0
     plan = Plan.load(run_dir / "tune" / "plan.toml")
@@ -376,8 +381,8 @@ def test_a_trial_failing_on_one_rank_outside_forward_backward_ends_on_both(tmp_p
     script = tmp_path / "optimizer_oom.py"
     script.write_text(OPTIMIZER_OOM_ON_RANK_1)
     out_dir = tmp_path / "tune"
-    done = run(torchrun(str(script), "tune", "--data", str(corpus), "--effective-batch", "8", "--budget", "150",
-                        "--no-compile", "--out", str(out_dir)), env)
+    done = run(torchrun(str(script), "tune", "--data", str(corpus), *TINY, "--effective-batch", "8", "--budget",
+                        "150", "--no-compile", "--out", str(out_dir)), short(env))
     said = " ".join(done.stdout.split())  # the tables fit 80 columns: an outcome may wrap
     assert "rank 1: OutOfMemoryError: simulated in the optimizer step after micro-batch 4" in said, done.stdout
     plan = Plan.load(out_dir / "plan.toml")
@@ -388,8 +393,7 @@ def test_sigusr1_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint(tmp_
     """SLURM's early warning may reach the ranks at different moments (here: rank 1 only): the ranks agree
     on the step and on the reason, every rank writes its part of the checkpoint, rank 0 says so, exit 75."""
     run_dir = tmp_path / "preempted"
-    args = [*train_args(corpus, plans["ddp"], run_dir), "--param", "n_layer=1", "--param", "n_embd=32",
-            "--param", "n_head=2", "--param", "seq_len=32", "--ckpt-every", "100000", "--no-progress"]
+    args = [*train_args(corpus, plans["ddp"], run_dir), *TINY, "--ckpt-every", "100000", "--no-progress"]
     args[args.index("--steps") + 1] = "100000"
     launcher = subprocess.Popen(torchrun("-m", "saturate", *args), env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
@@ -413,8 +417,7 @@ def test_a_stopped_rank_is_named_by_the_others_within_the_timeout(tmp_path, corp
     """Rank 1 stopped with SIGSTOP: rank 0's next collective times out after --stuck-after seconds and it exits
     in one line naming rank 1 (whose heartbeat in the rendezvous store went stale), instead of waiting forever."""
     run_dir = tmp_path / "stuck"
-    args = [*train_args(corpus, plans["ddp"], run_dir), "--param", "n_layer=1", "--param", "n_embd=32",
-            "--param", "n_head=2", "--param", "seq_len=32", "--stuck-after", "5", "--no-progress"]
+    args = [*train_args(corpus, plans["ddp"], run_dir), *TINY, "--stuck-after", "5", "--no-progress"]
     args[args.index("--steps") + 1] = "100000"
     launcher = subprocess.Popen(torchrun("-m", "saturate", *args), env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)

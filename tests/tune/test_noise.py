@@ -7,7 +7,7 @@ from test_search import FakeMachine, GiB, linear_memory, saturating, settings
 
 from saturate.plan import Plan
 from saturate.tune.decide import compare, complexity
-from saturate.tune.noise import WindowRule, rate_text, summarize
+from saturate.tune.noise import SHORT_TRIALS_ENV, WindowRule, default_rule, rate_text, summarize
 from saturate.tune.search import search
 from saturate.tune.trial import Trial
 
@@ -146,3 +146,15 @@ def test_a_verification_far_below_its_trial_is_measured_again_and_said_when_it_s
     assert result.chosen.verdict.startswith("chosen, but inconsistent")
     assert result.warnings and "against its own earlier trial" in result.warnings[0]
     assert any(d.startswith("verification: the chosen plan verified at") for d in result.decisions)
+
+
+def test_the_testing_knob_caps_trials_short_and_only_when_set(monkeypatch, cpu):
+    from saturate.tune.measure import RealMeasurer
+
+    monkeypatch.delenv(SHORT_TRIALS_ENV, raising=False)
+    assert default_rule() == WindowRule() == RealMeasurer(None, cpu).rule
+    monkeypatch.setenv(SHORT_TRIALS_ENV, "1")
+    short = default_rule()
+    assert short.capped([100.0] * 4, 0.1) and short.capped([100.0], 1.0) and not short.capped([100.0], 0.9)
+    assert not WindowRule().capped([100.0] * 4, 1.0)  # the default still times those windows on
+    assert RealMeasurer(None, cpu).rule == short  # what a trial of a `saturate` command under the knob follows

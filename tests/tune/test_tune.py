@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from conftest import cli_env, saturate_cmd
+from conftest import cli_env, run_saturate, saturate_cmd
 from saturate.engine import hostmem
 from saturate.engine.hostmem import HostMemoryGuard, relieve
 from saturate.engine.step import OutOfMemoryError
@@ -25,7 +25,8 @@ from saturate.workloads import build_workload
 
 @pytest.fixture
 def workload(small_corpus):
-    return build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=8, warmup_steps=2)
+    # One block of gpt-tiny: its layers as wide (bf16 and the memory fit behave alike), a quarter of the compute.
+    return build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=8, warmup_steps=2, n_layer=1)
 
 
 def quick(workload, hw, **kw) -> RealMeasurer:
@@ -157,10 +158,11 @@ def test_training_under_host_memory_pressure_lowers_the_loader(tmp_path, workloa
 
 
 def test_saturate_run_end_to_end(tmp_path, small_corpus):
-    out = subprocess.run(
-        saturate_cmd("run", "gpt-tiny", "--data", str(small_corpus), "--effective-batch", "8", "--steps", "4",
-                     "--no-compile", "--budget", "60", "--run-dir", str(tmp_path / "run"), "--no-progress"),
-        env=cli_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    # One block of gpt-tiny (its matmuls as wide, so bf16 still beats fp32 where the CPU has it), trials short
+    # (noise.py's testing knob): the flow is checked here, not the figures.
+    out = run_saturate("run", "gpt-tiny", "--data", str(small_corpus), "--param", "n_layer=1", "--effective-batch",
+                       "8", "--steps", "4", "--no-compile", "--budget", "60", "--run-dir", str(tmp_path / "run"),
+                       "--no-progress", cwd=tmp_path, timeout=600, SATURATE_TESTING_SHORT_TRIALS="1")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "before and after" in out.stdout and "× naive" in out.stdout
     assert "round 3/3: naive" in out.stdout and "tuned vs naive: " in out.stdout and "measured total: " in out.stdout

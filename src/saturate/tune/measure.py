@@ -24,7 +24,7 @@ from saturate.engine.step import Stepper, to_device
 from saturate.hardware import synchronize
 from saturate.hardware.contention import ContentionMeter
 from saturate.plan import Plan
-from saturate.tune.noise import WindowRule
+from saturate.tune.noise import WindowRule, default_rule
 from saturate.tune.process import (
     CompileScope,
     CompileTimeLimit,
@@ -60,7 +60,7 @@ class RealMeasurer:
         and `min_seconds`, and at most `max_steps` when given."""
         self.workload, self.hw, self.seed = workload, hardware, seed
         self.warmup, self.min_steps, self.min_seconds, self.max_steps = warmup, min_steps, min_seconds, max_steps
-        self.rule = rule or WindowRule()
+        self.rule = rule or default_rule()
         self.window_s = max(window_s, min_seconds / self.rule.min_windows)
         self.dist = dist or DistInfo()
         self.device = torch.device(hardware.torch_device)

@@ -11,10 +11,16 @@ the cap on windows or timed seconds. The figure reported is over the windows tha
 last `min_windows` when they agreed, every window when the cap was reached. Under contention
 (another process busy on our cores or GPU) the caps are raised by `busy_factor`, since a busy
 machine needs more windows for the same certainty.
+
+Testing knob, not a setting: `$SATURATE_TESTING_SHORT_TRIALS` (any non-empty value) makes `default_rule()`
+cap every trial at 4 windows or 1 timed second (2 when busy). The test suite sets it in the environment of
+the `saturate` commands it runs to check a flow (tune, run, under torchrun), whose figures it does not
+judge; the figures are still measured, with fewer windows. Nothing in saturate sets it; users should not.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import dataclass, replace
 
@@ -64,6 +70,16 @@ class WindowRule:
     def result(self, rates: list[float]) -> Summary:
         """The figure over the windows that decided: the agreeing last ones, else all of them."""
         return replace(summarize(rates[-self.min_windows:] if self.agreed(rates) else rates), windows=len(rates))
+
+
+SHORT_TRIALS_ENV = "SATURATE_TESTING_SHORT_TRIALS"  # the testing knob (module docstring)
+
+
+def default_rule() -> WindowRule:
+    """The rule a trial follows unless given one: `WindowRule()`, or the short one of the testing knob."""
+    if os.environ.get(SHORT_TRIALS_ENV):
+        return WindowRule(max_windows=4, max_seconds=1.0)
+    return WindowRule()
 
 
 def rate_text(samples_per_s: float | None, spread: float | None, unit: str = " samples/s") -> str:
