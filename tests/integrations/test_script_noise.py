@@ -97,8 +97,8 @@ class NoisyMachine:
     `fused_gain` with the fused optimizer); every trial's windows spread ± `noise` around its rate."""
 
     def __init__(self, gain: float, noise: float, fused_gain: float = 0.0, optimizer: str = "SGD",
-                 fused: bool | None = None) -> None:
-        self.gain, self.noise, self.fused_gain = gain, noise, fused_gain
+                 fused: bool | None = None, ends: bool = False) -> None:
+        self.gain, self.noise, self.fused_gain, self.ends = gain, noise, fused_gain, ends
         self.optimizer = {"class": optimizer, "site": "train.py:20", "fused": fused, "foreach": None}
         self.settings: list[dict[str, Any]] = []
 
@@ -112,7 +112,8 @@ class NoisyMachine:
                                    "steps": 10, "device_type": "cpu"},
                   "loaders": [{"site": "train.py:12", "num_workers": 0, "batch_size": 8}],
                   "optimizer": self.optimizer, "first_step_s": 2.0,
-                  "windows": {"rates": rates, "steps": 15, "seconds": 1.5, "agreed": False, "busy": False}}
+                  "windows": {"rates": rates, "steps": 15, "seconds": 1.5, "agreed": False, "busy": False,
+                              "script_ended": self.ends}}
         return ScriptRun(list(command), 0, report, None, 30, 1.0)
 
 
@@ -180,3 +181,21 @@ def test_a_report_without_windows_is_the_profilers_window_with_no_spread():
                                                      "steps": 10, "device_type": "cpu"}}, None, 12, 1.0)
     t = ScriptTrial.of("as written", {}, run)
     assert t.step_s == 0.5 and t.spread is None and t.windows == 0 and t.samples_per_s == 8.0
+
+
+def test_a_script_that_ends_during_its_trials_is_warned_about():
+    assert not any(d.startswith("warning") for d in tune(NoisyMachine(gain=0.4, noise=0.1)).decisions)
+    tuning = tune(NoisyMachine(gain=0.4, noise=0.1, ends=True))
+    assert all(t.ran_to_end for t in tuning.trials)
+    assert tuning.decisions[-1].startswith(f"warning: the script ran to its end during {len(tuning.trials)} "
+                                           "trial(s) (as written, …): what it writes at its end was written")
+
+
+def test_the_child_says_when_the_script_ended_during_its_windows():
+    clock = Clock([0.125])
+    w = StepWindows({"window_s": 0.5}, clock=clock, busy=lambda: (False, 0.0))
+    for _ in range(6):  # the Profiler's last step, then one window of 4 steps and 1 step of the next
+        w.step()
+        clock.tick()
+    assert w.record()["script_ended"] is False
+    assert w.cut_short() and w.record()["script_ended"] is True

@@ -82,8 +82,11 @@ def main() -> None:
     parser.add_argument("--config", default="small")
     parser.add_argument("--data", nargs="*", default=[])
     parser.add_argument("--out-dir")
+    parser.add_argument("--max-steps", type=int, help="override the config's max_steps")
     args = parser.parse_args()
     cfg = get_config(args.config)
+    if args.max_steps:
+        cfg.max_steps = args.max_steps
     out_dir = args.out_dir or cfg.out_dir
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -49,6 +49,7 @@ class ScriptTrial:
     windows: int = 0  # timed windows (0: only the Profiler's window)
     window_steps_per_s: list[float] = field(default_factory=list)
     busy: bool | None = None  # other processes kept the machine busy (read when the windows hit the cap)
+    ran_to_end: bool = False  # the script finished during the trial's windows (its own end-of-run code ran)
 
     @classmethod
     def of(cls, name: str, overrides: dict[str, Any], run: ScriptRun, rule: WindowRule | None = None) -> ScriptTrial:
@@ -67,6 +68,7 @@ class ScriptTrial:
             t.step_s, t.steps, t.windows, t.window_steps_per_s = 1 / summary.median, windows["steps"], len(rates), rates
             t.spread = summary.spread if len(rates) > 1 else None
             t.busy = windows.get("busy")
+        t.ran_to_end = bool(windows.get("script_ended"))
         t.samples_per_s = per_step / t.step_s if per_step and t.step_s > 0 else None
         return t
 

@@ -126,6 +126,10 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
     if framework is None:
         result.decisions.append("micro-batch, precision and compile: need the script's training code (a "
                                 "Transformers or a Lightning Trainer's arguments); not tried from outside")
+    if ended := [t.name for t in result.trials if t.ran_to_end]:
+        result.decisions.append(f"warning: the script ran to its end during {len(ended)} trial(s) ({ended[0]}, …): "
+                                "what it writes at its end was written, and the trials timed all of its steps; a "
+                                "trial needs a run longer than its windows (--trial-seconds shortens them)")
     return result
 
 

@@ -41,6 +41,7 @@ class StepWindows:
         self.steps = 0
         self.busy: bool | None = None  # read once, when the windows reached the cap without agreeing
         self.other_cores: float | None = None
+        self.script_ended = False  # the script finished before the windows did (`cut_short`)
         self._start: float | None = None
         self._window = (0.0, 0)  # when the current window began, its steps so far
         self._size = self.fixed  # steps per window once the first has set it
@@ -95,11 +96,12 @@ class StepWindows:
         agreed = not self.fixed and self.rule.agreed(self.rates)
         return {"rates": self.rates, "steps": self.steps, "seconds": self._window[0] - (self._start or 0.0),
                 "agreed": agreed, "busy": self.busy, "other_cores": self.other_cores,
-                "fixed": bool(self.fixed)}
+                "fixed": bool(self.fixed), "script_ended": self.script_ended}
 
     def cut_short(self) -> str | None:
         """The note for a script that ended while its windows were timed, or None."""
         if not self.asked or self._start is None:
             return None
+        self.script_ended = True
         return (f"the script ended during the timed windows, after {len(self.rates)} complete window(s) "
                 f"of its steps")
