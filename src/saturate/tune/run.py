@@ -287,11 +287,13 @@ def _cached_plan(workload: Workload, hw: Any, world: int, try_compile: bool) -> 
 
 
 def _recache(workload: Workload, hw: Any, world: int, tuned: Plan, faster: Any) -> str:
-    """The cache keeps the plan measured faster than the tuned one in every round, so that the next `saturate
-    run` of this job does not reuse a plan this run found slower; the line that says so."""
+    """The cache keeps the plan trained instead of the tuned one (measured faster in every round, or the tuned
+    plan failed side by side), so that the next `saturate run` of this job does not reuse a plan this run found
+    slower; the line that says so."""
     provenance = {**(tuned.provenance or {}), "measured_samples_per_s": faster.samples_per_s,
                   "replaced_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                  "replaced_because": f"{faster.label}: measured faster than the tuned plan in every round"}
+                  "replaced_because": f"{faster.label}: trained instead (the tuned plan measured slower in every "
+                                      "round side by side, or failed there)"}
     provenance.pop("verified_samples_per_s", None)
     path = cache.store(faster.plan.replace(name="tuned", provenance=provenance), workload, hw.fingerprint(), world)
     return f"the cached plan for this job is now {faster.label}'s settings ({path}); --budget tunes again"
