@@ -158,3 +158,19 @@ def test_the_testing_knob_caps_trials_short_and_only_when_set(monkeypatch, cpu):
     assert short.capped([100.0] * 4, 0.1) and short.capped([100.0], 1.0) and not short.capped([100.0], 0.9)
     assert not WindowRule().capped([100.0] * 4, 1.0)  # the default still times those windows on
     assert RealMeasurer(None, cpu).rule == short  # what a trial of a `saturate` command under the knob follows
+
+
+def test_done_reads_the_machine_once_at_the_first_cap_and_raises_it_when_busy():
+    from saturate.tune.noise import WindowRule
+
+    rule, reads = WindowRule(max_windows=4, max_seconds=100.0), []
+
+    def read() -> bool:
+        reads.append(1)
+        return True
+
+    noisy = [1.0, 2.0] * 2
+    assert rule.done(noisy[:3], 1.0, None, read) == (False, None) and not reads  # under the cap: not read
+    assert rule.done(noisy, 1.0, None, read) == (False, True) and len(reads) == 1  # busy: cap doubled to 8
+    assert rule.done(noisy * 2, 2.0, True, read) == (True, True) and len(reads) == 1  # read once only
+    assert rule.done([1.0, 1.0, 1.0], 0.5, None, read) == (True, None)  # agreeing windows: never read

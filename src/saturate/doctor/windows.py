@@ -43,11 +43,8 @@ class Windows:
         rates = window_rates(step_seconds(), self.ends)
         if steps < self.min_steps or elapsed < self.min_seconds:  # the minimums hold whatever the windows say
             return False
-        if self.rule.agreed(rates):
-            return True
-        if self.busy is None and self.rule.capped(rates, elapsed):
-            self.busy = busy()
-        return self.rule.capped(rates, elapsed, bool(self.busy))
+        done, self.busy = self.rule.done(rates, elapsed, self.busy, busy)
+        return done
 
 
 def split(steps: int, windows: int = 5) -> list[int]:

@@ -82,11 +82,12 @@ class StepWindows:
         rule, rates = self.rule, self.rates
         if self.fixed:
             return len(rates) >= rule.min_windows
-        if rule.agreed(rates):
-            return True
-        if self.busy is None and rule.capped(rates, seconds):
-            self.busy, self.other_cores = self._busy()  # type: ignore[misc]
-        return rule.capped(rates, seconds, bool(self.busy))
+        done, self.busy = rule.done(rates, seconds, self.busy, self._read_busy)
+        return done
+
+    def _read_busy(self) -> bool:
+        busy, self.other_cores = self._busy()  # type: ignore[misc]
+        return busy
 
     def record(self) -> dict[str, Any] | None:
         """What the report carries: each window's steps/s and how the windows ended (None when none were asked

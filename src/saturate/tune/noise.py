@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 
@@ -66,6 +67,17 @@ class WindowRule:
     def capped(self, rates: list[float], seconds: float, busy: bool = False) -> bool:
         factor = self.busy_factor if busy else 1.0
         return len(rates) >= self.max_windows * factor or seconds >= self.max_seconds * factor
+
+    def done(self, rates: list[float], seconds: float, busy: bool | None,
+             read_busy: Callable[[], bool]) -> tuple[bool, bool | None]:
+        """(whether the windows are enough, whether the machine is busy): they agree, or the cap is reached —
+        raised when busy, which `read_busy()` says once, the first time the normal cap is reached (`busy` None:
+        not read yet)."""
+        if self.agreed(rates):
+            return True, busy
+        if busy is None and self.capped(rates, seconds):
+            busy = read_busy()
+        return self.capped(rates, seconds, bool(busy)), busy
 
     def result(self, rates: list[float]) -> Summary:
         """The figure over the windows that decided: the agreeing last ones, else all of them."""
