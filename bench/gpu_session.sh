@@ -1,24 +1,62 @@
 #!/usr/bin/env bash
-# Everything the foundation checks on a GPU, in one call of the device tool (or by hand on any
-# CUDA machine), ending with compact tables. From the repository root:
+# Everything the foundation checks on a GPU, in calls of the device tool (or by hand on any CUDA
+# machine), each section under its own time limit and logged to $OUT. From the repository root:
 #
-#   bash bench/gpu_session.sh
+#   bash bench/gpu_session.sh                 # every section, in order (about 25 minutes)
+#   bash bench/gpu_session.sh tests small     # some sections
 #
-# The lent H200 image has torch but not every dependency (tomli-w is missing there): carry wheels
-# in .whl/ as the device README explains; they are installed to /tmp/site first when present.
+# Sections: env tests small mfu tuner fsdp hf script train.
+# The lent image has torch but not every dependency (tomli-w is missing there): carry wheels in
+# .whl/ as the device README explains; they are installed to /tmp/site first when present.
 set -uo pipefail
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-export PYTHONPATH=src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD/src:$PWD/bench:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+export SATURATE_CACHE=${SATURATE_CACHE:-/tmp/saturate-cache}
 out=${OUT:-/tmp/saturate-gpu}
 mkdir -p "$out"
+sections=${*:-env tests small mfu tuner fsdp hf script train}
+start=$SECONDS
 
-echo "== probe"; python3 -m saturate probe 2>&1 | tee "$out/probe.txt"
-echo "== gpu tests"; python3 -m pytest -q -m gpu tests 2>&1 | tee "$out/pytest_gpu.log" | tail -8
-echo "== engine overhead (cuda)"; python3 bench/engine_overhead.py --device cuda --json "$out/overhead.json" 2>&1 | tail -12
-echo "== gpt-small bf16 + compile"; python3 bench/gpu_small.py --json "$out/gpu_small.json" 2>&1 | tail -20
-echo "== tuner: gpt-small tuned vs naive and a6000-after"
-python3 bench/tuner.py --preset gpt-small --device cuda --no-grid --rounds 2 --steps 10 --warmup 3 \
-  --json "$out/tuner_gpu.json" 2>&1 | tail -40
+section() {  # section NAME LIMIT_S COMMAND...: run under a limit, log to $out/NAME.log, say how it ended
+  local name=$1 limit=$2; shift 2
+  echo "== $name (limit ${limit}s, at $((SECONDS - start))s)"
+  timeout -k 10 "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  tail -n "${TAIL:-25}" "$out/$name.log"
+  echo "== $name: exit $rc after $((SECONDS - start))s"
+}
+
+for s in $sections; do
+  case $s in
+    env)
+      nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv
+      python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
+      section probe 120 python3 -m saturate probe ;;
+    tests)
+      TAIL=40 section pytest_gpu 420 python3 -m pytest -q -m gpu ${TESTS:-tests} --ignore=tests/test_layout.py \
+        -p no:cacheprovider --timeout 150 -rfEs ;;
+    small)  # gpt-small as the repo trains it (byte vocabulary), compile vs eager
+      section gpu_small 300 python3 bench/gpu_small.py --rounds 2 --steps 20 --warmup 10 --json "$out/gpu_small.json" ;;
+    mfu)  # the GPT-2 124M shape nanoGPT and llm.c report (vocabulary 50257 padded to 50304)
+      section mfu_124m 300 python3 bench/gpu_small.py --vocab 50257 --micro ${MICRO:-16} --rounds ${ROUNDS:-2} \
+        --steps 20 --warmup 10 \
+        --json "$out/mfu_124m.json" ;;
+    tuner)
+      section tuner ${TUNER_LIMIT:-330} python3 bench/tuner.py --preset gpt-small --device cuda --no-grid --rounds 2 --steps 10 \
+        --warmup 3 --json "$out/tuner_gpu.json" ;;
+    fsdp)
+      section fsdp_offload 120 python3 -m saturate train --preset gpt-medium --plan bench/plans/fsdp_offload.toml \
+        --steps 6 --log-every 2 --eval-every 1000 --run-dir /tmp/fsdp-run --no-progress ;;
+    hf)
+      section hf 420 bash bench/gpu_hf.sh ;;
+    script)
+      section doctor_script 150 python3 -m saturate doctor -- python3 examples/scripts/gpt_pretrain/train.py --max-steps 5000 ;;
+    train)
+      section train_tuned 660 python3 -m saturate train --preset gpt-small --plan bench/plans/tuned_h100_gpt_small.toml \
+        --minutes ${TRAIN_MINUTES:-10} --run-dir /tmp/tuned-run --no-progress --json ;;
+    *) echo "unknown section: $s"; exit 2 ;;
+  esac
+done

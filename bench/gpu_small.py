@@ -27,6 +27,7 @@ On a machine without CUDA it prints "no CUDA device: skipped" and exits 0.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 import torch
@@ -35,6 +36,8 @@ import _harness as bench
 from saturate.hardware import measure_matmul_peak, probe
 from saturate.hardware.mfu import mfu
 from saturate.plan import Plan
+from saturate.workloads import Workload
+from saturate.workloads.gpt import GPT, GPTConfig, flops_per_token
 
 GOAL_MFU = 0.45
 
@@ -45,10 +48,22 @@ def _mfu_spread(achieved: list[float], peak: float | None, source: str) -> bench
     return None if any(v is None for v in values) else bench.Spread.of(values)  # type: ignore[arg-type]
 
 
+def with_vocab(workload: Workload, vocab: int) -> Workload:
+    """The workload with its GPT's vocabulary set to `vocab` (padded to 64 by the model); FLOPs follow."""
+    cfg = GPTConfig(**{**workload.identity["model"], "vocab_size": vocab})
+    return dataclasses.replace(workload, build_model=lambda: GPT(cfg),
+                               flops_per_sample=flops_per_token(cfg) * cfg.seq_len,
+                               identity={**workload.identity, "model": cfg.to_dict()})
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", help="cuda or cuda:N (default: cuda)")
     ap.add_argument("--micro", type=int, default=16, help="micro-batch; accumulation makes 128 (default: 16)")
+    ap.add_argument("--vocab", type=int, default=None,
+                    help="model vocabulary instead of the byte tokenizer's 257 (50257: GPT-2's, the 124M model "
+                         "nanoGPT and llm.c report; the byte corpus's ids stay below it)")
+    ap.add_argument("--compile-mode", default="default", help="torch.compile mode of the compiled plan")
     bench.add_run_args(ap, steps=30, warmup=10, rounds=3)
     args = ap.parse_args(argv)
     bench.require_positive(ap, micro=args.micro, steps=args.steps, warmup=args.warmup, rounds=args.rounds)
@@ -59,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     workload = bench.bench_workload("gpt-small", args.seed)
+    if args.vocab:
+        workload = with_vocab(workload, args.vocab)
     effective = workload.optim.effective_batch
     if effective % args.micro:
         ap.error(f"--micro {args.micro} must divide gpt-small's effective batch {effective}")
@@ -68,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.write_json(args.json, {"benchmark": "gpu_small", "skipped": "no native bf16"})
         return 0
     compiled = Plan(name="compile", micro_batch=args.micro, grad_accum=effective // args.micro,
-                    precision="bf16", tf32=True, compile="default", fused_optimizer=True, pin_memory=True,
+                    precision="bf16", tf32=True, compile=args.compile_mode, fused_optimizer=True, pin_memory=True,
                     non_blocking=True)
     plans = {"compile": compiled, "eager": compiled.replace(name="eager", compile="none")}
 
@@ -115,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         *(f"note ({name}): {n}" for name, s in summary.items() for n in s["notes"]),
     ]
     bench.print_table(
-        f"gpt-small seq 1024, {args.micro} x {effective // args.micro}, bf16, {bench.device_label(hw)}, "
+        f"gpt-small seq 1024, vocab {workload.identity['model']['vocab_size']}, {args.micro} x "
+        f"{effective // args.micro}, bf16, compile {args.compile_mode}, {bench.device_label(hw)}, "
         f"{args.rounds} rounds x {args.steps} steps",
         ["mode", "tok/s median (min..max)", "MFU measured", "MFU datasheet", "peak GiB"], rows, footer)
 
@@ -123,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "gpu_small", "goal": f"MFU >= {GOAL_MFU:.0%} on H100/H200-class GPUs",
         "environment": bench.environment(hw), "warmup_steps": args.warmup, "timed_steps": args.steps,
         "rounds": args.rounds, "flops_per_token": flops_per_token,
+        "vocab_size": workload.identity["model"]["vocab_size"], "compile_mode": args.compile_mode,
         "peak_flops_bf16": {"measured": measured, "used_measured": peak_measured, "datasheet": peak_sheet,
                             "datasheet_source": sheet[1] if sheet else None},
         "compile_speedup": speedup.to_dict(), "goal_mfu": goal_mfu, "goal_met": goal_mfu >= GOAL_MFU,

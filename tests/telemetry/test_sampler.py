@@ -9,6 +9,7 @@ import pytest
 
 from saturate.hardware.gpu_sensors import GpuSource
 from saturate.hardware.host_sensors import read_host
+from saturate.telemetry import sampler as sampler_module
 from saturate.telemetry.sampler import Sampler, Snapshot, Stat, swap_traffic
 
 
@@ -71,23 +72,48 @@ class CostlyGpu(GpuSource):
 
     def read(self):
         self.calls += 1
-        start = time.thread_time()
-        while time.thread_time() - start < 0.02:
-            pass
+        burn(0.02)
         return []
 
 
-def test_a_sampler_with_a_cpu_share_waits_as_long_as_its_readings_cost():
-    capped, free = CostlyGpu(), CostlyGpu()
+def burn(seconds: float) -> None:
+    start = time.thread_time()
+    while time.thread_time() - start < seconds:
+        pass
+
+
+def test_a_cpu_share_caps_the_process_readings_not_the_gpu_ones(monkeypatch):
+    trees = []
+
+    def costly_tree(pid, proportional):
+        trees.append(pid)
+        burn(0.02)
+        return None
+
+    monkeypatch.setattr(sampler_module, "read_process_tree", costly_tree)
+    gpu = CountingGpu()
     started = time.process_time()
-    with Sampler(0.01, gpu=capped, max_cpu_share=0.01) as s, Sampler(0.01, gpu=free):
+    with Sampler(0.01, gpu=gpu, process_pid=os.getpid(), max_cpu_share=0.01) as s:
         deadline = time.time() + 30
-        while free.calls < 3 and time.time() < deadline:
+        while gpu.calls < 10 and time.time() < deadline:
             time.sleep(0.02)
     used = time.process_time() - started
-    assert free.calls >= 3 and s.read_seconds >= 0.02
-    # 20 ms of CPU at 1 %: each next reading only once the process used 2 s more CPU time (here: one in all)
-    assert capped.calls <= 1 + int(used / 2.0) and capped.calls < free.calls
+    assert gpu.calls >= 10 and s.process_read_seconds >= 0.02
+    # 20 ms of CPU at 1 %: each next tree reading only once the process used 2 s more CPU time (here: one in all)
+    assert len(trees) <= 1 + int(used / 2.0) and len(trees) < gpu.calls
+    assert sum(snap.process is None for snap in s.snapshots) >= len(s.snapshots) - len(trees)
+
+
+class CountingGpu(GpuSource):
+    name = "counting"
+
+    def __init__(self):
+        super().__init__(None)
+        self.calls = 0
+
+    def read(self):
+        self.calls += 1
+        return []
 
 
 def test_a_reading_taken_just_before_start_is_not_repeated():

@@ -212,10 +212,10 @@ class Instrument:
             workers = context.get("num_workers") or 0
             if workers == 0 and self.data_wall > 0:
                 m.data_cpu_share = min(1.0, self.data_cpu / self.data_wall)
-            elif workers > 0 and len(snaps) >= 2:
-                a, b = snaps[0].process, snaps[-1].process
+            elif workers > 0 and len(with_tree := [s for s in snaps if s.process is not None]) >= 2:
+                a, b = with_tree[0].process, with_tree[-1].process
                 if a and b and a.children_cpu_seconds is not None and b.children_cpu_seconds is not None:
-                    span = snaps[-1].time - snaps[0].time
+                    span = with_tree[-1].time - with_tree[0].time
                     if span > 0:
                         busy = b.children_cpu_seconds - a.children_cpu_seconds
                         m.data_cpu_share = min(1.0, busy / (span * workers))

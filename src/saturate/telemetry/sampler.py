@@ -5,8 +5,11 @@ A ``Sampler`` reads the GPU sensors and the host (``saturate.hardware.gpu_sensor
 ``host_stat`` and ``swap_traffic`` summarise a window of them. A figure not measured stays missing
 with its reason, never 0. A reading of GPU and host counters costs a fraction of a millisecond
 (see docs/benchmarks.md); a process tree's proportional memory (smaps_rollup) costs milliseconds, so a
-sampler given `max_cpu_share` keeps its readings within that share of the process's own CPU time (on a
-busy machine a process gets less CPU per second: the readings slow down with it).
+sampler given `max_cpu_share` keeps those process readings within that share of the process's own CPU time
+(on a busy machine a process gets less CPU per second: they slow down with it). The cheap GPU and host
+readings are taken every interval regardless: a CUDA process that mostly waits on the GPU uses little CPU,
+and capping its NVML readings with the rest left a doctor's window with two utilisation samples (seen on
+an H100, 2026-11-23).
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ class Sampler:
 
     gpu: a GpuSource, or None to open one for `torch_indices` (or every GPU when those are None).
     process_pid: also read this process tree (`proportional` memory: see read_process_tree).
-    max_cpu_share: readings within this share of the process's CPU time (the wait after one grows to match).
+    max_cpu_share: process-tree readings within this share of the process's CPU time (a snapshot between two
+    of them has `process` None); the GPU and host are read every interval.
     """
 
     def __init__(self, interval: float = 1.0, *, gpu: GpuSource | None = None,
@@ -66,10 +70,12 @@ class Sampler:
         self._lock = threading.Lock()
         self.read_seconds = 0.0  # thread CPU time spent reading, for the overhead benchmark
         self.reads = 0
+        self.process_read_seconds = 0.0  # of which reading the process tree (what max_cpu_share caps)
         read_host(prime_cpu=True)  # psutil's CPU percentage needs a previous call
         self._cpu_read_at = time.monotonic()
 
-    def read_once(self) -> Snapshot:
+    def read_once(self, process: bool = True) -> Snapshot:
+        """One snapshot now; `process`: with the process tree's reading (when the sampler has a process)."""
         start = time.thread_time()
         host = read_host()
         now = time.monotonic()
@@ -83,7 +89,11 @@ class Sampler:
         except Exception as e:  # a vendor library failing in a way it does not document
             gpus = []
             self.errors.append(f"GPU read failed: {reason(e)}")
-        proc = read_process_tree(self.process_pid, self.proportional) if self.process_pid is not None else None
+        proc = None
+        if process and self.process_pid is not None:
+            proc_start = time.thread_time()
+            proc = read_process_tree(self.process_pid, self.proportional)
+            self.process_read_seconds += time.thread_time() - proc_start
         snap = Snapshot(time.monotonic(), time.time(), host, gpus, self.gpu.note, proc)
         with self._lock:
             self.snapshots.append(snap)
@@ -92,20 +102,20 @@ class Sampler:
         return snap
 
     def _run(self) -> None:
-        # the next reading waits `interval`, and with max_cpu_share until the process has used the CPU time that
-        # makes the readings so far that share of it (readings taken before start() included)
-        cpu_due = time.process_time() + self._cpu_debt(self.read_seconds)
+        # a reading every `interval`; with max_cpu_share its process-tree part only once the process has used the
+        # CPU time that makes those parts so far that share of it (readings taken before start() included)
+        cpu_due = time.process_time() + self._cpu_debt(self.process_read_seconds)
         wait = self.interval if self.snapshots else 0.0  # a reading taken just before start() is not repeated
         while not self._stop.wait(wait):
             wait = self.interval
-            if time.process_time() < cpu_due:
-                continue
-            spent = self.read_seconds
+            with_process = time.process_time() >= cpu_due
+            spent = self.process_read_seconds
             try:
-                self.read_once()
+                self.read_once(process=with_process)
             except Exception as e:  # never let a sensor kill the thread (or the training with it)
                 self.errors.append(reason(e))
-            cpu_due = time.process_time() + self._cpu_debt(self.read_seconds - spent)
+            if with_process:
+                cpu_due = time.process_time() + self._cpu_debt(self.process_read_seconds - spent)
 
     def _cpu_debt(self, cost: float) -> float:
         """The process CPU seconds that a reading of `cost` CPU seconds must wait for (0 without a share)."""
