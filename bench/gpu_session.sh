@@ -51,7 +51,9 @@ for s in $sections; do
       section fsdp_offload 120 python3 -m saturate train --preset gpt-medium --plan bench/plans/fsdp_offload.toml \
         --steps 6 --log-every 2 --eval-every 1000 --run-dir /tmp/fsdp-run --no-progress ;;
     hf)
-      section hf 420 bash bench/gpu_hf.sh ;;
+      # ts-lstm against the time-series guide's plans, then GPT-2 124M through --hf against rocm-after
+      section hf 540 python3 bench/timeseries.py --hf-gpt2 --device cuda --budget 120 --rounds 2 \
+        --json "$out/timeseries_gpu.json" ;;
     script)
       section doctor_script 150 python3 -m saturate doctor -- python3 examples/scripts/gpt_pretrain/train.py --max-steps 5000 ;;
     train)
