@@ -70,6 +70,15 @@ def test_comparison_needs_the_gain_to_beat_the_combined_noise_and_the_minimum():
     assert not exact.faster and "under the 3 %" in exact.text()
 
 
+def test_a_one_window_trial_has_no_noise_to_be_beyond():
+    one = Trial(stage="x", plan=Plan(), samples_per_s=110.0, spread=None)  # a single timed window
+    c = compare(one, Trial(stage="x", plan=Plan(), samples_per_s=100.0, spread=0.01), 0.03)
+    assert c.faster and not c.noise_known  # the decision still needs the minimum gain
+    assert c.text() == "+10.0 % (noise not measured: one window)" and "±" not in c.text()
+    small = compare(Trial(stage="x", plan=Plan(), samples_per_s=111.0, spread=0.01), one, 0.03)
+    assert "under the 3 %" in small.text() and "one window" in small.text()
+
+
 def test_simplicity_orders_knobs():
     base = Plan()
     assert complexity(base) == 0

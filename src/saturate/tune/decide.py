@@ -40,6 +40,7 @@ class Comparison:
     gain: float  # candidate / incumbent - 1
     noise: float  # the two spreads together: the ratio is known to about ± this
     min_gain: float
+    noise_known: bool = True  # False when a trial had a single window: no spread measured (noise counts 0)
 
     @property
     def faster(self) -> bool:
@@ -58,6 +59,11 @@ class Comparison:
     def text(self) -> str:
         """The gain and how it compares with the noise, e.g. "+2.0 %, within noise (±5.0 %)"."""
         head = f"{100 * self.gain:+.1f} %"
+        if not self.noise_known:  # a one-window trial has no spread: say so rather than "±0.0 %"
+            unknown = "noise not measured: one window"
+            if abs(self.gain) <= self.min_gain:
+                return f"{head}, under the {100 * self.min_gain:.0f} % a change must gain ({unknown})"
+            return f"{head} ({unknown})"
         noise = f"±{100 * self.noise:.1f} %"
         if self.within_noise:
             return f"{head}, within noise ({noise})"
@@ -71,7 +77,8 @@ def compare(candidate: Measured, incumbent: Measured, min_gain: float) -> Compar
     if not candidate.samples_per_s or not incumbent.samples_per_s:
         raise ValueError("compare needs two measured trials")
     return Comparison(gain=candidate.samples_per_s / incumbent.samples_per_s - 1,
-                      noise=(candidate.spread or 0.0) + (incumbent.spread or 0.0), min_gain=min_gain)
+                      noise=(candidate.spread or 0.0) + (incumbent.spread or 0.0), min_gain=min_gain,
+                      noise_known=candidate.spread is not None and incumbent.spread is not None)
 
 
 def complexity(plan: Plan) -> int:
