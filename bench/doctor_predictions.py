@@ -18,8 +18,15 @@ The cases mirror tests/doctor/toy.py (duplicated here: benchmarks do not import 
 gpt-tiny at micro-batch 1 is not among them: on this CPU its fixed cost per micro-step is ~10 %
 of the micro-step (measured), so the doctor rightly calls it compute-bound there.
 
-The synchronisation-bound case needs a GPU (a sync costs nothing on a CPU) and is not run here.
 A compute-bound case has no predicted top fix (bf16 is offered unpredicted), so it has no row.
+
+With `--device cuda` the GPU cases run instead (issue 16; written 2026-11-23, not yet run on a GPU):
+
+* input-bound: as above, into the GPU
+* launch-bound: the 16→8→1 MLP at micro-batch 1 × accumulation 32 (every micro-step a few tiny kernels)
+* copy/sync-bound: 32 samples of 64 Ki floats (8 MiB a batch) copied from pageable memory with blocking
+  copies into a 65536→64→1 MLP: the copy dominates and stalls the host (the fix: pinned, non-blocking)
+* memory under-used: gpt-small, bf16, micro-batch 2 × accumulation 16, most of the GPU's memory unused
 
 By default the training uses one intra-op thread (--threads): on the shared 2-core development
 machine two OpenMP threads stall at every barrier whenever a loader worker or another process
@@ -27,6 +34,7 @@ runs, which swings small models' step times tenfold and says nothing about the d
 
     PYTHONPATH=src python3 bench/doctor_predictions.py                    # 3 rounds, every case
     PYTHONPATH=src python3 bench/doctor_predictions.py --cases input --rounds 1 --seconds 1
+    PYTHONPATH=src python3 bench/doctor_predictions.py --device cuda --rounds 2   # the GPU cases
 """
 
 from __future__ import annotations
@@ -50,9 +58,9 @@ from saturate.workloads import Optimization, Workload
 
 
 class Samples(Dataset):
-    def __init__(self, delay: float = 0.0) -> None:
+    def __init__(self, delay: float = 0.0, features: int = 16) -> None:
         self.delay = delay
-        self.x = torch.randn(4096, 16, generator=torch.Generator().manual_seed(0))
+        self.x = torch.randn(4096 if features <= 1024 else 64, features, generator=torch.Generator().manual_seed(0))
         self.y = self.x.sum(dim=1, keepdim=True)
 
     def __len__(self) -> int:
@@ -61,7 +69,7 @@ class Samples(Dataset):
     def __getitem__(self, i: int):
         if self.delay:
             time.sleep(self.delay)
-        return self.x[i % 4096], self.y[i % 4096]
+        return self.x[i % len(self.x)], self.y[i % len(self.x)]
 
 
 class Hungry(Samples):
@@ -76,12 +84,27 @@ class Hungry(Samples):
         return super().__getitem__(i)
 
 
-def mlp(data: Dataset, effective_batch: int, hidden: int) -> Workload:
+def mlp(data: Dataset, effective_batch: int, hidden: int, features: int = 16) -> Workload:
     return Workload(
         name="toy-mlp", train_data=data, val_data=None,
-        build_model=lambda: nn.Sequential(nn.Linear(16, hidden), nn.ReLU(), nn.Linear(hidden, 1)),
+        build_model=lambda: nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, 1)),
         loss_fn=lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]),
         optim=Optimization(effective_batch=effective_batch, lr=1e-3, warmup_steps=0, steps=10**6))
+
+
+def gpu_cases(seconds: float) -> dict[str, tuple[Workload, Plan, DoctorConfig]]:
+    from saturate.workloads import build_workload
+
+    base = DoctorConfig(steps=10, warmup=2, count_steps=2, min_seconds=seconds)
+    wide = 65536
+    return {
+        "input": (mlp(Samples(delay=0.005), 8, 64), Plan(micro_batch=8), base),
+        "launch": (mlp(Samples(), 32, 8), Plan(micro_batch=1, grad_accum=32), base),
+        "copies": (mlp(Samples(features=wide), 32, 64, features=wide), Plan(micro_batch=32), base),
+        "memory": (build_workload("gpt-small", effective_batch=32),
+                   Plan(micro_batch=2, grad_accum=16, precision="bf16", tf32=True, pin_memory=True,
+                        non_blocking=True, fused_optimizer=True), DoctorConfig(steps=5, warmup=2, min_seconds=seconds)),
+    }
 
 
 def cases(seconds: float) -> dict[str, tuple[Workload, Plan, DoctorConfig]]:
@@ -109,7 +132,9 @@ def predicted_gain(diagnosis, fix) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", nargs="*", default=None, help="input overhead host-memory (default: all)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda: the GPU cases")
+    ap.add_argument("--cases", nargs="*", default=None,
+                    help="cpu: input overhead host-memory; cuda: input launch copies memory (default: all)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0, help="minimum timed seconds per diagnosis (default 3)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1; see above)")
@@ -117,8 +142,15 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message="This DataLoader will create")  # 3 workers on 2 cores, on purpose
-    hw = probe(measure_peaks=False, device="cpu")
-    all_cases = cases(args.seconds)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: skipped")
+        bench.write_json(args.json, {"benchmark": "doctor_predictions", "skipped": "no CUDA device"})
+        return
+    hw = probe(measure_peaks=False, device=args.device)
+    all_cases = gpu_cases(args.seconds) if args.device == "cuda" else cases(args.seconds)
+    unknown = sorted(set(args.cases or ()) - set(all_cases))
+    if unknown:
+        ap.error(f"unknown case(s) for {args.device}: {', '.join(unknown)} (known: {', '.join(all_cases)})")
     chosen = args.cases or list(all_cases)
     rows, results = [], {}
     for name in chosen:
@@ -142,7 +174,8 @@ def main() -> None:
         rows.append([name, ", ".join(verdicts), fix.title.split(" (")[0],
                      bench.Spread.of(predicted).fmt(".2f", unit="×"), bench.Spread.of(measured).fmt(".2f", unit="×"),
                      bench.Spread.of(errors).fmt("+.0f", 100, " %"), f"{within}/{len(errors)}"])
-    bench.print_table(f"doctor predictions — {hw.cpu_name}, {hw.cpu_cores} cores, {args.threads} torch thread(s), "
+    where = bench.device_label(hw) if args.device == "cuda" else f"{hw.cpu_name}, {hw.cpu_cores} cores"
+    bench.print_table(f"doctor predictions — {where}, {args.threads} torch thread(s), "
                       f"{args.rounds} rounds", ["case", "verdict", "top plan fix", "predicted gain", "measured gain",
                                                 "measured ÷ predicted − 1", "within ±25 %"], rows)
     bench.write_json(args.json, {"environment": bench.environment(hw), "rounds": args.rounds,

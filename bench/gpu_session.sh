@@ -5,7 +5,7 @@
 #   bash bench/gpu_session.sh                 # every section, in order (about 25 minutes)
 #   bash bench/gpu_session.sh tests small     # some sections
 #
-# Sections: env tests small mfu tuner fsdp hf script train.
+# Sections: env tests small mfu tuner doctor fsdp hf script train.
 # The lent image has torch but not every dependency (tomli-w is missing there): carry wheels in
 # .whl/ as the device README explains; they are installed to /tmp/site first when present.
 set -uo pipefail
@@ -17,7 +17,7 @@ export PYTHONPATH=$PWD/src:$PWD/bench:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export SATURATE_CACHE=${SATURATE_CACHE:-/tmp/saturate-cache}
 out=${OUT:-/tmp/saturate-gpu}
 mkdir -p "$out"
-sections=${*:-env tests small mfu tuner fsdp hf script train}
+sections=${*:-env tests small mfu tuner doctor fsdp hf script train}
 start=$SECONDS
 
 section() {  # section NAME LIMIT_S COMMAND...: run under a limit, log to $out/NAME.log, say how it ended
@@ -47,6 +47,9 @@ for s in $sections; do
     tuner)
       section tuner ${TUNER_LIMIT:-330} python3 bench/tuner.py --preset gpt-small --device cuda --no-grid --rounds 2 --steps 10 \
         --warmup 3 --json "$out/tuner_gpu.json" ;;
+    doctor)  # constructed GPU cases: the top fix's predicted gain against its measured gain after applying it
+      section doctor_predictions 420 python3 bench/doctor_predictions.py --device cuda --rounds 2 \
+        --json "$out/doctor_predictions.json" ;;
     fsdp)
       section fsdp_offload 120 python3 -m saturate train --preset gpt-medium --plan bench/plans/fsdp_offload.toml \
         --steps 6 --log-every 2 --eval-every 1000 --run-dir /tmp/fsdp-run --no-progress ;;
