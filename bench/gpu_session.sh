@@ -5,7 +5,7 @@
 #   bash bench/gpu_session.sh                 # every section, in order (about 25 minutes)
 #   bash bench/gpu_session.sh tests small     # some sections
 #
-# Sections: env tests small mfu tuner doctor fsdp hf script train.
+# Sections: env tests small mfu profile tuner doctor fsdp hf script train.
 # The lent image has torch but not every dependency (tomli-w is missing there): carry wheels in
 # .whl/ as the device README explains; they are installed to /tmp/site first when present.
 set -uo pipefail
@@ -17,7 +17,7 @@ export PYTHONPATH=$PWD/src:$PWD/bench:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export SATURATE_CACHE=${SATURATE_CACHE:-/tmp/saturate-cache}
 out=${OUT:-/tmp/saturate-gpu}
 mkdir -p "$out"
-sections=${*:-env tests small mfu tuner doctor fsdp hf script train}
+sections=${*:-env tests small mfu profile tuner doctor fsdp hf script train}
 start=$SECONDS
 
 section() {  # section NAME LIMIT_S COMMAND...: run under a limit, log to $out/NAME.log, say how it ended
@@ -44,6 +44,8 @@ for s in $sections; do
       section mfu_124m 300 python3 bench/gpu_small.py --vocab 50257 --micro ${MICRO:-16} --rounds ${ROUNDS:-2} \
         --steps 20 --warmup 10 \
         --json "$out/mfu_124m.json" ;;
+    profile)  # where the tuned-shape step's GPU time goes, and which SDPA backend runs
+      section gpu_profile 240 python3 bench/gpu_profile.py --micro ${MICRO:-16} --json "$out/gpu_profile.json" ;;
     tuner)
       section tuner ${TUNER_LIMIT:-330} python3 bench/tuner.py --preset gpt-small --device cuda --no-grid --rounds 2 --steps 10 \
         --warmup 3 --json "$out/tuner_gpu.json" ;;
