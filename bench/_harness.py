@@ -231,6 +231,15 @@ def write_json(path: str | None, data: dict[str, Any]) -> None:
         Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n")
 
 
+def no_cuda(json_path: str | None, benchmark: str) -> bool:
+    """True (after saying "no CUDA device: skipped" and writing a JSON that says so) when there is no CUDA device."""
+    if torch.cuda.is_available():
+        return False
+    print("no CUDA device: skipped")
+    write_json(json_path, {"benchmark": benchmark, "skipped": "no CUDA device"})
+    return True
+
+
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
                 footer: Sequence[str] = ()) -> None:
     # A fixed width: these run over ssh and in CI, where rich would otherwise assume 80 columns.

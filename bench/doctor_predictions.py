@@ -142,9 +142,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message="This DataLoader will create")  # 3 workers on 2 cores, on purpose
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device: skipped")
-        bench.write_json(args.json, {"benchmark": "doctor_predictions", "skipped": "no CUDA device"})
+    if args.device == "cuda" and bench.no_cuda(args.json, "doctor_predictions"):
         return
     hw = probe(measure_peaks=False, device=args.device)
     all_cases = gpu_cases(args.seconds) if args.device == "cuda" else cases(args.seconds)

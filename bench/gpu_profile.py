@@ -73,9 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     bench.require_positive(ap, micro=args.micro, warmup=args.warmup, steps=args.steps, top=args.top)
-    if not torch.cuda.is_available():
-        print("no CUDA device: skipped")
-        bench.write_json(args.json, {"benchmark": "gpu_profile", "skipped": "no CUDA device"})
+    if bench.no_cuda(args.json, "gpu_profile"):
         return 0
 
     device = torch.device("cuda")

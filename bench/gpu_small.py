@@ -68,9 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     bench.require_positive(ap, micro=args.micro, steps=args.steps, warmup=args.warmup, rounds=args.rounds)
 
-    if not torch.cuda.is_available():
-        print("no CUDA device: skipped")
-        bench.write_json(args.json, {"benchmark": "gpu_small", "skipped": "no CUDA device"})
+    if bench.no_cuda(args.json, "gpu_small"):
         return 0
 
     workload = bench.bench_workload("gpt-small", args.seed)

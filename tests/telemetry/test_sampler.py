@@ -13,8 +13,10 @@ from saturate.telemetry import sampler as sampler_module
 from saturate.telemetry.sampler import Sampler, Snapshot, Stat, swap_traffic
 
 
-class BrokenGpu(GpuSource):
-    name = "broken"
+class CountingGpu(GpuSource):
+    """A sensor that counts its readings and reads no GPU."""
+
+    name = "counting"
 
     def __init__(self):
         super().__init__(None)
@@ -22,6 +24,14 @@ class BrokenGpu(GpuSource):
 
     def read(self):
         self.calls += 1
+        return []
+
+
+class BrokenGpu(CountingGpu):
+    name = "broken"
+
+    def read(self):
+        super().read()
         raise RuntimeError("GPU has fallen off the bus")
 
 
@@ -61,19 +71,14 @@ def test_swap_traffic_over_a_window():
     assert swap_traffic(snaps) == (None, "swap traffic is only counted on Linux")
 
 
-class CostlyGpu(GpuSource):
+class CostlyGpu(CountingGpu):
     """A sensor whose reading burns 20 ms of the reading thread's CPU time."""
 
     name = "costly"
 
-    def __init__(self):
-        super().__init__(None)
-        self.calls = 0
-
     def read(self):
-        self.calls += 1
         burn(0.02)
-        return []
+        return super().read()
 
 
 def burn(seconds: float) -> None:
@@ -102,18 +107,6 @@ def test_a_cpu_share_caps_the_process_readings_not_the_gpu_ones(monkeypatch):
     # 20 ms of CPU at 1 %: each next tree reading only once the process used 2 s more CPU time (here: one in all)
     assert len(trees) <= 1 + int(used / 2.0) and len(trees) < gpu.calls
     assert sum(snap.process is None for snap in s.snapshots) >= len(s.snapshots) - len(trees)
-
-
-class CountingGpu(GpuSource):
-    name = "counting"
-
-    def __init__(self):
-        super().__init__(None)
-        self.calls = 0
-
-    def read(self):
-        self.calls += 1
-        return []
 
 
 def test_a_reading_taken_just_before_start_is_not_repeated():
