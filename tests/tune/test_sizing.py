@@ -196,3 +196,27 @@ def test_a_job_too_short_for_a_side_by_side_skips_it_and_says_why(fake_run, cpu)
     assert result["timing"]["side_by_side_s"] == 0.0 and result["trained"] == "tuned"
     assert ("no side-by-side; predicted saving over 100 steps: 25 s (50 s untuned → 25 s with tuned; a prediction "
             "from naive's one measurement and the plan's tuning trial)") in text  # 0.5 s against the trial's 0.25 s
+
+
+def test_naive_s_measurement_that_sized_the_budget_counts_against_it(tmp_path, cpu, monkeypatch):
+    clock = [100.0]
+
+    class TimedNaive:  # naive measured once: 3 s on the fake clock, 0.5 s a step
+        def __init__(self, *a, **k) -> None:
+            pass
+
+        def verify(self, plan: Plan) -> Trial:
+            clock[0] += 3.0
+            return Trial(stage="verify", plan=plan, samples_per_s=16.0, step_s=0.5, steps=2, seconds=3.0)
+
+    budgets = []
+    monkeypatch.setattr(run_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(run_module, "RealMeasurer", TimedNaive)
+    monkeypatch.setattr(run_module, "tune", lambda *a, **k: budgets.append(k["budget_s"]) or SimpleNamespace(
+        plan=Plan(name="tuned")))
+    quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
+    got = run_module._tune(Job(), cpu, SimpleNamespace(world_size=1, is_main=True),
+                           [("naive", Plan(micro_batch=8, name="naive"))], budget_s=None, steps=400, minutes=None,
+                           allow_batch_change=True, run_dir=tmp_path, seed=0, console=quiet, try_compile=True)
+    assert got.budget_s == pytest.approx(40.0) and budgets == [pytest.approx(37.0)]  # 20 % of 200 s, less its 3 s
+    assert got.naive.step_s == 0.5 and got.naive_s == pytest.approx(3.0) and "measurement included" in got.why
