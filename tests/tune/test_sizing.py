@@ -220,3 +220,15 @@ def test_naive_s_measurement_that_sized_the_budget_counts_against_it(tmp_path, c
                            allow_batch_change=True, run_dir=tmp_path, seed=0, console=quiet, try_compile=True)
     assert got.budget_s == pytest.approx(40.0) and budgets == [pytest.approx(37.0)]  # 20 % of 200 s, less its 3 s
     assert got.naive.step_s == 0.5 and got.naive_s == pytest.approx(3.0) and "measurement included" in got.why
+
+
+def test_without_a_side_by_side_a_run_of_naive_s_settings_is_not_called_a_gain():
+    naive = Plan(micro_batch=8, name="naive")
+    row = lambda label, plan, sps: sizing.Row(label, plan, sps, sps, 8 / sps, None, None, None)  # noqa: E731
+    same = sizing.once_verdict([row("naive", naive, 16.0), row("training run", naive.replace(name="default"), 12.0)],
+                               "default")
+    assert same == ["training run (default) vs naive: 0.75×, the training run's samples/s over naive's one "
+                    "measurement before tuning (not measured side by side: no range); the same settings as naive, "
+                    "so not a gain"]
+    assert sizing.once_verdict([row("training run", naive, 12.0)], "tuned") == [
+        "no before/after: there was no side-by-side and naive was not measured in this run"]

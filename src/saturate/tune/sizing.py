@@ -187,8 +187,10 @@ def once_verdict(rows: list[Row], trained: str) -> list[str]:
     naive, run = rows[0], rows[-1]
     if naive.label != "naive" or not (naive.samples_per_s and run.samples_per_s):
         return ["no before/after: there was no side-by-side and naive was not measured in this run"]
+    same = "; the same settings as naive, so not a gain" if same_settings([("naive", naive.plan), ("run", run.plan)]) \
+        else ""
     return [f"training run ({trained}) vs naive: {run.samples_per_s / naive.samples_per_s:.2f}×, the training "
-            "run's samples/s over naive's one measurement before tuning (not measured side by side: no range)"]
+            f"run's samples/s over naive's one measurement before tuning (not measured side by side: no range){same}"]
 
 
 def side_by_side(workload: Any, hw: Any, dist: DistInfo, tuning: Any, plans: list[tuple[str, Plan]],
