@@ -16,8 +16,12 @@ on a small preset (gpt-tiny by default, or ts-lstm):
    above 100 % in its table; its wall time, tuning included, against an untuned `train` (the
    default plan, no cached plan) of the same steps: ≤ 1.1× on a job of a few minutes.
 
+When the run's job is too short for a side-by-side (tune/sizing.py), its printed speed-up is the training
+run over naive's one measurement (one figure, no range), and the independent measurement compares naive with
+the plan trained.
+
 Budget: about 15 minutes with the defaults on a 2-core machine; shrink with --tunes, --budget,
---run-steps, --rounds, --no-grid, --conditions quiet. The smallest smoke run:
+--run-steps, --rounds, --no-grid, --conditions quiet; --no-choices runs part 2 alone. The smallest smoke run:
 
     PYTHONPATH=src python3 bench/trust.py --tunes 1 --budget 30 --run-steps 4 --rounds 1 --steps 2 \\
         --effective-batch 8 --conditions quiet --no-grid
@@ -143,12 +147,18 @@ def before_after(workload: Any, hw: Any, args: argparse.Namespace, tmp: Path) ->
         untuned = train(workload, None, RunConfig(steps=args.run_steps, run_dir=tmp / "untuned", seed=args.seed,
                                                    progress=False, tensorboard=False), hardware=hw)
         train_s = time.monotonic() - started
-    assert report.comparison is not None
     label = report.tuning.label if report.tuning else "tuned"  # "default" when the job could not pay for tuning
-    printed = report.comparison.ratio(label)
-    naive, tuned = report.comparison.row("naive"), report.comparison.row(label)
-    assert naive is not None and tuned is not None
-    runs = bench.train_rounds(workload, {"naive": naive.plan, "tuned": tuned.plan}, hw, args, lambda r, n, t: (
+    if report.comparison is not None:
+        printed = report.comparison.ratio(label)
+        naive, tuned = report.comparison.row("naive"), report.comparison.row(label)
+        assert naive is not None and tuned is not None
+        plans = {"naive": naive.plan, "tuned": tuned.plan}
+    else:  # no side-by-side (too short a job): the printed figure is the training run over naive's one measurement
+        naive, trained = report.rows[0], report.rows[-1]
+        assert naive.label == "naive" and naive.samples_per_s and trained.samples_per_s, "no before/after printed"
+        printed = Ratio.of([trained.samples_per_s / naive.samples_per_s])
+        plans = {"naive": naive.plan, "tuned": report.training.plan}
+    runs = bench.train_rounds(workload, plans, hw, args, lambda r, n, t: (
         f"  independent round {r + 1}: {n:>6} {t.tokens_per_s:>10,.0f} tokens/s"))
     independent = Ratio.between(bench.tokens_per_s(runs["tuned"]), bench.tokens_per_s(runs["naive"]))
     agreement = printed.median / independent.median if printed and independent else None
@@ -163,7 +173,7 @@ def before_after(workload: Any, hw: Any, args: argparse.Namespace, tmp: Path) ->
             "run_wall_s": run_s, "tuning_s": report.tuning.seconds if report.tuning else None,
             "untuned_train_wall_s": train_s, "untuned_plan": describe(untuned.plan),
             "run_over_untuned": run_s / train_s, "compared": label, "trained": report.trained,
-            "timing": report.timing}
+            "side_by_side": report.comparison is not None, "timing": report.timing}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="steps of the saturate run / untuned train job (default 150)")
     ap.add_argument("--conditions", default="quiet,loaded", help="quiet, loaded or both (default)")
     ap.add_argument("--no-grid", action="store_true", help="skip the exhaustive grid")
+    ap.add_argument("--no-choices", action="store_true",
+                    help="skip part 1 (the tunes' stable choices): only the before/after and the run's wall time")
     ap.add_argument("--effective-batch", type=int, help="the preset's effective batch (default: the preset's)")
     bench.add_run_args(ap, steps=6, warmup=2, rounds=3)  # --steps/--warmup: the independent train() rounds
     args = ap.parse_args(argv)
@@ -203,15 +215,15 @@ def main(argv: list[str] | None = None) -> int:
         for c in conditions:
             print(f"## {c}", flush=True)
             with condition(c):
-                out = {"choices": stable_choices(workload, hw, args, tmp / c, grid_best),
+                out = {"choices": None if args.no_choices else stable_choices(workload, hw, args, tmp / c, grid_best),
                        "before_after": before_after(workload, hw, args, tmp / c)}
             result["conditions"][c] = out
     rows = []
     for c, out in result["conditions"].items():
-        ch, ba = out["choices"], out["before_after"]
+        ch, ba = out["choices"] or {"largest_over_smallest": None, "vs_grid_best": {}, "tunes": []}, out["before_after"]
         rows.append([c, f"{ch['largest_over_smallest']:.3f}" if ch["largest_over_smallest"] else "-",
                      ", ".join(f"{v['median']:.3f}" for v in ch["vs_grid_best"].values() if v) or "-",
-                     f"{max(t['over_budget'] for t in ch['tunes']):.2f}",
+                     f"{max(t['over_budget'] for t in ch['tunes']):.2f}" if ch["tunes"] else "-",
                      f"{ba['printed_speedup']['median']:.2f} / {ba['independent_speedup']['median']:.2f}"
                      if ba["printed_speedup"] and ba["independent_speedup"] else "-",
                      f"{ba['mfu_max']:.1%}" if ba["mfu_max"] is not None else "-",

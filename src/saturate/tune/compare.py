@@ -32,7 +32,11 @@ from saturate.tune.rounds import Ratio, interleaved
 from saturate.tune.trial import Trial
 from saturate.workloads.base import Workload
 
-ROUNDS = 3  # interleaved rounds by default; one more when the machine was busy
+ROUNDS = 3  # interleaved rounds by default; one more when the machine was busy (and the job can pay for it)
+# How each side-by-side measurement runs (sizing.py predicts its cost from these): two warm-up steps after a
+# build (after one, the second step still runs slower: bf16 on a CPU, bench/side_by_side.py), then at least
+# MIN_WINDOWS timed windows of half the measurement's seconds each, at most MAX_STEPS timed steps.
+WARMUP, MIN_WINDOWS, MAX_STEPS = 2, 2, 40
 # The loader's fields: a model trial of the search ran without them, so a runner-up takes the chosen plan's.
 _LOADER = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "non_blocking")
 
@@ -96,7 +100,7 @@ def at_effective_batch(plan: Plan, effective: int) -> Plan | None:
     return plan.replace(micro_batch=micro, grad_accum=effective // micro)
 
 
-def _knobs(plan: Plan) -> tuple[Any, ...]:
+def knobs(plan: Plan) -> tuple[Any, ...]:
     """What a plan sets other than its loader, name and provenance."""
     return tuple(getattr(plan, f.name) for f in fields(Plan) if f.name not in (*_LOADER, "name", "provenance"))
 
@@ -117,9 +121,9 @@ def same_settings(plans: Sequence[tuple[str, Plan]]) -> dict[str, str]:
 def runner_up(trials: Sequence[Trial], chosen: Plan, others: Sequence[Plan] = ()) -> Plan | None:
     """The fastest plan the search measured but did not choose (nor one of `others`), with the chosen plan's
     loader. Memory points (one step) and compiled plans (a compilation per round) are left out."""
-    seen = {_knobs(chosen), *(_knobs(p) for p in others)}
+    seen = {knobs(chosen), *(knobs(p) for p in others)}
     measured = [t for t in trials if t.ok and t.samples_per_s and t.stage not in ("memory", "verify")
-                and t.plan.compile == "none" and _knobs(t.plan) not in seen]
+                and t.plan.compile == "none" and knobs(t.plan) not in seen]
     best = max(measured, key=lambda t: t.samples_per_s or 0.0, default=None)
     if best is None:
         return None
@@ -128,11 +132,12 @@ def runner_up(trials: Sequence[Trial], chosen: Plan, others: Sequence[Plan] = ()
 
 def compare(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], *, seed: int = 0,
             min_seconds: float = 3.0, rounds: int = ROUNDS, dist: DistInfo | None = None,
-            console: Console | None = None, measurer: Any = None) -> Comparison:
+            console: Console | None = None, measurer: Any = None, busy_round: bool = True) -> Comparison:
     """Measure each plan the same way in interleaved rounds in this process (every rank together under
     torchrun; the rows then give the whole job's samples/s and the ranks' mean utilisation). One more
-    round when other processes kept the machine busy meanwhile. Each measurement times `min_seconds` of training
-    steps, in two windows (or more, when one step is longer than a window); the noise reported is between rounds.
+    round when other processes kept the machine busy meanwhile (unless `busy_round` is False: the job cannot
+    pay for it). Each measurement times `min_seconds` of training steps, in two windows (or more, when one step
+    is longer than a window); the noise reported is between rounds.
 
     Off a GPU each plan is built once and kept (resident.py): every round times more steps of the same run,
     after one warm-up; on a GPU, where the plans need not fit together, each measurement rebuilds its plan."""
@@ -144,13 +149,13 @@ def compare(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], *, seed:
     if measurer is None:
         kind = RealMeasurer if torch.device(hw.torch_device).type == "cuda" else ResidentMeasurer
         # Training steps only: the verification's validation pass (memory proven already) would add to every one.
-        # Two warm-up steps: after a build, the second step still runs slower (bf16 on a CPU: bench/side_by_side.py).
-        measurer = kind(dataclasses.replace(workload, val_data=None), hw, seed=seed, max_steps=40, dist=dist,
-                        min_seconds=min_seconds, window_s=min(0.25, min_seconds / 2), rule=WindowRule(min_windows=2),
-                        warmup=2, min_steps=2 if min_seconds < 1 else 3)  # a short job: shorter measurements
+        measurer = kind(dataclasses.replace(workload, val_data=None), hw, seed=seed, max_steps=MAX_STEPS, dist=dist,
+                        min_seconds=min_seconds, window_s=min(0.25, min_seconds / MIN_WINDOWS),
+                        rule=WindowRule(min_windows=MIN_WINDOWS), warmup=WARMUP,
+                        min_steps=2 if min_seconds < 1 else 3)  # a short job: shorter measurements
         measurer.window_cap_s = min_seconds  # a measurement's timed seconds: its share of the job
     try:
-        cmp = _rounds(workload, hw, plans, rounds, dist, console, measurer)
+        cmp = _rounds(workload, hw, plans, rounds, dist, console, measurer, busy_round)
         cmp.measure_s = getattr(measurer, "window_cap_s", None)
         return cmp
     finally:
@@ -159,7 +164,7 @@ def compare(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], *, seed:
 
 
 def _rounds(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], rounds: int, dist: DistInfo,
-            console: Console, measurer: Any) -> Comparison:
+            console: Console, measurer: Any, busy_round: bool = True) -> Comparison:
     by_label = dict(plans)
     same = same_settings(plans)  # a plan whose settings an earlier one has is measured once, as that one
     labels = [label for label, _ in plans if label not in same]
@@ -185,7 +190,7 @@ def _rounds(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], rounds: 
                         + " samples/s[/dim]", highlight=False)
             done = total
             contention = meter.stop()
-            if total == rounds and agree_any(contention.significant()):
+            if busy_round and total == rounds and agree_any(contention.significant()):
                 total += 1  # busy: one more round, so a burst of load weighs less in the median
     contention = meter.stop()
     rows = [_row(label, by_label[label], measured[label], workload, hw, dist.world_size) for label in labels]

@@ -7,7 +7,12 @@ Tuning must pay for itself: unless `--budget` is given, the plan cached for this
 hardware is reused with no tuning, or else the tuning budget is a share of the training time
 predicted for the untuned job (naive, measured once), within a floor and a ceiling; the tuning runs no
 verification trial (the side-by-side measures the plan again, through its real loader). The side-by-side's
-measurements are timed for `COMPARE_SHARE` of the predicted training over all of them. The output says
+measurements are timed for `COMPARE_SHARE` of the predicted training in all — building each plan,
+warm-ups, every row and round (sizing.py predicts each row's cost from the tuning's trials and naive's one
+measurement) —, dropping the runner-up, then the guide's plan, then rounds (never below 2) where they do not fit,
+one line each; when not even naive and the tuned plan in 2 rounds fit, there is no side-by-side
+(comparison.json: `side_by_side: null` and the `reason`) and the before/after is the training run against
+naive's one measurement, said as such. The output says
 what tuning cost (measured), what it is predicted to save (labelled), and the measured total. A tuned
 (or cached) plan measured slower than another plan in every round is not trained, and that faster plan
 replaces it in the cache, so the next run of the job does not reuse a plan found slower here.
@@ -45,7 +50,14 @@ from saturate.tune.compare import (  # noqa: F401 - Row, comparison_table: the t
 )
 from saturate.tune.measure import RealMeasurer
 from saturate.tune.noise import WindowRule
-from saturate.tune.trial import BudgetTooSmall
+from saturate.tune.sizing import (
+    FULL_MEASURE_S,
+    measured_once,
+    measured_step,
+    once_verdict,
+    side_by_side,
+)
+from saturate.tune.trial import BudgetTooSmall, Trial
 from saturate.workloads.base import Workload
 from saturate.workloads.coupling import workload_default_plan
 
@@ -69,18 +81,6 @@ def tuning_budget(predicted_training_s: float) -> float | None:
     return None if share < BUDGET_FLOOR_S else min(share, BUDGET_CEILING_S)
 
 
-COMPARE_SHARE = 0.05  # of the predicted training, for the side-by-side's timed steps (its builds come on top)
-FULL_MEASURE_S = 3.0  # timed seconds per side-by-side measurement when the job can afford it
-
-
-def measure_seconds(predicted_training_s: float | None, plans: int, rounds: int = ROUNDS) -> float:
-    """How long each side-by-side measurement is timed: `COMPARE_SHARE` of the predicted training over all of
-    them, 0.5 to `FULL_MEASURE_S` s each (the full length when nothing is predicted)."""
-    if predicted_training_s is None:
-        return FULL_MEASURE_S
-    return min(max(COMPARE_SHARE * predicted_training_s / (rounds * max(plans, 1)), 0.5), FULL_MEASURE_S)
-
-
 @dataclass
 class Tuning:
     """Where the plan compared and trained came from, and what that cost."""
@@ -94,6 +94,9 @@ class Tuning:
     # the cached plan's verified speed when that was reused. It sizes the side-by-side measurements.
     predicted_training_s: float | None = None
     label: str = "tuned"  # "default" when the job was too short for one trial to pay for itself
+    naive: Trial | None = None  # naive's one measurement that sized the budget (None: not measured)
+    naive_s: float = 0.0  # measured: its wall time (part of `seconds`)
+    step_s: float | None = None  # the cached plan's step time when it was measured (its provenance)
 
     def to_dict(self) -> dict[str, Any]:
         return {"seconds": round(self.seconds, 1), "budget_s": self.budget_s, "why": self.why, "label": self.label,
@@ -148,6 +151,7 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
         raise ConfigError(problem)
     run_dir = Path(chosen)
     refs = reference_plans(workload, hw.device_type, dist.world_size)
+    tuning_started = time.monotonic()  # before it: probing, the process group, the run folder
     with no_empty_folders(run_dir):  # a run that fails before writing anything leaves no folder
         tuning = _tune(workload, hw, dist, refs, budget_s=budget_s, steps=steps or workload.optim.steps,
                        minutes=minutes, allow_batch_change=allow_batch_change, run_dir=run_dir, seed=seed,
@@ -159,34 +163,37 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
             plans.append(("runner-up", second))
         plans.append((tuning.label, tuning.plan))
         predicted = tuning.predicted_training_s or (minutes * 60 if minutes else None)
-        console.print("[bold]Before/after[/bold]: measuring each plan side by side in interleaved rounds (same "
-                      "method, this process" + (f"; {dist.world_size} processes" if dist.world_size > 1 else "")
-                      + ") …")
-        cmp = compare(workload, hw, plans, seed=seed, dist=dist, console=console,
-                      min_seconds=measure_seconds(predicted, len(plans)))
-        trained, verdicts, notes = _choose(cmp, tuning.label)
-        if dist.is_main and trained != tuning.label and tuning.label == "tuned":
+        cmp, sizing = side_by_side(workload, hw, dist, tuning, plans, predicted, seed, console)
+        trained, verdicts, notes = _choose(cmp, tuning.label) if cmp is not None else (tuning.label, [], [])
+        if cmp is not None and dist.is_main and trained != tuning.label and tuning.label == "tuned":
             notes.append(_recache(workload, hw, dist.world_size, tuning.plan, cmp.row(trained)))
         for n in notes:
             console.print(f"[yellow]note:[/yellow] {n}", highlight=False)
         timing = _say_costs(console, cmp, tuning, trained, steps or workload.optim.steps, minutes)
+        timing.update(setup_s=tuning_started - started, naive_measure_s=tuning.naive_s,
+                      predicted_side_by_side_s=sizing.predicted_s, side_by_side_share_s=sizing.share_s)
         config = RunConfig(steps=steps, minutes=minutes, run_dir=run_dir, seed=seed, device=hw.torch_device,
                            progress=progress, source=source)  # source: so `train --resume --run-dir` alone continues
         training_started = time.monotonic()
-        training = train(workload, cmp.row(trained).plan, config, hardware=hw)  # type: ignore[union-attr]
-    report = RunReport(rows=list(cmp.rows), tuned=tuning.result, training=training, run_dir=run_dir,
+        timing["before_training_s"] = training_started - tuning_started - tuning.seconds - timing["side_by_side_s"]
+        training = train(workload, cmp.row(trained).plan if cmp else tuning.plan, config,  # type: ignore[union-attr]
+                         hardware=hw)
+    rows = list(cmp.rows) if cmp is not None else measured_once(workload, hw, tuning.naive, dist.world_size)
+    report = RunReport(rows=rows, tuned=tuning.result, training=training, run_dir=run_dir,
                        notes=notes, comparison=cmp, trained=trained, tuning=tuning, timing=timing)
-    report.timing.update(training_s=time.monotonic() - training_started, total_s=time.monotonic() - started)
+    report.timing.update(training_s=time.monotonic() - training_started, training_steps_s=training.train_seconds,
+                         total_s=time.monotonic() - started)
     report.rows.append(Row("training run", training.plan, training.samples_per_s, training.tokens_per_s,
                            training.train_seconds / max(1, training.steps) if training.steps else None,
                            training.peak_memory_bytes, None,
                            row_mfu(workload, hw, training.plan, training.samples_per_s, dist.world_size),
                            note=f"{report.trained}, {training.steps} steps, validation loss {training.val_loss:.3f}"
                            if training.val_loss is not None else f"{report.trained}, {training.steps} steps"))
-    if cmp.contention is not None and cmp.contention.significant():  # the top of the before/after output
+    if cmp is not None and cmp.contention is not None and cmp.contention.significant():  # the top of the output
         console.print(f"[yellow]{cmp.contention.line()}[/yellow] — absolute figures are low; the ratios, measured "
                       f"in {cmp.rounds} interleaved rounds, are fair", highlight=False)
     console.print(comparison_table(report.rows, workload, training.memory_kind))
+    verdicts = verdicts if cmp is not None else once_verdict(report.rows, trained)
     for line in verdicts:
         console.print(line, highlight=False, markup=False)
     report.notes += [f"{r.label}: {r.mfu.text()}" for r in report.rows if r.mfu and r.mfu.exceeds_peak]
@@ -194,14 +201,15 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
         console.print(f"[yellow]note:[/yellow] {n}")
     t = report.timing
     console.print(f"measured total: {t['total_s']:.0f} s (tuning {tuning.seconds:.0f} s, side by side "
-                  f"{cmp.seconds:.0f} s, training {t['training_s']:.0f} s with validation and checkpoints)"
+                  f"{t['side_by_side_s']:.0f} s, training {t['training_s']:.0f} s with validation and checkpoints)"
                   + (f"; the untuned training was predicted at {t['predicted_untuned_s']:.0f} s (a prediction)"
                      if t.get("predicted_untuned_s") else ""), highlight=False)
     if dist.is_main:
         atomic_write_bytes(run_dir / "comparison.json", (json.dumps(
             {"workload": workload.name, "hardware": hw.to_dict(), "processes": dist.world_size,
-             "rows": [r.to_dict() for r in report.rows], **cmp.to_dict(), "verdicts": verdicts,
-             "trained": report.trained, "tuning": tuning.to_dict(), "timing": report.timing,
+             "rows": [r.to_dict() for r in report.rows], **(cmp.to_dict() if cmp else {}),
+             "side_by_side": cmp.to_dict() if cmp else None, "reason": sizing.skipped, "sizing": sizing.to_dict(),
+             "verdicts": verdicts, "trained": report.trained, "tuning": tuning.to_dict(), "timing": report.timing,
              "plots": [str(p) for p in tuning.result.plots] if tuning.result else [],
              "tuned_plan": str(tuning.result.plan_path) if tuning.result else None}, indent=2, default=str)
             + "\n").encode())
@@ -226,11 +234,11 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
             console.print(why)
             verified = (cached.provenance.get("verified_samples_per_s")
                         or cached.provenance.get("measured_samples_per_s"))
-            predicted = (minutes * 60 if minutes else steps * cached.samples_per_step(dist.world_size) / verified
-                         if verified else None)
-            return Tuning(cached, None, 0.0, None, why, predicted_training_s=predicted)
+            step = cached.samples_per_step(dist.world_size) / verified if verified else None
+            predicted = minutes * 60 if minutes else steps * step if step else None
+            return Tuning(cached, None, 0.0, None, why, predicted_training_s=predicted, step_s=step)
     started = time.monotonic()
-    predicted = None
+    predicted, naive, naive_s = None, None, 0.0
     why = f"--budget {budget_s:g} s" if budget_s is not None else ""
     if budget_s is None:
         if minutes:
@@ -240,40 +248,44 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
             naive = RealMeasurer(dataclasses.replace(workload, val_data=None), hw, seed=seed, min_steps=1,
                                  min_seconds=0.0, rule=WindowRule(min_windows=1), dist=dist).verify(
                 dict(refs)["naive"])
+            naive_s = time.monotonic() - started
             predicted = steps * naive.step_s if naive.ok and naive.step_s else None
             source = (f"{steps} steps at naive's {naive.step_s:.3g} s/step, measured once" if predicted
                       else f"naive could not be measured ({naive.error})")
         budget_s = tuning_budget(predicted) if predicted else BUDGET_CEILING_S
         if budget_s is None:
-            return _untuned(workload, hw, dist, started, predicted, console, (
+            return _untuned(workload, hw, dist, started, predicted, naive, naive_s, console, (
                 f"not tuned: the untuned training is predicted at {predicted:.0f} s ({source}); "
                 f"{TUNING_SHARE:.0%} of it is under the {BUDGET_FLOOR_S:.0f} s a search needs to pay for itself, so "
                 "the default plan is compared and trained (--budget tunes anyway)"))
         why = (f"tuning budget {budget_s:.0f} s: {TUNING_SHARE:.0%} of the untuned training, predicted at "
                f"{predicted:.0f} s ({source}), at most {BUDGET_CEILING_S:.0f} s"
+               + (f", naive's {naive_s:.1f} s measurement included" if naive_s else "")
                if predicted else f"tuning budget {budget_s:.0f} s ({source})") + "; --budget sets another"
         console.print(why)
     try:
-        # No verification trial: the side-by-side measures the plan again, through its real loader.
-        result = tune(workload, hw, budget_s=budget_s, planned_steps=steps, allow_batch_change=allow_batch_change,
-                      out_dir=run_dir / "tune", seed=seed, console=console, try_compile=try_compile,
-                      allow_micro_batch_change=allow_micro_batch_change, verify=False)
+        # No verification trial: the side-by-side measures the plan again, through its real loader. The naive
+        # measurement that sized the budget is part of the tuning's cost: the search gets what it left.
+        result = tune(workload, hw, budget_s=budget_s - naive_s, planned_steps=steps,
+                      allow_batch_change=allow_batch_change, out_dir=run_dir / "tune", seed=seed, console=console,
+                      try_compile=try_compile, allow_micro_batch_change=allow_micro_batch_change, verify=False)
     except BudgetTooSmall as e:
         if not predicted:  # the user's --budget: their request fails, in one line
             raise
-        return _untuned(workload, hw, dist, started, predicted, console, (
+        return _untuned(workload, hw, dist, started, predicted, naive, naive_s, console, (
             f"not tuned: the {budget_s:.0f} s this job can pay for does not hold one trial ({e}); the default "
             "plan is compared and trained instead (--budget tunes anyway)"), budget_s)
-    return Tuning(result.plan, result, time.monotonic() - started, budget_s, why, predicted)
+    return Tuning(result.plan, result, time.monotonic() - started, budget_s, why, predicted, naive=naive,
+                  naive_s=naive_s)
 
 
-def _untuned(workload: Workload, hw: Any, dist: DistInfo, started: float, predicted: float | None, console: Console,
-             why: str, budget_s: float | None = None) -> Tuning:
+def _untuned(workload: Workload, hw: Any, dist: DistInfo, started: float, predicted: float | None,
+             naive: Trial | None, naive_s: float, console: Console, why: str, budget_s: float | None = None) -> Tuning:
     """The default plan, untuned, and the line that says why."""
     plan, _ = workload_default_plan(workload, hw.device_type, hw.supports, dist.world_size)
     console.print(f"[yellow]{why}[/yellow]", highlight=False)
     return Tuning(plan.replace(name="default"), None, time.monotonic() - started, budget_s, why, predicted,
-                  label="default")
+                  label="default", naive=naive, naive_s=naive_s)
 
 
 def _cached_plan(workload: Workload, hw: Any, world: int, try_compile: bool) -> Plan | None:
@@ -327,25 +339,33 @@ def _choose(cmp: Comparison, label: str = "tuned") -> tuple[str, list[str], list
     return trained, lines, notes
 
 
-def _say_costs(console: Console, cmp: Comparison, tuning: Tuning, trained: str, steps: int,
+def _say_costs(console: Console, cmp: Comparison | None, tuning: Tuning, trained: str, steps: int,
                minutes: float | None) -> dict[str, float | None]:
-    """What tuning cost (measured) and what it is predicted to save (from the measured speeds); the figures."""
-    naive, row = cmp.row("naive"), cmp.row(trained)
+    """What tuning cost (measured) and what it is predicted to save (from the measured speeds: side by side, or
+    naive's one measurement and the plan's tuning trial when there was no side-by-side); the figures."""
+    if cmp is not None:
+        naive, row = cmp.row("naive"), cmp.row(trained)
+        naive_step, step = naive.step_s if naive else None, row.step_s if row else None
+        source = "the measured speeds"
+    else:
+        naive_step = tuning.naive.step_s if tuning.naive is not None and tuning.naive.ok else None
+        step = measured_step(tuning.result.search.trials, tuning.plan) if tuning.result else tuning.step_s
+        source = "naive's one measurement and the plan's " + ("tuning trial" if tuning.result else "cached speed")
     cost = (f"tuning cost {tuning.seconds:.0f} s" + (" (a cached plan)" if tuning.result is None else "")
-            + f", measuring side by side {cmp.seconds:.0f} s")
-    timing: dict[str, float | None] = {"tuning_s": tuning.seconds, "side_by_side_s": cmp.seconds}
-    if naive is None or row is None or not (naive.step_s and row.step_s):
+            + (f", measuring side by side {cmp.seconds:.0f} s" if cmp is not None else ", no side-by-side"))
+    timing: dict[str, float | None] = {"tuning_s": tuning.seconds, "side_by_side_s": cmp.seconds if cmp else 0.0}
+    if not (naive_step and step):
         console.print(f"{cost}; no saving predicted (naive or the trained plan was not measured)", highlight=False)
     elif minutes:
-        extra = minutes * 60 / row.step_s - minutes * 60 / naive.step_s
+        extra = minutes * 60 / step - minutes * 60 / naive_step
         timing["predicted_extra_steps"] = extra
         console.print(f"{cost}; predicted: {extra:,.0f} more steps in {minutes:g} min than untuned (a prediction "
-                      "from the measured speeds)", highlight=False)
+                      f"from {source})", highlight=False)
     else:
-        untuned, tuned = steps * naive.step_s, steps * row.step_s
+        untuned, tuned = steps * naive_step, steps * step
         timing.update(predicted_untuned_s=untuned, predicted_saving_s=untuned - tuned)
         console.print(f"{cost}; predicted saving over {steps} steps: {untuned - tuned:,.0f} s ({untuned:,.0f} s "
-                      f"untuned → {tuned:,.0f} s with {trained}; a prediction from the measured speeds)",
+                      f"untuned → {tuned:,.0f} s with {trained}; a prediction from {source})",
                       highlight=False)
     return timing
 

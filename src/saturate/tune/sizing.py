@@ -1,0 +1,220 @@
+"""How much side-by-side a `saturate run` can pay for (issue 14: tuning must pay for itself).
+
+The side-by-side (compare.py) may cost `COMPARE_SHARE` of the predicted training in all: building each
+plan, its loader's start, its warm-up steps and every timed measurement of every round. Each row's cost
+is predicted from what the run measured already: a plan's step time from the tuning's trial of the same
+settings (naive's from its one measurement that sized the budget; a plan nothing measured at naive's, or at
+the cached plan's speed when no naive was measured), the fixed cost of building a plan from naive's
+measurement (its wall time less its steps), a loader's start from the tuning's loader trials.
+
+When every row × `ROUNDS` does not fit the share, rows are dropped in this order: the runner-up, then the
+guides' plans (naive and the tuned plan always stay); then rounds, never below 2 (a ratio with a range).
+When not even naive and the tuned plan in 2 rounds fit, there is no side-by-side (`Sizing.skipped` says
+why) and run.py compares the training run with naive's one measurement instead. What fits is then timed
+for as long as the share allows, `MIN_MEASURE_S` to `FULL_MEASURE_S` per measurement; the busy machine's
+extra round (compare.py) only when it fits too. With nothing predicted (`--budget` and `--steps`: naive is
+not measured) every row is measured for the full length. Every figure here is a prediction, and each row or
+round dropped is one line of `Sizing.dropped`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from saturate.engine.distributed import DistInfo
+from saturate.plan import Plan
+from saturate.tune.compare import (
+    MAX_STEPS,
+    MIN_WINDOWS,
+    ROUNDS,
+    WARMUP,
+    Comparison,
+    Row,
+    compare,
+    knobs,
+    row_mfu,
+    same_settings,
+)
+from saturate.tune.trial import LoaderTrial, Trial
+
+COMPARE_SHARE = 0.05  # of the predicted training: the side-by-side's whole wall time, builds included
+FULL_MEASURE_S = 3.0  # timed seconds per side-by-side measurement when the job can afford it
+MIN_MEASURE_S = 0.5  # the shortest a measurement is sized to (it still times at least two steps)
+
+
+@dataclass(frozen=True)
+class RowCost:
+    """What measuring one row side by side is predicted to cost."""
+
+    label: str
+    step_s: float  # seconds per optimizer step (0 for a row measured as another: the same settings)
+    build_s: float  # building the plan and starting its loader, before the warm-up steps
+    source: str  # where step_s comes from, for the record
+
+    def seconds(self, rounds: int, measure_s: float, resident: bool = True) -> float:
+        """Predicted wall time over `rounds` measurements of `measure_s` timed seconds each: one build and warm-up
+        when the plan stays built between rounds (off a GPU), one per measurement otherwise."""
+        if self.step_s <= 0:
+            return 0.0
+        build = self.build_s + WARMUP * self.step_s
+        timed = rounds * timed_s(self.step_s, measure_s)
+        return build + timed if resident else rounds * build + timed
+
+
+def timed_s(step_s: float, measure_s: float) -> float:
+    """The timed seconds of one measurement sized to `measure_s` (compare.py's measurer): windows of whole
+    steps, each at least half of it, at least `MIN_WINDOWS` of them and `measure_s` in all, at most `MAX_STEPS`."""
+    per_window = max(1, math.ceil(measure_s / MIN_WINDOWS / step_s))
+    windows = max(MIN_WINDOWS, math.ceil(measure_s / (per_window * step_s)))
+    return min(windows * per_window, MAX_STEPS) * step_s
+
+
+def measured_step(trials: Sequence[Trial], plan: Plan) -> float | None:
+    """The step time the tuning measured for `plan`'s settings (its loader aside): the fastest such trial's,
+    memory points (one step) left out; None when no trial had them."""
+    key = knobs(plan)
+    return min((t.step_s for t in trials if t.ok and t.step_s and t.stage != "memory" and knobs(t.plan) == key),
+               default=None)
+
+
+def row_costs(plans: Sequence[tuple[str, Plan]], naive: Trial | None, trials: Sequence[Trial] = (),
+              loader_trials: Sequence[LoaderTrial] = (), known: Mapping[str, float] | None = None) -> list[RowCost]:
+    """Each row's predicted cost (module docstring): `naive` is its one measurement (None when not measured),
+    `trials` and `loader_trials` the tuning's, `known` step times from elsewhere by label (the cached plan's)."""
+    known = dict(known or {})
+    naive_step = naive.step_s if naive is not None and naive.ok and naive.step_s else None
+    # Naive's measurement: building, one warm-up step and its timed steps; what is left over is the fixed cost.
+    fixed = max(0.0, naive.seconds - (naive.steps + 1) * naive_step) if naive is not None and naive_step else 0.0
+    twins = same_settings(plans)
+    found: dict[str, tuple[float | None, str]] = {}
+    for label, plan in plans:
+        if label == "naive" and naive_step:
+            found[label] = naive_step, "naive's measurement"
+        elif (step := measured_step(trials, plan)) is not None:
+            found[label] = step, "the tuning's trial"
+        elif label in known:
+            found[label] = known[label], "the cached plan's measured speed"
+    slowest = max((s for s, _ in found.values() if s), default=0.0)
+    out = []
+    for label, plan in plans:
+        step, source = found.get(label, (slowest, "nothing measured it: at the slowest step known"))
+        if label in twins:
+            step, source = 0.0, f"measured as {twins[label]}"
+        starts = [t.startup_s for t in loader_trials if t.ok and t.startup_s and t.num_workers == plan.num_workers]
+        out.append(RowCost(label, step or 0.0, fixed + (max(starts) if plan.num_workers and starts else 0.0),
+                           source))
+    return out
+
+
+@dataclass
+class Sizing:
+    """The side-by-side a job can pay for: the rows kept, the rounds, each measurement's timed seconds."""
+
+    labels: list[str]
+    rounds: int
+    measure_s: float
+    busy_round: bool  # the busy machine's extra round fits in the share too
+    predicted_s: float  # the side-by-side's predicted wall time (a prediction)
+    share_s: float | None  # what it may cost; None when nothing was predicted
+    dropped: list[str] = field(default_factory=list)  # one line per row or round dropped
+    skipped: str | None = None  # why there is no side-by-side at all
+    rows: list[RowCost] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows_kept": self.labels, "rounds_planned": self.rounds, "measure_s": round(self.measure_s, 3),
+                "busy_round": self.busy_round, "predicted_s": round(self.predicted_s, 1),
+                "share_s": None if self.share_s is None else round(self.share_s, 1),
+                "dropped": self.dropped, "skipped": self.skipped,
+                "row_costs": [{"label": r.label, "step_s": r.step_s, "build_s": round(r.build_s, 3),
+                               "source": r.source} for r in self.rows]}
+
+
+def size(rows: list[RowCost], share_s: float | None, rounds: int = ROUNDS, resident: bool = True) -> Sizing:
+    """What of `rows` × `rounds` fits `share_s` seconds (module docstring); `resident`: plans stay built."""
+
+    def cost(kept: list[RowCost], n: int, m: float) -> float:
+        return sum(r.seconds(n, m, resident) for r in kept)
+
+    kept, dropped, n = list(rows), [], rounds
+    if share_s is None:
+        return Sizing([r.label for r in kept], n, FULL_MEASURE_S, True, cost(kept, n, FULL_MEASURE_S), None,
+                      rows=rows)
+    share = f"its {share_s:.1f} s share, {COMPARE_SHARE:.0%} of the predicted training"
+    order = [r for r in rows if r.label == "runner-up"] + [r for r in reversed(rows) if r.label.startswith("guide")]
+    for r in order:
+        if cost(kept, n, MIN_MEASURE_S) <= share_s:
+            break
+        dropped.append(f"{r.label}: not measured side by side (with it the side-by-side is predicted at "
+                       f"{cost(kept, n, MIN_MEASURE_S):.1f} s, over {share}; a prediction)")
+        kept.remove(r)
+    while n > 2 and cost(kept, n, MIN_MEASURE_S) > share_s:
+        dropped.append(f"{n - 1} rounds instead of {n}: {n} are predicted at {cost(kept, n, MIN_MEASURE_S):.1f} s, "
+                       f"over {share} (a prediction)")
+        n -= 1
+    if cost(kept, n, MIN_MEASURE_S) > share_s:
+        names = " and ".join(r.label for r in kept if r.step_s > 0)
+        least = cost(kept, n, MIN_MEASURE_S)
+        why = f"no side-by-side: {names} in {n} rounds are predicted at {least:.1f} s, over {share}"
+        return Sizing([r.label for r in kept], n, MIN_MEASURE_S, False, 0.0, share_s, dropped, why, rows)
+    low, high = MIN_MEASURE_S, FULL_MEASURE_S  # the longest measurement that still fits
+    if cost(kept, n, high) <= share_s:
+        low = high
+    for _ in range(20):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cost(kept, n, mid) <= share_s else (low, mid)
+    return Sizing([r.label for r in kept], n, low, cost(kept, n + 1, low) <= share_s, cost(kept, n, low), share_s,
+                  dropped, rows=rows)
+
+
+def measured_once(workload: Any, hw: Any, t: Trial | None, world: int) -> list[Row]:
+    """Without a side-by-side: naive's row from `t`, its one measurement before tuning (none when not measured)."""
+    if t is None or not t.ok or not t.samples_per_s:
+        return []
+    sps = t.samples_per_s * world  # a trial's figure is per process
+    return [Row("naive", t.plan, sps, sps * workload.tokens_per_sample, t.step_s, t.peak_memory_bytes, None,
+                row_mfu(workload, hw, t.plan, sps, world), note="measured once, before tuning (no side-by-side)",
+                rounds=[sps])]
+
+
+def once_verdict(rows: list[Row], trained: str) -> list[str]:
+    """The line under the table without a side-by-side: the training run against naive's one measurement."""
+    naive, run = rows[0], rows[-1]
+    if naive.label != "naive" or not (naive.samples_per_s and run.samples_per_s):
+        return ["no before/after: there was no side-by-side and naive was not measured in this run"]
+    same = "; the same settings as naive, so not a gain" if same_settings([("naive", naive.plan), ("run", run.plan)]) \
+        else ""
+    return [f"training run ({trained}) vs naive: {run.samples_per_s / naive.samples_per_s:.2f}×, the training "
+            f"run's samples/s over naive's one measurement before tuning (not measured side by side: no range){same}"]
+
+
+def side_by_side(workload: Any, hw: Any, dist: DistInfo, tuning: Any, plans: list[tuple[str, Plan]],
+                 predicted: float | None, seed: int, console: Console) -> tuple[Comparison | None, Sizing]:
+    """run.py's `plans` measured side by side as far as `COMPARE_SHARE` of the `predicted` training pays for them
+    (every row or round dropped said in one line), or None when not even naive and the plan in 2 rounds fit.
+    `tuning` is run.py's `Tuning`: naive's one measurement, the search's trials, the cached plan's step time."""
+    search = tuning.result.search if tuning.result else None
+    sizing = size(row_costs(plans, tuning.naive, search.trials if search else (),
+                            search.loader_trials if search else (),
+                            {tuning.label: tuning.step_s} if tuning.step_s else None),
+                  COMPARE_SHARE * predicted if predicted else None, ROUNDS,
+                  resident=torch.device(hw.torch_device).type != "cuda")
+    for line in sizing.dropped:
+        console.print(f"[yellow]note:[/yellow] {line}", highlight=False)
+    if sizing.skipped:
+        console.print(f"[yellow]{sizing.skipped}; " + (
+            "the before/after is the training run against naive's one measurement before tuning"
+            if tuning.naive is not None and tuning.naive.ok else "naive was not measured in this run, so there is "
+            "no before/after") + "[/yellow]", highlight=False)
+        return None, sizing
+    console.print("[bold]Before/after[/bold]: measuring each plan side by side in interleaved rounds (same "
+                  "method, this process" + (f"; {dist.world_size} processes" if dist.world_size > 1 else "")
+                  + ") …")
+    kept = [(label, plan) for label, plan in plans if label in sizing.labels]
+    return compare(workload, hw, kept, seed=seed, dist=dist, console=console, min_seconds=sizing.measure_s,
+                   rounds=sizing.rounds, busy_round=sizing.busy_round), sizing

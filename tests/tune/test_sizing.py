@@ -1,0 +1,234 @@
+"""`saturate run`'s side-by-side sized to its share of the predicted training (issue 14): rows and rounds dropped
+in the stated order, or no side-by-side at all; run() in-process with a fake tuning, measurer and training (no
+timing involved)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from rich.console import Console
+from test_compare import Meter
+
+from saturate.engine.summary import RunResult
+from saturate.plan import Plan
+from saturate.tune import compare as compare_module
+from saturate.tune import run as run_module
+from saturate.tune import sizing
+from saturate.tune.trial import LoaderTrial, Trial
+
+NAIVE_STEP, TUNED_STEP, SECOND_STEP = 0.5, 0.25, 0.4  # seconds per optimizer step, as the fake tuning measured
+
+
+def test_a_measurement_times_whole_steps_in_at_least_two_windows():
+    assert sizing.timed_s(0.5, 0.5) == pytest.approx(1.0)  # one step per window, two windows
+    assert sizing.timed_s(0.1, 3.0) == pytest.approx(3.0)  # 15 steps a window, two windows
+    assert sizing.timed_s(0.01, 3.0) == pytest.approx(0.4)  # the measurer stops at MAX_STEPS
+
+
+def rows(*costs: tuple[str, float]) -> list[sizing.RowCost]:
+    return [sizing.RowCost(label, step, 1.0, "test") for label, step in costs]
+
+
+FOUR = rows(("naive", 0.5), ("guide: g", 0.5), ("runner-up", 0.4), ("tuned", 0.25))  # 5 + 5 + 4.2 + 3 s
+
+
+def test_rows_then_rounds_are_dropped_in_the_stated_order_each_said():
+    everything = sizing.size(FOUR, 100.0)
+    assert everything.labels == ["naive", "guide: g", "runner-up", "tuned"] and not everything.dropped
+    assert everything.rounds == 3 and everything.measure_s == sizing.FULL_MEASURE_S and everything.busy_round
+    assert everything.predicted_s <= 100.0
+    without_second = sizing.size(FOUR, 13.0)
+    assert without_second.labels == ["naive", "guide: g", "tuned"] and len(without_second.dropped) == 1
+    assert without_second.dropped[0] == ("runner-up: not measured side by side (with it the side-by-side "
+                                         "is predicted at 17.2 s, over its 13.0 s share, 5% of the predicted "
+                                         "training; a prediction)")
+    two = sizing.size(FOUR, 7.0)  # naive + tuned × 3 rounds is 8 s: 2 rounds (6.5 s)
+    assert two.labels == ["naive", "tuned"] and two.rounds == 2 and not two.busy_round
+    assert [line.split(" (")[0] for line in two.dropped] == [
+        "runner-up: not measured side by side", "guide: g: not measured side by side", "2 rounds instead of 3: 3 are "
+        "predicted at 8.0 s, over its 7.0 s share, 5% of the predicted training"]
+    assert two.predicted_s <= 7.0 and two.skipped is None
+    none = sizing.size(FOUR, 6.0)
+    assert none.skipped == ("no side-by-side: naive and tuned in 2 rounds are predicted at 6.5 s, over its 6.0 s "
+                            "share, 5% of the predicted training")
+    assert sizing.size(FOUR, None).labels == everything.labels  # nothing predicted: every row, in full
+
+
+def test_each_measurement_is_as_long_as_the_share_allows_and_a_busy_round_only_when_it_fits():
+    roomy = sizing.size(rows(("naive", 0.1), ("tuned", 0.1)), 8.0)
+    assert sizing.MIN_MEASURE_S < roomy.measure_s < sizing.FULL_MEASURE_S
+    assert 7.0 <= roomy.predicted_s <= 8.0 and not roomy.busy_round  # whole steps: up to 0.8 s short
+    spare = sizing.size(rows(("naive", 0.1), ("tuned", 0.1)), 100.0)
+    assert spare.measure_s == sizing.FULL_MEASURE_S and spare.busy_round
+
+
+def test_a_gpu_rebuilds_each_plan_every_round():
+    row = sizing.RowCost("naive", 0.5, 1.0, "test")
+    assert row.seconds(3, 0.5, resident=True) == pytest.approx(2.0 + 3 * 1.0)
+    assert row.seconds(3, 0.5, resident=False) == pytest.approx(3 * (2.0 + 1.0))
+    assert sizing.RowCost("tuned", 0.0, 1.0, "measured as naive").seconds(3, 0.5) == 0.0
+
+
+def test_row_costs_come_from_naive_s_measurement_and_the_tuning_s_trials():
+    naive, tuned = Plan(micro_batch=8, name="naive"), Plan(micro_batch=8, precision="bf16", num_workers=2)
+    once = Trial(stage="verify", plan=naive, step_s=0.5, samples_per_s=16.0, steps=2, seconds=3.5)
+    trials = [Trial(stage="precision", plan=tuned.replace(num_workers=0), step_s=0.3, samples_per_s=27.0),
+              Trial(stage="memory", plan=tuned, step_s=0.1, samples_per_s=80.0)]  # one step: not a throughput
+    loaders = [LoaderTrial(num_workers=2, prefetch_factor=2, pin_memory=False, startup_s=0.7)]
+    got = {r.label: r for r in sizing.row_costs([("naive", naive), ("guide: g", Plan(micro_batch=4, grad_accum=2)),
+                                                  ("tuned", tuned), ("twin", naive.replace(name="x"))],
+                                                 once, trials, loaders)}
+    assert got["naive"].step_s == 0.5 and got["naive"].build_s == pytest.approx(2.0)  # 3.5 s less 3 steps
+    assert got["tuned"].step_s == 0.3 and got["tuned"].build_s == pytest.approx(2.7)  # its loader's start too
+    assert got["guide: g"].step_s == 0.5 and "nothing measured it" in got["guide: g"].source
+    assert got["twin"].step_s == 0.0 and got["twin"].source == "measured as naive"
+    cached = sizing.row_costs([("naive", naive), ("tuned", tuned)], None, known={"tuned": 0.2})
+    assert [r.step_s for r in cached] == [0.2, 0.2]  # no naive measured: at the slowest step known
+
+
+# --- run() in-process --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Job:
+    name: str = "w"
+    tokens_per_sample: int = 1
+    flops_per_sample: Any = None
+    guide_plans: tuple[str, ...] = ("timeseries-after",)
+    optim: Any = dataclasses.field(default_factory=lambda: SimpleNamespace(effective_batch=8, steps=10))
+    val_data: Any = None
+    micro_batch: int | None = None
+    batch_coupled: Any = None
+
+
+class Speeds:
+    """A fake side-by-side measurer: each plan's samples/s by its name."""
+
+    cores = 1
+
+    def __init__(self) -> None:
+        self.measured: list[str] = []
+
+    def verify(self, plan: Plan) -> Trial:
+        self.measured.append(plan.name)
+        sps = {"naive": 16.0, "runner-up": 20.0, "tuned": 32.0}.get(plan.name, 18.0)
+        return Trial(stage="verify", plan=plan, samples_per_s=sps, step_s=8 / sps, peak_memory_bytes=2**20)
+
+
+@pytest.fixture
+def fake_run(monkeypatch, tmp_path):
+    """run() with a fake tuning (naive measured once at NAIVE_STEP s/step, the tuned plan and a runner-up in its
+    trials), a fake side-by-side measurer and a fake training; returns a function of the job's steps."""
+    Meter.busy = False
+    monkeypatch.setattr(compare_module, "ContentionMeter", Meter)
+    measurer = Speeds()
+    real_compare = compare_module.compare
+    monkeypatch.setattr(sizing, "compare", lambda *a, **k: real_compare(*a, **(k | {"measurer": measurer})))
+
+    def fake_tune(workload, hw, dist, refs, *, steps, **kw):
+        naive = Trial(stage="verify", plan=dict(refs)["naive"], samples_per_s=16.0, step_s=NAIVE_STEP, steps=2,
+                      seconds=1.0 + 3 * NAIVE_STEP)
+        tuned = Plan(micro_batch=8, precision="bf16", name="tuned")
+        trials = [Trial(stage="precision", plan=tuned, samples_per_s=32.0, step_s=TUNED_STEP),
+                  Trial(stage="micro-batch", plan=Plan(micro_batch=4, grad_accum=2, precision="bf16"),
+                        samples_per_s=20.0, step_s=SECOND_STEP)]
+        result = SimpleNamespace(search=SimpleNamespace(trials=trials, loader_trials=[]), plots=[],
+                                 plan_path=tmp_path / "plan.toml")
+        return run_module.Tuning(tuned, result, 5.0, 20.0, "test budget", steps * NAIVE_STEP, naive=naive,
+                                 naive_s=1.0 + 3 * NAIVE_STEP)
+
+    def fake_train(workload, plan, config, hardware):
+        config.run_dir.mkdir(parents=True, exist_ok=True)
+        (config.run_dir / "summary.json").write_text("{}")
+        return RunResult(config.run_dir, plan, config.steps, config.steps, config.steps * TUNED_STEP, 30.0, 30.0,
+                         None, "", None, "host RSS", 2.0, None, None, None, False, False, finished=True)
+
+    monkeypatch.setattr(run_module, "_tune", fake_tune)
+    monkeypatch.setattr(run_module, "train", fake_train)
+
+    def go(steps: int, cpu: Any) -> tuple[run_module.RunReport, str, dict[str, Any], list[str]]:
+        measurer.measured.clear()
+        out = Console(record=True, width=400, file=open("/dev/null", "w"))  # noqa: SIM115
+        run_dir = tmp_path / f"run{steps}"
+        report = run_module.run(Job(), cpu, steps=steps, run_dir=run_dir, progress=False, console=out)
+        return report, out.export_text(), json.loads((Path(run_dir) / "comparison.json").read_text()), \
+            list(measurer.measured)
+    return go
+
+
+def test_a_short_job_drops_the_runner_up_and_the_guide_and_says_so(fake_run, cpu):
+    # 400 steps at naive's 0.5 s: 200 s predicted, a 10 s share. Naive + guide (5 s each at the least), runner-up
+    # (4.2 s) and tuned (3 s) do not fit; naive and tuned in 3 rounds (8 s) do.
+    report, text, result, measured = fake_run(400, cpu)
+    assert set(measured) == {"naive", "tuned"} and len(measured) == 6
+    assert "runner-up: not measured side by side" in text
+    assert "guide: timeseries-after: not measured side by side" in text
+    assert [r["label"] for r in result["rows"]] == ["naive", "tuned", "training run"]
+    assert len(result["sizing"]["dropped"]) == 2 and result["sizing"]["rows_kept"] == ["naive", "tuned"]
+    assert result["side_by_side"]["rounds"] == 3 and result["reason"] is None
+    assert result["timing"]["predicted_side_by_side_s"] <= result["timing"]["side_by_side_share_s"] == 10.0
+    assert "tuned vs naive: 2.00× (2.00–2.00), median of 3 interleaved rounds" in text
+
+
+def test_a_long_job_keeps_every_row(fake_run, cpu):
+    report, text, result, measured = fake_run(4000, cpu)  # 2000 s predicted: a 100 s share
+    assert [r["label"] for r in result["rows"]] == ["naive", "guide: timeseries-after", "runner-up", "tuned",
+                                                    "training run"]
+    assert not result["sizing"]["dropped"] and "not measured side by side" not in text
+    assert result["sizing"]["measure_s"] == sizing.FULL_MEASURE_S and len(measured) == 12
+
+
+def test_a_job_too_short_for_a_side_by_side_skips_it_and_says_why(fake_run, cpu):
+    report, text, result, measured = fake_run(100, cpu)  # 50 s predicted: a 2.5 s share holds no 2 rounds
+    assert measured == [] and report.comparison is None
+    assert result["side_by_side"] is None and result["reason"].startswith("no side-by-side: naive and tuned in 2 "
+                                                                          "rounds are predicted at")
+    assert "the before/after is the training run against naive's one measurement before tuning" in text
+    assert [r["label"] for r in result["rows"]] == ["naive", "training run"]
+    assert result["rows"][0]["note"] == "measured once, before tuning (no side-by-side)"
+    assert result["verdicts"] == ["training run (tuned) vs naive: 1.88×, the training run's samples/s over naive's "
+                                  "one measurement before tuning (not measured side by side: no range)"]
+    assert result["timing"]["side_by_side_s"] == 0.0 and result["trained"] == "tuned"
+    assert ("no side-by-side; predicted saving over 100 steps: 25 s (50 s untuned → 25 s with tuned; a prediction "
+            "from naive's one measurement and the plan's tuning trial)") in text  # 0.5 s against the trial's 0.25 s
+
+
+def test_naive_s_measurement_that_sized_the_budget_counts_against_it(tmp_path, cpu, monkeypatch):
+    clock = [100.0]
+
+    class TimedNaive:  # naive measured once: 3 s on the fake clock, 0.5 s a step
+        def __init__(self, *a, **k) -> None:
+            pass
+
+        def verify(self, plan: Plan) -> Trial:
+            clock[0] += 3.0
+            return Trial(stage="verify", plan=plan, samples_per_s=16.0, step_s=0.5, steps=2, seconds=3.0)
+
+    budgets = []
+    monkeypatch.setattr(run_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(run_module, "RealMeasurer", TimedNaive)
+    monkeypatch.setattr(run_module, "tune", lambda *a, **k: budgets.append(k["budget_s"]) or SimpleNamespace(
+        plan=Plan(name="tuned")))
+    quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
+    got = run_module._tune(Job(), cpu, SimpleNamespace(world_size=1, is_main=True),
+                           [("naive", Plan(micro_batch=8, name="naive"))], budget_s=None, steps=400, minutes=None,
+                           allow_batch_change=True, run_dir=tmp_path, seed=0, console=quiet, try_compile=True)
+    assert got.budget_s == pytest.approx(40.0) and budgets == [pytest.approx(37.0)]  # 20 % of 200 s, less its 3 s
+    assert got.naive.step_s == 0.5 and got.naive_s == pytest.approx(3.0) and "measurement included" in got.why
+
+
+def test_without_a_side_by_side_a_run_of_naive_s_settings_is_not_called_a_gain():
+    naive = Plan(micro_batch=8, name="naive")
+    row = lambda label, plan, sps: sizing.Row(label, plan, sps, sps, 8 / sps, None, None, None)  # noqa: E731
+    same = sizing.once_verdict([row("naive", naive, 16.0), row("training run", naive.replace(name="default"), 12.0)],
+                               "default")
+    assert same == ["training run (default) vs naive: 0.75×, the training run's samples/s over naive's one "
+                    "measurement before tuning (not measured side by side: no range); the same settings as naive, "
+                    "so not a gain"]
+    assert sizing.once_verdict([row("training run", naive, 12.0)], "tuned") == [
+        "no before/after: there was no side-by-side and naive was not measured in this run"]
