@@ -191,8 +191,8 @@ def test_run_refuses_trainer_overrides_it_does_not_apply(tmp_path, overrides, me
 def test_run_stops_in_one_line_when_the_trainer_refuses_an_override(tmp_path):
     # refused by Transformers (fp16 and bf16 together; on a CPU, bf16 without use_cpu)
     (tmp_path / "over.json").write_text(json.dumps({"trainer": {"fp16": True, "bf16": True}}))
-    out = saturate("run", "--overrides", "over.json", "--trial-steps", "1", "--", sys.executable, str(SCRIPT),
-                   *TINY, "--output-dir", "user-out", cwd=tmp_path)
+    out = saturate("run", "--overrides", "over.json", "--trial-steps", "1", "--trial-seconds", "1", "--",
+                   sys.executable, str(SCRIPT), *TINY, "--output-dir", "user-out", cwd=tmp_path)
     assert out.returncode == 2
     last = out.stderr.strip().splitlines()[-1]  # after the script's progress bar, which ends without a newline
     assert "saturate: error: the script's Trainer refused the overrides {'fp16': True, 'bf16': True}: " \
