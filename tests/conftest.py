@@ -34,6 +34,33 @@ def cpu():
     return probe(measure_peaks=False, device="cpu")
 
 
+@pytest.fixture
+def short_doctor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`saturate doctor` on a preset, in this process, timed briefly: at least 0.6 s, capped as the testing knob
+    caps a trial (`tune/noise.default_rule()`), instead of up to 8 s (16 busy). For tests of the command's flow,
+    not of its figures; the doctor's windows and verdicts are tested on their own (tests/doctor)."""
+    import functools
+
+    from saturate.doctor import run
+    from saturate.tune.noise import SHORT_TRIALS_ENV, default_rule
+
+    monkeypatch.setenv(SHORT_TRIALS_ENV, "1")
+    monkeypatch.setattr(run, "DoctorConfig", functools.partial(run.DoctorConfig, min_seconds=0.6, rule=default_rule()))
+
+
+def run_main(capsys: pytest.CaptureFixture, *argv: str) -> subprocess.CompletedProcess:
+    """`saturate ARGV` through `cli.main` in this process, as `python -m saturate` would exit (argparse's
+    SystemExit included), with what it printed."""
+    from saturate.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["saturate", *argv], code, out, err)
+
+
 def make_small_corpus(parent: Path) -> Path:
     """~100 KB of real text (two standard-library modules), enough for many 129-token windows."""
     folder = parent / "corpus"

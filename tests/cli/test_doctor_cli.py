@@ -1,4 +1,5 @@
-"""`saturate doctor` end to end in a subprocess: the report, --apply, and bad input."""
+"""`saturate doctor` end to end: the report in a subprocess; --apply and bad input through `cli.main` in this
+process (one bad input also in a subprocess), the doctor timed briefly (conftest.short_doctor)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_env
+from conftest import cli_env, run_main
 from saturate.plan import Plan
 
 TEXT = "The quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs.\n" * 60
@@ -32,9 +33,11 @@ def test_doctor_prints_the_split_the_verdict_and_the_fixes(tmp_path):
         assert text in out, text
 
 
-def test_apply_runs_the_fixed_plan_and_saves_it(tmp_path):
-    proc = _doctor(tmp_path, "--data", "small.txt", "--plan", "naive", "--effective-batch", "8", *QUICK, "--apply",
-                   "--save-plan", "fixed.toml", "--json")
+def test_apply_runs_the_fixed_plan_and_saves_it(tmp_path, monkeypatch, capsys, short_doctor):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "small.txt").write_text(TEXT)
+    proc = run_main(capsys, "doctor", "--data", "small.txt", "--plan", "naive", "--effective-batch", "8", *QUICK,
+                    "--apply", "--save-plan", "fixed.toml", "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     if data["applied"] is None:  # nothing to apply on this machine (no plan fix): said so, nothing saved
@@ -48,16 +51,17 @@ def test_apply_runs_the_fixed_plan_and_saves_it(tmp_path):
     assert data["measured_gain"] == pytest.approx(before["step_s"] / after["step_s"])
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--preset", "nope"), "unknown preset 'nope'"),
-    (("--plan", "missing.toml"), "plan file missing.toml does not exist"),
-    (("--save-plan", "x.toml"), "--save-plan needs --apply"),
-    (("--warmup", "-1"), "--warmup must be >= 0"),
-    (("--steps", "0"), "--steps must be > 0"),
-    (("--host-memory-budget", "-2"), "--host-memory-budget must be > 0"),
+@pytest.mark.parametrize("args, message, real", [
+    (("--preset", "nope"), "unknown preset 'nope'", True),  # `python -m saturate` itself, once
+    (("--plan", "missing.toml"), "plan file missing.toml does not exist", False),
+    (("--save-plan", "x.toml"), "--save-plan needs --apply", False),
+    (("--warmup", "-1"), "--warmup must be >= 0", False),
+    (("--steps", "0"), "--steps must be > 0", False),
+    (("--host-memory-budget", "-2"), "--host-memory-budget must be > 0", False),
 ])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
-    proc = _doctor(tmp_path, *args, timeout=120)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message, real):
+    monkeypatch.chdir(tmp_path)
+    proc = _doctor(tmp_path, *args, timeout=120) if real else run_main(capsys, "doctor", *args)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]

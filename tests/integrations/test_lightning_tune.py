@@ -186,8 +186,8 @@ def saturate(*args: str, cwd: Path, timeout: float = 580) -> subprocess.Complete
 def test_tune_finds_the_lightning_settings_and_writes_them_as_overrides(tmp_path):
     pytest.importorskip("lightning")
     (tmp_path / "train.py").write_text(SCRIPT.read_text())
-    out = saturate("tune", "--trial-steps", "3", "--json", "--out", "t", "--", sys.executable, "train.py",
-                   "--width", "32", cwd=tmp_path)
+    out = saturate("tune", "--trial-steps", "3", "--trial-seconds", "1", "--json", "--out", "t", "--", sys.executable,
+                   "train.py", "--width", "32", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["lightning"]["site"] == "train.py:78"
@@ -208,8 +208,8 @@ def test_run_applies_lightning_overrides_in_the_full_run(tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT.read_text())
     (tmp_path / "over.json").write_text(json.dumps({"lightning": {"accumulate_grad_batches": 2},
                                                     "train_loader": {"site": "train.py:49", "batch_size": 16}}))
-    out = saturate("run", "--overrides", "over.json", "--trial-steps", "3", "--json", "--", sys.executable,
-                   "train.py", "--width", "32", "--max-steps", "12", cwd=tmp_path)
+    out = saturate("run", "--overrides", "over.json", "--trial-steps", "3", "--trial-seconds", "1", "--json", "--",
+                   sys.executable, "train.py", "--width", "32", "--max-steps", "12", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert len(d["ratios"]) == 3 and all(t["samples_per_step"] == 32 for t in d["as_written"] + d["tuned"])

@@ -51,8 +51,8 @@ def test_tune_the_gpt_pretraining_script(tmp_path):
 
 def test_run_the_gpt_pretraining_script_with_workers_applied_from_outside(tmp_path):
     (tmp_path / "over.json").write_text(json.dumps(WORKERS))
-    out = saturate("run", "--overrides", "over.json", "--trial-steps", "2", "--json", "--", sys.executable, str(GPT),
-                   "--config", "tiny", "--out-dir", "user-out", cwd=tmp_path)
+    out = saturate("run", "--overrides", "over.json", "--trial-steps", "2", "--trial-seconds", "1", "--json", "--",
+                   sys.executable, str(GPT), "--config", "tiny", "--out-dir", "user-out", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert len(d["as_written"]) == len(d["tuned"]) == 3 and len(d["ratios"]) == 3  # alternating rounds
@@ -67,8 +67,8 @@ def test_run_the_gpt_pretraining_script_with_workers_applied_from_outside(tmp_pa
 
 
 def test_tune_the_time_series_grid_script(tmp_path):
-    out = saturate("tune", "--trial-steps", "2", "--json", "--out", str(tmp_path / "t"), "--", sys.executable,
-                   str(TIMESERIES), *TS_TINY, cwd=tmp_path)
+    out = saturate("tune", "--trial-steps", "2", "--trial-seconds", "1", "--json", "--out", str(tmp_path / "t"), "--",
+                   sys.executable, str(TIMESERIES), *TS_TINY, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     check_tuning(d, tmp_path, TIMESERIES)
@@ -77,8 +77,8 @@ def test_tune_the_time_series_grid_script(tmp_path):
 
 def test_run_the_time_series_grid_script_applies_the_overrides_to_every_grid_point(tmp_path):
     (tmp_path / "over.json").write_text(json.dumps({"loader": {"num_workers": 0}}))
-    out = saturate("run", "--overrides", "over.json", "--trial-steps", "2", "--json", "--", sys.executable,
-                   str(TIMESERIES), *TS_TINY, "--hidden", "8", "12", "--length", "200", "--epochs", "1",
+    out = saturate("run", "--overrides", "over.json", "--trial-steps", "2", "--trial-seconds", "1", "--json", "--",
+                   sys.executable, str(TIMESERIES), *TS_TINY, "--hidden", "8", "12", "--length", "200", "--epochs", "1",
                    cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)

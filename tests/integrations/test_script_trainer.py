@@ -130,8 +130,8 @@ def test_trials_write_to_scratch_and_the_full_run_where_the_script_says(tmp_path
 def test_tune_tries_the_training_arguments_and_says_them_as_an_edit(tmp_path):
     from saturate.hardware import probe
 
-    out = saturate("tune", "--trial-steps", "3", "--json", "--out", str(tmp_path / "t"), "--", sys.executable,
-                   str(SCRIPT), *TINY, "--output-dir", "user-out", cwd=tmp_path)
+    out = saturate("tune", "--trial-steps", "3", "--trial-seconds", "1", "--json", "--out", str(tmp_path / "t"), "--",
+                   sys.executable, str(SCRIPT), *TINY, "--output-dir", "user-out", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["trainer"]["class"] == "Trainer" and json.loads((tmp_path / "t" / "overrides.json").read_text()) == \
@@ -163,9 +163,9 @@ def test_tune_tries_the_training_arguments_and_says_them_as_an_edit(tmp_path):
 @pytest.mark.slow
 def test_run_applies_training_arguments_from_outside_and_the_full_run_writes_its_output(tmp_path):
     (tmp_path / "over.json").write_text(json.dumps({"trainer": {"optim": "adamw_torch_fused"}}))
-    out = saturate("run", "--overrides", "over.json", "--trial-steps", "2", "--json", "--", sys.executable,
-                   str(SCRIPT), "--size", "toy", "--max-length", "32", "--max-steps", "12", "--output-dir", "user-out",
-                   cwd=tmp_path)
+    out = saturate("run", "--overrides", "over.json", "--trial-steps", "2", "--trial-seconds", "1", "--json", "--",
+                   sys.executable, str(SCRIPT), "--size", "toy", "--max-length", "32", "--max-steps", "12",
+                   "--output-dir", "user-out", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert len(d["as_written"]) == len(d["tuned"]) == 3  # alternating rounds
@@ -191,8 +191,8 @@ def test_run_refuses_trainer_overrides_it_does_not_apply(tmp_path, overrides, me
 def test_run_stops_in_one_line_when_the_trainer_refuses_an_override(tmp_path):
     # refused by Transformers (fp16 and bf16 together; on a CPU, bf16 without use_cpu)
     (tmp_path / "over.json").write_text(json.dumps({"trainer": {"fp16": True, "bf16": True}}))
-    out = saturate("run", "--overrides", "over.json", "--trial-steps", "1", "--", sys.executable, str(SCRIPT),
-                   *TINY, "--output-dir", "user-out", cwd=tmp_path)
+    out = saturate("run", "--overrides", "over.json", "--trial-steps", "1", "--trial-seconds", "1", "--",
+                   sys.executable, str(SCRIPT), *TINY, "--output-dir", "user-out", cwd=tmp_path)
     assert out.returncode == 2
     last = out.stderr.strip().splitlines()[-1]  # after the script's progress bar, which ends without a newline
     assert "saturate: error: the script's Trainer refused the overrides {'fp16': True, 'bf16': True}: " \

@@ -77,8 +77,8 @@ def test_tune_finds_loader_workers_for_an_input_bound_script(tmp_path):
 def test_run_applies_the_overrides_without_an_edit_and_compares(tmp_path):
     (tmp_path / "slow.py").write_text(SLOW_DATA)
     (tmp_path / "over.json").write_text(json.dumps({"loader": {"num_workers": 2, "persistent_workers": True}}))
-    out = saturate("run", "--overrides", "over.json", "--trial-steps", "3", "--json", "--", sys.executable,
-                   "slow.py", "30", cwd=tmp_path)
+    out = saturate("run", "--overrides", "over.json", "--trial-steps", "3", "--trial-seconds", "1", "--json", "--",
+                   sys.executable, "slow.py", "30", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert len(d["as_written"]) == len(d["tuned"]) == 3 and len(d["ratios"]) == 3  # alternating rounds
