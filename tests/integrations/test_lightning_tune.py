@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import cli_env, saturate_cmd
+from conftest import cli_env, run_main, saturate_cmd
 from saturate.errors import ConfigError
 from saturate.integrations.command import ScriptRun, run_instrumented
 from saturate.integrations.overrides import check, loader_changes, optimizer_changes
@@ -135,10 +135,11 @@ def test_an_overrides_file_naming_what_saturate_does_not_apply_is_refused(overri
                       "train_loader": {"site": "train.py:49", "batch_size": 16}, "optimizer": {"fused": True}})
 
 
-def test_run_refuses_a_bad_lightning_override_in_one_line(tmp_path):
+def test_run_refuses_a_bad_lightning_override_in_one_line(tmp_path, monkeypatch, capsys):
+    # in process (a refusal in a subprocess: test_script_tune.test_run_refuses_an_unreadable_overrides_file)
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "over.json").write_text(json.dumps({"lightning": {"max_epochs": 3}}))
-    out = subprocess.run(saturate_cmd("run", "--overrides", "over.json", "--", sys.executable, "x.py"),
-                         env=cli_env(), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = run_main(capsys, "run", "--overrides", "over.json", "--", sys.executable, "x.py")
     assert out.returncode == 2 and "max_epochs not among the Lightning Trainer arguments" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
 

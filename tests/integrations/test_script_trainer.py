@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import line_of, run_saturate
+from conftest import line_of, run_main, run_saturate
 from saturate.doctor.findings import Fix, Prediction
 from saturate.integrations.doctor import in_your_script
 
@@ -181,9 +181,10 @@ def test_run_applies_training_arguments_from_outside_and_the_full_run_writes_its
     ({"trainer": {"learning_rate": 1e-3}}, "learning_rate not among the TrainingArguments fields saturate applies"),
     ({"trainer": [1]}, '"trainer" must be an object of TrainingArguments fields'),
 ])
-def test_run_refuses_trainer_overrides_it_does_not_apply(tmp_path, overrides, message):
+def test_run_refuses_trainer_overrides_it_does_not_apply(tmp_path, monkeypatch, capsys, overrides, message):
+    monkeypatch.chdir(tmp_path)  # in process: the refusal comes before any script runs
     (tmp_path / "over.json").write_text(json.dumps(overrides))
-    out = saturate("run", "--overrides", "over.json", "--", sys.executable, "x.py", cwd=tmp_path, timeout=60)
+    out = run_main(capsys, "run", "--overrides", "over.json", "--", sys.executable, "x.py")
     lines = [x for x in out.stderr.splitlines() if x.strip()]
     assert out.returncode == 2 and len(lines) == 1 and message in lines[0]
 

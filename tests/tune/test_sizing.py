@@ -57,6 +57,11 @@ def test_rows_then_rounds_are_dropped_in_the_stated_order_each_said():
     assert none.skipped == ("no side-by-side: naive and tuned in 2 rounds are predicted at 6.5 s, over its 6.0 s "
                             "share, 5% of the predicted training")
     assert sizing.size(FOUR, None).labels == everything.labels  # nothing predicted: every row, in full
+    twin = [sizing.RowCost("tuned", 0.0, 0.0, "measured as naive")]
+    alone = sizing.size([FOUR[0], FOUR[2], *twin], 5.0)  # the runner-up dropped: naive alone, twice, says nothing
+    assert alone.skipped == ("no side-by-side: tuned has naive's settings, nothing to compare within its 5.0 s share, "
+                             "5% of the predicted training") and alone.dropped[0].startswith("runner-up: not measured")
+    assert sizing.size([FOUR[0], FOUR[2], *twin], 100.0).labels == ["naive", "runner-up", "tuned"]
 
 
 def test_each_measurement_is_as_long_as_the_share_allows_and_a_busy_round_only_when_it_fits():

@@ -9,11 +9,12 @@ measurement (its wall time less its steps), a loader's start from the tuning's l
 
 When every row × `ROUNDS` does not fit the share, rows are dropped in this order: the runner-up, then the
 guides' plans (naive and the tuned plan always stay); then rounds, never below 2 (a ratio with a range).
-When not even naive and the tuned plan in 2 rounds fit, there is no side-by-side (`Sizing.skipped` says
-why) and run.py compares the training run with naive's one measurement instead. What fits is then timed
-for as long as the share allows, `MIN_MEASURE_S` to `FULL_MEASURE_S` per measurement; the busy machine's
-extra round (compare.py) only when it fits too. With nothing predicted (`--budget` and `--steps`: naive is
-not measured) every row is measured for the full length. Every figure here is a prediction, and each row or
+When not even naive and the tuned plan in 2 rounds fit, or what is left is one plan's settings (the tuned
+plan = naive, the runner-up dropped), there is no side-by-side (`Sizing.skipped` says why) and run.py
+compares the training run with naive's one measurement instead. What fits is then timed for as long as the
+share allows, `MIN_MEASURE_S` to `FULL_MEASURE_S` per measurement; the busy machine's extra round
+(compare.py) only when it fits too. With nothing predicted (`--budget` and `--steps`: naive is not
+measured) every row is measured for the full length. Every figure here is a prediction, and each row or
 round dropped is one line of `Sizing.dropped`.
 """
 
@@ -153,6 +154,10 @@ def size(rows: list[RowCost], share_s: float | None, rounds: int = ROUNDS, resid
         dropped.append(f"{r.label}: not measured side by side (with it the side-by-side is predicted at "
                        f"{cost(kept, n, MIN_MEASURE_S):.1f} s, over {share}; a prediction)")
         kept.remove(r)
+    if len([r for r in kept if r.step_s > 0]) < 2:  # what is left has one plan's settings: nothing to compare
+        twins = ", ".join(f"{r.label} has {r.source[len('measured as '):]}'s settings" for r in kept if r.step_s <= 0)
+        return Sizing([r.label for r in kept], n, MIN_MEASURE_S, False, 0.0, share_s, dropped,
+                      f"no side-by-side: {twins or 'one plan left'}, nothing to compare within {share}", rows)
     while n > 2 and cost(kept, n, MIN_MEASURE_S) > share_s:
         dropped.append(f"{n - 1} rounds instead of {n}: {n} are predicted at {cost(kept, n, MIN_MEASURE_S):.1f} s, "
                        f"over {share} (a prediction)")
