@@ -155,7 +155,9 @@ def test_the_runner_up_is_the_fastest_plan_not_chosen():
 def test_the_tuning_budget_follows_the_training_time():
     assert run_module.tuning_budget(7.0) is None  # a 20-step job: not tuned at all, not minutes of tuning
     assert run_module.tuning_budget(200.0) == pytest.approx(40.0)  # the main job: 20 %
-    assert run_module.tuning_budget(1800.0) == pytest.approx(360.0)  # 20 % of half an hour
+    assert run_module.tuning_budget(400.0) == pytest.approx(80.0)  # where 20 % meets 60 s + 5 %
+    assert run_module.tuning_budget(1800.0) == pytest.approx(150.0)  # half an hour: 60 s + 5 %, not 20 % (360 s)
+    assert run_module.tuning_budget(8000.0) == pytest.approx(460.0)
     assert run_module.tuning_budget(1e6) == run_module.BUDGET_CEILING_S
 
 

@@ -65,11 +65,16 @@ from saturate.workloads.coupling import workload_default_plan
 # NVIDIA GPU, the ROCm guide for AMD. On a CPU no guide applies.
 GUIDE_AFTER = {"cuda": "a6000-after", "rocm": "rocm-after"}
 
-# The default tuning budget: this share of the untuned training time predicted for the job, at most the ceiling.
-# A job whose share is under the floor is not tuned at all (the default plan trains): below it a search holds
-# about two trials, too few to find what pays back even the search. 20 %: on the main job (gpt-tiny, 300
-# steps, ~200 s untuned on 2 CPU cores) 10 % held one trial and never tried bf16, measured 1.4-1.9x there.
+# The default tuning budget: this share of the untuned training time predicted for the job, but no more than
+# a base plus a smaller share (`LONG_BASE_S` + `LONG_SHARE`), and at most the ceiling. A job whose share is under
+# the floor is not tuned at all (the default plan trains): below it a search holds about two trials, too few to
+# find what pays back even the search. 20 %: on the main job (gpt-tiny, 300 steps, ~200 s untuned on 2 CPU cores)
+# 10 % held one trial and never tried bf16, measured 1.4-1.9x there. The search's stages are a fixed number of
+# trials, so what a longer job needs is longer windows, not proportionally more trials: past ~400 s of training
+# the budget grows by 5 % of it, not 20 %, and a long job's wall time falls well below its untuned time
+# (a half-hour job tunes for 150 s, 8 %, not 360 s).
 TUNING_SHARE = 0.20
+LONG_BASE_S, LONG_SHARE = 60.0, 0.05
 BUDGET_FLOOR_S = 15.0
 BUDGET_CEILING_S = 600.0
 
@@ -78,7 +83,9 @@ def tuning_budget(predicted_training_s: float) -> float | None:
     """The tuning budget for a job whose untuned training is predicted to take `predicted_training_s`;
     None when the job is too short for a search to pay for itself."""
     share = TUNING_SHARE * predicted_training_s
-    return None if share < BUDGET_FLOOR_S else min(share, BUDGET_CEILING_S)
+    if share < BUDGET_FLOOR_S:
+        return None
+    return min(share, LONG_BASE_S + LONG_SHARE * predicted_training_s, BUDGET_CEILING_S)
 
 
 @dataclass
@@ -258,8 +265,9 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
                 f"not tuned: the untuned training is predicted at {predicted:.0f} s ({source}); "
                 f"{TUNING_SHARE:.0%} of it is under the {BUDGET_FLOOR_S:.0f} s a search needs to pay for itself, so "
                 "the default plan is compared and trained (--budget tunes anyway)"))
-        why = (f"tuning budget {budget_s:.0f} s: {TUNING_SHARE:.0%} of the untuned training, predicted at "
-               f"{predicted:.0f} s ({source}), at most {BUDGET_CEILING_S:.0f} s"
+        why = (f"tuning budget {budget_s:.0f} s: {100 * budget_s / predicted:.0f} % of the untuned training, "
+               f"predicted at {predicted:.0f} s ({source}); the budget is {TUNING_SHARE:.0%} of it, at most "
+               f"{LONG_BASE_S:.0f} s + {LONG_SHARE:.0%} of it and {BUDGET_CEILING_S:.0f} s"
                + (f", naive's {naive_s:.1f} s measurement included" if naive_s else "")
                if predicted else f"tuning budget {budget_s:.0f} s ({source})") + "; --budget sets another"
         console.print(why)
