@@ -183,3 +183,58 @@ def test_done_reads_the_machine_once_at_the_first_cap_and_raises_it_when_busy():
     assert rule.done(noisy, 1.0, None, read) == (False, True) and len(reads) == 1  # busy: cap doubled to 8
     assert rule.done(noisy * 2, 2.0, True, read) == (True, True) and len(reads) == 1  # read once only
     assert rule.done([1.0, 1.0, 1.0], 0.5, None, read) == (True, None)  # agreeing windows: never read
+
+
+def _drifting(first: float, later: float):
+    """Samples/s: micro-batch 16 gains 8 % over 8; 8 reads `first` the first time it is measured and `later` after
+    (the machine sped up between the two trials, or not)."""
+    seen: dict[int, int] = {}
+
+    def speed(p: Plan) -> float:
+        seen[p.micro_batch] = seen.get(p.micro_batch, 0) + 1
+        if p.micro_batch == 8:
+            return first if seen[8] == 1 else later
+        return 108.0 if p.micro_batch == 16 else 50.0
+
+    return speed
+
+
+def test_a_small_gain_is_taken_only_when_it_holds_against_the_incumbent_measured_again():
+    def tune(first: float, later: float):
+        machine = FakeMachine(speed=_drifting(first, later), memory=linear_memory(GiB, 0.01 * GiB), spread=0.01)
+        return search(machine, Plan(), settings(effective_batch=16, try_compile=False, supports={},
+                                                fused_available=False)), machine
+
+    drifted, machine = tune(100.0, 110.0)  # 16's +8 % was the machine: 8 measured again reads 110
+    assert drifted.plan.micro_batch == 8
+    assert [p.micro_batch for p in machine.tried] == [8, 16, 8, 4, 8]  # 8 again right after 16; then 4; verified
+    again = drifted.trials[2]
+    assert again.plan.micro_batch == 8 and "measured again to confirm 16×1" in again.verdict
+    assert "not confirmed" in drifted.trials[1].verdict
+    held, _ = tune(100.0, 100.0)  # the gain holds against the second measurement: taken, and said
+    assert held.plan.micro_batch == 16
+    assert held.trials[2].plan.micro_batch == 8
+    assert "16: +8.0 %" in held.trials[2].verdict and "confirmed: +8.0 % against its earlier trial" in \
+        held.trials[2].verdict
+
+
+def test_a_large_gain_is_taken_without_measuring_the_incumbent_again():
+    machine = FakeMachine(speed=lambda p: 100.0 * (1.5 if p.micro_batch == 16 else 1.0),
+                          memory=linear_memory(GiB, 0.01 * GiB), spread=0.01)
+    result = search(machine, Plan(), settings(effective_batch=16, try_compile=False, supports={},
+                                              fused_available=False))
+    assert result.plan.micro_batch == 16
+    assert [p.micro_batch for p in machine.tried] == [8, 16, 16]  # the last: the verification
+
+
+def test_a_small_gain_the_budget_cannot_confirm_is_not_taken(monkeypatch):
+    from saturate.tune.state import SearchState
+
+    real = SearchState.affordable
+    monkeypatch.setattr(SearchState, "affordable",
+                        lambda self, what, loader=False: not what.startswith("measuring") and real(self, what, loader))
+    machine = FakeMachine(speed=_drifting(100.0, 100.0), memory=linear_memory(GiB, 0.01 * GiB), spread=0.01)
+    result = search(machine, Plan(), settings(effective_batch=16, try_compile=False, supports={},
+                                              fused_available=False))
+    assert result.plan.micro_batch == 8
+    assert "the budget had no room" in result.trials[1].verdict

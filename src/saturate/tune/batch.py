@@ -90,8 +90,8 @@ def micro_batch(st: SearchState, best: Trial, fit: MemoryFit | None) -> Trial:
             st.memory_capped = st.memory_capped or t.status == "oom"
             stop = f"{m} ran out of memory" if t.status == "oom" else f"{m}: {t.status}"
             break
-        c = compare(t, best, st.s.min_gain)
-        if c.faster:
+        taken, c, best = st.beats(t, best)
+        if taken:
             best.verdict = f"{m}: {c.text()}"
             best = t
             continue
@@ -109,8 +109,8 @@ def micro_batch(st: SearchState, best: Trial, fit: MemoryFit | None) -> Trial:
             if not st.affordable(f"micro-batch {m}"):
                 break
             t = st.trial(st.at(best.plan, m), "micro-batch")
-            c = compare(t, best, st.s.min_gain) if t.ok else None
-            if c is not None and c.faster:
+            taken, c, best = st.beats(t, best) if t.ok else (False, None, best)
+            if taken:
                 best.verdict = f"{m}: {c.text()}"
                 best = t
                 continue
@@ -129,23 +129,25 @@ def activation_checkpointing(st: SearchState, best: Trial, fit: MemoryFit | None
     if not (st.memory_capped and bigger):
         st.decisions.append("activation checkpointing: off (the micro-batch search was not limited by memory)")
         return best
-    start = best
+    start, without = best, best  # `without`: the incumbent's latest trial without recompute (measured again or not)
+    outcome = "the budget had no room for a trial"
     for m in bigger:
         if not st.affordable(f"activation checkpointing at micro-batch {m}"):
             break
         t = st.trial(st.at(best.plan, m).replace(activation_checkpointing=True), "activation-checkpointing")
-        c = compare(t, best, st.s.min_gain) if t.ok else None
-        if c is not None and c.faster:
+        taken, c, best = st.beats(t, best) if t.ok else (False, None, best)
+        without = best if not best.plan.activation_checkpointing else without
+        if taken:
             best.verdict = f"checkpointing at {m}: {c.text()}"
             best = t
             continue
-        t.verdict = f"{t.status}: {t.error}" if c is None else c.text()
+        t.verdict = outcome = f"{t.status}: {t.error}" if c is None else c.text()
         break
-    if best is start:
+    if not best.plan.activation_checkpointing:
         st.decisions.append("activation checkpointing: off (tried; larger micro-batches with recompute "
-                            f"measured no faster: {t.verdict})")
+                            f"measured no faster: {outcome})")
     else:
         st.decisions.append(f"activation checkpointing: on, micro-batch {best.plan.micro_batch} with recompute "
-                            f"is {compare(best, start, st.s.min_gain).text()} vs {start.plan.micro_batch} "
+                            f"is {compare(best, without, st.s.min_gain).text()} vs {start.plan.micro_batch} "
                             "without")
     return best

@@ -19,6 +19,7 @@ they change no numerics and no code path.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -41,6 +42,7 @@ class Comparison:
     noise: float  # the two spreads together: the ratio is known to about ± this
     min_gain: float
     noise_known: bool = True  # False when a trial had a single window: no spread measured (noise counts 0)
+    note: str = ""  # how the decision was reached beyond the two figures (a confirmation), appended to text()
 
     @property
     def faster(self) -> bool:
@@ -56,8 +58,15 @@ class Comparison:
     def within_noise(self) -> bool:
         return abs(self.gain) <= self.noise
 
+    def said(self, note: str) -> Comparison:
+        """The same comparison, its text followed by `note`."""
+        return dataclasses.replace(self, note=note)
+
     def text(self) -> str:
         """The gain and how it compares with the noise, e.g. "+2.0 %, within noise (±5.0 %)"."""
+        return self._figures() + (f"; {self.note}" if self.note else "")
+
+    def _figures(self) -> str:
         head = f"{100 * self.gain:+.1f} %"
         if not self.noise_known:  # a one-window trial has no spread: say so rather than "±0.0 %"
             unknown = "noise not measured: one window"

@@ -65,13 +65,14 @@ class _Search(SearchState):
 
     def expected_trials(self) -> int:
         """The model trials the stages are expected to run (the budget is shared out by it): the precisions,
-        two steps of the micro-batch climb, FSDP, the fused optimizer and compile where they apply."""
+        two steps of the micro-batch climb, FSDP, the fused optimizer and compile where they apply, and one
+        incumbent measured again to confirm a small gain (`SearchState.beats`)."""
         s, cands = self.s, self.candidates()
         probe = max(m for m in cands if m <= max(1, min(s.probe_micro, self.local)))
         precisions = 1 + bool(s.supports.get("bf16") or s.supports.get("fp16")) + bool(
             s.supports.get("tf32") and self.m.device_type == "cuda")
         return (precisions + min(2, len([m for m in cands if m > probe])) + (s.world_size > 1)
-                + s.fused_available + s.try_compile)
+                + s.fused_available + s.try_compile + 1)
 
     def precision(self) -> Trial:
         s = self.s
@@ -105,12 +106,13 @@ class _Search(SearchState):
             options.append(ref.plan.replace(precision="fp16", tf32=bool(s.supports.get("tf32"))))
         if s.supports.get("tf32") and self.m.device_type == "cuda":
             options.append(ref.plan.replace(tf32=True))
-        best = ref
+        best, tried = ref, []
         for plan in options:
             label = _precision_label(plan)
             if not self.affordable(f"precision {label}"):
                 break
             t = self.trial(plan, "precision")
+            tried.append(t)
             if not t.ok:
                 t.verdict = f"{t.status}: {t.error}"
                 continue
@@ -122,6 +124,10 @@ class _Search(SearchState):
                 continue
             t.loss_drift = drift
             take, c = keep_candidate(t, best, s.min_gain)
+            if take and c.faster:  # a small gain is confirmed against the incumbent measured again
+                was = best
+                take, c, best = self.beats(t, best)
+                ref = best if was is ref else ref
             if take:
                 best.verdict = f"{label}: {c.text()}" + ("" if c.faster else ", the simpler is kept")
                 best = t
@@ -130,8 +136,7 @@ class _Search(SearchState):
                                                                               ", the simpler is kept")
         if best is ref:
             why = ("no lower precision is native here" if not options else
-                   "; ".join(f"{_precision_label(t.plan)} {t.verdict}" for t in self.trials[-len(options):]
-                             if t.ok and t.samples_per_s))
+                   "; ".join(f"{_precision_label(t.plan)} {t.verdict}" for t in tried if t.ok and t.samples_per_s))
             self.decisions.append(f"precision: fp32 ({why or 'no lower precision could be used'}; "
                                   f"{ref.samples_per_s:.1f} samples/s at micro-batch {ref.plan.micro_batch})")
         else:
@@ -153,8 +158,8 @@ class _Search(SearchState):
         if not self.affordable("FSDP"):
             return best
         t = self.trial(best.plan.replace(strategy="fsdp"), "strategy")
-        c = compare(t, best, self.s.min_gain) if t.ok else None
-        if c is not None and c.faster:
+        taken, c, best = self.beats(t, best) if t.ok else (False, None, best)
+        if taken:
             best.verdict = f"FSDP: {c.text()}"
             self.decisions.append(f"strategy: FSDP2 ({c.text()} samples/s per process vs DDP at micro-batch "
                                   f"{t.plan.micro_batch})")
@@ -170,8 +175,8 @@ class _Search(SearchState):
         if not self.affordable("fused optimizer"):
             return best
         t = self.trial(best.plan.replace(fused_optimizer=True), "fused-optimizer")
-        c = compare(t, best, self.s.min_gain) if t.ok else None
-        if c is not None and c.faster:
+        taken, c, best = self.beats(t, best) if t.ok else (False, None, best)
+        if taken:
             best.verdict = f"fused: {c.text()}"
             self.decisions.append(f"fused optimizer: on ({c.text()} samples/s)")
             return t
@@ -209,12 +214,12 @@ class _Search(SearchState):
             t.verdict = f"{t.status}: {t.error}"
             self.decisions.append(f"compile: none (torch.compile failed: {t.error}; eager is used)")
             return best
+        faster, c, best = self.beats(t, best)
         saved = s.planned_steps * (best.step_s - t.step_s)
-        c = compare(t, best, s.min_gain)
         # `limit` may hold each rank's own clock (the budget left): all ranks must reach one verdict.
         if not self.all_agree(t.compile_s is None or t.compile_s <= limit):
             t.verdict = f"compiling took {t.compile_s:.1f} s, over the {limit:.1f} s limit"
-        elif not c.faster:
+        elif not faster:
             t.verdict = f"{c.text()} steady state; eager is simpler"
         elif saved <= (t.compile_s or 0.0):
             t.verdict = (f"{c.text()} steady state; over {s.planned_steps} steps "

@@ -19,11 +19,18 @@ from typing import Any
 
 from saturate.errors import ConfigError
 from saturate.plan import Plan
+from saturate.tune.decide import Comparison, compare
 from saturate.tune.noise import rate_text
+from saturate.tune.report import plan_text
 from saturate.tune.results import SearchSettings
 from saturate.tune.trial import OVER_BUDGET, BudgetTooSmall, LoaderTrial, Measurer, Trial
 
 LOADER_TRIAL_S = 1.0  # what a loader trial is expected to take before one has run (kept from the model trials)
+# A change that gains less than this (or less than twice the two trials' noise) is confirmed before it is taken:
+# the incumbent is measured again right after the candidate (`SearchState.beats`). Two trials seconds apart differ
+# by more than either one's windows show: the same plan built again read 45-55 samples/s on the quiet 2-core
+# machine (bench/side_by_side.py, 2026-11-23) while each trial's own windows agreed within a few percent.
+CONFIRM_BELOW = 0.15
 
 
 def gib(n: float | None) -> str:
@@ -134,6 +141,31 @@ class SearchState:
         self.trials.append(t)
         self.on_trial(t)
         return t
+
+    def beats(self, candidate: Trial, incumbent: Trial) -> tuple[bool, Comparison, Trial]:
+        """Whether `candidate` is faster than `incumbent` beyond the noise and `min_gain` — confirmed, when the gain
+        is under `CONFIRM_BELOW` or twice the noise, by measuring the incumbent again right after the candidate:
+        the candidate must beat that measurement too (a drift of the machine between the two trials moves the
+        new one with it). Returns (taken, the comparison that decided, the incumbent's latest trial: what later
+        candidates are compared with). A gain the budget has no room to confirm is not taken, and said so."""
+        c = compare(candidate, incumbent, self.s.min_gain)
+        if not c.faster or c.gain >= max(CONFIRM_BELOW, 2 * c.noise):
+            return c.faster, c, incumbent
+        what = plan_text(incumbent.plan)
+        if not self.affordable(f"measuring {what} again to confirm a {100 * c.gain:+.1f} % gain"):
+            return False, c.said(f"not confirmed: under {100 * CONFIRM_BELOW:.0f} % a gain is confirmed by "
+                                 f"measuring {what} again, and the budget had no room"), incumbent
+        again = self.trial(incumbent.plan, candidate.stage)  # a trial of the stage that decides
+        if not again.ok:
+            again.verdict = f"{again.status}: {again.error}"
+            return False, c.said("not confirmed: measuring it again failed"), incumbent
+        c2 = compare(candidate, again, self.s.min_gain)
+        first = f"{100 * c.gain:+.1f} % against its earlier trial"
+        if c2.faster:
+            again.verdict = f"measured again: {plan_text(candidate.plan)} still {c2.text()}"
+            return True, c2.said(f"confirmed: {first}, and against {what} measured again right after"), again
+        again.verdict = f"measured again to confirm {plan_text(candidate.plan)} ({first}): {c2.text()}"
+        return False, c2.said(f"not confirmed: {first}, then this against {what} measured again right after"), again
 
     def trial(self, plan: Plan, stage: str, **kw: Any) -> Trial:
         if hasattr(self.m, "deadline"):  # the measurer stops a trial whose first step predicts an overrun
