@@ -122,3 +122,43 @@ def test_cli_sweep_table_plot_json_and_refusals(tmp_path, cpu, monkeypatch, caps
     assert cli.main([*args, "--grid", "hiden=1,2", "--out", str(tmp_path / "bad")]) == 2
     assert "ts-lstm: unknown parameter 'hiden' (did you mean 'hidden'?)" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
+def test_a_preempted_sweep_exits_75_and_ctrl_c_130(tmp_path, cpu, monkeypatch, stop):
+    from saturate.tune import sweep as sweep_module
+
+    monkeypatch.setattr("saturate.hardware.probe", lambda **kw: cpu)
+    seen = {}
+
+    def stopped(make, grid, hw, **kw):  # the point's train() stopped by `stop`, a checkpoint written
+        seen["out"] = kw["out_dir"]
+        return {"points": {}, "interrupted": True, "stop_signal": stop}
+
+    monkeypatch.setattr(sweep_module, "sweep", stopped)
+    args = ["sweep", "--preset", "ts-lstm", "--grid", "hidden=4,8", "--out", str(tmp_path / "sw"), "--no-progress"]
+    assert cli.main(args) == (75 if stop == "SIGTERM" else 130)  # 75 (EX_TEMPFAIL): requeue, as `train` exits
+    assert seen["out"] == tmp_path / "sw"
+
+
+def test_the_sweep_records_the_signal_that_stopped_it(tmp_path, cpu):
+    import os
+    import signal
+
+    def make(params):
+        w = ts_lstm_workload(**TINY, eval_every=2, **params)
+        real = w.loss_fn
+
+        def loss_fn(model, batch):
+            if model.training and CheckpointManager(tmp_path / "sw" / "points" / "00-hidden=8" / "run" /
+                                                    "checkpoints").checkpoints():
+                os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's preemption, after the first checkpoint
+            return real(model, batch)
+
+        w.loss_fn = loss_fn
+        return w
+
+    result = sweep(make, {"hidden": [8]}, cpu, out_dir=tmp_path / "sw", steps=6, try_compile=False, console=quiet(),
+                   measurer_factory=Measurers())
+    assert result["interrupted"] and result["stop_signal"] == "SIGTERM"
+    assert json.loads((tmp_path / "sw" / "sweep.json").read_text())["points"]["hidden=8"]["status"] == "interrupted"

@@ -55,4 +55,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                    budget_s=args.budget, try_compile=not args.no_compile, allow_batch_change=args.allow_batch_change,
                    seed=args.seed, progress=not args.no_progress and verbosity(args) >= 0, console=console,
                    settings={"source": source}, wide=args.wide)
-    return 130 if result["interrupted"] else 0
+    if not result["interrupted"]:
+        return 0
+    from saturate.cli import EXIT_INTERRUPTED, EXIT_PREEMPTED
+    from saturate.engine.signals import PREEMPTION_SIGNALS
+
+    # SIGTERM/SIGUSR1 (a scheduler's preemption, a checkpoint written): 75, requeue; Ctrl-C: 130, as `train` exits
+    return EXIT_PREEMPTED if result.get("stop_signal") in PREEMPTION_SIGNALS else EXIT_INTERRUPTED

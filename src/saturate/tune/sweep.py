@@ -127,7 +127,7 @@ def sweep(make_workload: Callable[[dict[str, Any]], Workload], grid: Mapping[str
     state.save()
     console.print(f"[bold]saturate sweep[/bold]: {len(points)} points ({len(points) - len(todo)} already done) in "
                   f"{out_dir}; each is tuned, then trained. Interrupted? Run the same command to resume.")
-    interrupted = False
+    interrupted, stop_signal = False, None
     for i, params in todo:
         key, w = point_key(params), workloads[i]
         folder = out_dir / "points" / f"{i:02d}-{_safe(key)}"
@@ -165,14 +165,14 @@ def sweep(make_workload: Callable[[dict[str, Any]], Workload], grid: Mapping[str
         })
         state.record(key, entry)
         if result.interrupted:
-            interrupted = True
+            interrupted, stop_signal = True, result.stop_signal
             break
     rows = [state.state["points"][point_key(p)] for p in points if point_key(p) in state.state["points"]]
     done = [r for r in rows if r.get("status") == "done"]
     best = min(done, key=_score, default=None) if done else None
     plot_path = _plot(rows, list(grid), out_dir / "sweep.png") if done else None
     summary = {"best": best and point_key(best["params"]), "plot": str(plot_path) if plot_path else None,
-               "interrupted": interrupted}
+               "interrupted": interrupted, "stop_signal": stop_signal}
     state.save(summary)
     console.print(results_table(rows, list(grid), best, wide=wide))
     if interrupted:
