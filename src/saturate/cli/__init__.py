@@ -27,13 +27,17 @@ from saturate.cli.output import (
     show_plan,
     verbosity,
 )
-from saturate.engine.signals import PREEMPTION_SIGNALS, Preempted, preemption_raises
+from saturate.engine.signals import (
+    EXIT_INTERRUPTED,
+    EXIT_PREEMPTED,
+    Preempted,
+    preemption_raises,
+    stop_exit_code,
+)
 from saturate.workloads.source import Source, from_source
 
 EXIT_ERROR = 2
 EXIT_OOM = 3
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM/SIGUSR1 with a checkpoint written; requeue with --resume
-EXIT_INTERRUPTED = 130
 
 
 class _Parser(argparse.ArgumentParser):
@@ -169,7 +173,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         launch = f"torchrun --nproc_per_node={world} -m saturate" if world > 1 else "saturate"
         print(f"saturate: stopped by {result.stop_signal} at step {result.steps}; {saved}; resume with: "
               f"{launch} train --resume --run-dir {result.run_dir}", file=sys.stderr)
-    return EXIT_PREEMPTED if result.stop_signal in PREEMPTION_SIGNALS else EXIT_INTERRUPTED
+    return stop_exit_code(result.stop_signal)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -57,8 +57,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                    settings={"source": source}, wide=args.wide)
     if not result["interrupted"]:
         return 0
-    from saturate.cli import EXIT_INTERRUPTED, EXIT_PREEMPTED
-    from saturate.engine.signals import PREEMPTION_SIGNALS
+    from saturate.engine.signals import stop_exit_code
 
-    # SIGTERM/SIGUSR1 (a scheduler's preemption, a checkpoint written): 75, requeue; Ctrl-C: 130, as `train` exits
-    return EXIT_PREEMPTED if result.get("stop_signal") in PREEMPTION_SIGNALS else EXIT_INTERRUPTED
+    return stop_exit_code(result.get("stop_signal"))  # a preemption: 75, requeue; Ctrl-C: 130, as `train` exits

@@ -103,7 +103,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from saturate.engine.signals import PREEMPTION_SIGNALS
+    from saturate.engine.signals import stop_exit_code
     from saturate.hardware import probe
     from saturate.tune.run import run
 
@@ -127,7 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
               "training": run_result_dict(report.training), "notes": report.notes})
     if not report.training.interrupted:
         return 0
-    return 75 if report.training.stop_signal in PREEMPTION_SIGNALS else 130
+    return stop_exit_code(report.training.stop_signal)
 
 
 def _refuse_preset_flags(args: argparse.Namespace) -> None:
