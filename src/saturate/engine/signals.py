@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
+HANDLED = ("SIGINT", *PREEMPTION_SIGNALS)  # index + 1 is a signal's code: ranks agree on the largest (a max)
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM/SIGUSR1 with a checkpoint written; requeue with --resume
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
@@ -21,7 +22,6 @@ EXIT_INTERRUPTED = 130  # Ctrl-C
 def stop_exit_code(stop_signal: str | None) -> int:
     """The exit code of a run stopped by `stop_signal`: 75 for a preemption (requeue), 130 for Ctrl-C."""
     return EXIT_PREEMPTED if stop_signal in PREEMPTION_SIGNALS else EXIT_INTERRUPTED
-HANDLED = ("SIGINT", *PREEMPTION_SIGNALS)  # index + 1 is a signal's code: ranks agree on the largest (a max)
 
 
 class StopFlag:
