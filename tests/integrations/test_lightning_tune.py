@@ -198,7 +198,10 @@ def test_tune_finds_the_lightning_settings_and_writes_them_as_overrides(tmp_path
     assert all(t["samples_per_step"] == 32 for t in d["trials"] if t["steps"])  # the effective batch kept
     reference = d["baseline"]["losses"]
     split = next(t for t in d["trials"] if t["name"] == "micro-batch 8 × 4")
-    assert split["losses"][:3] == pytest.approx(reference[:3], rel=1e-4)  # the same samples, another split
+    # the same samples, another split: equal to float rounding, or to bf16's when the precision trial (a timing
+    # decision, 1-s trials) kept bf16-mixed before the split was tried
+    bf16 = "bf16" in json.dumps(split["overrides"])
+    assert split["losses"][:3] == pytest.approx(reference[:3], rel=2e-2 if bf16 else 1e-4)
     assert json.loads((tmp_path / "t" / "overrides.json").read_text()) == d["overrides"]
     assert (tmp_path / "train.py").read_text() == SCRIPT.read_text()
 
