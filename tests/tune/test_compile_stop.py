@@ -79,3 +79,19 @@ def test_a_compilation_stopped_while_building_kernels_leaves_nothing_behind(work
     assert torch._C._dynamo.eval_frame.get_eval_frame_callback() is None
     eager = m.model_trial(plan, "after")  # the process is left usable
     assert eager.ok and eager.samples_per_s > 0
+
+
+def test_an_eager_trial_between_a_compilation_and_its_rejection_keeps_what_discarding_ends(workload, cpu):
+    """The search may measure the eager plan again (a confirmation) after a compile trial: the later discard must
+    still end that compilation, so the eager trial must not forget it."""
+    m = RealMeasurer(workload, cpu, min_seconds=0.05, min_steps=1, max_steps=2)
+    ended = []
+
+    class Scope:  # what a compile trial leaves (CompileScope's interface)
+        def discard(self) -> None:
+            ended.append(True)
+
+    m._compile_scope = Scope()
+    assert m.model_trial(Plan(micro_batch=4, grad_accum=2), "compile").ok  # eager, as the confirmation runs it
+    m.discard_compiled()
+    assert ended == [True] and m._compile_scope is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from test_search import FakeMachine, GiB, linear_memory, saturating, settings
 
@@ -238,3 +240,19 @@ def test_a_small_gain_the_budget_cannot_confirm_is_not_taken(monkeypatch):
                                               fused_available=False))
     assert result.plan.micro_batch == 8
     assert "the budget had no room" in result.trials[1].verdict
+
+
+def test_a_small_compile_gain_is_confirmed_only_where_the_compilation_could_pay_back():
+    def tried_after_compile(planned_steps: int) -> tuple[list[Plan], Any]:
+        machine = FakeMachine(speed=lambda p: 100.0 * (1.08 if p.compile != "none" else 1.0),
+                              memory=linear_memory(GiB, 0.01 * GiB), spread=0.01)
+        result = search(machine, Plan(), settings(effective_batch=8, supports={}, fused_available=False,
+                                                  planned_steps=planned_steps))
+        i = next(i for i, p in enumerate(machine.tried) if p.compile != "none")
+        return machine.tried[i + 1:], result
+
+    long_tried, long_run = tried_after_compile(10_000_000)  # pays back many times: eager measured again first
+    assert long_tried[0].compile == "none" and long_run.plan.compile != "none"
+    short_tried, short_run = tried_after_compile(3_000)  # 7.4 % of 3,000 steps of 0.08 s: 18 s < 30 s compiling
+    assert all(p.compile == "none" for p in short_tried) and short_run.plan.compile == "none"
+    assert len(short_tried) == len(long_tried) - 1  # no eager trial spent confirming a gain that cannot pay back

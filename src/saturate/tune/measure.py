@@ -166,7 +166,11 @@ class RealMeasurer:
         notes: list[str] = []
         t0 = time.perf_counter()
         # What the process has before this trial's compilation: what the compilation starts can then be ended.
-        self._compile_scope = scope = CompileScope() if plan.compile != "none" else None
+        # An eager trial leaves the last compilation's record alone: the search may measure the eager plan again
+        # (a confirmation) before it decides whether to keep or discard that compilation.
+        scope = CompileScope() if plan.compile != "none" else None
+        if scope is not None:
+            self._compile_scope = scope
         stepper = Stepper(self.workload, plan, self.device, self.workload.optim.lr, notes=notes,
                           compile=False, adapt_oom=False, dist=self.dist)
         if scope is not None:

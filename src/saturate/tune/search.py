@@ -214,14 +214,21 @@ class _Search(SearchState):
             t.verdict = f"{t.status}: {t.error}"
             self.decisions.append(f"compile: none (torch.compile failed: {t.error}; eager is used)")
             return best
-        faster, c, best = self.beats(t, best)
-        saved = s.planned_steps * (best.step_s - t.step_s)
+
+        def pays_back(eager: Trial) -> bool:
+            return s.planned_steps * (eager.step_s - t.step_s) > (t.compile_s or 0.0)
+
         # `limit` may hold each rank's own clock (the budget left): all ranks must reach one verdict.
-        if not self.all_agree(t.compile_s is None or t.compile_s <= limit):
+        within = self.all_agree(t.compile_s is None or t.compile_s <= limit)
+        faster, c = False, compare(t, best, s.min_gain)
+        if within and c.faster and pays_back(best):  # only then is a small gain worth confirming (eager again)
+            faster, c, best = self.beats(t, best)
+        saved = s.planned_steps * (best.step_s - t.step_s)
+        if not within:
             t.verdict = f"compiling took {t.compile_s:.1f} s, over the {limit:.1f} s limit"
-        elif not faster:
+        elif not c.faster:
             t.verdict = f"{c.text()} steady state; eager is simpler"
-        elif saved <= (t.compile_s or 0.0):
+        elif not (faster and pays_back(best)):
             t.verdict = (f"{c.text()} steady state; over {s.planned_steps} steps "
                          f"saves {saved:.1f} s < {t.compile_s or 0:.1f} s to compile")
         else:
