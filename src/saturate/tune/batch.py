@@ -90,7 +90,7 @@ def micro_batch(st: SearchState, best: Trial, fit: MemoryFit | None) -> Trial:
             st.memory_capped = st.memory_capped or t.status == "oom"
             stop = f"{m} ran out of memory" if t.status == "oom" else f"{m}: {t.status}"
             break
-        taken, c, best = st.beats(t, best)
+        taken, c, best, t = st.beats(t, best)
         if taken:
             best.verdict = f"{m}: {c.text()}"
             best = t
@@ -109,7 +109,7 @@ def micro_batch(st: SearchState, best: Trial, fit: MemoryFit | None) -> Trial:
             if not st.affordable(f"micro-batch {m}"):
                 break
             t = st.trial(st.at(best.plan, m), "micro-batch")
-            taken, c, best = st.beats(t, best) if t.ok else (False, None, best)
+            taken, c, best, t = st.beats(t, best) if t.ok else (False, None, best, t)
             if taken:
                 best.verdict = f"{m}: {c.text()}"
                 best = t
@@ -135,7 +135,7 @@ def activation_checkpointing(st: SearchState, best: Trial, fit: MemoryFit | None
         if not st.affordable(f"activation checkpointing at micro-batch {m}"):
             break
         t = st.trial(st.at(best.plan, m).replace(activation_checkpointing=True), "activation-checkpointing")
-        taken, c, best = st.beats(t, best) if t.ok else (False, None, best)
+        taken, c, best, t = st.beats(t, best) if t.ok else (False, None, best, t)
         without = best if not best.plan.activation_checkpointing else without
         if taken:
             best.verdict = f"checkpointing at {m}: {c.text()}"

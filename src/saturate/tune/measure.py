@@ -25,6 +25,7 @@ from saturate.hardware import synchronize
 from saturate.hardware.contention import ContentionMeter
 from saturate.plan import Plan
 from saturate.tune.noise import WindowRule, default_rule
+from saturate.tune.paired import Pairs, measure_pairs
 from saturate.tune.process import (
     CompileScope,
     CompileTimeLimit,
@@ -301,6 +302,16 @@ class RealMeasurer:
                 yield from held
 
         return cycle()
+
+    # --- paired comparisons (paired.py) ---------------------------------------------------------
+
+    def can_pair(self, a: Plan, b: Plan) -> bool:
+        """Whether two plans can be timed in alternating windows here: on a CPU, in one process, both eager."""
+        return self.device.type == "cpu" and self.dist.world_size == 1 and a.compile == b.compile == "none"
+
+    def paired(self, a: Trial, b: Trial, stage: str, *, cap_s: float | None, min_gain: float) -> Pairs:
+        """`a`'s and `b`'s plans built together and timed in alternating windows (paired.measure_pairs)."""
+        return measure_pairs(self, a, b, stage, cap_s=cap_s, min_gain=min_gain)
 
     # --- loader trials --------------------------------------------------------------------------
 

@@ -106,7 +106,8 @@ class _Search(SearchState):
             options.append(ref.plan.replace(precision="fp16", tf32=bool(s.supports.get("tf32"))))
         if s.supports.get("tf32") and self.m.device_type == "cuda":
             options.append(ref.plan.replace(tf32=True))
-        best, tried = ref, []
+        best, tried, ref_losses = ref, [], ref.losses  # fp32's own losses (a paired trial's run on further)
+        checked, vs_ref = 0, None  # over how many steps the kept precision's losses were checked; its comparison
         for plan in options:
             label = _precision_label(plan)
             if not self.affordable(f"precision {label}"):
@@ -116,21 +117,23 @@ class _Search(SearchState):
             if not t.ok:
                 t.verdict = f"{t.status}: {t.error}"
                 continue
-            drift = loss_drift(t.losses, ref.losses)
+            drift = loss_drift(t.losses, ref_losses)
             if drift > s.loss_tolerance:
                 t.verdict = f"losses differ from fp32 by up to {100 * drift:.1f} % (> {100 * s.loss_tolerance:.0f} %)"
                 self.decisions.append(f"precision: {label} rejected, its first {len(t.losses)} losses differ from "
                                       f"fp32 by up to {100 * drift:.1f} %")
                 continue
-            t.loss_drift = drift
+            t.loss_drift, steps = drift, min(len(t.losses), len(ref_losses))
             take, c = keep_candidate(t, best, s.min_gain)
-            if take and c.faster:  # a small gain is confirmed against the incumbent measured again
+            if take and c.faster:  # a small gain is confirmed (beats): in alternating windows, or measured again
                 was = best
-                take, c, best = self.beats(t, best)
-                ref = best if was is ref else ref
+                take, c, best, t = self.beats(t, best)
+                ref = best if was is ref else ref  # the figures the decision line compares with: the latest
+                tried[-1] = t
             if take:
                 best.verdict = f"{label}: {c.text()}" + ("" if c.faster else ", the simpler is kept")
-                best = t
+                vs_ref = c if best is ref else None
+                best, checked = t, steps
             else:
                 t.verdict = f"{c.text()} vs {_precision_label(best.plan)}" + ("" if c.slower else
                                                                               ", the simpler is kept")
@@ -143,8 +146,8 @@ class _Search(SearchState):
             drift = best.loss_drift or 0.0
             self.decisions.append(
                 f"precision: {_precision_label(best.plan)}, {best.samples_per_s / ref.samples_per_s:.2f}× fp32 "
-                f"samples/s at micro-batch {best.plan.micro_batch} ({compare(best, ref, s.min_gain).text()}); its "
-                f"first {len(best.losses)} losses are within {100 * drift:.2f} % of fp32's")
+                f"samples/s at micro-batch {best.plan.micro_batch} ({(vs_ref or compare(best, ref, s.min_gain)).text()}"
+                f"); its first {checked} losses are within {100 * drift:.2f} % of fp32's")
         return best
 
     def strategy(self, best: Trial) -> Trial:
@@ -158,7 +161,7 @@ class _Search(SearchState):
         if not self.affordable("FSDP"):
             return best
         t = self.trial(best.plan.replace(strategy="fsdp"), "strategy")
-        taken, c, best = self.beats(t, best) if t.ok else (False, None, best)
+        taken, c, best, t = self.beats(t, best) if t.ok else (False, None, best, t)
         if taken:
             best.verdict = f"FSDP: {c.text()}"
             self.decisions.append(f"strategy: FSDP2 ({c.text()} samples/s per process vs DDP at micro-batch "
@@ -175,7 +178,7 @@ class _Search(SearchState):
         if not self.affordable("fused optimizer"):
             return best
         t = self.trial(best.plan.replace(fused_optimizer=True), "fused-optimizer")
-        taken, c, best = self.beats(t, best) if t.ok else (False, None, best)
+        taken, c, best, t = self.beats(t, best) if t.ok else (False, None, best, t)
         if taken:
             best.verdict = f"fused: {c.text()}"
             self.decisions.append(f"fused optimizer: on ({c.text()} samples/s)")
@@ -222,7 +225,7 @@ class _Search(SearchState):
         within = self.all_agree(t.compile_s is None or t.compile_s <= limit)
         faster, c = False, compare(t, best, s.min_gain)
         if within and c.faster and pays_back(best):  # only then is a small gain worth confirming (eager again)
-            faster, c, best = self.beats(t, best)
+            faster, c, best, t = self.beats(t, best)
         saved = s.planned_steps * (best.step_s - t.step_s)
         if not within:
             t.verdict = f"compiling took {t.compile_s:.1f} s, over the {limit:.1f} s limit"

@@ -13,6 +13,7 @@ still planned, so a short budget measures every stage briefly rather than the fi
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ from saturate.errors import ConfigError
 from saturate.plan import Plan
 from saturate.tune.decide import Comparison, compare
 from saturate.tune.noise import rate_text
+from saturate.tune.paired import paired_comparison
 from saturate.tune.report import plan_text
 from saturate.tune.results import SearchSettings
 from saturate.tune.trial import OVER_BUDGET, BudgetTooSmall, LoaderTrial, Measurer, Trial
@@ -127,10 +129,11 @@ class SearchState:
         if left is None:
             return None
         model = [t for t in self.trials if t.stage != "verify"]
-        todo = max(1, self.planned - len(model)) + (1 if self.s.verify else 0)
+        done = len(model) - sum(t.paired for t in model) / 2  # a pair of plans in alternating windows: one trial
+        todo = max(1, math.ceil(self.planned - done)) + (1 if self.s.verify else 0)
         loader = 0.0 if self.loader_trials else self.loader_settings * LOADER_TRIAL_S
         setup = max((t.seconds - t.steps * t.step_s for t in model[1:] or model  # the first also warmed up
-                     if t.ok and t.step_s and t.steps), default=0.0)
+                     if t.ok and t.step_s and t.steps and not t.paired), default=0.0)
         return max(0.0, (left - loader) / todo - setup)
 
     def measure(self, run: Callable[[], Trial]) -> Trial:
@@ -142,30 +145,68 @@ class SearchState:
         self.on_trial(t)
         return t
 
-    def beats(self, candidate: Trial, incumbent: Trial) -> tuple[bool, Comparison, Trial]:
-        """Whether `candidate` is faster than `incumbent` beyond the noise and `min_gain` — confirmed, when the gain
-        is under `CONFIRM_BELOW` or twice the noise, by measuring the incumbent again right after the candidate:
-        the candidate must beat that measurement too (a drift of the machine between the two trials moves the
-        new one with it). Returns (taken, the comparison that decided, the incumbent's latest trial: what later
-        candidates are compared with). A gain the budget has no room to confirm is not taken, and said so."""
+    def beats(self, candidate: Trial, incumbent: Trial) -> tuple[bool, Comparison, Trial, Trial]:
+        """Whether `candidate` is faster than `incumbent` beyond the noise and `min_gain`.
+
+        A comparison of two separate trials decides alone only when it is decisive: a gain of at least
+        `CONFIRM_BELOW` and twice the noise, or a loss that rules out a worthwhile gain even at twice the noise.
+        Otherwise, where the measurer can (a CPU, one process, eager plans: paired.py), both plans are timed
+        again in alternating windows and the pairs decide; elsewhere a small gain is confirmed by measuring the
+        incumbent again right after the candidate (the candidate must beat that too: a drift of the machine
+        between the two trials moves the new one with it). A gain the budget has no room to confirm is not
+        taken, and said so. Returns (taken, the comparison that decided, the incumbent's and the candidate's
+        latest trials: what later candidates are compared with)."""
         c = compare(candidate, incumbent, self.s.min_gain)
-        if not c.faster or c.gain >= max(CONFIRM_BELOW, 2 * c.noise):
-            return c.faster, c, incumbent
+        if c.faster and c.gain >= max(CONFIRM_BELOW, 2 * c.noise):
+            return True, c, incumbent, candidate
+        pairable = getattr(self.m, "can_pair", lambda a, b: False)(incumbent.plan, candidate.plan)
+        if pairable and (c.faster or c.gain + 2 * c.noise > c.min_gain):  # could still be a worthwhile gain
+            return self._pair(candidate, incumbent, c)
+        if not c.faster:
+            return False, c, incumbent, candidate
         what = plan_text(incumbent.plan)
         if not self.affordable(f"measuring {what} again to confirm a {100 * c.gain:+.1f} % gain"):
             return False, c.said(f"not confirmed: under {100 * CONFIRM_BELOW:.0f} % a gain is confirmed by "
-                                 f"measuring {what} again, and the budget had no room"), incumbent
+                                 f"measuring {what} again, and the budget had no room"), incumbent, candidate
         again = self.trial(incumbent.plan, candidate.stage)  # a trial of the stage that decides
         if not again.ok:
             again.verdict = f"{again.status}: {again.error}"
-            return False, c.said("not confirmed: measuring it again failed"), incumbent
+            return False, c.said("not confirmed: measuring it again failed"), incumbent, candidate
         c2 = compare(candidate, again, self.s.min_gain)
         first = f"{100 * c.gain:+.1f} % against its earlier trial"
         if c2.faster:
             again.verdict = f"measured again: {plan_text(candidate.plan)} still {c2.text()}"
-            return True, c2.said(f"confirmed: {first}, and against {what} measured again right after"), again
+            return True, c2.said(f"confirmed: {first}, and against {what} measured again right after"), again, \
+                candidate
         again.verdict = f"measured again to confirm {plan_text(candidate.plan)} ({first}): {c2.text()}"
-        return False, c2.said(f"not confirmed: {first}, then this against {what} measured again right after"), again
+        return False, c2.said(f"not confirmed: {first}, then this against {what} measured again right after"), \
+            again, candidate
+
+    def _pair(self, candidate: Trial, incumbent: Trial, c: Comparison) -> tuple[bool, Comparison, Trial, Trial]:
+        """`beats` when the trials were not decisive: both plans timed in alternating windows (paired.py)."""
+        first = f"{100 * c.gain:+.1f} % in separate trials"
+        other = plan_text(incumbent.plan)
+        if not self.affordable(f"timing {plan_text(candidate.plan)} and {other} in alternating windows ({first})"):
+            if c.faster:
+                return False, c.said(f"not confirmed: under {100 * CONFIRM_BELOW:.0f} % a gain is confirmed in "
+                                     "alternating windows, and the budget had no room"), incumbent, candidate
+            return False, c, incumbent, candidate
+        cap = self.window_cap()
+        pairs = self.m.paired(incumbent, candidate, candidate.stage, cap_s=None if cap is None else 2 * cap,
+                              min_gain=self.s.min_gain)
+        pairs.a.loss_drift, pairs.b.loss_drift = incumbent.loss_drift, candidate.loss_drift
+        candidate.verdict = f"{c.text()} vs {other}: not decisive, timed again with it in alternating windows"
+        for t in (pairs.a, pairs.b):
+            t.paired = True
+            self.trials.append(t)
+            self.on_trial(t)
+        if not pairs.ok:
+            for t in (pairs.a, pairs.b):
+                t.verdict = f"{t.status}: {t.error}"
+            return False, c.said("not confirmed: the alternating windows failed"), incumbent, candidate
+        p = paired_comparison(pairs.ratios, self.s.min_gain)
+        pairs.a.verdict = f"paired with {plan_text(candidate.plan)}"
+        return p.faster, p.said(f"{p.note}; {first}"), pairs.a, pairs.b
 
     def trial(self, plan: Plan, stage: str, **kw: Any) -> Trial:
         if hasattr(self.m, "deadline"):  # the measurer stops a trial whose first step predicts an overrun

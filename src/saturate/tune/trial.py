@@ -38,6 +38,7 @@ class Trial:
     steps: int = 0  # timed optimizer steps
     error: str = ""  # the first line of the error, for "oom" and "failed"
     verdict: str = ""  # set by the search: "chosen", or why it lost
+    paired: bool = False  # timed in alternating windows with another plan (paired.py), not alone
 
     @property
     def ok(self) -> bool:
@@ -58,6 +59,7 @@ class Trial:
             "compile_s": self.compile_s, "losses": self.losses or None, "loss_drift": self.loss_drift,
             "seconds": round(self.seconds, 3),
             "steps": self.steps, "error": self.error or None, "verdict": self.verdict or None,
+            "paired": self.paired or None,
         }
         return {k: v for k, v in out.items() if v is not None}  # TOML has no null
 
