@@ -179,3 +179,42 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# --- Ctrl-C reaches the commands the tests start ----------------------------------------------------------------
+# A child process inherits an ignored or blocked SIGINT, and Python then leaves it so: every later test that presses
+# Ctrl-C on a `saturate` command would wait in vain (two did, in full runs on 2026-11-23, never alone). So after each
+# test SIGINT is checked at the C level (Linux: /proc/self/status, which Python's signal.getsignal cannot see past),
+# restored when something ignored or blocked it, and the test that did it is named at the end of the session.
+_SIGINT_BIT = 1 << (2 - 1)  # signal 2, bit 1 of the masks
+_sigint_changed_by: list[str] = []
+
+
+def _sigint_masks() -> tuple[int, int] | None:
+    """(ignored, blocked) bits for SIGINT in this process's main thread; None where /proc cannot say."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+        return int(fields["SigIgn"], 16) & _SIGINT_BIT, int(fields["SigBlk"], 16) & _SIGINT_BIT
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    import signal
+    import threading
+
+    masks = _sigint_masks()
+    if masks is None or not any(masks) or threading.current_thread() is not threading.main_thread():
+        return
+    _sigint_changed_by.append(f"{item.nodeid}: SIGINT {'ignored' if masks[0] else ''}"
+                              f"{' and ' if all(masks) else ''}{'blocked' if masks[1] else ''}")
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _sigint_changed_by:
+        terminalreporter.section("SIGINT left ignored or blocked (restored after each)")
+        for line in _sigint_changed_by:
+            terminalreporter.write_line(line)

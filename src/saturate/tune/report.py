@@ -42,7 +42,7 @@ def trial_line(t: Trial | LoaderTrial, tokens_per_sample: int) -> str:
         rate = rate_text(t.samples_per_s, t.spread) if t.samples_per_s else t.status
         return (f"loader: {t.num_workers} workers, prefetch {t.prefetch_factor or '-'}, pinned "
                 f"{'yes' if t.pin_memory else 'no'}: {rate}, workers' memory {_mib(t.worker_memory_bytes)}")
-    what = f"{t.stage}: {plan_text(t.plan)}"
+    what = f"{stage_text(t)}: {plan_text(t.plan)}"
     if not t.ok:
         return f"{what}: {t.status} ({t.error})"
     tok = f", {t.samples_per_s * tokens_per_sample:,.0f} tokens/s" if tokens_per_sample > 1 else ""
@@ -53,6 +53,14 @@ def trial_line(t: Trial | LoaderTrial, tokens_per_sample: int) -> str:
 
 
 _SHORT_STAGES = {"activation-checkpointing": "checkpointing", "fused-optimizer": "fused"}
+_PAIRED_NOTE = ("paired: two plans timed again in alternating windows (A B, B A, A B and so on), which decided "
+                "between them; the outcome line says how")
+
+
+def stage_text(t: Trial, short: bool = False) -> str:
+    """The trial's stage, "(paired)" when it was timed in alternating windows with another plan (paired.py)."""
+    stage = _SHORT_STAGES.get(t.stage, t.stage) if short else t.stage
+    return f"{stage} (paired)" if t.paired else stage
 _BUSY_NOTE = "* other processes kept the machine busy during this trial (its spread shows how much it moved)"
 
 
@@ -65,10 +73,11 @@ def trials_table(trials: list[Trial], tokens_per_sample: int, memory_kind: str, 
     rows, notes = [], []
     for i, tr in enumerate(trials, 1):
         rate = rate_text(tr.samples_per_s, tr.spread, "") + ("*" if tr.contended else "")
-        rows.append([str(i), _SHORT_STAGES.get(tr.stage, tr.stage), plan_text(tr.plan), rate,
+        rows.append([str(i), stage_text(tr, short=True), plan_text(tr.plan), rate,
                      _mib(tr.peak_memory_bytes), f"{tr.seconds:.1f}"])
         notes.append(tr.verdict or (f"{tr.status}: {tr.error}" if not tr.ok else ""))
-    footer = [_BUSY_NOTE] if any(tr.contended for tr in trials) else []
+    footer = ([_BUSY_NOTE] if any(tr.contended for tr in trials) else []) + (
+        [_PAIRED_NOTE] if any(tr.paired for tr in trials) else [])
     return Grid(title, ["#", "stage", "plan", "samples/s", f"peak {memory_kind}", "trial s"], "rllrrr", rows, notes,
                 footer)
 
@@ -87,7 +96,7 @@ def _wide_trials(trials: list[Trial], tokens_per_sample: int, memory_kind: str, 
         prec = p.precision + ("+tf32" if p.tf32 else "")
         tok = tr.samples_per_s * tokens_per_sample if tr.samples_per_s and tokens_per_sample else None
         outcome = tr.verdict or (tr.status if not tr.ok else "")
-        t.add_row(str(i), tr.stage, f"{p.micro_batch}×{p.grad_accum}", prec,
+        t.add_row(str(i), stage_text(tr), f"{p.micro_batch}×{p.grad_accum}", prec,
                   *([p.strategy + (" +offload" if p.cpu_offload else "")] if several else []),
                   "on" if p.activation_checkpointing else "", "on" if p.fused_optimizer else "",
                   "" if p.compile == "none" else p.compile, _num(tr.samples_per_s),
