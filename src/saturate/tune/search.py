@@ -23,7 +23,7 @@ from collections.abc import Callable
 from saturate.errors import SaturateError
 from saturate.plan import Plan
 from saturate.tune import batch
-from saturate.tune.decide import check_verification, compare, keep_candidate
+from saturate.tune.decide import check_verification, compare, complexity, keep_candidate
 from saturate.tune.loader_stage import ladder, loader
 from saturate.tune.results import SearchResult, SearchSettings
 from saturate.tune.state import SearchState
@@ -125,9 +125,10 @@ class _Search(SearchState):
                 continue
             t.loss_drift, steps = drift, min(len(t.losses), len(ref_losses))
             take, c = keep_candidate(t, best, s.min_gain)
-            if take and c.faster:  # a small gain is confirmed (beats): in alternating windows, or measured again
+            if not c.slower:  # not decisive alone (beats): a small gain confirmed, or both timed in pairs
                 was = best
-                take, c, best, t = self.beats(t, best)
+                faster, c, best, t = self.beats(t, best)
+                take = faster or (not c.slower and complexity(t.plan) < complexity(best.plan))
                 ref = best if was is ref else ref  # the figures the decision line compares with: the latest
                 tried[-1] = t
             if take:
