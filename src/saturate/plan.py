@@ -60,6 +60,7 @@ class Plan:
     fused_optimizer: bool = False  # fused AdamW kernel where the device supports it
     strategy: str = "single"  # "single" process; "ddp" (replicas) or "fsdp" (FSDP2 shards) under torchrun
     cpu_offload: bool = False  # FSDP only: sharded parameters, gradients and optimizer state live in host RAM
+    threads: int | None = None  # torch intra-op threads (CPU work); None: torch's default, one per core
     name: str = ""  # a label for reports ("naive", "a6000-after", "tuned", ...)
     provenance: dict[str, Any] = field(default_factory=dict)  # where the plan came from (free-form)
 
@@ -75,6 +76,8 @@ class Plan:
                 raise ConfigError(f"plan.prefetch_factor must be >= 1, got {self.prefetch_factor}")
             if self.num_workers == 0:
                 raise ConfigError("plan.prefetch_factor needs plan.num_workers > 0 (got num_workers = 0)")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"plan.threads must be >= 1, got {self.threads}")
         if self.persistent_workers and self.num_workers == 0:
             raise ConfigError("plan.persistent_workers needs plan.num_workers > 0")
         _check_choice("precision", self.precision, PRECISIONS)
@@ -106,8 +109,9 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        if out["prefetch_factor"] is None:
-            del out["prefetch_factor"]  # TOML has no null
+        for key in ("prefetch_factor", "threads"):
+            if out[key] is None:
+                del out[key]  # TOML has no null
         return out
 
     @classmethod

@@ -56,7 +56,7 @@ def test_tables_fit_80_columns_and_cut_nothing():
         assert piece in text
     assert "12,346 ±12.3 %*" in text and "other processes kept the machine busy" in words
     assert "→ chosen" in text and "allocated)" in words  # outcomes on lines of their own, whole
-    assert "checkpointing (paired)" in text and "timed again in alternating windows" in words
+    assert "checkpointing ⇄" in text and "⇄ paired: two plans timed again in alternating windows" in words
 
 
 def test_wide_tables_show_every_figure():

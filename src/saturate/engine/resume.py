@@ -247,6 +247,10 @@ def choose_plan(plan: Plan | None, state: dict[str, Any] | None, workload: Workl
         if cached is not None:
             notes.append(f"using the plan tuned for {workload.name} on this machine "
                          f"({cached.provenance.get('tuned_at', 'date unknown')}); --no-tuned ignores it")
+            if cached.threads is not None:  # a count chosen for a busy machine (tune/search.py `threads`)
+                notes.append(f"the tuned plan uses {cached.threads} intra-op thread(s) "
+                             f"({cached.provenance.get('threads', 'set in the plan')}); on a quieter machine, tune "
+                             "again or use --no-tuned")
             return cached
     plan, coupled = workload_default_plan(workload, hw.device_type, hw.supports, world)
     if coupled:

@@ -76,6 +76,16 @@ class Adaptation:
     reason: str
 
 
+DEFAULT_THREADS = torch.get_num_threads()  # the process's intra-op threads before any plan set them
+
+
+def use_threads(n: int | None) -> None:
+    """torch's intra-op threads for a plan: `n`, or the process's default for None (process-wide, like TF32)."""
+    want = n or DEFAULT_THREADS
+    if torch.get_num_threads() != want:
+        torch.set_num_threads(want)
+
+
 class Stepper:
     """Model, optimizer and precision for one plan, and `step()` to run one optimizer step."""
 
@@ -95,6 +105,7 @@ class Stepper:
                               "train its own model; use strategy 'ddp' or 'fsdp'")
         self.adapt_oom = adapt_oom
         set_tf32(plan.tf32)
+        use_threads(plan.threads)
         self.precision: Precision = make_precision(plan.precision, device.type)
         model = workload.build_model()
         if plan.activation_checkpointing:
@@ -138,6 +149,7 @@ class Stepper:
 
     def step(self, batches: Iterator[Any], timer: Timer | None = None) -> None:
         """One optimizer step over `plan.grad_accum` loader batches of `plan.micro_batch` samples."""
+        use_threads(self.plan.threads)  # process-wide: another plan's Stepper may have run in between (paired.py)
         timer = timer or _no_timer
         fetched: list[Any] = []
         if self.strategy == "ddp":

@@ -147,6 +147,7 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
             "verified_peak_memory_bytes": result.chosen.peak_memory_bytes} if verify else {}),
         "memory_kind": measurer.memory_kind,
         "evidence": str(out_dir / "tune.json"),  # the trials and decisions; plan.toml keeps the settings short
+        **{k: v for k, v in result.plan.provenance.items() if k == "threads"},  # why fewer threads (a busy machine)
     })
     result.plan = plan
     json_path, plan_path = out_dir / "tune.json", out_dir / "plan.toml"

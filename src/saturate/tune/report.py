@@ -33,7 +33,8 @@ def plan_text(p: Plan) -> str:
     compiled = "" if p.compile == "none" else " compiled" if p.compile == "default" else f" {p.compile}"
     return (f"{p.micro_batch}×{p.grad_accum} {p.precision}{'+tf32' if p.tf32 else ''}"
             f"{' AC' if p.activation_checkpointing else ''}{' fused' if p.fused_optimizer else ''}{compiled}"
-            f"{'' if p.strategy == 'single' else ' ' + p.strategy}{'+offload' if p.cpu_offload else ''}")
+            f"{'' if p.strategy == 'single' else ' ' + p.strategy}{'+offload' if p.cpu_offload else ''}"
+            f"{'' if p.threads is None else f' {p.threads} thread' + ('s' if p.threads > 1 else '')}")
 
 
 def trial_line(t: Trial | LoaderTrial, tokens_per_sample: int) -> str:
@@ -53,14 +54,16 @@ def trial_line(t: Trial | LoaderTrial, tokens_per_sample: int) -> str:
 
 
 _SHORT_STAGES = {"activation-checkpointing": "checkpointing", "fused-optimizer": "fused"}
-_PAIRED_NOTE = ("paired: two plans timed again in alternating windows (A B, B A, A B and so on), which decided "
+_PAIRED_NOTE = ("⇄ paired: two plans timed again in alternating windows (A B, B A, A B and so on), which decided "
                 "between them; the outcome line says how")
 
 
 def stage_text(t: Trial, short: bool = False) -> str:
-    """The trial's stage, "(paired)" when it was timed in alternating windows with another plan (paired.py)."""
-    stage = _SHORT_STAGES.get(t.stage, t.stage) if short else t.stage
-    return f"{stage} (paired)" if t.paired else stage
+    """The trial's stage, marked when it was timed in alternating windows with another plan (paired.py):
+    "(paired)", or "⇄" in the 80-column table (its footer says what it means)."""
+    if short:
+        return _SHORT_STAGES.get(t.stage, t.stage) + (" ⇄" if t.paired else "")
+    return f"{t.stage} (paired)" if t.paired else t.stage
 _BUSY_NOTE = "* other processes kept the machine busy during this trial (its spread shows how much it moved)"
 
 

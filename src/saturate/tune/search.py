@@ -20,6 +20,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
+from saturate.engine.step import DEFAULT_THREADS
 from saturate.errors import SaturateError
 from saturate.plan import Plan
 from saturate.tune import batch
@@ -98,6 +99,7 @@ class _Search(SearchState):
                                   "without it")
         if not ref.ok:
             raise SaturateError(f"the workload fails to train at fp32, micro-batch {ref.plan.micro_batch}: {ref.error}")
+        ref = self.threads(ref)
 
         options = []
         if s.supports.get("bf16"):
@@ -150,6 +152,38 @@ class _Search(SearchState):
                 f"samples/s at micro-batch {best.plan.micro_batch} ({(vs_ref or compare(best, ref, s.min_gain)).text()}"
                 f"); its first {checked} losses are within {100 * drift:.2f} % of fp32's")
         return best
+
+    def threads(self, ref: Trial) -> Trial:
+        """On a CPU that other processes keep busy, fewer intra-op threads than cores: torch's threads wait for each
+        other at every parallel region, so one preempted by another process stalls them all (gpt-tiny on 2 cores
+        with a busy loop on one: 15-23 samples/s with 2 threads, 38 with 1; bench/trust.py, 2026-11-23). Tried at
+        the first trial's settings only when that trial saw the machine busy; the rest of the search keeps the
+        count taken. In one process only (several ranks share the cores by another rule)."""
+        if self.m.device_type != "cpu" or self.s.world_size > 1 or ref.plan.threads is not None:
+            return ref
+        using = DEFAULT_THREADS
+        if not (ref.contended and ref.busy_cores):
+            self.decisions.append(f"threads: torch's {using} (the machine was quiet during the first trial)")
+            return ref
+        free = max(1, self.m.cores - math.ceil(ref.busy_cores - 0.25))  # the cores other processes left
+        if free >= using:
+            self.decisions.append(f"threads: torch's {using} (other processes kept {ref.busy_cores:.1f} cores busy, "
+                                  f"leaving {free})")
+            return ref
+        if not self.affordable(f"{free} thread{'s' if free > 1 else ''}"):
+            return ref
+        t = self.trial(ref.plan.replace(threads=free), "threads")
+        taken, c, ref, t = self.beats(t, ref) if t.ok else (False, None, ref, t)
+        busy = f"other processes kept {ref.busy_cores or t.busy_cores or 0:.1f} of {self.m.cores} cores busy"
+        if taken:
+            ref.verdict = f"{free} threads: {c.text()}"
+            self.decisions.append(f"threads: {free} of {using} ({busy}; {c.text()}); a plan for a machine this "
+                                  "busy — on a quiet one, tune again")
+            t.plan.provenance["threads"] = f"chosen while {busy}"
+            return t
+        t.verdict = f"{t.status}: {t.error}" if c is None else f"{c.text()} vs {using} threads"
+        self.decisions.append(f"threads: torch's {using} ({busy}; {free} measured {t.verdict})")
+        return ref
 
     def strategy(self, best: Trial) -> Trial:
         """Several processes: DDP (replicas) against FSDP2 (shards) at the chosen micro-batch, the faster wins.

@@ -1,0 +1,98 @@
+"""Intra-op threads as a knob: fewer than the cores when other processes keep some busy (tune/search.py `threads`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_search import FakeMachine, GiB, linear_memory, settings
+from torch.utils.data import default_collate
+
+from saturate.engine.resume import choose_plan
+from saturate.engine.step import DEFAULT_THREADS, Stepper, use_threads
+from saturate.errors import ConfigError
+from saturate.plan import Plan
+from saturate.tune import cache
+from saturate.tune.search import search
+from saturate.tune.trial import Trial
+from saturate.workloads import build_workload
+
+
+def test_a_plan_keeps_its_threads_through_toml_and_refuses_fewer_than_one(tmp_path):
+    with pytest.raises(ConfigError, match="plan.threads must be >= 1"):
+        Plan(threads=0)
+    Plan(threads=1).save(tmp_path / "one.toml")
+    Plan().save(tmp_path / "default.toml")
+    assert Plan.load(tmp_path / "one.toml").threads == 1
+    assert Plan.load(tmp_path / "default.toml").threads is None
+    assert "threads" not in (tmp_path / "default.toml").read_text()  # TOML has no null
+
+
+def test_a_stepper_runs_with_its_plans_threads_and_gives_the_default_back(small_corpus, cpu):
+    if DEFAULT_THREADS < 2:
+        pytest.skip("one intra-op thread by default: nothing to lower")
+    workload = build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=2, warmup_steps=1)
+    one = Stepper(workload, Plan(micro_batch=2, threads=1), torch.device("cpu"), 1e-3, compile=False)
+    assert torch.get_num_threads() == 1
+    default = Stepper(workload, Plan(micro_batch=2), torch.device("cpu"), 1e-3, compile=False)
+    assert torch.get_num_threads() == DEFAULT_THREADS
+    batches = iter([default_collate([workload.train_data[0], workload.train_data[1]])] * 2)
+    one.step(batches)  # each step sets its plan's count: another plan's Stepper may have run in between
+    assert torch.get_num_threads() == 1
+    default.step(batches)
+    assert torch.get_num_threads() == DEFAULT_THREADS
+    use_threads(None)
+
+
+class BusyCPU(FakeMachine):
+    """A CPU with `cores` cores whose trials see other processes keeping `busy` cores busy; `fewer` threads run at
+    `speedup`× the default's samples/s."""
+
+    def __init__(self, busy: float, speedup: float, cores: int = 2) -> None:
+        super().__init__(speed=lambda p: 100.0 * (speedup if p.threads else 1.0), memory=linear_memory(GiB, GiB / 100),
+                         device_type="cpu", cores=cores, spread=0.01)
+        self.busy = busy
+
+    def model_trial(self, plan: Plan, stage: str, **kw) -> Trial:
+        t = super().model_trial(plan, stage, **kw)
+        t.busy_cores, t.contended = self.busy, self.busy > 0.25
+        return t
+
+
+def _tune(machine: FakeMachine):
+    return search(machine, Plan(), settings(effective_batch=8, try_compile=False, supports={}, fused_available=False))
+
+
+@pytest.mark.skipif(DEFAULT_THREADS < 2, reason="one intra-op thread by default: nothing to lower")
+def test_a_busy_machine_trains_with_the_threads_the_others_leave_when_that_is_faster():
+    busy = BusyCPU(busy=1.0, speedup=2.5, cores=DEFAULT_THREADS)
+    result = _tune(busy)
+    free = DEFAULT_THREADS - 1
+    assert result.plan.threads == free and all(p.threads == free for p in busy.tried[2:])  # the rest at that count
+    line = next(d for d in result.decisions if d.startswith("threads"))
+    assert f"threads: {free} of {DEFAULT_THREADS}" in line and "kept 1.0 of" in line and "tune again" in line
+    assert "chosen while other processes kept 1.0" in result.plan.provenance["threads"]
+
+    no_gain = _tune(BusyCPU(busy=1.0, speedup=0.9, cores=DEFAULT_THREADS))
+    assert no_gain.plan.threads is None
+    assert "measured" in next(d for d in no_gain.decisions if d.startswith("threads"))
+
+
+def test_a_quiet_machine_keeps_torchs_threads_without_a_trial():
+    quiet = BusyCPU(busy=0.0, speedup=2.5, cores=DEFAULT_THREADS)
+    result = _tune(quiet)
+    assert result.plan.threads is None and not any(p.threads for p in quiet.tried)
+    assert "the machine was quiet" in next(d for d in result.decisions if d.startswith("threads"))
+    gpu = FakeMachine(speed=lambda p: 100.0, memory=linear_memory(GiB, GiB / 100))  # not a CPU: no threads stage
+    assert not any(d.startswith("threads") for d in _tune(gpu).decisions)
+
+
+def test_training_with_a_cached_plan_of_fewer_threads_says_why(small_corpus, cpu):
+    workload = build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=8)
+    tuned = Plan(micro_batch=8, threads=1, name="tuned",
+                 provenance={"threads": "chosen while other processes kept 1.0 of 2 cores busy"})
+    cache.store(tuned, workload, cpu.fingerprint())
+    notes: list[str] = []
+    plan = choose_plan(None, None, workload, cpu, True, notes)
+    assert plan.threads == 1
+    assert any("1 intra-op thread(s) (chosen while other processes kept 1.0 of 2 cores busy)" in n and
+               "tune again" in n for n in notes)
