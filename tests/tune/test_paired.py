@@ -184,3 +184,16 @@ def test_a_lower_precision_within_the_noise_is_timed_in_pairs_not_dropped_as_the
     kept = search(no_pairs, Plan(), settings(effective_batch=8, try_compile=False, supports={"bf16": True},
                                              fused_available=False))
     assert kept.plan.precision == "fp32"  # within the noise and less simple: kept out, as before
+
+
+def test_pairs_the_budget_cannot_hold_are_not_started():
+    a = Trial(stage="x", plan=Plan(micro_batch=8, grad_accum=4), step_s=2.0, steps=3, seconds=8.0)
+    b = Trial(stage="x", plan=Plan(micro_batch=16, grad_accum=2), step_s=0.1, steps=30, seconds=4.0)
+    assert paired.predicted_seconds(a, b) == pytest.approx(2.0 + 1.0 + 6 * (2.0 + 0.5))
+    true = {1: 40.0, 2: 60.0, 4: 75.0, 8: 80.0, 16: 86.4, 32: 80.0}  # 16: +8 % alone
+    machine = PairingMachine(solo=lambda p, n: true[p.micro_batch], side_by_side=_rates(true), spread=0.01,
+                             trial_seconds=20.0)
+    result = search(machine, Plan(), settings(effective_batch=32, try_compile=False, supports={},
+                                              fused_available=False, budget_s=60.0))
+    assert not machine.pairs and result.plan.micro_batch == 8  # a small gain it could not confirm: not taken
+    assert any("alternating windows" in s and "the budget had" in s for s in result.skipped)

@@ -67,6 +67,19 @@ def median_interval(ratios: list[float], confidence: float = CONFIDENCE) -> tupl
     return s[k - 1], s[n - k]
 
 
+def predicted_seconds(a: Trial, b: Trial) -> float:
+    """What timing `a` and `b` in pairs is predicted to take at the least, from their trials: building and warming
+    up each (its trial's time beyond its timed steps), then `MIN_PAIRS` pairs of windows (each at least
+    `WINDOW_S`, and at least one step)."""
+    def window(t: Trial) -> float:
+        return max(WINDOW_S, t.step_s or 0.0)
+
+    def setup(t: Trial) -> float:
+        return max(0.0, t.seconds - t.steps * (t.step_s or 0.0))
+
+    return setup(a) + setup(b) + MIN_PAIRS * (window(a) + window(b))
+
+
 @dataclass
 class Pairs:
     """What alternating windows measured: each plan's trial (its windows) and the per-pair ratios B ÷ A."""

@@ -176,7 +176,7 @@ class _Search(SearchState):
         taken, c, ref, t = self.beats(t, ref) if t.ok else (False, None, ref, t)
         busy = f"other processes kept {ref.busy_cores or t.busy_cores or 0:.1f} of {self.m.cores} cores busy"
         if taken:
-            ref.verdict = f"{free} threads: {c.text()}"
+            ref.verdict = f"{free} thread{'s' if free > 1 else ''}: {c.text()}"
             self.decisions.append(f"threads: {free} of {using} ({busy}; {c.text()}); a plan for a machine this "
                                   "busy — on a quiet one, tune again")
             t.plan.provenance["threads"] = f"chosen while {busy}"

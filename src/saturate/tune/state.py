@@ -22,7 +22,7 @@ from saturate.errors import ConfigError
 from saturate.plan import Plan
 from saturate.tune.decide import Comparison, compare
 from saturate.tune.noise import rate_text
-from saturate.tune.paired import paired_comparison
+from saturate.tune.paired import paired_comparison, predicted_seconds
 from saturate.tune.report import plan_text
 from saturate.tune.results import SearchSettings
 from saturate.tune.trial import OVER_BUDGET, BudgetTooSmall, LoaderTrial, Measurer, Trial
@@ -94,13 +94,14 @@ class SearchState:
         loader and a validation pass); none when the caller measures the plan instead (`SearchSettings.verify`)."""
         return 1.25 * self.longest() if self.s.verify else 0.0
 
-    def affordable(self, what: str, loader: bool = False) -> bool:
-        """Whether the budget still holds one more trial as long as the longest of its kind so far, and
-        then the verification (predicted as long as the longest model trial)."""
+    def affordable(self, what: str, loader: bool = False, need: float | None = None) -> bool:
+        """Whether the budget still holds one more trial as long as the longest of its kind so far (or `need`
+        seconds), and then the verification (predicted as long as the longest model trial)."""
         left = self.remaining()
         if left is None:
             return True
-        need = max((t.seconds for t in self.loader_trials), default=0.0) if loader else self.longest()
+        if need is None:
+            need = max((t.seconds for t in self.loader_trials), default=0.0) if loader else self.longest()
         # Several processes: each rank's clock decides, and all must take the same branch.
         if self.all_agree(not self.budget_spent and left >= need + self.verifying()):
             return True
@@ -186,7 +187,8 @@ class SearchState:
         """`beats` when the trials were not decisive: both plans timed in alternating windows (paired.py)."""
         first = f"{100 * c.gain:+.1f} % in separate trials"
         other = plan_text(incumbent.plan)
-        if not self.affordable(f"timing {plan_text(candidate.plan)} and {other} in alternating windows ({first})"):
+        if not self.affordable(f"timing {plan_text(candidate.plan)} and {other} in alternating windows ({first})",
+                               need=predicted_seconds(incumbent, candidate)):
             if c.faster:
                 return False, c.said(f"not confirmed: under {100 * CONFIRM_BELOW:.0f} % a gain is confirmed in "
                                      "alternating windows, and the budget had no room"), incumbent, candidate
