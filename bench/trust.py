@@ -92,6 +92,19 @@ def describe(p: Plan) -> str:
             f"w{p.num_workers}{' ' + p.compile if p.compile != 'none' else ''}")
 
 
+def parse_plan(text: str, effective_batch: int) -> Plan:
+    """The plan `describe` wrote ("32×1 bf16 fused w2"), as the grid builds it."""
+    import re
+
+    m = re.fullmatch(r"(\d+)[x×](\d+) (fp32|bf16|fp16)( fused)? w(\d+)", text.strip())
+    if m is None or int(m[1]) * int(m[2]) != effective_batch:
+        raise SystemExit(f"--grid-best {text!r}: expected e.g. '32×1 bf16 w0' with micro × accumulation = "
+                         f"{effective_batch}")
+    w = int(m[5])
+    return Plan(micro_batch=int(m[1]), grad_accum=int(m[2]), precision=m[3], fused_optimizer=bool(m[4]),
+                num_workers=w, prefetch_factor=2 if w else None, persistent_workers=w > 0, name="grid best")
+
+
 def grid(workload: Any, hw: Any, loader_workers: int, seed: int) -> tuple[Plan, float]:
     """The fastest point of a small exhaustive grid, one verify-style measurement each."""
     measurer = RealMeasurer(workload, hw, seed=seed)
@@ -185,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="steps of the saturate run / untuned train job (default 150)")
     ap.add_argument("--conditions", default="quiet,loaded", help="quiet, loaded or both (default)")
     ap.add_argument("--no-grid", action="store_true", help="skip the exhaustive grid")
+    ap.add_argument("--grid-best", metavar="PLAN",
+                    help="the grid's best from an earlier run, as its JSON says it (\"32×1 bf16 w0\"): not measured "
+                         "again, still measured side by side with the tunes")
     ap.add_argument("--no-choices", action="store_true",
                     help="skip part 1 (the tunes' stable choices): only the before/after and the run's wall time")
     ap.add_argument("--effective-batch", type=int, help="the preset's effective batch (default: the preset's)")
@@ -207,7 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="saturate-trust-") as tmp_name:
         tmp = Path(tmp_name)
         grid_best = None
-        if not args.no_grid:
+        if args.grid_best:
+            grid_best = parse_plan(args.grid_best, workload.optim.effective_batch)
+            result["grid_best"] = {"plan": describe(grid_best), "samples_per_s": None, "given": True}
+        elif not args.no_grid:
             first = tune(workload, hw, budget_s=args.budget, planned_steps=args.run_steps, out_dir=tmp / "tune-g",
                          seed=args.seed, console=QUIET, use_cache=False)
             grid_best, rate = grid(workload, hw, first.plan.num_workers, args.seed)
