@@ -35,6 +35,7 @@ import contextlib
 import dataclasses
 import itertools
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -67,13 +68,18 @@ def condition(name: str) -> Iterator[None]:
     if name == "quiet":
         yield
         return
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # Started through a shell that exits at once, so the loop is not our descendant: saturate counts its own
+    # process tree (loader workers, compiler workers) as its own use, and another job on a shared machine is not
+    # in it. (Until 2026-11-23 the loop was our child, so every loaded run measured the load as saturate's own.)
+    out = subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+                         capture_output=True, text=True, check=True)
+    pid = int(out.stdout.strip())
     try:
         time.sleep(1.0)  # let it take its core
         yield
     finally:
-        hog.kill()
-        hog.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
@@ -89,20 +95,22 @@ def fresh_plan_cache(folder: Path) -> Iterator[None]:
 
 def describe(p: Plan) -> str:
     return (f"{p.micro_batch}×{p.grad_accum} {p.precision}{' fused' if p.fused_optimizer else ''} "
-            f"w{p.num_workers}{' ' + p.compile if p.compile != 'none' else ''}")
+            f"w{p.num_workers}{' ' + p.compile if p.compile != 'none' else ''}"
+            f"{'' if p.threads is None else f' t{p.threads}'}")
 
 
 def parse_plan(text: str, effective_batch: int) -> Plan:
     """The plan `describe` wrote ("32×1 bf16 fused w2"), as the grid builds it."""
     import re
 
-    m = re.fullmatch(r"(\d+)[x×](\d+) (fp32|bf16|fp16)( fused)? w(\d+)", text.strip())
+    m = re.fullmatch(r"(\d+)[x×](\d+) (fp32|bf16|fp16)( fused)? w(\d+)( t\d+)?", text.strip())
     if m is None or int(m[1]) * int(m[2]) != effective_batch:
         raise SystemExit(f"--grid-best {text!r}: expected e.g. '32×1 bf16 w0' with micro × accumulation = "
                          f"{effective_batch}")
     w = int(m[5])
     return Plan(micro_batch=int(m[1]), grad_accum=int(m[2]), precision=m[3], fused_optimizer=bool(m[4]),
-                num_workers=w, prefetch_factor=2 if w else None, persistent_workers=w > 0, name="grid best")
+                num_workers=w, prefetch_factor=2 if w else None, persistent_workers=w > 0, name="grid best",
+                threads=int(m[6][2:]) if m[6] else None)
 
 
 def grid(workload: Any, hw: Any, loader_workers: int, seed: int) -> tuple[Plan, float]:
@@ -201,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grid-best", metavar="PLAN",
                     help="the grid's best from an earlier run, as its JSON says it (\"32×1 bf16 w0\"): not measured "
                          "again, still measured side by side with the tunes")
+    ap.add_argument("--no-before-after", action="store_true", help="skip part 2 (the before/after and wall time)")
     ap.add_argument("--no-choices", action="store_true",
                     help="skip part 1 (the tunes' stable choices): only the before/after and the run's wall time")
     ap.add_argument("--effective-batch", type=int, help="the preset's effective batch (default: the preset's)")
@@ -235,18 +244,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"## {c}", flush=True)
             with condition(c):
                 out = {"choices": None if args.no_choices else stable_choices(workload, hw, args, tmp / c, grid_best),
-                       "before_after": before_after(workload, hw, args, tmp / c)}
+                       "before_after": None if args.no_before_after else before_after(workload, hw, args, tmp / c)}
             result["conditions"][c] = out
     rows = []
     for c, out in result["conditions"].items():
-        ch, ba = out["choices"] or {"largest_over_smallest": None, "vs_grid_best": {}, "tunes": []}, out["before_after"]
+        ch = out["choices"] or {"largest_over_smallest": None, "vs_grid_best": {}, "tunes": []}
+        ba = out["before_after"] or {"printed_speedup": None, "independent_speedup": None, "mfu_max": None,
+                                     "run_wall_s": None}
         rows.append([c, f"{ch['largest_over_smallest']:.3f}" if ch["largest_over_smallest"] else "-",
                      ", ".join(f"{v['median']:.3f}" for v in ch["vs_grid_best"].values() if v) or "-",
                      f"{max(t['over_budget'] for t in ch['tunes']):.2f}" if ch["tunes"] else "-",
                      f"{ba['printed_speedup']['median']:.2f} / {ba['independent_speedup']['median']:.2f}"
                      if ba["printed_speedup"] and ba["independent_speedup"] else "-",
                      f"{ba['mfu_max']:.1%}" if ba["mfu_max"] is not None else "-",
-                     f"{ba['run_wall_s']:.0f} / {ba['untuned_train_wall_s']:.0f} = {ba['run_over_untuned']:.2f}"])
+                     f"{ba['run_wall_s']:.0f} / {ba['untuned_train_wall_s']:.0f} = {ba['run_over_untuned']:.2f}"
+                     if ba["run_wall_s"] is not None else "-"])
     bench.print_table(f"trust: {args.preset}, {time.monotonic() - started:.0f} s in all", [
         "condition", "tuned max/min (≤1.05)", "tuned ÷ grid best (≥0.95)", "tune s ÷ budget (≤1.1)",
         "speed-up printed / independent (±10 %)", "max MFU (≤100 %)", "run s / untuned s (≤1.1)"], rows,

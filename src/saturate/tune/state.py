@@ -167,8 +167,9 @@ class SearchState:
             return False, c, incumbent, candidate
         what = plan_text(incumbent.plan)
         if not self.affordable(f"measuring {what} again to confirm a {100 * c.gain:+.1f} % gain"):
-            return False, c.said(f"not confirmed: under {100 * CONFIRM_BELOW:.0f} % a gain is confirmed by "
-                                 f"measuring {what} again, and the budget had no room"), incumbent, candidate
+            return False, c.said(f"not confirmed: a gain under {100 * CONFIRM_BELOW:.0f} % or twice the noise is "
+                                 f"confirmed by measuring {what} again, and the budget had no room"), incumbent, \
+                candidate
         again = self.trial(incumbent.plan, candidate.stage)  # a trial of the stage that decides
         if not again.ok:
             again.verdict = f"{again.status}: {again.error}"
@@ -190,8 +191,9 @@ class SearchState:
         if not self.affordable(f"timing {plan_text(candidate.plan)} and {other} in alternating windows ({first})",
                                need=predicted_seconds(incumbent, candidate)):
             if c.faster:
-                return False, c.said(f"not confirmed: under {100 * CONFIRM_BELOW:.0f} % a gain is confirmed in "
-                                     "alternating windows, and the budget had no room"), incumbent, candidate
+                return False, c.said(f"not confirmed: a gain under {100 * CONFIRM_BELOW:.0f} % or twice the noise "
+                                     "is confirmed in alternating windows, and the budget had no room"), \
+                    incumbent, candidate
             return False, c, incumbent, candidate
         cap = self.window_cap()
         pairs = self.m.paired(incumbent, candidate, candidate.stage, cap_s=None if cap is None else 2 * cap,
