@@ -142,11 +142,11 @@ def measure_pairs(m: RealMeasurer, a: Trial, b: Trial, stage: str, *, cap_s: flo
             stepper = Stepper(m.workload, solo.plan, m.device, m.workload.optim.lr, notes=[], compile=False,
                               adapt_oom=False, dist=m.dist)
             batches = m._cycled_batches(solo.plan)
-            for _ in range(m.warmup):
+            side = _Side(own, stepper, batches, max(1, round(window_s / solo.step_s)) if solo.step_s else 1)
+            for _ in range(m.warmup):  # its losses kept, as a trial's are: step for step comparable with them
                 m._step(stepper, batches)
-                stepper.take_loss_sum()
-            steps = max(1, round(window_s / solo.step_s)) if solo.step_s else 1
-            sides.append(_Side(own, stepper, batches, steps))
+                side.losses.append(stepper.take_loss_sum())
+            sides.append(side)
             own.peak_memory_bytes = solo.peak_memory_bytes
         synchronize(m.device)
         timed = 0.0
@@ -167,7 +167,7 @@ def measure_pairs(m: RealMeasurer, a: Trial, b: Trial, stage: str, *, cap_s: flo
                 break
         for side in sides:
             m._summarise(side.trial, side.trial.plan, side.rates)
-            side.trial.steps = len(side.losses)
+            side.trial.steps = len(side.losses) - m.warmup  # timed steps
             side.trial.losses = [round(float(v), 5) for v in torch.stack(side.losses).tolist()]
     except Exception as e:
         for t in (out.a, out.b):

@@ -99,7 +99,8 @@ class _Search(SearchState):
                                   "without it")
         if not ref.ok:
             raise SaturateError(f"the workload fails to train at fp32, micro-batch {ref.plan.micro_batch}: {ref.error}")
-        ref = self.threads(ref)
+        ref_losses = ref.losses  # fp32's own losses, from its first steps (a paired trial's start later; threads
+        ref = self.threads(ref)  # change no maths beyond the order of sums)
 
         options = []
         if s.supports.get("bf16"):
@@ -108,7 +109,7 @@ class _Search(SearchState):
             options.append(ref.plan.replace(precision="fp16", tf32=bool(s.supports.get("tf32"))))
         if s.supports.get("tf32") and self.m.device_type == "cuda":
             options.append(ref.plan.replace(tf32=True))
-        best, tried, ref_losses = ref, [], ref.losses  # fp32's own losses (a paired trial's run on further)
+        best, tried = ref, []
         checked, vs_ref = 0, None  # over how many steps the kept precision's losses were checked; its comparison
         for plan in options:
             label = _precision_label(plan)
