@@ -293,6 +293,15 @@ def test_other_processes_on_our_cores_make_the_verdict_contended_not_the_workloa
     assert quiet.verdict == "overhead-bound"
 
 
+def test_a_busy_cpu_run_is_told_that_fewer_threads_may_help_and_that_it_was_not_measured():
+    d = decide(measured(cpu_threads=2, cpu_cores=2, contention=_busy(other_cores=1.2)))
+    said = [e for e in d.evidence if "intra-op threads wait for one another" in e]
+    assert d.verdict == "contended" and len(said) == 1
+    assert "torch.set_num_threads(1)" in said[0] and said[0].endswith("not measured in this run") and d.fixes == []
+    one = decide(measured(cpu_threads=1, cpu_cores=2, contention=_busy(other_cores=1.2)))
+    assert not any("intra-op threads wait" in e for e in one.evidence)  # one thread already: nothing to lower
+
+
 def test_memory_risks_still_win_over_contention():
     assert decide(measured(swap_bytes=1024**3, contention=_busy())).verdict == "host-memory-bound"
 

@@ -316,6 +316,13 @@ def _check_contention(m: Measurements) -> Finding | None:
         evidence = [m.contention.get("line") or "other processes were using this machine while it was measured",
                     "the timings include the neighbours' share, so they do not describe this workload alone: no fix "
                     "is proposed from them; run the doctor again when the machine is quieter"]
+        busy = m.contention.get("other_cores") or 0.0
+        if not m.accelerator and m.cpu_threads and m.cpu_threads > 1 and busy >= 0.5 and not own:
+            fewer = max(1, min(m.cpu_threads - 1, int((m.cpu_cores or m.cpu_threads) - busy + 0.25)))
+            own = (f"torch's {m.cpu_threads} intra-op threads wait for one another at every parallel region, so one "
+                   f"that a neighbour preempts stalls them all: on a CPU this busy, fewer threads can be much faster "
+                   f"(torch.set_num_threads({fewer}), or `threads = {fewer}` in a plan; `saturate tune` measures it "
+                   "when the machine is busy) — not measured in this run")
         return Finding("contended", evidence + ([own] if own else []), [])
     return Finding("note", [own]) if own else None
 
