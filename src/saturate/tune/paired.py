@@ -147,7 +147,7 @@ def measure_pairs(m: RealMeasurer, a: Trial, b: Trial, stage: str, *, cap_s: flo
                 m._step(stepper, batches)
                 side.losses.append(stepper.take_loss_sum())
             sides.append(side)
-            own.peak_memory_bytes = solo.peak_memory_bytes
+            own.peak_memory_bytes = solo.peak_memory_bytes  # its own trial's: with two plans held, not separable
         synchronize(m.device)
         timed = 0.0
         for i in range(MAX_PAIRS):
