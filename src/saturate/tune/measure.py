@@ -25,7 +25,7 @@ from saturate.hardware import synchronize
 from saturate.hardware.contention import ContentionMeter
 from saturate.plan import Plan
 from saturate.tune.noise import WindowRule, default_rule
-from saturate.tune.paired import Pairs, measure_pairs
+from saturate.tune.paired import Pairing
 from saturate.tune.process import (
     CompileScope,
     CompileTimeLimit,
@@ -41,7 +41,7 @@ from saturate.tune.trial import OVER_BUDGET, LoaderTrial, OverBudget, Trial, fir
 from saturate.workloads.base import Workload
 
 
-class RealMeasurer:
+class RealMeasurer(Pairing):
     """Trials on this machine with saturate's own Stepper (the code that will train).
 
     Under torchrun (`dist` with several processes) every rank runs every trial together, with the
@@ -302,16 +302,6 @@ class RealMeasurer:
                 yield from held
 
         return cycle()
-
-    # --- paired comparisons (paired.py) ---------------------------------------------------------
-
-    def can_pair(self, a: Plan, b: Plan) -> bool:
-        """Whether two plans can be timed in alternating windows here: on a CPU, in one process, both eager."""
-        return self.device.type == "cpu" and self.dist.world_size == 1 and a.compile == b.compile == "none"
-
-    def paired(self, a: Trial, b: Trial, stage: str, *, cap_s: float | None, min_gain: float) -> Pairs:
-        """`a`'s and `b`'s plans built together and timed in alternating windows (paired.measure_pairs)."""
-        return measure_pairs(self, a, b, stage, cap_s=cap_s, min_gain=min_gain)
 
     # --- loader trials --------------------------------------------------------------------------
 

@@ -25,20 +25,18 @@ import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from saturate.engine.step import Stepper
 from saturate.hardware import synchronize
 from saturate.hardware.contention import ContentionMeter
+from saturate.plan import Plan
 from saturate.tune.decide import Comparison
 from saturate.tune.noise import SHORT_TRIALS_ENV
 from saturate.tune.process import release
 from saturate.tune.trial import Trial, first_line, is_oom
-
-if TYPE_CHECKING:
-    from saturate.tune.measure import RealMeasurer
 
 MIN_PAIRS = 6  # the fewest pairs a decision rests on (six pairs all one way: 97 % confidence)
 MAX_PAIRS = 24
@@ -122,12 +120,13 @@ class _Side:
     losses: list[torch.Tensor] = field(default_factory=list)
 
 
-def measure_pairs(m: RealMeasurer, a: Trial, b: Trial, stage: str, *, cap_s: float | None,
+def measure_pairs(m: Any, a: Trial, b: Trial, stage: str, *, cap_s: float | None,
                   min_gain: float) -> Pairs:
-    """Build `a`'s and `b`'s plans (eager, from the same seed), warm each up, then time them in alternating windows
-    (module docstring) until the pairs are decisive at one of `CHECKS`, or `cap_s` timed seconds (at least
-    `MIN_PAIRS` pairs), or `MAX_PAIRS`. Each side's steps per window come from its trial's step time (a window of
-    at least `WINDOW_S`). The two trials returned hold each plan's windows, figures and losses."""
+    """With `m` a RealMeasurer (measure.py): build `a`'s and `b`'s plans (eager, from the same seed), warm each
+    up, then time them in alternating windows (module docstring) until the pairs are decisive at one of `CHECKS`, or
+    `cap_s` timed seconds (at least `MIN_PAIRS` pairs), or `MAX_PAIRS`. Each side's steps per window come from its
+    trial's step time (a window of at least `WINDOW_S`). The two trials returned hold each plan's windows, figures
+    and losses."""
     started = time.perf_counter()
     min_pairs, window_s = MIN_PAIRS, max(WINDOW_S, m.window_s)
     if os.environ.get(SHORT_TRIALS_ENV):
@@ -192,3 +191,19 @@ def pairs_text(ratios: list[float]) -> str:
     wins = sum(r > 1 for r in ratios)
     return (f"in {len(ratios)} alternating pairs: faster in {wins}, median {statistics.median(ratios):.3f}× "
             f"({100 * CONFIDENCE:.0f} % interval {low:.3f}–{high:.3f}×)")
+
+
+class Pairing:
+    """What a measurer needs to time two plans in pairs (RealMeasurer inherits it; kept here so that paired.py and
+    measure.py do not import each other)."""
+
+    device: torch.device
+    dist: Any
+
+    def can_pair(self, a: Plan, b: Plan) -> bool:
+        """Whether two plans can be timed in alternating windows here: on a CPU, in one process, both eager."""
+        return self.device.type == "cpu" and self.dist.world_size == 1 and a.compile == b.compile == "none"
+
+    def paired(self, a: Trial, b: Trial, stage: str, *, cap_s: float | None, min_gain: float) -> Pairs:
+        """`a`'s and `b`'s plans built together and timed in alternating windows (`measure_pairs`)."""
+        return measure_pairs(self, a, b, stage, cap_s=cap_s, min_gain=min_gain)
