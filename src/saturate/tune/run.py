@@ -252,7 +252,10 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
             predicted, source = minutes * 60, f"--minutes {minutes:g}"
         else:
             # One window (a step or a few) after the warm-up, no validation pass: a rough figure sizes the budget.
-            naive = RealMeasurer(dataclasses.replace(workload, val_data=None), hw, seed=seed, min_steps=1,
+            # Three warm-up steps: the process's first steps are cold (one warm-up step read 0.97 s/step for gpt-tiny
+            # naive where the same plan trained at 0.86: the printed speed-up of a job too short for a side-by-side,
+            # which divides by this figure, read 1.54× against an independent 1.27×; bench/trust.py, 2026-11-23).
+            naive = RealMeasurer(dataclasses.replace(workload, val_data=None), hw, seed=seed, min_steps=1, warmup=3,
                                  min_seconds=0.0, rule=WindowRule(min_windows=1), dist=dist).verify(
                 dict(refs)["naive"])
             naive_s = time.monotonic() - started
