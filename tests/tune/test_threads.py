@@ -8,7 +8,7 @@ from test_search import FakeMachine, GiB, linear_memory, settings
 from torch.utils.data import default_collate
 
 from saturate.engine.resume import choose_plan
-from saturate.engine.step import DEFAULT_THREADS, Stepper, use_threads
+from saturate.engine.step import Stepper, use_threads
 from saturate.errors import ConfigError
 from saturate.plan import Plan
 from saturate.tune import cache
@@ -41,6 +41,14 @@ def test_a_stepper_runs_with_its_plans_threads_and_gives_the_default_back(small_
     default.step(batches)
     assert torch.get_num_threads() == DEFAULT_THREADS
     use_threads(None)
+    torch.set_num_threads(1)  # the user's own count: a plan without one leaves it alone
+    Stepper(workload, Plan(micro_batch=2), torch.device("cpu"), 1e-3, compile=False).step(
+        iter([default_collate([workload.train_data[0], workload.train_data[1]])]))
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(DEFAULT_THREADS)
+
+
+DEFAULT_THREADS = torch.get_num_threads()  # this process's count (the tests never leave another behind)
 
 
 class BusyCPU(FakeMachine):

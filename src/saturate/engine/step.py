@@ -76,14 +76,23 @@ class Adaptation:
     reason: str
 
 
-DEFAULT_THREADS = torch.get_num_threads()  # the process's intra-op threads before any plan set them
+_threads_before: int | None = None  # the count before a plan set its own, given back to the next plan without one
 
 
 def use_threads(n: int | None) -> None:
-    """torch's intra-op threads for a plan: `n`, or the process's default for None (process-wide, like TF32)."""
-    want = n or DEFAULT_THREADS
-    if torch.get_num_threads() != want:
-        torch.set_num_threads(want)
+    """torch's intra-op threads for a plan (process-wide, like TF32): `n`; for None, whatever the process had before
+    a plan set its own (a count the user set stays untouched)."""
+    global _threads_before
+    now = torch.get_num_threads()
+    if n is not None:
+        if _threads_before is None:
+            _threads_before = now
+        if now != n:
+            torch.set_num_threads(n)
+    elif _threads_before is not None:
+        if now != _threads_before:
+            torch.set_num_threads(_threads_before)
+        _threads_before = None
 
 
 class Stepper:

@@ -20,7 +20,8 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from saturate.engine.step import DEFAULT_THREADS
+import torch
+
 from saturate.errors import SaturateError
 from saturate.plan import Plan
 from saturate.tune import batch
@@ -162,7 +163,7 @@ class _Search(SearchState):
         count taken. In one process only (several ranks share the cores by another rule)."""
         if self.m.device_type != "cpu" or self.s.world_size > 1 or ref.plan.threads is not None:
             return ref
-        using = DEFAULT_THREADS
+        using = torch.get_num_threads()  # the process's count (the search's plans have none of their own)
         if not (ref.contended and ref.busy_cores):
             self.decisions.append(f"threads: torch's {using} (the machine was quiet during the first trial)")
             return ref
