@@ -60,7 +60,7 @@ class Plan:
     fused_optimizer: bool = False  # fused AdamW kernel where the device supports it
     strategy: str = "single"  # "single" process; "ddp" (replicas) or "fsdp" (FSDP2 shards) under torchrun
     cpu_offload: bool = False  # FSDP only: sharded parameters, gradients and optimizer state live in host RAM
-    threads: int | None = None  # torch intra-op threads (CPU work); None: torch's default, one per core
+    threads: int | None = None  # torch intra-op threads (CPU work); None: the process's own count (torch: one per core)
     name: str = ""  # a label for reports ("naive", "a6000-after", "tuned", ...)
     provenance: dict[str, Any] = field(default_factory=dict)  # where the plan came from (free-form)
 
