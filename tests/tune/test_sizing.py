@@ -55,7 +55,8 @@ def test_rows_then_rounds_are_dropped_in_the_stated_order_each_said():
     assert two.predicted_s <= 7.0 and two.skipped is None
     none = sizing.size(FOUR, 6.0)
     assert none.skipped == ("no side-by-side: naive and tuned in 2 rounds are predicted at 6.5 s, over its 6.0 s "
-                            "share, 5% of the predicted training")
+                            "share, 5% of the predicted training, and no saving predicted for the tuned plan pays for "
+                            "more")
     assert sizing.size(FOUR, None).labels == everything.labels  # nothing predicted: every row, in full
     twin = [sizing.RowCost("tuned", 0.0, 0.0, "measured as naive")]
     alone = sizing.size([FOUR[0], FOUR[2], *twin], 5.0)  # the runner-up dropped: naive alone, twice, says nothing
@@ -81,14 +82,14 @@ def test_a_gpu_rebuilds_each_plan_every_round():
 
 def test_row_costs_come_from_naive_s_measurement_and_the_tuning_s_trials():
     naive, tuned = Plan(micro_batch=8, name="naive"), Plan(micro_batch=8, precision="bf16", num_workers=2)
-    once = Trial(stage="verify", plan=naive, step_s=0.5, samples_per_s=16.0, steps=2, seconds=3.5)
+    once = Trial(stage="verify", plan=naive, step_s=0.5, samples_per_s=16.0, steps=2, seconds=4.5)  # + 3 warm-up
     trials = [Trial(stage="precision", plan=tuned.replace(num_workers=0), step_s=0.3, samples_per_s=27.0),
               Trial(stage="memory", plan=tuned, step_s=0.1, samples_per_s=80.0)]  # one step: not a throughput
     loaders = [LoaderTrial(num_workers=2, prefetch_factor=2, pin_memory=False, startup_s=0.7)]
     got = {r.label: r for r in sizing.row_costs([("naive", naive), ("guide: g", Plan(micro_batch=4, grad_accum=2)),
                                                   ("tuned", tuned), ("twin", naive.replace(name="x"))],
                                                  once, trials, loaders)}
-    assert got["naive"].step_s == 0.5 and got["naive"].build_s == pytest.approx(2.0)  # 3.5 s less 3 steps
+    assert got["naive"].step_s == 0.5 and got["naive"].build_s == pytest.approx(2.0)  # 4.5 s less 5 steps
     assert got["tuned"].step_s == 0.3 and got["tuned"].build_s == pytest.approx(2.7)  # its loader's start too
     assert got["guide: g"].step_s == 0.5 and "nothing measured it" in got["guide: g"].source
     assert got["twin"].step_s == 0.0 and got["twin"].source == "measured as naive"
@@ -136,8 +137,9 @@ def fake_run(monkeypatch, tmp_path):
     monkeypatch.setattr(sizing, "compare", lambda *a, **k: real_compare(*a, **(k | {"measurer": measurer})))
 
     def fake_tune(workload, hw, dist, refs, *, steps, **kw):
+        once = 1.0 + (2 + sizing.NAIVE_WARMUP) * NAIVE_STEP  # a 1 s build, its warm-up and 2 timed steps
         naive = Trial(stage="verify", plan=dict(refs)["naive"], samples_per_s=16.0, step_s=NAIVE_STEP, steps=2,
-                      seconds=1.0 + 3 * NAIVE_STEP)
+                      seconds=once)
         tuned = Plan(micro_batch=8, precision="bf16", name="tuned")
         trials = [Trial(stage="precision", plan=tuned, samples_per_s=32.0, step_s=TUNED_STEP),
                   Trial(stage="micro-batch", plan=Plan(micro_batch=4, grad_accum=2, precision="bf16"),
@@ -145,7 +147,7 @@ def fake_run(monkeypatch, tmp_path):
         result = SimpleNamespace(search=SimpleNamespace(trials=trials, loader_trials=[]), plots=[],
                                  plan_path=tmp_path / "plan.toml")
         return run_module.Tuning(tuned, result, 5.0, 20.0, "test budget", steps * NAIVE_STEP, naive=naive,
-                                 naive_s=1.0 + 3 * NAIVE_STEP)
+                                 naive_s=once)
 
     def fake_train(workload, plan, config, hardware):
         config.run_dir.mkdir(parents=True, exist_ok=True)
@@ -188,19 +190,46 @@ def test_a_long_job_keeps_every_row(fake_run, cpu):
     assert result["sizing"]["measure_s"] == sizing.FULL_MEASURE_S and len(measured) == 12
 
 
-def test_a_job_too_short_for_a_side_by_side_skips_it_and_says_why(fake_run, cpu):
-    report, text, result, measured = fake_run(100, cpu)  # 50 s predicted: a 2.5 s share holds no 2 rounds
+def test_naive_and_the_tuned_plan_in_two_rounds_may_cost_more_than_the_share(fake_run, cpu):
+    # 100 steps at naive's 0.5 s: 50 s predicted, a 2.5 s share. Naive and tuned in 2 rounds (6.5 s) are over it but
+    # within 15 % of the training (7.5 s) and under the tuned plan's predicted saving (25 s): measured anyway.
+    report, text, result, measured = fake_run(100, cpu)
+    assert sorted(measured) == ["naive", "naive", "tuned", "tuned"] and report.comparison is not None
+    assert result["side_by_side"]["rounds"] == 2 and result["reason"] is None
+    assert ("naive and tuned in 2 rounds, the least side-by-side, are predicted at 6.5 s, over its 2.5 s share, 5% of "
+            "the predicted training: measured anyway, within 7.5 s") in text
+    assert "tuned vs naive: 2.00× (2.00–2.00), median of 2 interleaved rounds" in text
+
+
+def test_a_job_too_short_for_a_side_by_side_skips_it_says_why_and_prints_no_ratio(fake_run, cpu):
+    report, text, result, measured = fake_run(60, cpu)  # 30 s predicted: 6.5 s is over 15 % of it (4.5 s)
     assert measured == [] and report.comparison is None
-    assert result["side_by_side"] is None and result["reason"].startswith("no side-by-side: naive and tuned in 2 "
-                                                                          "rounds are predicted at")
-    assert "the before/after is the training run against naive's one measurement before tuning" in text
+    assert result["side_by_side"] is None and result["reason"] == (
+        "no side-by-side: naive and tuned in 2 rounds are predicted at 6.5 s, over its 1.5 s share, 5% of the "
+        "predicted training, and over the 4.5 s allowed beyond it (15% of the predicted training, and under the tuned "
+        "plan's predicted saving)")
+    assert "no before/after ratio" in text
     assert [r["label"] for r in result["rows"]] == ["naive", "training run"]
     assert result["rows"][0]["note"] == "measured once, before tuning (no side-by-side)"
-    assert result["verdicts"] == ["training run (tuned) vs naive: 1.88×, the training run's samples/s over naive's "
-                                  "one measurement before tuning (not measured side by side: no range)"]
+    assert result["verdicts"] == ["no before/after ratio: the training run (tuned) read 30.0 samples/s and naive, "
+                                  "measured once before tuning, 16.0 — minutes apart, not side by side, so their "
+                                  "ratio would carry whatever the machine's load did in between"]
+    table = text.split("before and after, measured in this run")[1].split("no before/after ratio")[0]
+    assert [line.split()[-1] for line in table.splitlines() if line.startswith(("naive", "training run"))] == ["-", "-"]
     assert result["timing"]["side_by_side_s"] == 0.0 and result["trained"] == "tuned"
-    assert ("no side-by-side; predicted saving over 100 steps: 25 s (50 s untuned → 25 s with tuned; a prediction "
+    assert ("no side-by-side; predicted saving over 60 steps: 15 s (30 s untuned → 15 s with tuned; a prediction "
             "from naive's one measurement and the plan's tuning trial)") in text  # 0.5 s against the trial's 0.25 s
+
+
+def test_the_least_side_by_side_is_not_bought_beyond_the_predicted_saving():
+    naive, tuned = sizing.RowCost("naive", 0.5, 1.0, "naive's measurement"), sizing.RowCost("tuned", 0.45, 1.0, "t")
+    assert sizing.least_allowance([naive, tuned], 100.0) == pytest.approx(10.0)  # saves 10 %: under 15 %
+    assert sizing.least_allowance([naive, sizing.RowCost("tuned", 0.2, 1.0, "t")], 100.0) == pytest.approx(15.0)
+    assert sizing.least_allowance([naive, sizing.RowCost("tuned", 0.6, 1.0, "t")], 100.0) == 0.0  # slower: nothing
+    guessed = sizing.RowCost("tuned", 0.5, 1.0, "nothing measured it: at the slowest step known")
+    assert sizing.least_allowance([naive, guessed], 100.0) == 0.0
+    assert sizing.size([naive, tuned], 5.0, least_s=8.0).skipped is None  # 2 rounds: 7.7 s
+    assert sizing.size([naive, tuned], 5.0, least_s=7.0).skipped.startswith("no side-by-side")
 
 
 def test_naive_s_measurement_that_sized_the_budget_counts_against_it(tmp_path, cpu, monkeypatch):
@@ -232,8 +261,6 @@ def test_without_a_side_by_side_a_run_of_naive_s_settings_is_not_called_a_gain()
     row = lambda label, plan, sps: sizing.Row(label, plan, sps, sps, 8 / sps, None, None, None)  # noqa: E731
     same = sizing.once_verdict([row("naive", naive, 16.0), row("training run", naive.replace(name="default"), 12.0)],
                                "default")
-    assert same == ["training run (default) vs naive: 0.75×, the training run's samples/s over naive's one "
-                    "measurement before tuning (not measured side by side: no range); the same settings as naive, "
-                    "so not a gain"]
+    assert same == ["training run (default): naive's settings, so no before/after"]
     assert sizing.once_verdict([row("training run", naive, 12.0)], "tuned") == [
         "no before/after: there was no side-by-side and naive was not measured in this run"]

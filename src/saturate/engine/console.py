@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 
 def _within(path: Path, folder: Path) -> str:
@@ -123,7 +124,7 @@ class ConsoleSink:
             t.add_row("throughput", f"{_fmt_rate(result.tokens_per_s)} tokens/s, {result.samples_per_s:.1f} samples/s"
                       if self.tokens else f"{result.samples_per_s:,.1f} samples/s")
         if result.mfu_note:
-            t.add_row("MFU", result.mfu_note)
+            t.add_row("MFU", Text(result.mfu_note))  # its peak's source may hold "[/proc/…]": not markup
         if result.peak_memory_bytes is not None:
             t.add_row(f"peak memory ({result.memory_kind})", f"{result.peak_memory_bytes / 2**30:.2f} GiB")
         if result.train_loss is not None:

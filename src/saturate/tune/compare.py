@@ -231,9 +231,11 @@ def row_mfu(workload: Workload, hw: Any, plan: Plan, samples_per_s: float | None
     return mfu((samples_per_s or 0) * (workload.flops_per_sample or 0), peak, source, world_size)
 
 
-def comparison_table(rows: list[Row], workload: Any, memory_kind: str) -> Table:
+def comparison_table(rows: list[Row], workload: Any, memory_kind: str, side_by_side: bool = True) -> Table:
     """The before/after table, within 80 columns: the ratio column is the median of the per-round ratios
-    (their ranges are said under the table)."""
+    (their ranges are said under the table); a row not in the rounds (the training run) is divided by naive's
+    median only when naive was measured side by side (`side_by_side`). A plan that sets torch's threads shows
+    them after its precision ("bf16 t1")."""
     t = Table(title=f"{workload.name}: before and after, measured in this run",
               box=box.SIMPLE_HEAVY, title_justify="left", show_edge=False, padding=(0, 0))
     tokens = workload.tokens_per_sample > 1  # samples that are not tokens get tokens/s instead of samples/s
@@ -241,12 +243,14 @@ def comparison_table(rows: list[Row], workload: Any, memory_kind: str) -> Table:
     for col in ("plan", "batch", "precision", "wkrs", "tokens/s" if tokens else "samples/s", memory, "util",
                 "MFU", "× naive"):
         t.add_column(col, justify="left" if col in ("plan", "precision") else "right")
-    base = next((r.samples_per_s for r in rows if r.label == "naive" and r.samples_per_s), None)
+    base = next((r.samples_per_s for r in rows if r.label == "naive" and r.samples_per_s), None) \
+        if side_by_side else None
     for r in rows:
         p = r.plan
         ratio = r.vs_naive.median if r.vs_naive else (r.samples_per_s / base if base and r.samples_per_s else None)
         t.add_row(
-            r.label, f"{p.micro_batch}×{p.grad_accum}", p.precision + ("+tf32" if p.tf32 else ""),
+            r.label, f"{p.micro_batch}×{p.grad_accum}",
+            p.precision + ("+tf32" if p.tf32 else "") + (f" t{p.threads}" if p.threads else ""),
             str(p.num_workers), _f(r.tokens_per_s if tokens else r.samples_per_s, "{:,.0f}" if tokens else "{:,.1f}"),
             "-" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes / 2**20:,.0f}",
             _f(r.utilisation, "{:.0%}"), r.mfu.cell() if r.mfu else "-",

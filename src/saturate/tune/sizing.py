@@ -9,13 +9,16 @@ measurement (its wall time less its steps), a loader's start from the tuning's l
 
 When every row × `ROUNDS` does not fit the share, rows are dropped in this order: the runner-up, then the
 guides' plans (naive and the tuned plan always stay); then rounds, never below 2 (a ratio with a range).
-When not even naive and the tuned plan in 2 rounds fit, or what is left is one plan's settings (the tuned
-plan = naive, the runner-up dropped), there is no side-by-side (`Sizing.skipped` says why) and run.py
-compares the training run with naive's one measurement instead. What fits is then timed for as long as the
-share allows, `MIN_MEASURE_S` to `FULL_MEASURE_S` per measurement; the busy machine's extra round
-(compare.py) only when it fits too. With nothing predicted (`--budget` and `--steps`: naive is not
-measured) every row is measured for the full length. Every figure here is a prediction, and each row or
-round dropped is one line of `Sizing.dropped`.
+Naive and the tuned plan in 2 rounds — the least side-by-side, the only before/after worth printing — may cost
+more than the share: up to `LEAST_SHARE` of the predicted training, and no more than the tuned plan is predicted
+to save (`least_allowance`). Without it the before/after divided the training run by naive's one measurement before
+tuning, minutes apart: that read 0.65 and 1.21 of an independent side-by-side measurement of the same two plans
+(bench/trust.py, 2026-11-23), so it is no longer printed. When not even that fits, or what is left is one plan's
+settings (the tuned plan = naive, the runner-up dropped), there is no side-by-side (`Sizing.skipped` says why)
+and no ratio. What fits is then timed for as long as the share allows, `MIN_MEASURE_S` to `FULL_MEASURE_S` per
+measurement; the busy machine's extra round (compare.py) only when it fits too. With nothing predicted
+(`--budget` and `--steps`: naive is not measured) every row is measured for the full length. Every figure here
+is a prediction, and each row or round dropped is one line of `Sizing.dropped`.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from saturate.tune.compare import (
 from saturate.tune.trial import LoaderTrial, Trial
 
 COMPARE_SHARE = 0.05  # of the predicted training: the side-by-side's whole wall time, builds included
+LEAST_SHARE = 0.15  # of the predicted training: the most the least side-by-side (naive, the plan, 2 rounds) may cost
+NAIVE_WARMUP = 3  # warm-up steps of naive's one measurement that sizes the budget (run.py)
 FULL_MEASURE_S = 3.0  # timed seconds per side-by-side measurement when the job can afford it
 MIN_MEASURE_S = 0.5  # the shortest a measurement is sized to (it still times at least two steps)
 
@@ -90,8 +95,9 @@ def row_costs(plans: Sequence[tuple[str, Plan]], naive: Trial | None, trials: Se
     `trials` and `loader_trials` the tuning's, `known` step times from elsewhere by label (the cached plan's)."""
     known = dict(known or {})
     naive_step = naive.step_s if naive is not None and naive.ok and naive.step_s else None
-    # Naive's measurement: building, one warm-up step and its timed steps; what is left over is the fixed cost.
-    fixed = max(0.0, naive.seconds - (naive.steps + 1) * naive_step) if naive is not None and naive_step else 0.0
+    # Naive's measurement: building, its warm-up steps and its timed steps; what is left over is the fixed cost.
+    fixed = (max(0.0, naive.seconds - (naive.steps + NAIVE_WARMUP) * naive_step) if naive is not None and naive_step
+             else 0.0)
     twins = same_settings(plans)
     found: dict[str, tuple[float | None, str]] = {}
     for label, plan in plans:
@@ -136,8 +142,23 @@ class Sizing:
                                "source": r.source} for r in self.rows]}
 
 
-def size(rows: list[RowCost], share_s: float | None, rounds: int = ROUNDS, resident: bool = True) -> Sizing:
-    """What of `rows` × `rounds` fits `share_s` seconds (module docstring); `resident`: plans stay built."""
+def least_allowance(rows: Sequence[RowCost], predicted_s: float) -> float:
+    """What the least side-by-side may cost for a job whose training is predicted at `predicted_s`: `LEAST_SHARE` of
+    it, and less than the last row's plan (tuned) is predicted to save over naive (0 when nothing predicts a saving:
+    naive or the plan not measured)."""
+    naive = next((r for r in rows if r.label == "naive"), None)
+    plan = rows[-1] if rows else None
+    if naive is None or plan is None or plan is naive or naive.step_s <= 0 or plan.step_s <= 0 \
+            or plan.source.startswith("nothing measured"):
+        return 0.0
+    saving = predicted_s * (1 - plan.step_s / naive.step_s)
+    return max(0.0, min(LEAST_SHARE * predicted_s, saving))
+
+
+def size(rows: list[RowCost], share_s: float | None, rounds: int = ROUNDS, resident: bool = True,
+         least_s: float = 0.0) -> Sizing:
+    """What of `rows` × `rounds` fits `share_s` seconds (module docstring); `resident`: plans stay built; `least_s`:
+    what naive and the last row in 2 rounds may cost when that is over the share (`least_allowance`)."""
 
     def cost(kept: list[RowCost], n: int, m: float) -> float:
         return sum(r.seconds(n, m, resident) for r in kept)
@@ -165,7 +186,15 @@ def size(rows: list[RowCost], share_s: float | None, rounds: int = ROUNDS, resid
     if cost(kept, n, MIN_MEASURE_S) > share_s:
         names = " and ".join(r.label for r in kept if r.step_s > 0)
         least = cost(kept, n, MIN_MEASURE_S)
-        why = f"no side-by-side: {names} in {n} rounds are predicted at {least:.1f} s, over {share}"
+        if least <= least_s:
+            dropped.append(f"{names} in {n} rounds, the least side-by-side, are predicted at {least:.1f} s, over "
+                           f"{share}: measured anyway, within {least_s:.1f} s ({LEAST_SHARE:.0%} of the predicted "
+                           "training, and under the tuned plan's predicted saving; a prediction)")
+            return Sizing([r.label for r in kept], n, MIN_MEASURE_S, False, least, share_s, dropped, rows=rows)
+        why = (f"no side-by-side: {names} in {n} rounds are predicted at {least:.1f} s, over {share}, "
+               + (f"and over the {least_s:.1f} s allowed beyond it ({LEAST_SHARE:.0%} of the predicted training, and "
+                  "under the tuned plan's predicted saving)" if least_s > 0
+                  else "and no saving predicted for the tuned plan pays for more"))
         return Sizing([r.label for r in kept], n, MIN_MEASURE_S, False, 0.0, share_s, dropped, why, rows)
     low, high = MIN_MEASURE_S, FULL_MEASURE_S  # the longest measurement that still fits
     if cost(kept, n, high) <= share_s:
@@ -188,14 +217,16 @@ def measured_once(workload: Any, hw: Any, t: Trial | None, world: int) -> list[R
 
 
 def once_verdict(rows: list[Row], trained: str) -> list[str]:
-    """The line under the table without a side-by-side: the training run against naive's one measurement."""
+    """The line under the table without a side-by-side: no ratio — naive's one measurement and the training run were
+    taken minutes apart, under whatever load each met (module docstring) — but both figures, each as measured."""
     naive, run = rows[0], rows[-1]
     if naive.label != "naive" or not (naive.samples_per_s and run.samples_per_s):
         return ["no before/after: there was no side-by-side and naive was not measured in this run"]
-    same = "; the same settings as naive, so not a gain" if same_settings([("naive", naive.plan), ("run", run.plan)]) \
-        else ""
-    return [f"training run ({trained}) vs naive: {run.samples_per_s / naive.samples_per_s:.2f}×, the training "
-            f"run's samples/s over naive's one measurement before tuning (not measured side by side: no range){same}"]
+    if same_settings([("naive", naive.plan), ("run", run.plan)]):
+        return [f"training run ({trained}): naive's settings, so no before/after"]
+    return [f"no before/after ratio: the training run ({trained}) read {run.samples_per_s:,.1f} samples/s and naive, "
+            f"measured once before tuning, {naive.samples_per_s:,.1f} — minutes apart, not side by side, so their "
+            "ratio would carry whatever the machine's load did in between"]
 
 
 def side_by_side(workload: Any, hw: Any, dist: DistInfo, tuning: Any, plans: list[tuple[str, Plan]],
@@ -204,18 +235,15 @@ def side_by_side(workload: Any, hw: Any, dist: DistInfo, tuning: Any, plans: lis
     (every row or round dropped said in one line), or None when not even naive and the plan in 2 rounds fit.
     `tuning` is run.py's `Tuning`: naive's one measurement, the search's trials, the cached plan's step time."""
     search = tuning.result.search if tuning.result else None
-    sizing = size(row_costs(plans, tuning.naive, search.trials if search else (),
-                            search.loader_trials if search else (),
-                            {tuning.label: tuning.step_s} if tuning.step_s else None),
-                  COMPARE_SHARE * predicted if predicted else None, ROUNDS,
-                  resident=torch.device(hw.torch_device).type != "cuda")
+    costs = row_costs(plans, tuning.naive, search.trials if search else (), search.loader_trials if search else (),
+                      {tuning.label: tuning.step_s} if tuning.step_s else None)
+    sizing = size(costs, COMPARE_SHARE * predicted if predicted else None, ROUNDS,
+                  resident=torch.device(hw.torch_device).type != "cuda",
+                  least_s=least_allowance(costs, predicted) if predicted else 0.0)
     for line in sizing.dropped:
         console.print(f"[yellow]note:[/yellow] {line}", highlight=False)
     if sizing.skipped:
-        console.print(f"[yellow]{sizing.skipped}; " + (
-            "the before/after is the training run against naive's one measurement before tuning"
-            if tuning.naive is not None and tuning.naive.ok else "naive was not measured in this run, so there is "
-            "no before/after") + "[/yellow]", highlight=False)
+        console.print(f"[yellow]{sizing.skipped}; no before/after ratio[/yellow]", highlight=False)
         return None, sizing
     console.print("[bold]Before/after[/bold]: measuring each plan side by side in interleaved rounds (same "
                   "method, this process" + (f"; {dist.world_size} processes" if dist.world_size > 1 else "")
