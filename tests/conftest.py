@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -199,18 +199,42 @@ def _sigint_masks() -> tuple[int, int] | None:
         return None
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_runtest_teardown(item: pytest.Item) -> None:
+def _check_sigint(item: pytest.Item, when: str) -> None:
+    """Restore SIGINT when something ignored or blocked it, and record the test, the phase and what the other threads
+    were doing then (a C `system()` in another thread ignores SIGINT while its child runs: the suspect)."""
     import signal
     import threading
+    import traceback
 
     masks = _sigint_masks()
     if masks is None or not any(masks) or threading.current_thread() is not threading.main_thread():
         return
-    _sigint_changed_by.append(f"{item.nodeid}: SIGINT {'ignored' if masks[0] else ''}"
-                              f"{' and ' if all(masks) else ''}{'blocked' if masks[1] else ''}")
+    names = {t.ident: t.name for t in threading.enumerate()}
+    others = [f"{names.get(ident, ident)} at " + " < ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}"
+                                                         for f in reversed(traceback.extract_stack(frame)[-3:]))
+              for ident, frame in sys._current_frames().items() if ident != threading.main_thread().ident]
+    _sigint_changed_by.append(f"{item.nodeid} ({when}): SIGINT {'ignored' if masks[0] else ''}"
+                              f"{' and ' if all(masks) else ''}{'blocked' if masks[1] else ''}"
+                              + (f"; other threads: {'; '.join(others)}" if others else "; no other thread"))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    yield
+    _check_sigint(item, "setup")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    yield
+    _check_sigint(item, "call")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    _check_sigint(item, "teardown")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
