@@ -58,7 +58,7 @@ def test_rows_then_rounds_are_dropped_in_the_stated_order_each_said():
                             "share, 5% of the predicted training, and no saving predicted for the tuned plan pays for "
                             "more")
     assert sizing.size(FOUR, None).labels == everything.labels  # nothing predicted: every row, in full
-    twin = [sizing.RowCost("tuned", 0.0, 0.0, "measured as naive")]
+    twin = [sizing.RowCost("tuned", 0.0, 0.0, "measured as naive", twin_of="naive")]
     alone = sizing.size([FOUR[0], FOUR[2], *twin], 5.0)  # the runner-up dropped: naive alone, twice, says nothing
     assert alone.skipped == ("no side-by-side: tuned has naive's settings, nothing to compare within its 5.0 s share, "
                              "5% of the predicted training") and alone.dropped[0].startswith("runner-up: not measured")
@@ -92,7 +92,8 @@ def test_row_costs_come_from_naive_s_measurement_and_the_tuning_s_trials():
     assert got["naive"].step_s == 0.5 and got["naive"].build_s == pytest.approx(2.0)  # 4.5 s less 5 steps
     assert got["tuned"].step_s == 0.3 and got["tuned"].build_s == pytest.approx(2.7)  # its loader's start too
     assert got["guide: g"].step_s == 0.5 and "nothing measured it" in got["guide: g"].source
-    assert got["twin"].step_s == 0.0 and got["twin"].source == "measured as naive"
+    assert not got["guide: g"].measured and got["tuned"].measured
+    assert got["twin"].step_s == 0.0 and got["twin"].source == "measured as naive" and got["twin"].twin_of == "naive"
     cached = sizing.row_costs([("naive", naive), ("tuned", tuned)], None, known={"tuned": 0.2})
     assert [r.step_s for r in cached] == [0.2, 0.2]  # no naive measured: at the slowest step known
 
@@ -226,8 +227,10 @@ def test_the_least_side_by_side_is_not_bought_beyond_the_predicted_saving():
     assert sizing.least_allowance([naive, tuned], 100.0) == pytest.approx(10.0)  # saves 10 %: under 15 %
     assert sizing.least_allowance([naive, sizing.RowCost("tuned", 0.2, 1.0, "t")], 100.0) == pytest.approx(15.0)
     assert sizing.least_allowance([naive, sizing.RowCost("tuned", 0.6, 1.0, "t")], 100.0) == 0.0  # slower: nothing
-    guessed = sizing.RowCost("tuned", 0.5, 1.0, "nothing measured it: at the slowest step known")
+    guessed = sizing.RowCost("tuned", 0.2, 1.0, "nothing measured it", measured=False)  # a guess predicts no saving
     assert sizing.least_allowance([naive, guessed], 100.0) == 0.0
+    unmeasured = sizing.RowCost("naive", 0.5, 1.0, "nothing measured it", measured=False)
+    assert sizing.least_allowance([unmeasured, tuned], 100.0) == 0.0
     assert sizing.size([naive, tuned], 5.0, least_s=8.0).skipped is None  # 2 rounds: 7.7 s
     assert sizing.size([naive, tuned], 5.0, least_s=7.0).skipped.startswith("no side-by-side")
 

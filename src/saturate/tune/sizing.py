@@ -62,6 +62,8 @@ class RowCost:
     step_s: float  # seconds per optimizer step (0 for a row measured as another: the same settings)
     build_s: float  # building the plan and starting its loader, before the warm-up steps
     source: str  # where step_s comes from, for the record
+    measured: bool = True  # False: nothing measured its settings (step_s is the slowest step known)
+    twin_of: str | None = None  # the row it has the same settings as (measured as that row: step_s 0)
 
     def seconds(self, rounds: int, measure_s: float, resident: bool = True) -> float:
         """Predicted wall time over `rounds` measurements of `measure_s` timed seconds each: one build and warm-up
@@ -111,11 +113,12 @@ def row_costs(plans: Sequence[tuple[str, Plan]], naive: Trial | None, trials: Se
     out = []
     for label, plan in plans:
         step, source = found.get(label, (slowest, "nothing measured it: at the slowest step known"))
+        measured = label in found
         if label in twins:
             step, source = 0.0, f"measured as {twins[label]}"
         starts = [t.startup_s for t in loader_trials if t.ok and t.startup_s and t.num_workers == plan.num_workers]
         out.append(RowCost(label, step or 0.0, fixed + (max(starts) if plan.num_workers and starts else 0.0),
-                           source))
+                           source, measured, twins.get(label)))
     return out
 
 
@@ -149,7 +152,7 @@ def least_allowance(rows: Sequence[RowCost], predicted_s: float) -> float:
     naive = next((r for r in rows if r.label == "naive"), None)
     plan = rows[-1] if rows else None
     if naive is None or plan is None or plan is naive or naive.step_s <= 0 or plan.step_s <= 0 \
-            or plan.source.startswith("nothing measured"):
+            or not (naive.measured and plan.measured):
         return 0.0
     saving = predicted_s * (1 - plan.step_s / naive.step_s)
     return max(0.0, min(LEAST_SHARE * predicted_s, saving))
@@ -176,7 +179,7 @@ def size(rows: list[RowCost], share_s: float | None, rounds: int = ROUNDS, resid
                        f"{cost(kept, n, MIN_MEASURE_S):.1f} s, over {share}; a prediction)")
         kept.remove(r)
     if len([r for r in kept if r.step_s > 0]) < 2:  # what is left has one plan's settings: nothing to compare
-        twins = ", ".join(f"{r.label} has {r.source[len('measured as '):]}'s settings" for r in kept if r.step_s <= 0)
+        twins = ", ".join(f"{r.label} has {r.twin_of}'s settings" for r in kept if r.twin_of)
         return Sizing([r.label for r in kept], n, MIN_MEASURE_S, False, 0.0, share_s, dropped,
                       f"no side-by-side: {twins or 'one plan left'}, nothing to compare within {share}", rows)
     while n > 2 and cost(kept, n, MIN_MEASURE_S) > share_s:
