@@ -132,7 +132,7 @@ def test_max_clock_falls_back_to_cpuinfo_and_says_so(monkeypatch):
 
     monkeypatch.setattr(psutil, "cpu_freq", lambda: None)
     hz, source = cpu.max_clock_hz("processor: 0\ncpu MHz\t\t: 2400.5\nprocessor: 1\ncpu MHz\t\t: 2600.0\n")
-    assert hz == 2600.0e6 and "current clock" in source
+    assert hz == 2600.0e6 * cpu.BOOST_HEADROOM and "current clock" in source and "2600 x 2.5" in source
     assert cpu.max_clock_hz(None) == (None, "no clock readable")
 
 
