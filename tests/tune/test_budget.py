@@ -174,3 +174,22 @@ def test_without_verification_the_budget_holds_more_trials(capped):
     assert unverified.now <= 45 and verified.now <= 45
     assert b.chosen.plan == b.plan and b.chosen.stage != "verify" and "measured again by the caller" in b.chosen.verdict
     assert any(d.startswith("verification: left to the caller") for d in b.decisions)
+
+
+def test_a_search_that_finds_a_saving_may_spend_half_of_it_and_one_that_finds_none_keeps_its_budget(clocked):
+    # 8 s trials, a 30 s first budget that may grow to 100 s over a 1,000 s training: bf16 at 1.8x saves 444 s,
+    # half of it is more than the cap allows, so the search goes on to 100 s.
+    grown = clocked(lambda p, stage: 8.0)
+    result = search(grown, Plan(), settings(budget_s=30, budget_cap_s=100, training_s=1000, try_compile=False,
+                                            verify=False), started=0.0)
+    fixed = clocked(lambda p, stage: 8.0)
+    search(fixed, Plan(), settings(budget_s=30, try_compile=False, verify=False), started=0.0)
+    assert result.budget_s == 100 and 30 < grown.now <= 100 and len(grown.tried) > len(fixed.tried) and fixed.now <= 30
+    assert any(d.startswith("budget: 30 -> 100 s: 8×8 bf16 read +80.0% over the first trial, 444 s saved over the "
+                            "1000 s training (a prediction); the search may spend 50% of it, up to 100 s")
+               for d in result.decisions), result.decisions
+    flat = clocked(lambda p, stage: 8.0)
+    flat.speed = lambda p: 100.0  # nothing is faster than the first trial: nothing earned
+    kept = search(flat, Plan(), settings(budget_s=30, budget_cap_s=100, training_s=1000, try_compile=False,
+                                         verify=False), started=0.0)
+    assert kept.budget_s == 30 and flat.now <= 30 and not any(d.startswith("budget:") for d in kept.decisions)

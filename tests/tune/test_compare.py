@@ -153,12 +153,14 @@ def test_the_runner_up_is_the_fastest_plan_not_chosen():
 
 
 def test_the_tuning_budget_follows_the_training_time():
-    assert run_module.tuning_budget(7.0) is None  # a 20-step job: not tuned at all, not minutes of tuning
-    assert run_module.tuning_budget(200.0) == pytest.approx(40.0)  # the main job: 20 %
-    assert run_module.tuning_budget(400.0) == pytest.approx(80.0)  # where 20 % meets 60 s + 5 %
-    assert run_module.tuning_budget(1800.0) == pytest.approx(150.0)  # half an hour: 60 s + 5 %, not 20 % (360 s)
-    assert run_module.tuning_budget(8000.0) == pytest.approx(460.0)
-    assert run_module.tuning_budget(1e6) == run_module.BUDGET_CEILING_S
+    budget = run_module.tuning_budget
+    assert budget(7.0) is None  # a 20-step job: not tuned at all, not minutes of tuning
+    assert budget(99.0) is None  # its 10 % is under the 10 s floor
+    assert budget(200.0) == pytest.approx((20.0, 40.0))  # the main job: 10 %, growing by what it saves to 20 %
+    assert budget(400.0) == pytest.approx((40.0, 80.0))  # where 20 % meets 60 s + 5 %
+    assert budget(1800.0) == pytest.approx((150.0, 150.0))  # half an hour: 60 s + 5 %, not 20 % (360 s)
+    assert budget(8000.0) == pytest.approx((460.0, 460.0))
+    assert budget(1e6) == (run_module.BUDGET_CEILING_S, run_module.BUDGET_CEILING_S)
 
 
 def test_a_cached_plan_is_reused_with_no_tuning(tmp_path, cpu, monkeypatch):
@@ -224,7 +226,7 @@ def test_a_job_too_short_for_one_trial_trains_the_default_plan_untuned(tmp_path,
     assert got.budget_s is None and got.predicted_training_s == pytest.approx(10.0)  # 20 steps × 0.5 s: too short
     assert "not tuned" in got.why and "--budget tunes anyway" in got.why
     got = run_module._tune(workload, cpu, dist, [("naive", naive)], budget_s=None, steps=400, **kw)
-    assert got.label == "default" and got.budget_s == pytest.approx(40.0)  # tried: no trial fits the 40 s
+    assert got.label == "default" and got.budget_s == pytest.approx(20.0)  # tried: no trial fits the 20 s
     assert "does not hold one trial" in got.why
     with pytest.raises(BudgetTooSmall):  # the user's own --budget: their request fails in one line
         run_module._tune(workload, cpu, dist, [("naive", naive)], budget_s=5.0, steps=20, **kw)

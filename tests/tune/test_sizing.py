@@ -141,7 +141,8 @@ def fake_run(monkeypatch, tmp_path):
         once = 1.0 + (2 + sizing.NAIVE_WARMUP) * NAIVE_STEP  # a 1 s build, its warm-up and 2 timed steps
         naive = Trial(stage="verify", plan=dict(refs)["naive"], samples_per_s=16.0, step_s=NAIVE_STEP, steps=2,
                       seconds=once)
-        tuned = Plan(micro_batch=8, precision="bf16", name="tuned")
+        tuned = naive.plan.replace(name="tuned") if options["tuned_is_naive"] else \
+            Plan(micro_batch=8, precision="bf16", name="tuned")
         trials = [Trial(stage="precision", plan=tuned, samples_per_s=32.0, step_s=TUNED_STEP),
                   Trial(stage="micro-batch", plan=Plan(micro_batch=4, grad_accum=2, precision="bf16"),
                         samples_per_s=20.0, step_s=SECOND_STEP)]
@@ -159,7 +160,11 @@ def fake_run(monkeypatch, tmp_path):
     monkeypatch.setattr(run_module, "_tune", fake_tune)
     monkeypatch.setattr(run_module, "train", fake_train)
 
-    def go(steps: int, cpu: Any) -> tuple[run_module.RunReport, str, dict[str, Any], list[str]]:
+    options = {"tuned_is_naive": False}
+
+    def go(steps: int, cpu: Any, tuned_is_naive: bool = False) -> tuple[run_module.RunReport, str, dict[str, Any],
+                                                                       list[str]]:
+        options["tuned_is_naive"] = tuned_is_naive  # the search found nothing: its trial still read faster (noise)
         measurer.measured.clear()
         out = Console(record=True, width=400, file=open("/dev/null", "w"))  # noqa: SIM115
         run_dir = tmp_path / f"run{steps}"
@@ -222,6 +227,13 @@ def test_a_job_too_short_for_a_side_by_side_skips_it_says_why_and_prints_no_rati
             "from naive's one measurement and the plan's tuning trial)") in text  # 0.5 s against the trial's 0.25 s
 
 
+def test_a_tuned_plan_with_naive_s_settings_predicts_no_saving_from_two_readings_of_them(fake_run, cpu):
+    report, text, result, measured = fake_run(60, cpu, tuned_is_naive=True)
+    assert measured == [] and result["side_by_side"] is None and "tuned has naive's settings" in result["reason"]
+    assert "tuning cost 5 s, no side-by-side; no saving: tuned has naive's settings" in text
+    assert "predicted saving" not in text and result["timing"]["predicted_saving_s"] == 0.0
+
+
 def test_the_least_side_by_side_is_not_bought_beyond_the_predicted_saving():
     naive, tuned = sizing.RowCost("naive", 0.5, 1.0, "naive's measurement"), sizing.RowCost("tuned", 0.45, 1.0, "t")
     assert sizing.least_allowance([naive, tuned], 100.0) == pytest.approx(10.0)  # saves 10 %: under 15 %
@@ -249,13 +261,14 @@ def test_naive_s_measurement_that_sized_the_budget_counts_against_it(tmp_path, c
     budgets = []
     monkeypatch.setattr(run_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     monkeypatch.setattr(run_module, "RealMeasurer", TimedNaive)
-    monkeypatch.setattr(run_module, "tune", lambda *a, **k: budgets.append(k["budget_s"]) or SimpleNamespace(
-        plan=Plan(name="tuned")))
+    monkeypatch.setattr(run_module, "tune", lambda *a, **k: budgets.append((k["budget_s"], k["budget_cap_s"])) or
+                        SimpleNamespace(plan=Plan(name="tuned"), search=SimpleNamespace(budget_s=k["budget_cap_s"])))
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
     got = run_module._tune(Job(), cpu, SimpleNamespace(world_size=1, is_main=True),
                            [("naive", Plan(micro_batch=8, name="naive"))], budget_s=None, steps=400, minutes=None,
                            allow_batch_change=True, run_dir=tmp_path, seed=0, console=quiet, try_compile=True)
-    assert got.budget_s == pytest.approx(40.0) and budgets == [pytest.approx(37.0)]  # 20 % of 200 s, less its 3 s
+    # 10 % of 200 s, growing to 20 % by what the search saves, both less naive's 3 s; the search grew it to the cap
+    assert budgets == [(pytest.approx(17.0), pytest.approx(37.0))] and got.budget_s == pytest.approx(40.0)
     assert got.naive.step_s == 0.5 and got.naive_s == pytest.approx(3.0) and "measurement included" in got.why
 
 

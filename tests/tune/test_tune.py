@@ -165,15 +165,23 @@ def test_saturate_run_end_to_end(tmp_path, small_corpus):
                        "--no-progress", cwd=tmp_path, timeout=600, SATURATE_TESTING_SHORT_TRIALS="1")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "before and after" in out.stdout and "× naive" in out.stdout
-    assert "round 3/3: naive" in out.stdout and "tuned vs naive: " in out.stdout and "measured total: " in out.stdout
-    assert "tuning cost " in out.stdout and "a prediction" in out.stdout
+    assert "round 3/3: naive" in out.stdout and "measured total: " in out.stdout
+    assert "tuning cost " in out.stdout
     result = json.loads((tmp_path / "run" / "comparison.json").read_text())
     rows = result["rows"]
     assert [r["label"] for r in rows if r["label"] != "runner-up"] == ["naive", "tuned", "training run"]
     assert all(r["samples_per_s"] > 0 for r in rows)
     assert result["rounds"] >= 3 and all(len(r["rounds_samples_per_s"]) == result["rounds"] for r in rows[:-1])
-    tuned = next(r for r in rows if r["label"] == "tuned")["vs_naive"]
-    assert tuned["min"] <= tuned["median"] <= tuned["max"] and tuned["rounds"] == result["rounds"]
+    tuned = next(r for r in rows if r["label"] == "tuned")
+    # Without native bf16 (an AVX2 CPU) the search may rightly keep naive's settings: measured once, no ratio.
+    if tuned["note"] == "the same settings as naive: measured once":
+        assert tuned["vs_naive"] is None and "tuned vs naive: " not in out.stdout
+        said = " ".join(out.stdout.split())  # the console wraps at 80 columns
+        assert "no saving: tuned has naive's settings" in said or result["trained"] != "tuned"
+    else:
+        ratio = tuned["vs_naive"]
+        assert "tuned vs naive: " in out.stdout and "a prediction" in out.stdout
+        assert ratio["min"] <= ratio["median"] <= ratio["max"] and ratio["rounds"] == result["rounds"]
     assert "significant" in result["contention"] and result["trained"] in {r["label"] for r in rows}
     assert result["tuning"]["budget_s"] == 60 and result["tuning"]["seconds"] > 0
     assert result["timing"]["total_s"] >= result["timing"]["training_s"] > 0

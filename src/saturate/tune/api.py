@@ -107,7 +107,7 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
         Path("runs") / f"tune-{workload.name}-{time.strftime('%Y%m%d-%H%M%S')}")))  # rank 0's name on every rank
     console.print(f"[bold]saturate tune[/bold] {workload.name} on {_describe(hw)}: effective batch "
                   f"{s.effective_batch}, {steps} planned steps"
-                  + (f", budget {budget_s:g} s" if budget_s else "")
+                  + (f", budget {round(budget_s, 1):g} s" if budget_s else "")
                   + (f", {world} processes (samples/s and memory are per process)" if world > 1 else "")
                   + "; every figure below is measured")
     if coupling:

@@ -23,6 +23,10 @@ class SearchSettings:
     world_size: int = 1
     allow_batch_change: bool = False  # may the effective batch grow (learning rate rescaled)?
     budget_s: float | None = None  # tuning wall-clock budget
+    # The budget may grow to this by what the search has found (`SearchState.earn`): half the saving predicted over
+    # `training_s` (the untuned training, predicted) from its best trial over its first. None: a fixed budget.
+    budget_cap_s: float | None = None
+    training_s: float | None = None
     headroom: float = 0.9  # share of the memory capacity a plan may use
     min_gain: float = 0.03  # a change is taken only when it gains more than this, and more than the noise
     verify_tolerance: float = 0.10  # the verification may be this much below its plan's model trial (the loader)
@@ -83,6 +87,7 @@ class SearchResult:
     skipped: list[str] = field(default_factory=list)  # what was not tried, and why
     warnings: list[str] = field(default_factory=list)  # what makes the result uncertain (said at the top)
     contention: Contention | None = None  # what other processes used of the machine during the search
+    budget_s: float | None = None  # the budget at the end (`SearchSettings.budget_cap_s`: it may have grown)
 
 
 def fit_memory(points: list[tuple[int, int]], capacity: int, headroom: float, kind: str) -> MemoryFit:

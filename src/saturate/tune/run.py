@@ -49,6 +49,7 @@ from saturate.tune.compare import (  # noqa: F401 - Row, comparison_table: the t
     comparison_table,
     row_mfu,
     runner_up,
+    same_settings,
 )
 from saturate.tune.measure import RealMeasurer
 from saturate.tune.noise import WindowRule
@@ -68,27 +69,30 @@ from saturate.workloads.coupling import workload_default_plan
 # NVIDIA GPU, the ROCm guide for AMD. On a CPU no guide applies.
 GUIDE_AFTER = {"cuda": "a6000-after", "rocm": "rocm-after"}
 
-# The default tuning budget: this share of the untuned training time predicted for the job, but no more than
-# a base plus a smaller share (`LONG_BASE_S` + `LONG_SHARE`), and at most the ceiling. A job whose share is under
-# the floor is not tuned at all (the default plan trains): below it a search holds about two trials, too few to
-# find what pays back even the search. 20 %: on the main job (gpt-tiny, 300 steps, ~200 s untuned on 2 CPU cores)
-# 10 % held one trial and never tried bf16, measured 1.4-1.9x there. The search's stages are a fixed number of
-# trials, so what a longer job needs is longer windows, not proportionally more trials: past ~400 s of training
-# the budget grows by 5 % of it, not 20 %, and a long job's wall time falls well below its untuned time
-# (a half-hour job tunes for 150 s, 8 %, not 360 s).
-TUNING_SHARE = 0.20
+# The default tuning budget, from the untuned training time predicted for the job: `TUNING_SHARE` of it to begin
+# with, which is what a search that finds nothing costs (an AVX2 CPU with no native bf16, 2026-11-23: 17 s of 20 %
+# for nothing made a 150-step job 1.12x its untuned wall time); growing by half of what the search has found
+# (`SearchState.earn`) up to `EARNED_SHARE` of it — on the main job on an AVX-512 CPU, bf16 at 1.4-1.9x buys the
+# rest of the search — but no more than a base plus a smaller share (`LONG_BASE_S` + `LONG_SHARE`: the search's
+# stages are a fixed number of trials, so what a longer job needs is longer windows, not proportionally more
+# trials; a half-hour job tunes for at most 150 s, 8 %, not 360 s), and at most the ceiling. A job whose first
+# budget is under the floor is not tuned at all (the default plan trains): below it the search holds about two
+# trials.
+TUNING_SHARE = 0.10
+EARNED_SHARE = 0.20
 LONG_BASE_S, LONG_SHARE = 60.0, 0.05
-BUDGET_FLOOR_S = 15.0
+BUDGET_FLOOR_S = 10.0
 BUDGET_CEILING_S = 600.0
 
 
-def tuning_budget(predicted_training_s: float) -> float | None:
-    """The tuning budget for a job whose untuned training is predicted to take `predicted_training_s`;
-    None when the job is too short for a search to pay for itself."""
-    share = TUNING_SHARE * predicted_training_s
-    if share < BUDGET_FLOOR_S:
+def tuning_budget(predicted_training_s: float) -> tuple[float, float] | None:
+    """(The first tuning budget, what it may grow to) for a job whose untuned training is predicted to take
+    `predicted_training_s`; None when the job is too short for a search to pay for itself."""
+    cap = min(EARNED_SHARE * predicted_training_s, LONG_BASE_S + LONG_SHARE * predicted_training_s, BUDGET_CEILING_S)
+    first = min(TUNING_SHARE * predicted_training_s, cap)
+    if first < BUDGET_FLOOR_S:
         return None
-    return min(share, LONG_BASE_S + LONG_SHARE * predicted_training_s, BUDGET_CEILING_S)
+    return first, cap
 
 
 @dataclass
@@ -265,30 +269,38 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
             predicted = steps * naive.step_s if naive.ok and naive.step_s else None
             source = (f"{steps} steps at naive's {naive.step_s:.3g} s/step, measured once" if predicted
                       else f"naive could not be measured ({naive.error})")
-        budget_s = tuning_budget(predicted) if predicted else BUDGET_CEILING_S
-        if budget_s is None:
+        budgets = tuning_budget(predicted) if predicted else (BUDGET_CEILING_S, BUDGET_CEILING_S)
+        if budgets is None:
             return _untuned(workload, hw, dist, started, predicted, naive, naive_s, console, (
                 f"not tuned: the untuned training is predicted at {predicted:.0f} s ({source}); "
                 f"{TUNING_SHARE:.0%} of it is under the {BUDGET_FLOOR_S:.0f} s a search needs to pay for itself, so "
                 "the default plan is compared and trained (--budget tunes anyway)"))
+        budget_s, cap_s = budgets
+        grows = (f"; it grows by half of what the search saves, up to {cap_s:.0f} s ({EARNED_SHARE:.0%}, at most "
+                 f"{LONG_BASE_S:.0f} s + {LONG_SHARE:.0%} and {BUDGET_CEILING_S:.0f} s)" if cap_s > budget_s
+                 else f" (at most {LONG_BASE_S:.0f} s + {LONG_SHARE:.0%} of it and {BUDGET_CEILING_S:.0f} s)")
         why = (f"tuning budget {budget_s:.0f} s: {100 * budget_s / predicted:.0f} % of the untuned training, "
-               f"predicted at {predicted:.0f} s ({source}); the budget is {TUNING_SHARE:.0%} of it, at most "
-               f"{LONG_BASE_S:.0f} s + {LONG_SHARE:.0%} of it and {BUDGET_CEILING_S:.0f} s"
-               + (f", naive's {naive_s:.1f} s measurement included" if naive_s else "")
+               f"predicted at {predicted:.0f} s ({source})"
+               + (f", naive's {naive_s:.1f} s measurement included" if naive_s else "") + grows
                if predicted else f"tuning budget {budget_s:.0f} s ({source})") + "; --budget sets another"
         console.print(why)
+    else:
+        cap_s = budget_s
     try:
         # No verification trial: the side-by-side measures the plan again, through its real loader. The naive
         # measurement that sized the budget is part of the tuning's cost: the search gets what it left.
         result = tune(workload, hw, budget_s=budget_s - naive_s, planned_steps=steps,
                       allow_batch_change=allow_batch_change, out_dir=run_dir / "tune", seed=seed, console=console,
-                      try_compile=try_compile, allow_micro_batch_change=allow_micro_batch_change, verify=False)
+                      try_compile=try_compile, allow_micro_batch_change=allow_micro_batch_change, verify=False,
+                      budget_cap_s=cap_s - naive_s if cap_s > budget_s else None, training_s=predicted)
     except BudgetTooSmall as e:
         if not predicted:  # the user's --budget: their request fails, in one line
             raise
         return _untuned(workload, hw, dist, started, predicted, naive, naive_s, console, (
             f"not tuned: the {budget_s:.0f} s this job can pay for does not hold one trial ({e}); the default "
             "plan is compared and trained instead (--budget tunes anyway)"), budget_s)
+    if cap_s > budget_s and result.search.budget_s is not None and result.search.budget_s > budget_s - naive_s:
+        budget_s = result.search.budget_s + naive_s
     return Tuning(result.plan, result, time.monotonic() - started, budget_s, why, predicted, naive=naive,
                   naive_s=naive_s)
 
@@ -368,7 +380,12 @@ def _say_costs(console: Console, cmp: Comparison | None, tuning: Tuning, trained
     cost = (f"tuning cost {tuning.seconds:.0f} s" + (" (a cached plan)" if tuning.result is None else "")
             + (f", measuring side by side {cmp.seconds:.0f} s" if cmp is not None else ", no side-by-side"))
     timing: dict[str, float | None] = {"tuning_s": tuning.seconds, "side_by_side_s": cmp.seconds if cmp else 0.0}
-    if not (naive_step and step):
+    trained_plan = (cmp.row(trained).plan if cmp is not None and cmp.row(trained) else tuning.plan)
+    if tuning.naive is not None and same_settings([("naive", tuning.naive.plan), (trained, trained_plan)]):
+        # Two measurements of the same settings differ by noise alone: that is no saving.
+        timing.update(predicted_saving_s=0.0)
+        console.print(f"{cost}; no saving: {trained} has naive's settings", highlight=False)
+    elif not (naive_step and step):
         console.print(f"{cost}; no saving predicted (naive or the trained plan was not measured)", highlight=False)
     elif minutes:
         extra = minutes * 60 / step - minutes * 60 / naive_step

@@ -43,13 +43,13 @@ class _Search(SearchState):
     def run(self) -> SearchResult:
         self.planned = self.expected_trials()
         self.loader_settings = len(ladder(self.m.cores))
-        best = self.precision()
+        best = self.earn(self.precision())
         fit = batch.memory(self, best)
-        best = batch.micro_batch(self, best, fit)
-        best = batch.activation_checkpointing(self, best, fit)
-        best = self.strategy(best)
-        best = self.fused(best)
-        best = self.compile(best)
+        best = self.earn(batch.micro_batch(self, best, fit))
+        best = self.earn(batch.activation_checkpointing(self, best, fit))
+        best = self.earn(self.strategy(best))
+        best = self.earn(self.fused(best))
+        best = self.earn(self.compile(best))
         plan = loader(self, best)
         if self.s.verify:
             chosen = self.consistent(self.verify(plan), best)
@@ -63,7 +63,7 @@ class _Search(SearchState):
                                   "rescales the learning rate linearly")
         return SearchResult(plan=chosen.plan, trials=self.trials, loader_trials=self.loader_trials, fit=fit,
                             decisions=self.decisions, seconds=self.now() - self.started, chosen=chosen,
-                            skipped=self.skipped, warnings=self.warnings)
+                            skipped=self.skipped, warnings=self.warnings, budget_s=self.s.budget_s)
 
     def expected_trials(self) -> int:
         """The model trials the stages are expected to run (the budget is shared out by it): the precisions,

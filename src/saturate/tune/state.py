@@ -13,6 +13,7 @@ still planned, so a short budget measures every stage briefly rather than the fi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -33,6 +34,9 @@ LOADER_TRIAL_S = 1.0  # what a loader trial is expected to take before one has r
 # by more than either one's windows show: the same plan built again read 45-55 samples/s on the quiet 2-core
 # machine (bench/side_by_side.py, 2026-11-23) while each trial's own windows agreed within a few percent.
 CONFIRM_BELOW = 0.15
+# The share of a found saving the search may spend on finding more (`SearchState.earn`). Half: the other half is
+# left to the user, and to `saturate run`'s side-by-side, which may spend up to the predicted saving itself.
+EARNED_SHARE = 0.5
 
 
 def gib(n: float | None) -> str:
@@ -57,6 +61,7 @@ class SearchState:
         self.skipped: list[str] = []
         self.warnings: list[str] = []  # what the user must know about the result (an inconsistent verification)
         self.started = self.now() if started is None else started
+        self.first_budget = s.budget_s  # before `earn` grew it
         self.budget_spent = False  # a trial stopped after its first step: it would have ended past the budget
         self.memory_capped = False  # the micro-batch climb was stopped by memory (predicted or an OOM)
         self.planned = 1  # model trials the search expects to run in all (set by the search before its stages)
@@ -109,6 +114,26 @@ class SearchState:
         self.skipped.append(f"{what}: not tried, the budget had {max(left, 0):.0f} s left; a trial takes up to "
                             f"{need:.0f} s{verifying} (predicted from the trials)")
         return False
+
+    def earn(self, best: Trial) -> Trial:
+        """Grow the budget by half of what `best` is predicted to save over the first model trial (the untuned
+        settings) across the training, up to `budget_cap_s`: tuning that has found a saving may spend part of it
+        on finding more, and one that has found nothing stays within its first budget. Returns `best`."""
+        s = self.s
+        first = next((t for t in self.trials if t.ok and t.samples_per_s and t.stage != "memory"), None)
+        if s.budget_s is None or s.budget_cap_s is None or not s.training_s or first is None \
+                or not (best.ok and best.samples_per_s) or best.samples_per_s <= first.samples_per_s:
+            return best
+        saving = s.training_s * (1 - first.samples_per_s / best.samples_per_s)
+        grown = min(s.budget_cap_s, max(s.budget_s, self.first_budget + EARNED_SHARE * saving))
+        if grown >= s.budget_s + 0.5:
+            self.decisions.append(
+                f"budget: {s.budget_s:.0f} -> {grown:.0f} s: {best.plan.micro_batch}×{best.plan.grad_accum} "
+                f"{best.plan.precision} read {best.samples_per_s / first.samples_per_s - 1:+.1%} over the first trial, "
+                f"{saving:.0f} s saved over the {s.training_s:.0f} s training (a prediction); the search may spend "
+                f"{EARNED_SHARE:.0%} of it, up to {s.budget_cap_s:.0f} s")
+            self.s = dataclasses.replace(s, budget_s=grown)
+        return best
 
     def deadline(self) -> float | None:
         """When a model trial must end (time.monotonic()): the budget's end less the time kept for verification;
