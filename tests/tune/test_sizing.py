@@ -239,6 +239,9 @@ def test_the_least_side_by_side_is_not_bought_beyond_the_predicted_saving():
     assert sizing.least_allowance([naive, tuned], 100.0) == pytest.approx(10.0)  # saves 10 %: under 15 %
     assert sizing.least_allowance([naive, sizing.RowCost("tuned", 0.2, 1.0, "t")], 100.0) == pytest.approx(15.0)
     assert sizing.least_allowance([naive, sizing.RowCost("tuned", 0.6, 1.0, "t")], 100.0) == 0.0  # slower: nothing
+    # what the search already spent of the saving (beyond its first budget) is not spent again
+    assert sizing.least_allowance([naive, tuned], 100.0, spent_s=4.0) == pytest.approx(6.0)
+    assert sizing.least_allowance([naive, tuned], 100.0, spent_s=12.0) == 0.0
     guessed = sizing.RowCost("tuned", 0.2, 1.0, "nothing measured it", measured=False)  # a guess predicts no saving
     assert sizing.least_allowance([naive, guessed], 100.0) == 0.0
     unmeasured = sizing.RowCost("naive", 0.5, 1.0, "nothing measured it", measured=False)

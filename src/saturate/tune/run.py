@@ -72,14 +72,14 @@ GUIDE_AFTER = {"cuda": "a6000-after", "rocm": "rocm-after"}
 # The default tuning budget, from the untuned training time predicted for the job: `TUNING_SHARE` of it to begin
 # with, which is what a search that finds nothing costs (an AVX2 CPU with no native bf16, 2026-11-23: 17 s of 20 %
 # for nothing made a 150-step job 1.12x its untuned wall time); growing by half of what the search has found
-# (`SearchState.earn`) up to `EARNED_SHARE` of it — on the main job on an AVX-512 CPU, bf16 at 1.4-1.9x buys the
+# (`SearchState.earn`) up to `GROWN_SHARE` of it — on the main job on an AVX-512 CPU, bf16 at 1.4-1.9x buys the
 # rest of the search — but no more than a base plus a smaller share (`LONG_BASE_S` + `LONG_SHARE`: the search's
 # stages are a fixed number of trials, so what a longer job needs is longer windows, not proportionally more
 # trials; a half-hour job tunes for at most 150 s, 8 %, not 360 s), and at most the ceiling. A job whose first
 # budget is under the floor is not tuned at all (the default plan trains): below it the search holds about two
 # trials.
 TUNING_SHARE = 0.10
-EARNED_SHARE = 0.20
+GROWN_SHARE = 0.20
 LONG_BASE_S, LONG_SHARE = 60.0, 0.05
 BUDGET_FLOOR_S = 10.0
 BUDGET_CEILING_S = 600.0
@@ -88,7 +88,7 @@ BUDGET_CEILING_S = 600.0
 def tuning_budget(predicted_training_s: float) -> tuple[float, float] | None:
     """(The first tuning budget, what it may grow to) for a job whose untuned training is predicted to take
     `predicted_training_s`; None when the job is too short for a search to pay for itself."""
-    cap = min(EARNED_SHARE * predicted_training_s, LONG_BASE_S + LONG_SHARE * predicted_training_s, BUDGET_CEILING_S)
+    cap = min(GROWN_SHARE * predicted_training_s, LONG_BASE_S + LONG_SHARE * predicted_training_s, BUDGET_CEILING_S)
     first = min(TUNING_SHARE * predicted_training_s, cap)
     if first < BUDGET_FLOOR_S:
         return None
@@ -111,6 +111,7 @@ class Tuning:
     naive: Trial | None = None  # naive's one measurement that sized the budget (None: not measured)
     naive_s: float = 0.0  # measured: its wall time (part of `seconds`)
     step_s: float | None = None  # the cached plan's step time when it was measured (its provenance)
+    earned_s: float = 0.0  # measured: what the search spent beyond its first budget, out of what it found
 
     def to_dict(self) -> dict[str, Any]:
         return {"seconds": round(self.seconds, 1), "budget_s": self.budget_s, "why": self.why, "label": self.label,
@@ -276,7 +277,7 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
                 f"{TUNING_SHARE:.0%} of it is under the {BUDGET_FLOOR_S:.0f} s a search needs to pay for itself, so "
                 "the default plan is compared and trained (--budget tunes anyway)"))
         budget_s, cap_s = budgets
-        grows = (f"; it grows by half of what the search saves, up to {cap_s:.0f} s ({EARNED_SHARE:.0%}, at most "
+        grows = (f"; it grows by half of what the search saves, up to {cap_s:.0f} s ({GROWN_SHARE:.0%}, at most "
                  f"{LONG_BASE_S:.0f} s + {LONG_SHARE:.0%} and {BUDGET_CEILING_S:.0f} s)" if cap_s > budget_s
                  else f" (at most {LONG_BASE_S:.0f} s + {LONG_SHARE:.0%} of it and {BUDGET_CEILING_S:.0f} s)")
         why = (f"tuning budget {budget_s:.0f} s: {100 * budget_s / predicted:.0f} % of the untuned training, "
@@ -299,10 +300,12 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
         return _untuned(workload, hw, dist, started, predicted, naive, naive_s, console, (
             f"not tuned: the {budget_s:.0f} s this job can pay for does not hold one trial ({e}); the default "
             "plan is compared and trained instead (--budget tunes anyway)"), budget_s)
+    seconds, earned = time.monotonic() - started, 0.0
     if cap_s > budget_s and result.search.budget_s is not None and result.search.budget_s > budget_s - naive_s:
+        earned = max(0.0, seconds - budget_s)  # the side-by-side's allowance beyond its share comes after this
         budget_s = result.search.budget_s + naive_s
-    return Tuning(result.plan, result, time.monotonic() - started, budget_s, why, predicted, naive=naive,
-                  naive_s=naive_s)
+    return Tuning(result.plan, result, seconds, budget_s, why, predicted, naive=naive, naive_s=naive_s,
+                  earned_s=earned)
 
 
 def _untuned(workload: Workload, hw: Any, dist: DistInfo, started: float, predicted: float | None,

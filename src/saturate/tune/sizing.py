@@ -145,16 +145,17 @@ class Sizing:
                                "source": r.source} for r in self.rows]}
 
 
-def least_allowance(rows: Sequence[RowCost], predicted_s: float) -> float:
+def least_allowance(rows: Sequence[RowCost], predicted_s: float, spent_s: float = 0.0) -> float:
     """What the least side-by-side may cost for a job whose training is predicted at `predicted_s`: `LEAST_SHARE` of
-    it, and less than the last row's plan (tuned) is predicted to save over naive (0 when nothing predicts a saving:
-    naive or the plan not measured)."""
+    it, and less than the last row's plan (tuned) is predicted to save over naive, less `spent_s` of that saving the
+    search has spent already (`SearchState.earn`); 0 when nothing predicts a saving (naive or the plan not
+    measured)."""
     naive = next((r for r in rows if r.label == "naive"), None)
     plan = rows[-1] if rows else None
     if naive is None or plan is None or plan is naive or naive.step_s <= 0 or plan.step_s <= 0 \
             or not (naive.measured and plan.measured):
         return 0.0
-    saving = predicted_s * (1 - plan.step_s / naive.step_s)
+    saving = predicted_s * (1 - plan.step_s / naive.step_s) - spent_s
     return max(0.0, min(LEAST_SHARE * predicted_s, saving))
 
 
@@ -242,7 +243,7 @@ def side_by_side(workload: Any, hw: Any, dist: DistInfo, tuning: Any, plans: lis
                       {tuning.label: tuning.step_s} if tuning.step_s else None)
     sizing = size(costs, COMPARE_SHARE * predicted if predicted else None, ROUNDS,
                   resident=torch.device(hw.torch_device).type != "cuda",
-                  least_s=least_allowance(costs, predicted) if predicted else 0.0)
+                  least_s=least_allowance(costs, predicted, tuning.earned_s) if predicted else 0.0)
     for line in sizing.dropped:
         console.print(f"[yellow]note:[/yellow] {line}", highlight=False)
     if sizing.skipped:

@@ -34,9 +34,9 @@ LOADER_TRIAL_S = 1.0  # what a loader trial is expected to take before one has r
 # by more than either one's windows show: the same plan built again read 45-55 samples/s on the quiet 2-core
 # machine (bench/side_by_side.py, 2026-11-23) while each trial's own windows agreed within a few percent.
 CONFIRM_BELOW = 0.15
-# The share of a found saving the search may spend on finding more (`SearchState.earn`). Half: the other half is
-# left to the user, and to `saturate run`'s side-by-side, which may spend up to the predicted saving itself.
-EARNED_SHARE = 0.5
+# The share of a found saving the search may spend on finding more (`SearchState.earn`). Half: the rest is the
+# user's, and `saturate run`'s side-by-side may spend no more than the search left of it (`sizing.least_allowance`).
+SAVING_SHARE = 0.5
 
 
 def gib(n: float | None) -> str:
@@ -125,13 +125,13 @@ class SearchState:
                 or not (best.ok and best.samples_per_s) or best.samples_per_s <= first.samples_per_s:
             return best
         saving = s.training_s * (1 - first.samples_per_s / best.samples_per_s)
-        grown = min(s.budget_cap_s, max(s.budget_s, self.first_budget + EARNED_SHARE * saving))
+        grown = min(s.budget_cap_s, max(s.budget_s, self.first_budget + SAVING_SHARE * saving))
         if grown >= s.budget_s + 0.5:
             self.decisions.append(
-                f"budget: {s.budget_s:.0f} -> {grown:.0f} s: {best.plan.micro_batch}×{best.plan.grad_accum} "
-                f"{best.plan.precision} read {best.samples_per_s / first.samples_per_s - 1:+.1%} over the first trial, "
+                f"budget: {s.budget_s:.0f} -> {grown:.0f} s: {plan_text(best.plan)} read "
+                f"{best.samples_per_s / first.samples_per_s - 1:+.1%} over the first trial, "
                 f"{saving:.0f} s saved over the {s.training_s:.0f} s training (a prediction); the search may spend "
-                f"{EARNED_SHARE:.0%} of it, up to {s.budget_cap_s:.0f} s")
+                f"{SAVING_SHARE:.0%} of it, up to {s.budget_cap_s:.0f} s")
             self.s = dataclasses.replace(s, budget_s=grown)
         return best
 
