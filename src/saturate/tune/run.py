@@ -53,13 +53,20 @@ from saturate.tune.compare import (  # noqa: F401 - Row, comparison_table: the t
 )
 from saturate.tune.measure import RealMeasurer
 from saturate.tune.noise import WindowRule
-from saturate.tune.sizing import (
+from saturate.tune.sizing import (  # noqa: F401 - the budget's constants, kept importable here
+    BUDGET_CEILING_S,
+    BUDGET_FLOOR_S,
     FULL_MEASURE_S,
+    GROWN_SHARE,
+    LONG_BASE_S,
+    LONG_SHARE,
     NAIVE_WARMUP,
+    TUNING_SHARE,
     measured_once,
     measured_step,
     once_verdict,
     side_by_side,
+    tuning_budget,
 )
 from saturate.tune.trial import BudgetTooSmall, Trial
 from saturate.workloads.base import Workload
@@ -68,31 +75,6 @@ from saturate.workloads.coupling import workload_default_plan
 # The guide whose "after" plan applies, by device kind (shared/GUIDES.md): the A6000 guide for one
 # NVIDIA GPU, the ROCm guide for AMD. On a CPU no guide applies.
 GUIDE_AFTER = {"cuda": "a6000-after", "rocm": "rocm-after"}
-
-# The default tuning budget, from the untuned training time predicted for the job: `TUNING_SHARE` of it to begin
-# with, which is what a search that finds nothing costs (an AVX2 CPU with no native bf16, 2026-11-23: 17 s of 20 %
-# for nothing made a 150-step job 1.12x its untuned wall time); growing by half of what the search has found
-# (`SearchState.earn`) up to `GROWN_SHARE` of it — on the main job on an AVX-512 CPU, bf16 at 1.4-1.9x buys the
-# rest of the search — but no more than a base plus a smaller share (`LONG_BASE_S` + `LONG_SHARE`: the search's
-# stages are a fixed number of trials, so what a longer job needs is longer windows, not proportionally more
-# trials; a half-hour job tunes for at most 150 s, 8 %, not 360 s), and at most the ceiling. A job whose first
-# budget is under the floor is not tuned at all (the default plan trains): below it the search holds about two
-# trials.
-TUNING_SHARE = 0.10
-GROWN_SHARE = 0.20
-LONG_BASE_S, LONG_SHARE = 60.0, 0.05
-BUDGET_FLOOR_S = 10.0
-BUDGET_CEILING_S = 600.0
-
-
-def tuning_budget(predicted_training_s: float) -> tuple[float, float] | None:
-    """(The first tuning budget, what it may grow to) for a job whose untuned training is predicted to take
-    `predicted_training_s`; None when the job is too short for a search to pay for itself."""
-    cap = min(GROWN_SHARE * predicted_training_s, LONG_BASE_S + LONG_SHARE * predicted_training_s, BUDGET_CEILING_S)
-    first = min(TUNING_SHARE * predicted_training_s, cap)
-    if first < BUDGET_FLOOR_S:
-        return None
-    return first, cap
 
 
 @dataclass
@@ -383,8 +365,10 @@ def _say_costs(console: Console, cmp: Comparison | None, tuning: Tuning, trained
     cost = (f"tuning cost {tuning.seconds:.0f} s" + (" (a cached plan)" if tuning.result is None else "")
             + (f", measuring side by side {cmp.seconds:.0f} s" if cmp is not None else ", no side-by-side"))
     timing: dict[str, float | None] = {"tuning_s": tuning.seconds, "side_by_side_s": cmp.seconds if cmp else 0.0}
-    trained_plan = (cmp.row(trained).plan if cmp is not None and cmp.row(trained) else tuning.plan)
-    if tuning.naive is not None and same_settings([("naive", tuning.naive.plan), (trained, trained_plan)]):
+    trained_plan = cmp.row(trained).plan if cmp is not None and cmp.row(trained) else tuning.plan
+    naive_plan = cmp.row("naive").plan if cmp is not None and cmp.row("naive") else \
+        tuning.naive.plan if tuning.naive is not None else None
+    if naive_plan is not None and same_settings([("naive", naive_plan), (trained, trained_plan)]):
         # Two measurements of the same settings differ by noise alone: that is no saving.
         timing.update(predicted_saving_s=0.0)
         console.print(f"{cost}; no saving: {trained} has naive's settings", highlight=False)

@@ -1,4 +1,7 @@
-"""How much side-by-side a `saturate run` can pay for (issue 14: tuning must pay for itself).
+"""How much tuning and side-by-side a `saturate run` can pay for (issue 14: tuning must pay for itself).
+
+`tuning_budget`: the search's first budget and what it may grow to, from the predicted untuned training (the
+constants' comment says why those shares).
 
 The side-by-side (compare.py) may cost `COMPARE_SHARE` of the predicted training in all: building each
 plan, its loader's start, its warm-up steps and every timed measurement of every round. Each row's cost
@@ -52,6 +55,32 @@ LEAST_SHARE = 0.15  # of the predicted training: the most the least side-by-side
 NAIVE_WARMUP = 3  # warm-up steps of naive's one measurement that sizes the budget (run.py)
 FULL_MEASURE_S = 3.0  # timed seconds per side-by-side measurement when the job can afford it
 MIN_MEASURE_S = 0.5  # the shortest a measurement is sized to (it still times at least two steps)
+
+
+# The default tuning budget, from the untuned training time predicted for the job: `TUNING_SHARE` of it to begin
+# with, which is what a search that finds nothing costs (an AVX2 CPU with no native bf16, 2026-11-23: 17 s of 20 %
+# for nothing made a 150-step job 1.12x its untuned wall time); growing by half of what the search has found
+# (`SearchState.earn`) up to `GROWN_SHARE` of it — on the main job on an AVX-512 CPU, bf16 at 1.4-1.9x buys the
+# rest of the search — but no more than a base plus a smaller share (`LONG_BASE_S` + `LONG_SHARE`: the search's
+# stages are a fixed number of trials, so what a longer job needs is longer windows, not proportionally more
+# trials; a half-hour job tunes for at most 150 s, 8 %, not 360 s), and at most the ceiling. A job whose first
+# budget is under the floor is not tuned at all (the default plan trains): below it the search holds about two
+# trials.
+TUNING_SHARE = 0.10
+GROWN_SHARE = 0.20
+LONG_BASE_S, LONG_SHARE = 60.0, 0.05
+BUDGET_FLOOR_S = 10.0
+BUDGET_CEILING_S = 600.0
+
+
+def tuning_budget(predicted_training_s: float) -> tuple[float, float] | None:
+    """(The first tuning budget, what it may grow to) for a job whose untuned training is predicted to take
+    `predicted_training_s`; None when the job is too short for a search to pay for itself."""
+    cap = min(GROWN_SHARE * predicted_training_s, LONG_BASE_S + LONG_SHARE * predicted_training_s, BUDGET_CEILING_S)
+    first = min(TUNING_SHARE * predicted_training_s, cap)
+    if first < BUDGET_FLOOR_S:
+        return None
+    return first, cap
 
 
 @dataclass(frozen=True)
