@@ -39,7 +39,7 @@ from rich.table import Table
 from saturate.engine.metrics import read_jsonl
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.plan import Plan
-from saturate.tune.rounds import interleaved  # noqa: F401 - re-exported: the benchmarks' round order
+from saturate.stats.rounds import interleaved  # noqa: F401 - re-exported: the benchmarks' round order
 from saturate.workloads import Workload, build_workload
 
 NEVER = 10**9  # an eval/checkpoint interval no benchmark reaches (the last step still checkpoints)

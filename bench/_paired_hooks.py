@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from saturate.integrations import hooks
+from saturate.script.child import hooks
 
 GPT_SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "scripts" / "gpt_pretrain"
 sys.path.insert(0, str(GPT_SCRIPT))

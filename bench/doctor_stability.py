@@ -34,7 +34,7 @@ import torch
 
 import _harness as bench
 from doctor_predictions import Samples, mlp
-from saturate.doctor.run import DoctorConfig, diagnose
+from saturate.doctor.diagnose import DoctorConfig, diagnose
 from saturate.hardware import probe
 from saturate.plan import Plan
 from saturate.workloads.coupling import workload_default_plan

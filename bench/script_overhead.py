@@ -9,7 +9,7 @@ step on one core), unchanged, run four ways, each timed by the same clock on its
 - measuring: under the shim with the doctor's Profiler timing every step after its one warm-up step
   (no counted steps: their sync counting is not a timed mode), to the end of the run;
 - detached: under the shim with a 1 + 2 step window, after which the hooks detach (nothing of saturate
-  stays registered: tests/integrations/test_script_detach.py);
+  stays registered: tests/script/test_script_detach.py);
 - counting: the mode of `saturate run -- CMD`'s full run (no Profiler; each optimizer step and batch
   counted for the whole run).
 
@@ -46,7 +46,7 @@ from typing import Any
 
 import _harness as bench
 from saturate.hardware import probe
-from saturate.integrations.command import run_instrumented
+from saturate.script.command import run_instrumented
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE.parent / "examples" / "scripts" / "gpt_pretrain" / "train.py"

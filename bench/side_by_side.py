@@ -36,8 +36,8 @@ from typing import Any
 import _harness as bench
 from saturate.hardware import probe
 from saturate.plan import Plan
+from saturate.stats.noise import WindowRule
 from saturate.tune import measure
-from saturate.tune.noise import WindowRule
 from saturate.tune.resident import ResidentMeasurer
 from saturate.workloads import build_workload
 

@@ -7,10 +7,10 @@ on a small preset (gpt-tiny by default, or ts-lstm):
    and the best point of a small exhaustive grid of the tuner's search space (every exact
    micro-batch × precision × fused AdamW, at 0 workers and at the first tune's loader; one
    measurement each, grid measured once, quiet), are then measured side by side in interleaved
-   rounds by `saturate run`'s method (tune/compare.py). Goals: the chosen plans within 5 % of
+   rounds by `saturate run`'s method (tune/side_by_side.py). Goals: the chosen plans within 5 % of
    each other (largest ÷ smallest median), each ≥ 95 % of the grid's best (median of per-round
    ratios).
-2. An honest before/after: `saturate run` (tune/run.py `run`, its default budget, no cached plan)
+2. An honest before/after: `saturate run` (tune/tuned_run.py `run`, its default budget, no cached plan)
    for `--run-steps` steps. Goals: its printed tuned ÷ naive within ±10 % of an independent
    interleaved measurement of the same two plans through train() (bench/_harness.py); no MFU
    above 100 % in its table; its wall time, tuning included, against an untuned `train` (the
@@ -51,12 +51,13 @@ import _harness as bench
 from saturate.engine.trainer import RunConfig, train
 from saturate.hardware import probe
 from saturate.plan import Plan
-from saturate.tune import cache, tune
+from saturate.stats.rounds import Ratio
+from saturate.tune import plan_cache as cache
+from saturate.tune import tune
 from saturate.tune.api import fused_adamw_available
-from saturate.tune.compare import compare
 from saturate.tune.measure import RealMeasurer
-from saturate.tune.rounds import Ratio
-from saturate.tune.run import run
+from saturate.tune.side_by_side import compare
+from saturate.tune.tuned_run import run
 from saturate.workloads import build_workload
 
 QUIET = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - the tuner's own output, not the benchmark's

@@ -31,7 +31,7 @@ from saturate.plan import Plan
 from saturate.tune import tune
 from saturate.tune.api import fused_adamw_available
 from saturate.tune.measure import RealMeasurer
-from saturate.tune.run import reference_plans
+from saturate.tune.tuned_run import reference_plans
 from saturate.workloads import build_workload
 
 

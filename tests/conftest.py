@@ -20,7 +20,7 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,
                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Token caches go to a per-session temp folder, never ~/.cache; in this process each test sees only
     the tuned plans it cached itself (a command run in a subprocess shares the session's)."""
-    from saturate.tune import cache
+    from saturate.tune import plan_cache as cache
 
     monkeypatch.setenv("SATURATE_CACHE", str(tmp_path_factory.getbasetemp() / "saturate-cache"))
     monkeypatch.setattr(cache, "plans_dir", lambda: tmp_path / "plans")
@@ -41,8 +41,8 @@ def short_doctor(monkeypatch: pytest.MonkeyPatch) -> None:
     not of its figures; the doctor's windows and verdicts are tested on their own (tests/doctor)."""
     import functools
 
-    from saturate.doctor import run
-    from saturate.tune.noise import SHORT_TRIALS_ENV, default_rule
+    from saturate.doctor import diagnose as run
+    from saturate.stats.noise import SHORT_TRIALS_ENV, default_rule
 
     monkeypatch.setenv(SHORT_TRIALS_ENV, "1")
     monkeypatch.setattr(run, "DoctorConfig", functools.partial(run.DoctorConfig, min_seconds=0.6, rule=default_rule()))

@@ -10,9 +10,9 @@
     Sink                         the metrics sink protocol: write(record), close(); RunConfig(log_to=[…])
 """
 
+from saturate.doctor.diagnose import DoctorConfig, diagnose
 from saturate.doctor.findings import Diagnosis
 from saturate.doctor.profiler import Profiler
-from saturate.doctor.run import DoctorConfig, diagnose
 from saturate.engine.metrics import Sink
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import SaturateError

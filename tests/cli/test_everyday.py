@@ -107,7 +107,8 @@ def test_plan_repr_is_one_short_line():
 @pytest.fixture
 def quick_trials(monkeypatch):
     """Trials of a few steps, so tune and run finish in seconds."""
-    from saturate.tune import api, run
+    from saturate.tune import api
+    from saturate.tune import tuned_run as run
 
     quick = functools.partial(measure.RealMeasurer, min_seconds=0.05, min_steps=1, max_steps=2)
     monkeypatch.setattr(api, "RealMeasurer", quick)
@@ -164,7 +165,7 @@ def test_no_progress_still_prints_the_start_and_the_summary(tmp_path, small_corp
 
 
 def test_doctor_diagnoses_the_plan_train_would_run_and_says_which(small_corpus, capsys, cpu, short_doctor):
-    from saturate.tune import cache
+    from saturate.tune import plan_cache as cache
     from saturate.workloads import build_workload
 
     argv = ["doctor", "--data", str(small_corpus), *TINY, "--steps", "1", "--warmup", "0", "--no-scaling"]

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import cli_env
 from saturate.cli import main
-from saturate.data.cache import cache_root, prepare_corpus
+from saturate.data.token_cache import cache_root, prepare_corpus
 from saturate.errors import DataError
 
 TINY = ("--param", "n_layer=1", "--param", "n_embd=32", "--param", "n_head=2", "--param", "seq_len=32")

@@ -60,8 +60,8 @@ def test_doctor():
 
 
 def test_script_doctor():
-    from saturate.integrations.command import ScriptRun
-    from saturate.integrations.doctor import render_script
+    from saturate.script.command import ScriptRun
+    from saturate.script.doctor_script import render_script
 
     report = {"model": {"class": "GPT", "parameters": 124_000_000, "wrapped_in": ["DistributedDataParallel"]},
               "optimizer": {"class": "AdamW", "site": "train.py:88"},

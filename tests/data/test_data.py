@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from saturate.data.cache import TokenCorpus, cache_root, prepare_corpus
 from saturate.data.corpus import content_hash, default_corpus, iter_documents, resolve_paths
 from saturate.data.shards import MAGIC, open_shard, write_shard
+from saturate.data.token_cache import TokenCorpus, cache_root, prepare_corpus
 from saturate.data.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, parse_tokenizer_spec
 from saturate.errors import ConfigError, DataError, SaturateError
 

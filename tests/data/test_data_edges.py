@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from saturate.cli import main
-from saturate.data.cache import prepare_corpus
 from saturate.data.shards import open_shard, write_shard
+from saturate.data.token_cache import prepare_corpus
 from saturate.errors import DataError
 from saturate.workloads import build_workload
 

@@ -21,12 +21,12 @@ from toy import (  # noqa: F401
     one_thread,
 )
 
+from saturate.doctor.diagnose import DoctorConfig, apply_fix, diagnose, outcome, plan_fix
 from saturate.doctor.findings import Measurements
-from saturate.doctor.run import DoctorConfig, apply_fix, diagnose, outcome, plan_fix
 from saturate.errors import ConfigError
 from saturate.plan import Plan
+from saturate.stats.noise import WindowRule
 from saturate.telemetry import read_process_tree
-from saturate.tune.noise import WindowRule
 from saturate.workloads import build_workload
 
 QUICK = DoctorConfig(steps=4, warmup=1, count_steps=1, min_seconds=0.0)

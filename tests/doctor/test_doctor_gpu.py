@@ -15,8 +15,8 @@ import torch
 from toy import Samples, mlp_loss_read_every_step, mlp_workload
 
 from conftest import cli_env
-from saturate.doctor.measure import PhaseClock, SyncCounter
-from saturate.doctor.run import DoctorConfig, diagnose
+from saturate.doctor.diagnose import DoctorConfig, diagnose
+from saturate.doctor.phases import PhaseClock, SyncCounter
 from saturate.hardware import probe
 from saturate.plan import Plan
 from saturate.telemetry import open_gpu_source

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from saturate.data.windows import make_loader
+from saturate.data.loaders import make_loader
 from saturate.engine.metrics import read_jsonl
 from saturate.engine.step import MicroBatchOOM, OutOfMemoryError, Stepper, largest_divisor_below, split_batch
 from saturate.engine.trainer import RunConfig, train

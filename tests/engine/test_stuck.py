@@ -21,7 +21,7 @@ TINY = ("--param", "n_layer=1", "--param", "n_embd=32", "--param", "n_head=2", "
 HANGING_WORKER = textwrap.dedent("""
     import os, sys
     import torch.utils.data
-    from saturate.data import windows
+    from saturate.data import loaders as windows
 
     real = windows.RandomWindows.__getitem__
 

@@ -68,7 +68,7 @@ def plans(shared: Path) -> dict[str, Path]:
 
 
 def short(env: dict[str, str]) -> dict[str, str]:
-    """`env` with trials cut short (tune/noise.py's testing knob), for the tests of a tuning's flow, not its figures."""
+    """`env` with trials cut short (stats/noise.py testing knob), for the tests of a tuning's flow, not its figures."""
     return {**env, "SATURATE_TESTING_SHORT_TRIALS": "1"}
 
 

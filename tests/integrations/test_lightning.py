@@ -11,7 +11,7 @@ import pytest
 
 from conftest import cli_env, line_of, saturate_cmd
 from saturate.doctor.findings import Fix, Prediction
-from saturate.integrations.doctor import in_your_script, in_your_terms
+from saturate.script.doctor_script import in_your_script, in_your_terms
 
 SCRIPT = """
 import json, sys

@@ -10,9 +10,9 @@ import pytest
 from test_search import FakeMachine, GiB, linear_memory, settings
 
 from saturate.plan import Plan
+from saturate.stats.noise import SHORT_TRIALS_ENV
 from saturate.tune import paired
 from saturate.tune.measure import RealMeasurer
-from saturate.tune.noise import SHORT_TRIALS_ENV
 from saturate.tune.paired import Pairs, decisive, median_interval, paired_comparison
 from saturate.tune.search import search
 from saturate.tune.trial import Trial

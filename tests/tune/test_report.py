@@ -8,7 +8,7 @@ from rich.console import Console
 from test_search import FakeMachine, GiB, linear_memory, saturating, settings
 
 from saturate.plan import Plan
-from saturate.tune.report import chosen_trial, loader_table, micro_batch_series, plot, print_report, trials_table
+from saturate.tune.evidence import chosen_trial, loader_table, micro_batch_series, plot, print_report, trials_table
 from saturate.tune.search import search
 from saturate.tune.trial import LoaderTrial, Trial
 
@@ -85,7 +85,7 @@ def test_plot_series_keep_configurations_apart_and_mark_the_chosen_trial(tmp_pat
 
 
 def test_report_says_warnings_first_and_json_keeps_the_spread():
-    from saturate.tune.report import result_dict
+    from saturate.tune.evidence import result_dict
 
     machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB), spread=0.02,
                           verify_speed=lambda p, n: saturating(16)(p) * 0.3)

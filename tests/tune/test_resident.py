@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from saturate.plan import Plan
+from saturate.stats.noise import WindowRule
 from saturate.tune import resident
 from saturate.tune.measure import RealMeasurer
-from saturate.tune.noise import WindowRule
 from saturate.tune.resident import ResidentMeasurer
 from saturate.workloads import build_workload
 

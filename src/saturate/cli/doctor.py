@@ -55,8 +55,8 @@ def add_parsers(sub: Any) -> None:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from saturate.doctor.diagnose import DoctorConfig, apply_fix, diagnose, outcome, plan_fix
     from saturate.doctor.report import prediction_text, render
-    from saturate.doctor.run import DoctorConfig, apply_fix, diagnose, outcome, plan_fix
     from saturate.engine.resume import choose_plan
     from saturate.hardware import probe
     from saturate.plan import resolve_plan
@@ -143,7 +143,7 @@ def _doctor_script(args: argparse.Namespace) -> int:
     """`saturate doctor -- CMD`: the user's own command, instrumented, stopped after its measured steps."""
     from rich.console import Console
 
-    from saturate.integrations.doctor import doctor_command, render_script
+    from saturate.script.doctor_script import doctor_command, render_script
 
     for flag, given in (("--apply", args.apply), ("--plan", args.plan), ("--save-plan", args.save_plan),
                         ("--workload", args.workload), ("--hf", args.hf)):

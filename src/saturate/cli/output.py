@@ -94,7 +94,7 @@ def run_result_dict(result: Any) -> dict[str, Any]:
 
 def tune_result_dict(result: Any) -> dict[str, Any]:
     """A tuning's result for `--json`: the plan, the trials and decisions (as in tune.json), the files."""
-    from saturate.tune.report import result_dict
+    from saturate.tune.evidence import result_dict
 
     return {**result_dict(result.search), "plan": result.plan.to_dict(), "plan_path": str(result.plan_path),
             "json_path": str(result.json_path), "out_dir": str(result.out_dir),

@@ -105,7 +105,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from saturate.engine.signals import stop_exit_code
     from saturate.hardware import probe
-    from saturate.tune.run import run
+    from saturate.tune.tuned_run import run
 
     if args.script is not None:
         return _run_script(args)
@@ -139,7 +139,7 @@ def _refuse_preset_flags(args: argparse.Namespace) -> None:
 
 def _script_tuning(args: argparse.Namespace, console: Any) -> Any:
     from saturate.hardware import usable_cores
-    from saturate.integrations.tune import tune_command, window_rule
+    from saturate.script.tune_script import tune_command, window_rule
 
     console.print(f"[dim]tune: each trial runs your command's first {2 + args.trial_steps} optimizer steps with "
                   "saturate's hooks, then times its steps in windows until they agree (at most "
@@ -161,7 +161,7 @@ def _tune_script(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from saturate.integrations.tune import render, write
+    from saturate.script.tune_script import render, write
 
     _refuse_preset_flags(args)
     console = Console(highlight=False, stderr=args.json)
@@ -176,7 +176,7 @@ def _tune_script(args: argparse.Namespace) -> int:
 
 def _check_trainer_overrides(path: Path, overrides: dict[str, Any]) -> None:
     """Overrides name only the knobs saturate tunes (the training stays the same): `integrations.overrides.check`."""
-    from saturate.integrations.overrides import check
+    from saturate.script.overrides import check
 
     check(path, overrides)
 
@@ -187,9 +187,9 @@ def _run_script(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from saturate.integrations.run import NOTHING_FOUND, ScriptRunReport, full_run, render, side_by_side
-    from saturate.integrations.tune import render as render_tuning
-    from saturate.integrations.tune import window_rule
+    from saturate.script.run_script import NOTHING_FOUND, ScriptRunReport, full_run, render, side_by_side
+    from saturate.script.tune_script import render as render_tuning
+    from saturate.script.tune_script import window_rule
 
     _refuse_preset_flags(args)
     console = Console(highlight=False, stderr=args.json)

@@ -1,6 +1,5 @@
 """Corpus → token shards: find the files, tokenise once, cache by content, memory-map the result."""
 
-from saturate.data.cache import TokenCorpus, cache_root, prepare_corpus
 from saturate.data.corpus import (
     DATA_SUFFIXES,
     JSONL_SUFFIX,
@@ -11,6 +10,7 @@ from saturate.data.corpus import (
     resolve_paths,
 )
 from saturate.data.shards import TokenShard, open_shard, shard_dtype, write_shard
+from saturate.data.token_cache import TokenCorpus, cache_root, prepare_corpus
 from saturate.data.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, parse_tokenizer_spec
 
 __all__ = [

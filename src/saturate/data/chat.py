@@ -33,7 +33,7 @@ from torch.utils.data import Dataset
 
 from saturate.atomic import atomic_path, atomic_write_bytes
 from saturate.data.corpus import json_object
-from saturate.data.windows import MappedTokens
+from saturate.data.loaders import MappedTokens
 from saturate.errors import ConfigError, DataError
 
 FORMAT = 1
@@ -274,8 +274,8 @@ class PackedRows(MappedTokens, Dataset):
 def prepare(files: Sequence[Path], tokenizer: Any, seq_len: int, val_fraction: float = 0.1,
             cache: Path | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """Packed train and validation rows (memory-mapped) and their statistics, built once per content."""
-    from saturate.data.cache import cache_root
     from saturate.data.corpus import content_hash
+    from saturate.data.token_cache import cache_root
 
     fmt = ChatFormat(tokenizer)
     key_src = {"source": content_hash(list(files), "messages"), "tokenizer": tokenizer.name, "template": fmt.name,

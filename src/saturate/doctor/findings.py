@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from saturate.stats.noise import trimmed
 from saturate.telemetry import Stat
-from saturate.tune.noise import trimmed
 
 VERDICTS = {
     "oom-risk": "at risk of OOM",

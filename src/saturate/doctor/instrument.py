@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from saturate.doctor.findings import Measurements
-from saturate.doctor.measure import PHASES, PhaseClock, SyncCounter
-from saturate.doctor.windows import per_window, split
+from saturate.doctor.phase_windows import per_window, split
+from saturate.doctor.phases import PHASES, PhaseClock, SyncCounter
 from saturate.hardware import synchronize
 from saturate.hardware.contention import Contention, ContentionMeter
 from saturate.telemetry import Sampler, Snapshot, Stat, gpu_stat, host_memory_budget, host_stat, swap_traffic

@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from saturate.doctor.findings import Diagnosis, Fix, Measurements, Prediction
-from saturate.doctor.measure import PHASES
+from saturate.doctor.phases import PHASES
 from saturate.telemetry import Stat
 
 _GIB = 1024**3

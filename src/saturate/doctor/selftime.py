@@ -2,7 +2,7 @@
 
 Every hook body saturate runs per step in a loop it did not write (the Profiler's forward, backward and
 optimizer hooks and its batch wrapper; in a user's unchanged script also the optimizer-step hook and the
-DataLoader iterator wrapper of `integrations/hooks.py`) is decorated with `own`: `perf_counter_ns` at
+DataLoader iterator wrapper of `script/child/hooks.py`) is decorated with `own`: `perf_counter_ns` at
 entry and at exit, added to one process-wide total. A hook called from inside another is counted once
 (the outer one), and the script's or torch's own code that a hook calls (the batch a wrapper fetches, the
 DataLoader being made) is taken out with `foreign`.

@@ -225,16 +225,16 @@ def choose_plan(plan: Plan | None, state: dict[str, Any] | None, workload: Workl
     """The given plan; else the checkpoint's when resuming; else the tuned plan cached for this workload
     on this hardware; else the seed plan. A plan tuned on other hardware is flagged, never silent.
     Under torchrun the checkpoint's and the cached plan keep their effective batch over `world` processes."""
-    from saturate.tune import cache
+    from saturate.tune import plan_cache
 
     if plan is not None:
-        if (warning := cache.hardware_mismatch(plan, hw.fingerprint())) is not None:
+        if (warning := plan_cache.hardware_mismatch(plan, hw.fingerprint())) is not None:
             notes.append(warning)
         return plan
     if state is not None:
         return checkpoint_plan(state, world, notes)
     if use_tuned:
-        cached, cache_notes = cache.lookup(workload, hw.fingerprint(), world)
+        cached, cache_notes = plan_cache.lookup(workload, hw.fingerprint(), world)
         notes.extend(cache_notes)
         tuned_world = int(cached.provenance.get("world_size", 1)) if cached is not None else world
         if cached is not None and tuned_world != world:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from saturate.data.windows import eval_loader, make_loader
+from saturate.data.loaders import eval_loader, make_loader
 from saturate.engine.checkpoint import CheckpointManager
 from saturate.engine.console import ConsoleSink
 from saturate.engine.distributed import (

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from saturate.data.windows import eval_loader
+from saturate.data.loaders import eval_loader
 from saturate.engine.checkpoint import state_is_finite
 from saturate.engine.distributed import (
     agree_any,

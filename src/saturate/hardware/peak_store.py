@@ -30,7 +30,7 @@ Runs = Callable[..., list[float]]
 
 
 def peaks_dir() -> Path:
-    from saturate.data.cache import cache_root
+    from saturate.data.token_cache import cache_root
 
     return cache_root() / "peaks"
 

@@ -192,7 +192,7 @@ def _monotonic_of(perf: float, now_perf: float) -> float:
 
 
 def under_saturate_hooks() -> bool:
-    hooks = sys.modules.get("saturate.integrations.hooks")
+    hooks = sys.modules.get("saturate.script.child.hooks")
     return hooks is not None and getattr(hooks, "_script", None) is not None
 
 

@@ -20,9 +20,9 @@ from saturate.engine.distributed import barrier, broadcast_object, init_distribu
 from saturate.errors import ConfigError
 from saturate.hardware.contention import ContentionMeter, measure_contention
 from saturate.plan import Plan
-from saturate.tune import cache
+from saturate.tune import plan_cache
+from saturate.tune.evidence import plot, print_report, result_dict, trial_line
 from saturate.tune.measure import RealMeasurer
-from saturate.tune.report import plot, print_report, result_dict, trial_line
 from saturate.tune.results import SearchResult, SearchSettings
 from saturate.tune.search import search
 from saturate.tune.trial import LoaderTrial, Measurer, Trial
@@ -138,7 +138,7 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
         "hardware": hw_fp,
         "hardware_description": _describe(hw),
         "workload": workload.name,
-        "workload_key": cache.workload_key(workload),
+        "workload_key": plan_cache.workload_key(workload),
         "effective_batch": result.plan.samples_per_step(world),
         "world_size": world,
         "tuning_seconds": round(result.seconds, 1),
@@ -164,7 +164,7 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
             "plots": [str(p) for p in plots], "contention_before": before.to_dict(),
         }, indent=2, default=str) + "\n").encode())
         plan.save(plan_path)
-        cached = cache.store(plan, workload, hw_fp, world) if use_cache else None
+        cached = plan_cache.store(plan, workload, hw_fp, world) if use_cache else None
         console.print(f"tuned plan: {plan_path} (evidence: {json_path}"
                       + (f"; plots: {', '.join(str(p) for p in plots)}" if plots else "") + ")")
         for n in notes:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from saturate.plan import Plan
-from saturate.tune.noise import rate_text
+from saturate.stats.noise import rate_text
 from saturate.tune.trial import Trial
 
 

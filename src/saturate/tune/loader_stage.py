@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from saturate.plan import Plan
+from saturate.stats.noise import rate_text
 from saturate.tune.decide import Comparison, compare
-from saturate.tune.noise import rate_text
 from saturate.tune.state import SearchState, gib
 from saturate.tune.trial import LoaderTrial, Trial
 

@@ -18,13 +18,13 @@ import psutil
 import torch
 from torch.utils.data import default_collate
 
-from saturate.data.windows import eval_loader, make_loader
+from saturate.data.loaders import eval_loader, make_loader
 from saturate.engine.distributed import DistInfo, agree_any, all_reduce_scalar, gather_objects, rank_device
 from saturate.engine.step import Stepper, to_device
 from saturate.hardware import synchronize
 from saturate.hardware.contention import ContentionMeter
 from saturate.plan import Plan
-from saturate.tune.noise import WindowRule, default_rule
+from saturate.stats.noise import WindowRule, default_rule
 from saturate.tune.paired import Pairing
 from saturate.tune.process import (
     CompileScope,

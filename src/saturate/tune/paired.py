@@ -33,8 +33,8 @@ from saturate.engine.step import Stepper
 from saturate.hardware import synchronize
 from saturate.hardware.contention import ContentionMeter
 from saturate.plan import Plan
+from saturate.stats.noise import SHORT_TRIALS_ENV
 from saturate.tune.decide import Comparison
-from saturate.tune.noise import SHORT_TRIALS_ENV
 from saturate.tune.process import release
 from saturate.tune.trial import Trial, first_line, is_oom
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from saturate.data.windows import make_loader
+from saturate.data.loaders import make_loader
 from saturate.engine.step import Stepper
 from saturate.hardware import synchronize
 from saturate.plan import Plan

@@ -77,7 +77,7 @@ class Optimization:
 class Workload:
     name: str
     build_model: Callable[[], nn.Module]  # a fresh model on the CPU, in fp32
-    train_data: Dataset  # map-style; sample i for any global index i >= 0 (see data/windows.py)
+    train_data: Dataset  # map-style; sample i for any global index i >= 0 (see data/loaders.py)
     val_data: Dataset | None  # finite, fixed evaluation samples
     loss_fn: Callable[[nn.Module, Any], Any]  # (model, batch on device) -> mean loss over the batch
     optim: Optimization

@@ -268,8 +268,8 @@ def gpt_workload(
     `overrides` replace fields of the preset's Optimization (e.g. steps=50, effective_batch=64) or of
     its model shape (n_layer, n_head, n_embd, seq_len).
     """
-    from saturate.data.cache import prepare_corpus
-    from saturate.data.windows import FixedWindows, RandomWindows
+    from saturate.data.loaders import FixedWindows, RandomWindows
+    from saturate.data.token_cache import prepare_corpus
 
     p, optim = preset_with(preset, overrides)
     corpus = prepare_corpus(data, tokenizer=tokenizer, seq_len=p.seq_len, text_field=text_field)

@@ -249,8 +249,8 @@ def hf_workload(path: str | os.PathLike[str], *, task: str = "lm", data: Sequenc
     params: seq_len (default: the model's context, at most 1024) and any Optimization field.
     `tokenizer` (a saturate spec) is used only when the folder has no tokenizer and no weights.
     """
-    from saturate.data.cache import prepare_corpus
-    from saturate.data.windows import FixedWindows, RandomWindows
+    from saturate.data.loaders import FixedWindows, RandomWindows
+    from saturate.data.token_cache import prepare_corpus
 
     optim_keys = {f.name for f in dataclasses.fields(Optimization)}
     unknown = sorted(set(params) - optim_keys - {"seq_len"})

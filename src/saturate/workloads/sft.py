@@ -106,8 +106,8 @@ def preset_sft_workload(preset: str, *, data: Sequence[str] | None, tokenizer: s
 
 
 def _preset_tokenizer(spec: str, data: Sequence[str] | None) -> Any:
-    from saturate.data.cache import cache_root
     from saturate.data.corpus import content_hash
+    from saturate.data.token_cache import cache_root
     from saturate.data.tokenizer import BPETokenizer, ByteTokenizer, parse_tokenizer_spec
 
     kind, vocab = parse_tokenizer_spec(spec)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import Dataset
 
-from saturate.data.windows import _splitmix64
+from saturate.data.loaders import _splitmix64
 from saturate.errors import ConfigError, DataError, unknown_name
 from saturate.workloads.base import Optimization, Workload
 

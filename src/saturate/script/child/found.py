@@ -1,0 +1,58 @@
+"""What the hooks found in a user's script: the model that owns the followed optimizer's parameters, and
+the DataLoaders it made with their settings (`hooks.Script` records them; this reads them out)."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from saturate.script.child import coupled
+
+
+def model_of(optimizer: Any, roots: list[weakref.ref]) -> tuple[Any, dict[str, Any] | None]:
+    """The top-level module (of those whose forward ran, `roots`) owning most of `optimizer`'s parameters, and
+    what the report says of it: its class under any wrappers (DDP, compile), its size, its batch-coupled layers."""
+    import torch
+
+    owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    best, best_n = None, 0
+    for ref in roots:
+        module = ref()
+        if module is None:
+            continue
+        n = sum(1 for p in module.parameters() if id(p) in owned)
+        if n > best_n:
+            best, best_n = module, n
+    if best is None:
+        return None, None
+    inner, wrappers = best, []
+    while isinstance(getattr(inner, "module", getattr(inner, "_orig_mod", None)), torch.nn.Module):
+        wrappers.append(type(inner).__name__)  # DistributedDataParallel, OptimizedModule (compile)
+        inner = getattr(inner, "module", getattr(inner, "_orig_mod", None))
+    return best, {"class": type(inner).__name__, "wrapped_in": wrappers,
+                  "parameters": sum(p.numel() for p in best.parameters()), **coupled.record(inner)}
+
+
+def live_loaders(loaders: dict[Any, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The DataLoaders still alive, what was recorded of them and their settings now, the most used first."""
+    found = [(info["ref"](), {k: v for k, v in info.items() if k not in ("ref", "settings")})
+             for info in loaders.values()]
+    alive = sorted([(loader, info) for loader, info in found if loader is not None], key=lambda x: -x[1]["batches"])
+    return [{**info, **loader_settings(loader)} for loader, info in alive]
+
+
+def iterated_loaders(loaders: dict[Any, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every DataLoader that gave batches, alive or not (at exit the script's are gone), with its settings as
+    made, the most used first."""
+    used = [info for info in loaders.values() if info["batches"]]
+    return [{**{k: v for k, v in info.items() if k not in ("ref", "settings")}, **info["settings"]}
+            for info in sorted(used, key=lambda i: -i["batches"])]
+
+
+def loader_settings(loader: Any) -> dict[str, Any]:
+    batch_size = loader.batch_size if loader.batch_size is not None else \
+        getattr(loader.batch_sampler, "batch_size", None)  # a batch sampler's (Accelerate's, a Trainer's)
+    return {"batch_size": batch_size, "num_workers": loader.num_workers,
+            "prefetch_factor": loader.prefetch_factor, "pin_memory": loader.pin_memory,
+            "persistent_workers": loader.persistent_workers, "class": type(loader).__name__,
+            "sets_batch_size": loader.batch_size is not None}  # False: batches from a batch_sampler of its own

@@ -1,0 +1,359 @@
+"""Inside a user's script, unchanged: find its training step without help and measure it.
+
+Installed by the shim (`shim/sitecustomize.py`) in every Python process of the command once it
+imports torch; the parent saturate process passes its settings through the environment and reads
+what this writes into `SATURATE_SCRIPT_DIR`. Nothing in the user's files is touched.
+
+- Optimizer steps come from PyTorch's global optimizer-step hooks; the first optimizer to step is
+  the one followed (a second optimizer's steps are not counted as steps); in a whole run, a later
+  optimizer is followed once the one before it was freed (each point of a grid search).
+- The model is found without help: until the first optimizer step, global forward hooks note the
+  modules called at the top level; the one owning most of the optimizer's parameters is the model.
+  The global hooks are then removed (they would cost a call per submodule).
+- DataLoaders record where they were made (`train.py:123`; for a library's copy of the script's own
+  loader, such as Accelerate's `prepare`, where the script made the original) and their settings;
+  waiting for a batch is timed by wrapping the DataLoader iterator's `__next__`.
+- From the first optimizer step on, the doctor's `Profiler` times phases, counts syncs and samples
+  telemetry over warm-up, counted and timed steps, exactly as for a loop that calls it by hand.
+  When its window is complete the measurements are written (rank 0) and, in doctor mode, the
+  process exits at once (`os._exit`), so none of the script's own code (saving, evaluation) runs
+  after saturate stopped it.
+- A Transformers `Trainer` is recognised when the script imports Transformers (`trainer_hooks`): its
+  arguments, where it was made, its per-step losses; overrides are applied to its `TrainingArguments`
+  and, in a trial or a doctor run (not a full run), its output folders point to a scratch folder.
+  A Lightning `Trainer` likewise (`lightning_hooks`): where it was made, its arguments, its
+  `default_root_dir` pointed to the scratch folder in a trial or doctor run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import inspect
+import json
+import os
+import random
+import sys
+import time
+import traceback
+import weakref
+from pathlib import Path
+from typing import Any
+
+from saturate.doctor import selftime
+from saturate.script.child import found, lightning_hooks
+from saturate.script.child.patches import Patches
+from saturate.script.child.trainer_hooks import TrainerWatch
+from saturate.script.child.trial_windows import StepWindows
+from saturate.script.overrides import FUSED_OPTIMIZERS, loader_changes, optimizer_changes
+
+ENV_DIR = "SATURATE_SCRIPT_DIR"
+ENV_SETTINGS = "SATURATE_SCRIPT_SETTINGS"
+REPORT = "report.json"  # the Profiler's measurements (doctor, tune trials)
+SUMMARY = "summary.json"  # a whole run's step times and samples (run -- CMD)
+FIRST_STEP = "first-step"
+# handed to `imported` by the shim once they have run
+WATCHED = ("transformers.training_args", "transformers.trainer", *lightning_hooks.WATCHED)
+
+_script: Script | None = None
+
+
+def install() -> None:
+    """Install the hooks in this process (once); a no-op without saturate's environment."""
+    global _script
+    if _script is not None or not os.environ.get(ENV_DIR):
+        return
+    _script = Script(Path(os.environ[ENV_DIR]), json.loads(os.environ.get(ENV_SETTINGS) or "{}"))
+    _script.install()
+
+
+def imported(name: str, module: Any) -> None:
+    """The shim's call when a watched module has run: wrap Transformers' Trainer/TrainingArguments, or
+    Lightning's Trainer."""
+    if _script is not None:
+        _script.patch(name, module)
+
+
+def caller_site() -> str | None:
+    """`file.py:line` of the innermost frame that is the user's code (not torch's, a library's or ours)."""
+    skip = ("site-packages", "dist-packages", f"{os.sep}torch{os.sep}", f"{os.sep}saturate{os.sep}")
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        name = frame.filename
+        if name.startswith("<") or any(s in name for s in skip) or name.startswith(sys.prefix + os.sep + "lib"):
+            continue
+        return f"{shown_path(name)}:{frame.lineno}"
+    return None
+
+
+def shown_path(name: str) -> str:
+    """A script's path as reports show it: relative to the working folder when under it, else absolute."""
+    path = os.path.abspath(name)
+    cwd = os.getcwd()
+    return os.path.relpath(path, cwd) if path.startswith(cwd.rstrip(os.sep) + os.sep) else path
+
+
+class Script:
+    """The hooks and what they saw in one process."""
+
+    def __init__(self, folder: Path, settings: dict[str, Any]) -> None:
+        self.folder = folder
+        self.warmup = int(settings.get("warmup", 2))
+        self.count_steps = int(settings.get("count_steps", 2))
+        self.steps = int(settings.get("steps", 10))
+        self.stop = bool(settings.get("stop", True))
+        self.profile = bool(settings.get("profile", True))  # False: only count steps and samples (a full run)
+        self.overrides: dict[str, Any] = settings.get("overrides") or {}  # what `tune -- CMD` tries or found
+        self.step_times: list[float] = []  # without the Profiler: when each optimizer step ended
+        self.samples = 0  # without the Profiler: samples fetched from DataLoaders
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.windows = StepWindows(settings.get("windows"), self.world)  # a trial's timed windows, if asked
+        self.optimizer: Any = None  # the optimizer the Profiler follows
+        self._followed: weakref.ref | None = None  # without the Profiler: the optimizer whose steps are counted
+        self.optimizer_steps = 0
+        self.roots: list[weakref.ref] = []  # modules whose forward ran at the top level before the first step
+        self._depth = 0
+        self._forward_hooks: list[Any] = []
+        self.loaders: dict[int, dict[str, Any]] = {}  # id(DataLoader) -> where it was made, settings, batches
+        self.profiler: Any = None
+        self.patches = Patches()  # what install() changed in torch, undone when the Profiler's window ends
+        self.model_info: dict[str, Any] | None = None
+        self.done = False
+        self.started = time.perf_counter()  # about when torch finished importing
+        self.first_step_s: float | None = None  # from then to the end of the first optimizer step
+        self.mode = str(settings.get("mode", "doctor"))  # doctor, trial, apply (a full run with the overrides)
+        scratch = None if self.mode == "apply" else folder / "trainer"
+        self.trainer = TrainerWatch(self.overrides.get("trainer") or {}, scratch, caller_site)
+        self.lightning = lightning_hooks.LightningWatch(self.overrides.get("lightning") or {}, scratch, caller_site)
+
+    # --- installing ---------------------------------------------------------------------------
+
+    def patch(self, name: str, module: Any) -> None:
+        (self.lightning if name in lightning_hooks.WATCHED else self.trainer).patch(name, module)
+
+    def install(self) -> None:
+        import torch
+        import torch.utils.data.dataloader as dl
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        from saturate.doctor.profiler import batch_len
+
+        self.patches.hook(register_optimizer_step_post_hook(selftime.own(self._after_step)))
+        self._forward_hooks = [register_module_forward_pre_hook(selftime.own(self._forward_pre)),
+                               register_module_forward_hook(selftime.own(self._forward_post))]
+        script = self
+        loader_init, loader_iter, iter_next = dl.DataLoader.__init__, dl.DataLoader.__iter__, \
+            dl._BaseDataLoaderIter.__next__
+        optimizer_init = torch.optim.Optimizer.__init__
+
+        for name in WATCHED:  # imported before torch finished importing (a rare order): wrap them now
+            if name in sys.modules:
+                self.patch(name, sys.modules[name])
+        if self.mode == "trial":  # trials start from the same weights and batches even if the script never seeds
+            random.seed(0)
+            torch.manual_seed(0)
+        if self.overrides.get("tf32"):
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        self._fuse_optimizers()
+        signature = inspect.signature(loader_init)
+        changing = bool(self.overrides.get("loader") or self.overrides.get("train_loader"))
+
+        def init(loader: Any, *args: Any, **kwargs: Any) -> None:
+            as_written = None
+            bound = signature.bind(loader, *args, **kwargs) if changing and id(loader) not in script.loaders else None
+            if bound is not None and (changes := loader_changes(script.overrides, bound,
+                                                                script.made_at_train_site(bound))):
+                as_written = {k: bound.arguments.get(k, signature.parameters[k].default) for k in changes}
+                bound.arguments.update(changes)
+                if not bound.arguments.get("num_workers"):  # settings that need workers go with them
+                    bound.arguments["prefetch_factor"] = None
+                    bound.arguments["persistent_workers"] = False
+                args, kwargs = bound.args[1:], bound.kwargs
+            selftime.foreign(loader_init, loader, *args, **kwargs)
+            if id(loader) not in script.loaders:
+                script.loaders[id(loader)] = {"site": script.loader_site(loader), "batches": 0,
+                                              "ref": weakref.ref(loader), "as_written": as_written,
+                                              "settings": found.loader_settings(loader)}
+
+        def make_iter(loader: Any) -> Any:
+            it = loader_iter(loader)
+            it._saturate_loader = weakref.ref(loader)
+            return it
+
+        def next_batch(it: Any) -> Any:
+            ref = getattr(it, "_saturate_loader", None)
+            loader = ref() if ref is not None else None
+            prof = script.profiler
+            if not script.profile and loader is not None:
+                batch = selftime.foreign(iter_next, it)
+                script.samples += batch_len(batch)
+                if (info := script.loaders.get(id(loader))) is not None:
+                    info["batches"] += 1
+                return batch
+            if prof is None or script.done or loader is None:
+                return selftime.foreign(iter_next, it)
+            info = script.loaders.get(id(loader))
+            if info is not None and prof.instrument.mode == "time":
+                info["batches"] += 1
+            return prof.next_batch(it, loader, iter_next)
+
+        def optimizer_created(opt: Any, *args: Any, **kwargs: Any) -> None:
+            optimizer_init(opt, *args, **kwargs)
+            if not hasattr(opt, "_saturate_site"):
+                opt._saturate_site = caller_site()
+
+        for owner, name, value in ((dl.DataLoader, "__init__", init), (dl.DataLoader, "__iter__", make_iter),
+                                   (dl._BaseDataLoaderIter, "__next__", selftime.own(next_batch)),
+                                   (torch.optim.Optimizer, "__init__", optimizer_created)):
+            self.patches.replace(owner, name, value)
+        atexit.register(self._at_exit)
+
+    def made_at_train_site(self, bound: Any) -> bool:
+        """Whether a DataLoader being made is the training loader the overrides resize: made at its line, or a
+        library's copy (over the same dataset) of one made there."""
+        site = (self.overrides.get("train_loader") or {}).get("site")
+        if site is None:
+            return False
+        if caller_site() == site:
+            return True
+        dataset = bound.arguments.get("dataset")
+        return any(info["site"] == site and getattr(info["ref"](), "dataset", None) is dataset
+                   for info in self.loaders.values())
+
+    def _fuse_optimizers(self) -> None:
+        """Apply `{"optimizer": {"fused": …}}` to torch's Adam and AdamW as the script makes them."""
+        import torch
+
+        for name in FUSED_OPTIMIZERS if self.overrides.get("optimizer") else ():
+            cls = getattr(torch.optim, name)
+            changes = optimizer_changes(self.overrides, cls)
+
+            def init(opt: Any, *args: Any, _init: Any = cls.__init__, _changes: dict = changes, **kwargs: Any) -> None:
+                _init(opt, *args, **{**kwargs, **_changes})
+
+            cls.__init__ = init  # type: ignore[method-assign]
+
+    def loader_site(self, loader: Any) -> str | None:
+        """Where the script set this DataLoader's arguments: for a library's copy of a loader the script made
+        (Accelerate's `prepare`, over the same dataset) the script's own `DataLoader(...)` call, else the caller."""
+        for info in self.loaders.values():
+            made = info["ref"]()
+            if made is not None and made is not loader and getattr(made, "dataset", None) is loader.dataset:
+                return info["site"]
+        return caller_site()
+
+    # --- hooks --------------------------------------------------------------------------------
+
+    def _forward_pre(self, module: Any, args: Any) -> None:
+        if self._depth == 0 and not any(r() is module for r in self.roots):
+            self.roots.append(weakref.ref(module))
+        self._depth += 1
+
+    def _forward_post(self, module: Any, args: Any, output: Any) -> None:
+        self._depth = max(0, self._depth - 1)
+
+    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._follows(optimizer):
+            return
+        self.optimizer_steps += 1
+        if self.first_step_s is None:
+            self.first_step_s = time.perf_counter() - self.started
+        self.trainer.end_step()
+        self.lightning.end_step()
+        if not self.profile:
+            if self.optimizer_steps == 1:
+                self._write(FIRST_STEP, "")
+            self.step_times.append(time.perf_counter())
+            return
+        if self.optimizer is None:
+            self._start(optimizer)
+            return
+        self.profiler.step()
+        if self.profiler.diagnosis is not None and self.windows.step():  # then a trial's windows, if asked
+            self._report()
+            self._exit() if self.stop else self.patches.detach(self.profiler.model)  # nothing of saturate stays
+
+    def _follows(self, optimizer: Any) -> bool:
+        """Whether `optimizer`'s step is the script's step: the first optimizer to step is followed; in a whole run
+        (no Profiler) a later one is, once the one followed before was freed (a grid search's next point)."""
+        if self.done:
+            return False
+        if self.profile:
+            return self.optimizer is None or optimizer is self.optimizer
+        followed = self._followed() if self._followed is not None else None
+        if followed is None:
+            self._followed = weakref.ref(optimizer)
+            return True
+        return followed is optimizer
+
+    def _start(self, optimizer: Any) -> None:
+        """After the first optimizer step: the model is known; the Profiler takes over."""
+        from saturate.doctor.profiler import Profiler
+
+        self.optimizer = optimizer
+        for h in self._forward_hooks:
+            h.remove()
+        model, self.model_info = found.model_of(optimizer, self.roots)
+        self.profiler = Profiler(model, optimizer, warmup=self.warmup, count_steps=self.count_steps,
+                                 steps=self.steps, report=False)
+        self._write(FIRST_STEP, "")
+
+    # --- what is written ----------------------------------------------------------------------
+
+    def _report(self, note: str | None = None) -> None:
+        self.done = True
+        if self.rank != 0:
+            return
+        d = self.profiler.diagnosis
+        m = d.measurements.to_dict()
+        if note:
+            m["notes"].append(note)
+        opt = self.optimizer
+        defaults = getattr(opt, "defaults", {})
+        self._write(REPORT, json.dumps({
+            "world_size": self.world,
+            "measurements": m,
+            "loaders": found.live_loaders(self.loaders),
+            "optimizer": {"class": type(opt).__name__, "site": getattr(opt, "_saturate_site", None),
+                          "fused": defaults.get("fused"), "foreach": defaults.get("foreach")},
+            "model": self.model_info, "optimizer_steps": self.optimizer_steps,
+            "first_step_s": self.first_step_s, "windows": self.windows.record(),
+            "trainer": self.trainer.report(),
+            "lightning": self.lightning.report(),
+            "instrumentation": self.profiler.instrumentation,
+        }, default=str))
+
+    def _write(self, name: str, text: str) -> None:
+        tmp = self.folder / f".{name}.{os.getpid()}"
+        tmp.write_text(text)
+        os.replace(tmp, self.folder / name)
+
+    def _exit(self) -> None:
+        """Stop the script now: nothing of its own (saving, evaluating) runs after saturate stopped it."""
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(0)
+
+    def _at_exit(self) -> None:
+        """The script ended by itself: report the steps timed so far, or how far it got."""
+        if not self.profile:
+            if self.rank == 0 and self.step_times:
+                self._write(SUMMARY, json.dumps({
+                    "world_size": self.world, "optimizer_steps": self.optimizer_steps, "samples": self.samples,
+                    "loaders": found.iterated_loaders(self.loaders), "lightning": self.lightning.report(),
+                    "step_times": self.step_times, "trainer": self.trainer.report(),
+                    "instrumentation": selftime.totals()}))
+            return
+        if self.done or self.profiler is None:
+            return
+        inst = self.profiler.instrument
+        if self.profiler.diagnosis is not None or (inst.mode == "time" and inst.timed_steps >= 1):
+            self.profiler.finish()
+            self._report(self.windows.cut_short() or f"the script ended after {inst.timed_steps} timed step(s), "
+                         f"fewer than the {self.steps} asked for")
+        elif self.rank == 0:
+            self._write(f"status-{os.getpid()}.json", json.dumps({"optimizer_steps": self.optimizer_steps}))
+

@@ -1,0 +1,105 @@
+"""saturate's hook into every Python process of a command it runs (`saturate doctor -- CMD`).
+
+Python imports `sitecustomize` at start-up from the first folder on sys.path that has one; saturate
+puts this folder first on PYTHONPATH for the command. It does nothing until the process imports
+torch, then installs saturate's hooks (saturate.script.child.hooks), so a launcher or a helper
+process that never imports torch pays nothing. A sitecustomize the machine already had is run too.
+When Transformers' `trainer` or `training_args` module, or Lightning's `trainer.trainer`, is imported,
+the hooks are handed it once it has run, to wrap its `Trainer`/`TrainingArguments` (nothing of either
+is imported eagerly).
+"""
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _chain_other_sitecustomize() -> None:
+    path = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:  # the machine's own sitecustomize failing is not ours to stop on
+            print(f"saturate: the existing sitecustomize failed: {e}", file=sys.stderr)
+
+
+class _AfterTorch(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when `torch` is imported, it wraps torch's loader to install the hooks after it."""
+
+    def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None:
+            return spec
+        loader_exec = spec.loader.exec_module
+
+        def exec_module(module):  # type: ignore[no-untyped-def]
+            loader_exec(module)
+            _install()
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+class _AfterTransformers(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when one of `WATCHED` is imported, hands it to the hooks once it has run."""
+
+    WATCHED = ("transformers.trainer", "transformers.training_args", "lightning.pytorch.trainer.trainer",
+               "pytorch_lightning.trainer.trainer")
+
+    def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+        if name not in self.WATCHED:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader_exec = spec.loader.exec_module
+
+        def exec_module(module):  # type: ignore[no-untyped-def]
+            loader_exec(module)
+            _install()
+            try:
+                from saturate.script.child import hooks
+            except Exception:  # already said by _install
+                return
+            hooks.imported(name, module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _install() -> None:
+    try:
+        from saturate.script.child import hooks
+    except Exception as e:  # saturate or its dependencies missing in this Python: say so to the parent
+        folder = os.environ.get("SATURATE_SCRIPT_DIR")
+        if folder:
+            with open(os.path.join(folder, f"error-{os.getpid()}.txt"), "w") as f:
+                f.write(f"saturate could not be imported in the script's Python ({sys.executable}): "
+                        f"{type(e).__name__}: {e}")
+        return
+    hooks.install()
+
+
+_chain_other_sitecustomize()
+if os.environ.get("SATURATE_SCRIPT_DIR"):
+    if "torch" in sys.modules:
+        _install()
+    else:
+        sys.meta_path.insert(0, _AfterTorch())
+    sys.meta_path.insert(0, _AfterTransformers())

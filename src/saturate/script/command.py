@@ -1,0 +1,199 @@
+"""Running a user's command unchanged with saturate's hooks in every Python process it starts.
+
+    run_instrumented(["python", "train.py", "--config", "medium"], settings) -> ScriptRun
+
+The command runs as it would without saturate (its own stdout, its own working folder), with one
+folder put first on PYTHONPATH whose `sitecustomize.py` loads `hooks.py` once torch is imported;
+settings travel in the environment, results come back as files in a temporary folder. The command
+runs in a process group of its own so that saturate can stop all of it (launcher, ranks, loader
+workers) on Ctrl-C, at a time limit, or once it has what it measured.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from saturate.errors import ConfigError, SaturateError
+from saturate.script.child.hooks import ENV_DIR, ENV_SETTINGS, FIRST_STEP, REPORT, SUMMARY
+
+SHIM = Path(__file__).resolve().parent / "shim"
+LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
+USAGE = "python SCRIPT …, python -m MODULE …, torchrun …, accelerate launch …"
+
+
+@dataclass
+class ScriptRun:
+    """What came back from one instrumented run of a command."""
+
+    command: list[str]
+    returncode: int
+    report: dict[str, Any] | None  # rank 0's measurements, when its window completed
+    summary: dict[str, Any] | None  # a whole run's step times and samples (settings["profile"] False)
+    optimizer_steps: int  # the most any process reported (a status or the report)
+    seconds: float
+    stderr_tail: list[str] = field(default_factory=list)
+
+
+def check_command(command: Sequence[str]) -> list[str]:
+    """The command as given, refused in one line when it is missing, not found, or not Python."""
+    if not command:
+        raise ConfigError(f"no command after `--`; give the training command as you run it ({USAGE})")
+    exe = shutil.which(command[0])
+    if exe is None:
+        raise ConfigError(f"command not found: {command[0]}")
+    name = os.path.basename(exe)
+    if name.startswith("python") or name in LAUNCHERS:
+        return list(command)
+    try:
+        with open(exe, "rb") as f:
+            first = f.readline(200)
+    except OSError:
+        first = b""
+    if first.startswith(b"#!") and b"python" in first:  # a Python entry point (a console script)
+        return list(command)
+    raise ConfigError(f"{command[0]} is not a Python command; saturate instruments Python training ({USAGE})")
+
+
+def run_instrumented(command: Sequence[str], settings: dict[str, Any], *, first_step_timeout: float = 300.0,
+                     timeout: float | None = None, quiet_stdout: bool = False) -> ScriptRun:
+    """Run `command` with the hooks; wait until it ends (or is stopped); return what it measured.
+
+    The script's stdout is the terminal's, or with `quiet_stdout` goes to stderr (saturate's own stdout
+    then carries one JSON document).
+
+    Raises SaturateError in one line when no optimizer step came within `first_step_timeout`
+    seconds, or when the script failed or ended before its first optimizer step.
+    """
+    cmd = check_command(command)
+    folder = Path(tempfile.mkdtemp(prefix="saturate-script-"))
+    try:
+        return _run(cmd, settings, folder, first_step_timeout, timeout, quiet_stdout)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _env(folder: Path, settings: dict[str, Any]) -> dict[str, str]:
+    import saturate
+
+    env = dict(os.environ)
+    ours = [str(SHIM), str(Path(saturate.__file__).resolve().parents[1])]
+    env["PYTHONPATH"] = os.pathsep.join([*ours, *filter(None, [env.get("PYTHONPATH")])])
+    env[ENV_DIR] = str(folder)
+    env[ENV_SETTINGS] = json.dumps(settings)
+    env.setdefault("PYTHONUNBUFFERED", "1")  # the script's lines reach the terminal as they are printed
+    return env
+
+
+def _run(cmd: list[str], settings: dict[str, Any], folder: Path, first_step_timeout: float,
+         timeout: float | None, quiet_stdout: bool) -> ScriptRun:
+    tail: collections.deque[str] = collections.deque(maxlen=40)
+    started = time.monotonic()
+    sys.stdout.flush()
+    proc = subprocess.Popen(cmd, env=_env(folder, settings), stderr=subprocess.PIPE, start_new_session=True,
+                            stdout=sys.stderr.fileno() if quiet_stdout else None)
+    echo = threading.Thread(target=_echo, args=(proc.stderr, tail), daemon=True)
+    echo.start()
+    try:
+        while proc.poll() is None:
+            waited = time.monotonic() - started
+            if not (folder / FIRST_STEP).exists() and waited > first_step_timeout:
+                _stop(proc)
+                raise SaturateError(f"no optimizer step within {first_step_timeout:g} s (--first-step-timeout); "
+                                    "the script was stopped. saturate times optimizer steps (torch.optim): does "
+                                    "the script reach one?")
+            if timeout is not None and waited > timeout:
+                _stop(proc)
+                raise SaturateError(f"the script did not finish its measured steps within {timeout:g} s; "
+                                    "it was stopped")
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        _stop(proc)
+        raise
+    finally:
+        _stop(proc)  # what the command left behind (loader workers, ranks of a launcher)
+        echo.join(timeout=5)
+    seconds = time.monotonic() - started
+    errors = sorted(folder.glob("error-*.txt"))
+    if errors:
+        raise ConfigError(errors[0].read_text().strip())
+    report = json.loads((folder / REPORT).read_text()) if (folder / REPORT).exists() else None
+    summary = json.loads((folder / SUMMARY).read_text()) if (folder / SUMMARY).exists() else None
+    steps = max([r["optimizer_steps"] for r in (report, summary) if r], default=0)
+    for status in folder.glob("status-*.json"):
+        steps = max(steps, json.loads(status.read_text()).get("optimizer_steps", 0))
+    run = ScriptRun(cmd, proc.returncode, report, summary, steps, seconds, list(tail))
+    if settings.get("profile", True) and report is None:
+        raise SaturateError(_why_no_report(run, settings))
+    if not settings.get("profile", True) and summary is None:
+        raise SaturateError(_why_no_report(run, {"warmup": 0, "count_steps": 0}))
+    return run
+
+
+def _why_no_report(run: ScriptRun, settings: dict[str, Any]) -> str:
+    needed = int(settings.get("warmup", 2)) + int(settings.get("count_steps", 2)) + 2
+    last = next((line.strip() for line in reversed(run.stderr_tail) if line.strip()), "")
+    failed = f" (exit code {run.returncode}{': ' + last[:200] if last else ''})" if run.returncode else ""
+    if run.optimizer_steps == 0:
+        if run.returncode:
+            return f"the script failed before its first optimizer step{failed}"
+        return ("the script ended without an optimizer step (exit code 0); saturate times the steps of a "
+                "torch.optim optimizer")
+    return (f"the script ended after {run.optimizer_steps} optimizer step(s){failed}, before the doctor's "
+            f"window of {needed}; run it for longer or lower --warmup/--steps")
+
+
+def _echo(stream: Any, tail: collections.deque[str]) -> None:
+    """Copy the script's stderr to ours as it comes, keeping its last lines for an error message."""
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace")
+        tail.append(line)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End the command's whole process group: SIGINT (a script's own Ctrl-C handling), then SIGTERM,
+    then SIGKILL, a few seconds apart."""
+    for sig, wait in ((signal.SIGINT, 3.0), (signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
+        if not _group_alive(proc.pid):
+            break
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and _group_alive(proc.pid):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.05)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=1)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # killpg(0) succeeds while any member lives, zombies included; our own child is reaped by wait()
+    import psutil
+
+    for p in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error):
+            if os.getpgid(p.info["pid"]) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                return True
+    return False

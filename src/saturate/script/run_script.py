@@ -1,0 +1,134 @@
+"""`saturate run -- CMD`: the script as written and with the tuned settings side by side, then the whole
+run with those settings applied from outside (no edit), and the before/after table.
+
+The side-by-side rounds alternate (as written, tuned | tuned, as written | …; stats/rounds.py) so that a
+burst of load on the machine hits both; the ratio reported is the median of the per-round ratios, with
+its range, and "within noise" when the range includes 1.0.
+
+When there is nothing to apply (tuning kept no setting: none was faster beyond the noise), there is no
+side-by-side — it would time the same command twice — and the script runs as written (`NOTHING_FOUND`).
+"""
+
+from __future__ import annotations
+
+import shlex
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from saturate.errors import ConfigError
+from saturate.script.command import ScriptRun, run_instrumented
+from saturate.script.script_trial import ScriptTrial, window_rule
+from saturate.script.tune_script import trial_settings
+from saturate.stats.noise import WindowRule
+from saturate.stats.rounds import Ratio, interleaved, per_round
+
+NOTHING_FOUND = ("tuning found no setting faster than the script as written beyond the noise; it runs as written "
+                 "(no side-by-side: it would time the same command twice)")
+
+
+@dataclass
+class ScriptRunReport:
+    command: list[str]
+    overrides: dict[str, Any]
+    as_written: list[ScriptTrial]  # one per round (none when there was no side-by-side)
+    tuned: list[ScriptTrial]
+    full: ScriptRun  # the whole run, with the overrides applied
+    reason: str | None = None  # why there was no side-by-side
+
+    @property
+    def ratios(self) -> list[float]:
+        """Per round, the speed-up of tuned over as written (step time as written ÷ tuned)."""
+        return per_round([a.step_s for a in self.as_written], [t.step_s for t in self.tuned])
+
+    def full_rate(self, skip: int = 2) -> tuple[float | None, int]:
+        """Optimizer steps per second over the whole run, its first `skip` steps (start-up) left out."""
+        times = (self.full.summary or {}).get("step_times", [])
+        if len(times) <= skip + 1:
+            return None, len(times)
+        return (len(times) - 1 - skip) / (times[-1] - times[skip]), len(times)
+
+    def to_dict(self) -> dict[str, Any]:
+        rate, n = self.full_rate()
+        ratio = Ratio.of(self.ratios)
+        return {"command": self.command, "overrides": self.overrides, "ratios": self.ratios,
+                "speedup": ratio.to_dict() if ratio else None, "reason": self.reason,
+                "side_by_side": None if self.reason else {"rounds": len(self.as_written),
+                                                          "verdict": ratio.to_dict()["verdict"] if ratio else None},
+                "as_written": [vars(t) for t in self.as_written], "tuned": [vars(t) for t in self.tuned],
+                "full_run": {"returncode": self.full.returncode, "optimizer_steps": self.full.optimizer_steps,
+                             "steps_per_s": rate, "seconds": self.full.seconds,
+                             "trainer": (self.full.summary or {}).get("trainer"),
+                             "lightning": (self.full.summary or {}).get("lightning"),
+                             "loaders": (self.full.summary or {}).get("loaders")}}
+
+
+def side_by_side(command: Sequence[str], overrides: dict[str, Any], *, rounds: int = 3, warmup: int = 2,
+                 steps: int = 10, first_step_timeout: float = 300.0, quiet_stdout: bool = False,
+                 on_round: Callable[[int, str], None] | None = None,
+                 rule: WindowRule | None = None) -> tuple[list[ScriptTrial], list[ScriptTrial]]:
+    """The script as written and with `overrides`, measured in alternating rounds (interleaved()), each round
+    timed in windows as a tuning trial is (`rule`, default `window_rule()`), so a round's figure is a median.
+
+    `on_round(round, name)` is called before each measurement (for a progress line)."""
+    rule = rule or window_rule()
+    trials: dict[str, list[ScriptTrial]] = {"as written": [], "tuned": []}
+    for r, name in interleaved(list(trials), rounds):
+        if on_round is not None:
+            on_round(r, name)
+        over = overrides if name == "tuned" else {}
+        run = run_instrumented(command, trial_settings(over, warmup, steps, rule),
+                               first_step_timeout=first_step_timeout, quiet_stdout=quiet_stdout)
+        refused = ((run.report or {}).get("trainer") or {}).get("error")
+        if refused and over.get("trainer"):
+            raise ConfigError(f"the script's Trainer refused the overrides {over['trainer']}: {refused}")
+        trials[name].append(ScriptTrial.of(name, over, run, rule))
+    return trials["as written"], trials["tuned"]
+
+
+def full_run(command: Sequence[str], overrides: dict[str, Any], *, first_step_timeout: float = 300.0,
+             quiet_stdout: bool = False) -> ScriptRun:
+    """The whole script with `overrides` applied from outside; only its step times and samples are recorded."""
+    settings = {"mode": "apply", "profile": False, "stop": False, "overrides": overrides}
+    return run_instrumented(command, settings, first_step_timeout=first_step_timeout, quiet_stdout=quiet_stdout)
+
+
+def render(report: ScriptRunReport, console: Console) -> None:
+    console.print(Text(f"saturate run -- {shlex.join(report.command)}", style="bold"))
+    if report.reason:
+        console.print(Text(report.reason))
+    else:
+        _render_side_by_side(report, console)
+    rate, n = report.full_rate()
+    full = report.full
+    status = "finished" if full.returncode == 0 else f"ended with exit code {full.returncode}"
+    which = "as written" if not report.overrides else "with the tuned settings"
+    line = f"the full run {which}: {status} after {full.optimizer_steps} optimizer steps in {full.seconds:.1f} s"
+    if rate is not None:
+        line += f", {rate:.3g} steps/s after its first steps (measured)"
+    console.print(line)
+
+
+def _render_side_by_side(report: ScriptRunReport, console: Console) -> None:
+    t = Table(box=None, padding=(0, 1))
+    for col, justify in (("", "left"), ("s/step (median)", "right"), ("samples/s", "right"), ("rounds", "right")):
+        t.add_column(col, justify=justify)
+    for name, trials in (("as written", report.as_written), ("tuned", report.tuned)):
+        step = statistics.median(x.step_s for x in trials)
+        rates = [x.samples_per_s for x in trials if x.samples_per_s]
+        t.add_row(name, f"{step:.4g}", f"{statistics.median(rates):.1f}" if rates else "-", str(len(trials)))
+    console.print(t)
+    ratio = Ratio.of(report.ratios)
+    if ratio is None:
+        return
+    console.print(f"tuned ÷ as written: {ratio.verdict()} (median of {ratio.rounds} alternating rounds, "
+                  "with their range)")
+    if not (ratio.faster or ratio.slower):
+        noise = 50 * (ratio.high - ratio.low) / ratio.median
+        console.print(f"  the tuned settings' gain is within noise here (±{noise:.1f} % between rounds): side by "
+                      "side, they were not measurably faster")

@@ -1,0 +1,94 @@
+"""One trial of a user's script (`saturate tune|run -- CMD`): what it measured, and how two trials compare.
+
+A trial's step time is the median over the windows its child timed (`windows.py`, summarised with the same
+`tune.noise.WindowRule` the child stopped by), its spread their relative half-range; a report without
+windows (a side-by-side round, an older child) gives the Profiler's window and no spread. Two trials
+compare through the preset tuner's `tune.decide.compare`: a gain counts only beyond both spreads added and
+`MIN_GAIN`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from saturate.script.command import ScriptRun
+from saturate.stats.noise import WindowRule
+from saturate.tune.decide import Comparison, compare
+
+MIN_GAIN = 0.03  # a setting is kept only when faster by this share at least, and beyond both trials' noise
+WINDOW_S = 0.5  # a trial's timed windows last at least this long (whole steps)
+TRIAL_SECONDS = 10.0  # the cap on a trial's timed windows, doubled on a busy machine
+
+
+def window_rule(max_seconds: float = TRIAL_SECONDS) -> WindowRule:
+    """When a script trial's windows are enough: the last 3 agree within ±2 %, or 8 windows, or `max_seconds`
+    (each cap doubled when other processes kept the machine busy)."""
+    return WindowRule(target=0.02, max_seconds=max_seconds)
+
+
+@dataclass
+class ScriptTrial:
+    """One short instrumented run of the script with `overrides` applied.
+
+    `step_s` is the median over the timed windows when there were any (`spread` their relative half-range,
+    None for a single window), else the Profiler's window; `data_share` is from the Profiler's window."""
+
+    name: str
+    overrides: dict[str, Any]
+    step_s: float
+    samples_per_s: float | None
+    data_share: float
+    steps: int
+    outcome: str = ""  # why it was kept or not
+    losses: list[float] = field(default_factory=list)  # a Trainer's per-step losses, from the first step
+    first_step_s: float | None = None  # from torch's import to the end of the first optimizer step
+    samples_per_step: float | None = None
+    note: str = ""  # what a check found when it passed (the losses' drift)
+    spread: float | None = None  # the step time is known to about ± this share
+    windows: int = 0  # timed windows (0: only the Profiler's window)
+    window_steps_per_s: list[float] = field(default_factory=list)
+    busy: bool | None = None  # other processes kept the machine busy (read when the windows hit the cap)
+    ran_to_end: bool = False  # the script finished during the trial's windows (its own end-of-run code ran)
+
+    @classmethod
+    def of(cls, name: str, overrides: dict[str, Any], run: ScriptRun, rule: WindowRule | None = None) -> ScriptTrial:
+        """The trial from a run's report; its windows summarised by `rule` (the one the trial was timed with)."""
+        report = run.report or {}
+        m = report["measurements"]
+        profiled = m["step_s"]
+        per_step = m.get("samples_per_step")
+        data = m["phases"].get("data", 0.0) / profiled if profiled > 0 else 0.0
+        losses = (report.get("trainer") or report.get("lightning") or {}).get("losses") or []
+        t = cls(name, overrides, profiled, None, data, m["steps"], losses=losses,
+                first_step_s=report.get("first_step_s"), samples_per_step=per_step)
+        windows = report.get("windows") or {}
+        if rates := windows.get("rates"):
+            summary = (rule or window_rule()).result(rates)
+            t.step_s, t.steps, t.windows, t.window_steps_per_s = 1 / summary.median, windows["steps"], len(rates), rates
+            t.spread = summary.spread if len(rates) > 1 else None
+            t.busy = windows.get("busy")
+        t.ran_to_end = bool(windows.get("script_ended"))
+        t.samples_per_s = per_step / t.step_s if per_step and t.step_s > 0 else None
+        return t
+
+    @classmethod
+    def failed(cls, name: str, overrides: dict[str, Any], why: str) -> ScriptTrial:
+        return cls(name, overrides, float("inf"), None, 0.0, 0, outcome=f"failed: {why}")
+
+    @property
+    def ok(self) -> bool:
+        return self.step_s != float("inf")
+
+    def against(self, other: ScriptTrial) -> Comparison:
+        """This trial's speed against `other`'s, given both spreads (steps per second: every trial of a tuning
+        keeps the script's effective batch)."""
+        return compare(_Speed(1 / self.step_s, self.spread), _Speed(1 / other.step_s, other.spread), MIN_GAIN)
+
+
+@dataclass(frozen=True)
+class _Speed:
+    """A trial as `decide.compare` reads it (a rate and its spread)."""
+
+    samples_per_s: float
+    spread: float | None

@@ -1,0 +1,195 @@
+"""`saturate tune -- CMD`'s stages for a framework's trainer (a Transformers or a Lightning `Trainer`), by
+measurement.
+
+Called by `tune.tune_command` when the as-written run saw a trainer; each stage runs trials through the
+search (`consider`: a run of the script with the overrides, kept only when measured faster beyond both
+trials' noise and `MIN_GAIN`) and adds a decision line (`stage`). The stages are the same for every
+framework; what a knob is called there, what the script wrote and which overrides set it come from the
+framework's adapter (`Framework`, implemented in `frameworks.py`), which says instead why a knob cannot be
+set from outside. Order:
+
+1. precision: bf16 where native (else fp16 on CUDA), accepted only when every one of the first steps' losses
+   is within the tuner's tolerance of the script's own (trials start from the same seed);
+2. micro-batch × accumulation over the exact splits of the effective batch as written: upwards while each
+   gains; if none above helped, one step down; not searched when the script's model has batch-coupled layers
+   (BatchNorm: the micro-batch is part of its maths, `coupled.py`) unless `--allow-micro-batch-change`;
+3. activation checkpointing, only where memory stopped a larger micro-batch, at that micro-batch; not on a CPU;
+4. the fused optimizer;
+5. compile, not on a CPU; accepted only when faster and when the steps the trainer plans, times the time
+   saved per step, exceed the extra start-up the compile cost.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from saturate.script.child.coupled import kept_split
+from saturate.script.overrides import merge
+from saturate.tune.results import LOSS_TOLERANCE
+from saturate.tune.search import loss_drift
+
+Option = tuple[str, dict[str, Any]] | str  # a trial's name and overrides, or why the knob is not tried
+
+
+class Search(Protocol):
+    """What the stages need of `tune._Search`."""
+
+    result: Any  # tune.ScriptTuning
+
+    def consider(self, name: str, overrides: dict[str, Any],
+                 check: Callable[[Any], str | None] | None = None) -> Any: ...
+
+    def kept(self, t: Any) -> bool: ...
+
+    def with_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class Framework(Protocol):
+    """A framework's trainer as the as-written run saw it: its knobs in its own terms."""
+
+    checkpointing_knob: str  # how the decisions name activation checkpointing ("gradient_checkpointing")
+    compile_knob: str
+    planned_steps: int | None  # optimizer steps the trainer plans (compile's pay-back)
+
+    def lower_precision(self) -> str | None:
+        """The lower precision the script already trains in, or None (fp32)."""
+
+    def precision(self, name: str, device: str) -> tuple[str, dict[str, Any]]:
+        """The trial of precision `name` ("bf16", "fp16")."""
+
+    def split(self) -> tuple[int, int] | str:
+        """The micro-batch and accumulation as written, or why they cannot be changed from outside."""
+
+    def split_overrides(self, micro: int, accum: int) -> dict[str, Any]: ...
+
+    def checkpointing(self) -> dict[str, Any] | str:
+        """The overrides that turn activation checkpointing on, or why not."""
+
+    def fused(self) -> Option: ...
+
+    def compile(self) -> Option: ...
+
+
+def trainer_stages(search: Search, fw: Framework, supports: dict[str, bool], model: dict[str, Any] | None = None,
+                   allow_micro_batch_change: bool = False) -> None:
+    """Precision, micro-batch × accumulation, checkpointing, fused optimizer and compile, in that order. `model`:
+    the report's model (its batch-coupled layers keep the micro-batch unless `allow_micro_batch_change`)."""
+    decisions = search.result.decisions
+    device = search.result.device_type
+    base = search.result.baseline
+    trial = functools.partial(stage, search)
+
+    # 1. precision, checked against the script's own losses
+    name = "bf16" if supports.get("bf16") else "fp16" if supports.get("fp16") and device == "cuda" else None
+    if (own := fw.lower_precision()) is not None:
+        decisions.append(f"precision: the script already trains in {own}")
+    elif name is None:
+        decisions.append(f"precision: fp32 (no lower precision is native on {device})")
+    else:
+        trial("precision", fw.precision(name, device), lambda t: _loss_problem(t, base))
+
+    # 2. micro-batch × accumulation at the same effective batch
+    memory_stopped = _split_stage(search, fw, model, allow_micro_batch_change)
+
+    # 3. activation checkpointing, only where memory stopped a larger micro-batch
+    knob = fw.checkpointing_knob
+    over = fw.checkpointing()
+    if device == "cpu":
+        decisions.append(f"{knob}: not tried on cpu (it trades recompute for memory; host memory did not limit "
+                         "the micro-batch)")
+    elif isinstance(over, str) or memory_stopped is None:
+        decisions.append(f"{knob}: {over}" if isinstance(over, str) else f"{knob}: not tried (no larger micro-batch "
+                         "ran out of memory, so recomputing activations could only cost time)")
+    else:
+        micro, effective = memory_stopped
+        trial(knob, (f"{knob} at micro-batch {micro}", merge(over, fw.split_overrides(micro, effective // micro))))
+
+    # 4. the fused optimizer
+    trial("fused optimizer", fw.fused())
+
+    # 5. compile, where it can pay back its compile time
+    option = fw.compile()
+    if device == "cpu" and not isinstance(option, str):
+        option = ("not tried on cpu (compiling takes tens of seconds here, more than a trial's steps can show "
+                  "back; try it where the model runs on a GPU)")
+    best = search.result.best
+    trial(fw.compile_knob, option, lambda t: _compile_problem(t, best, fw.planned_steps or 0))
+
+
+def stage(search: Search, knob: str, option: Option, check: Callable[[Any], str | None] | None = None) -> None:
+    """One knob: its trial through the search (kept only when measured faster), or why it is not tried; either
+    way a decision line."""
+    decisions = search.result.decisions
+    if isinstance(option, str):
+        decisions.append(f"{knob}: {option}")
+        return
+    label, over = option
+    t = search.consider(label, search.with_overrides(over), check)
+    decisions.append(f"{knob}: {t.outcome}" if label.startswith(knob) else f"{knob}: {label} {t.outcome}")
+
+
+def _split_stage(search: Search, fw: Framework, model: dict[str, Any] | None = None,
+                 allow_change: bool = False) -> tuple[int, int] | None:
+    """Climb the exact splits of the effective batch; (the micro-batch, the effective batch) where a larger
+    micro-batch ran out of memory, else None. Not with batch-coupled layers in the model, unless allowed."""
+    decisions = search.result.decisions
+    written = fw.split()
+    if isinstance(written, str):
+        decisions.append(f"micro-batch: {written}")
+        return None
+    micro, accum = written
+    keep, line = kept_split(model, micro, accum, allow_change)
+    if line:
+        decisions.append(line)
+    if keep:
+        return None
+    effective = micro * accum
+    splits = [d for d in range(1, effective + 1) if effective % d == 0]
+    memory_stopped, chosen, tried = None, (micro, accum), []
+
+    def consider(m: int) -> Any:
+        tried.append(f"{m} × {effective // m}")
+        t = search.consider(f"micro-batch {m} × {effective // m}", search.with_overrides(
+            fw.split_overrides(m, effective // m)))
+        if search.kept(t):
+            nonlocal chosen
+            chosen = (m, effective // m)
+        return t
+
+    for m in [d for d in splits if d > micro]:
+        t = consider(m)
+        if not t.ok and "out of memory" in t.outcome.lower():
+            memory_stopped = (m, effective)
+        if not search.kept(t):
+            break
+    if chosen == written and (below := [d for d in splits if d < micro]):
+        consider(below[-1])
+    decisions.append(f"micro-batch: {chosen[0]} × accumulation {chosen[1]} (as written {micro} × {accum}; the "
+                     f"effective batch {effective} kept; tried: {', '.join(tried) or 'no other exact split'})")
+    return memory_stopped
+
+
+def _loss_problem(t: Any, reference: Any) -> str | None:
+    """Why a lower precision's first losses are not close enough to the script's own, or None."""
+    if not t.losses or not reference.losses:
+        return "no per-step losses to compare with the script's own"
+    n = min(len(t.losses), len(reference.losses))
+    drift = loss_drift(t.losses, reference.losses)
+    if drift > LOSS_TOLERANCE:
+        return (f"its first {n} losses differ from the script's own by up to {100 * drift:.1f} % "
+                f"(> {100 * LOSS_TOLERANCE:.0f} %)")
+    t.note = f"its first {n} losses within {100 * drift:.2f} % of the script's own"
+    return None
+
+
+def _compile_problem(t: Any, best: Any, planned_steps: int) -> str | None:
+    """Why a compiled trial does not pay back its compile time within the planned steps, or None."""
+    if t.first_step_s is None or best.first_step_s is None or not planned_steps:
+        return "its compile time or the planned steps are unknown"
+    extra = t.first_step_s - best.first_step_s
+    saved = (best.step_s - t.step_s) * planned_steps
+    if saved <= extra:
+        return f"{planned_steps} planned steps would save {saved:.0f} s, less than the {extra:.0f} s compile"
+    return None

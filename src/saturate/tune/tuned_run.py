@@ -1,0 +1,398 @@
+"""`saturate run`: probe, tune (or reuse the cached plan), measure naive / the guide's plan / the runner-up /
+tuned side by side, train with the fastest, compare.
+
+The comparison rows are measured in this process by the same method, in interleaved rounds
+(compare.py), so their ratios are fair on a busy machine; the last row is the training run itself.
+Tuning must pay for itself: unless `--budget` is given, the plan cached for this workload and
+hardware is reused with no tuning, or else the tuning budget is a share of the training time
+predicted for the untuned job (naive, measured once), within a floor and a ceiling; the tuning runs no
+verification trial (the side-by-side measures the plan again, through its real loader). The side-by-side's
+measurements are timed for `COMPARE_SHARE` of the predicted training in all — building each plan,
+warm-ups, every row and round (sizing.py predicts each row's cost from the tuning's trials and naive's one
+measurement) —, dropping the runner-up, then the guide's plan, then rounds (never below 2) where they do not fit,
+one line each; naive and the tuned plan in 2 rounds may cost more, within what sizing.py's `least_allowance`
+allows. When not even that fits there is no side-by-side (comparison.json: `side_by_side: null` and the `reason`)
+and no before/after ratio: the training run and naive's one measurement, minutes apart, are shown as measured,
+not divided. The output says
+what tuning cost (measured), what it is predicted to save (labelled), and the measured total. A tuned
+(or cached) plan measured slower than another plan in every round is not trained, and that faster plan
+replaces it in the cache, so the next run of the job does not reuse a plan found slower here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.text import Text
+
+from saturate.atomic import atomic_write_bytes
+from saturate.engine.distributed import DistInfo, broadcast_object, init_distributed, teardown_distributed
+from saturate.engine.trainer import RunConfig, RunResult, train
+from saturate.errors import ConfigError
+from saturate.plan import Plan, reference_plan
+from saturate.stats.noise import WindowRule
+from saturate.tune import plan_cache
+from saturate.tune.api import TuneResult, no_empty_folders, tune
+from saturate.tune.measure import RealMeasurer
+from saturate.tune.side_by_side import (  # noqa: F401 - Row, comparison_table: the table's API, kept importable here
+    ROUNDS,
+    Comparison,
+    Row,
+    at_effective_batch,
+    compare,
+    comparison_table,
+    row_mfu,
+    runner_up,
+    same_settings,
+)
+from saturate.tune.sizing import (  # noqa: F401 - the budget's constants, kept importable here
+    BUDGET_CEILING_S,
+    BUDGET_FLOOR_S,
+    FULL_MEASURE_S,
+    GROWN_SHARE,
+    LONG_BASE_S,
+    LONG_SHARE,
+    NAIVE_WARMUP,
+    TUNING_SHARE,
+    measured_once,
+    measured_step,
+    once_verdict,
+    side_by_side,
+    tuning_budget,
+)
+from saturate.tune.trial import BudgetTooSmall, Trial
+from saturate.workloads.base import Workload
+from saturate.workloads.coupling import workload_default_plan
+
+# The guide whose "after" plan applies, by device kind (shared/GUIDES.md): the A6000 guide for one
+# NVIDIA GPU, the ROCm guide for AMD. On a CPU no guide applies.
+GUIDE_AFTER = {"cuda": "a6000-after", "rocm": "rocm-after"}
+
+
+@dataclass
+class Tuning:
+    """Where the plan compared and trained came from, and what that cost."""
+
+    plan: Plan
+    result: TuneResult | None  # None: the cached plan was reused
+    seconds: float  # measured: the search and the one naive measurement that sized its budget
+    budget_s: float | None
+    why: str  # one line: the budget and how it was chosen, or the cached plan used
+    # The training time predicted before the comparison (a prediction): untuned when the budget followed it; at
+    # the cached plan's verified speed when that was reused. It sizes the side-by-side measurements.
+    predicted_training_s: float | None = None
+    label: str = "tuned"  # "default" when the job was too short for one trial to pay for itself
+    naive: Trial | None = None  # naive's one measurement that sized the budget (None: not measured)
+    naive_s: float = 0.0  # measured: its wall time (part of `seconds`)
+    step_s: float | None = None  # the cached plan's step time when it was measured (its provenance)
+    earned_s: float = 0.0  # measured: what the search spent beyond its first budget, out of what it found
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seconds": round(self.seconds, 1), "budget_s": self.budget_s, "why": self.why, "label": self.label,
+                "cached": self.result is None and self.label == "tuned",
+                "predicted_training_s": self.predicted_training_s}
+
+
+
+@dataclass
+class RunReport:
+    rows: list[Row]
+    tuned: TuneResult | None  # None when the cached plan was reused
+    training: RunResult
+    run_dir: Path
+    notes: list[str] = field(default_factory=list)
+    comparison: Comparison | None = None
+    trained: str = "tuned"  # the label of the plan trained (the fastest measured)
+    tuning: Tuning | None = None
+    timing: dict[str, float | None] = field(default_factory=dict)  # seconds measured, and predictions (predicted_…)
+
+
+def reference_plans(workload: Workload, device_type: str, world_size: int = 1) -> list[tuple[str, Plan]]:
+    """The plans the tuned one is compared with, at the workload's effective batch over `world_size`
+    processes (DDP when there are several, as the guides ran them)."""
+    e = workload.optim.effective_batch // world_size
+    out = [("naive", at_effective_batch(reference_plan("naive"), e))]
+    # A workload from one of the guides (the time-series job, GPT-2 through Transformers) compares with that
+    # guide's plans; otherwise the guide for this kind of device.
+    guides = list(workload.guide_plans) or ([GUIDE_AFTER[device_type]] if device_type in GUIDE_AFTER else [])
+    for guide in guides:
+        out.append((f"guide: {guide}", at_effective_batch(reference_plan(guide), e)))
+    strategy = "ddp" if world_size > 1 else "single"
+    return [(label, p.replace(strategy=strategy)) for label, p in out if p is not None]
+
+
+def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = None, steps: int | None = None,
+        minutes: float | None = None, run_dir: Path | None = None, allow_batch_change: bool = False,
+        seed: int = 0, progress: bool = True, console: Console | None = None,
+        try_compile: bool = True, source: dict[str, Any] | None = None,
+        allow_micro_batch_change: bool = False) -> RunReport:
+    from saturate.hardware import probe
+
+    started = time.monotonic()
+    hw = hardware or probe(measure_peaks=True)
+    made_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
+    dist = init_distributed(torch.device(hw.torch_device).type)  # under torchrun: every rank, together
+    console = console or Console()
+    if not dist.is_main:
+        console = Console(quiet=True)  # rank 0 reports and writes
+    chosen, problem = broadcast_object(_choose_run_dir(run_dir, workload) if dist.is_main else None)
+    if problem:
+        raise ConfigError(problem)
+    run_dir = Path(chosen)
+    refs = reference_plans(workload, hw.device_type, dist.world_size)
+    tuning_started = time.monotonic()  # before it: probing, the process group, the run folder
+    with no_empty_folders(run_dir):  # a run that fails before writing anything leaves no folder
+        tuning = _tune(workload, hw, dist, refs, budget_s=budget_s, steps=steps or workload.optim.steps,
+                       minutes=minutes, allow_batch_change=allow_batch_change, run_dir=run_dir, seed=seed,
+                       console=console, try_compile=try_compile,
+                       allow_micro_batch_change=allow_micro_batch_change)
+        plans = list(refs)
+        second = runner_up(tuning.result.search.trials, tuning.plan, [p for _, p in refs]) if tuning.result else None
+        if second is not None:
+            plans.append(("runner-up", second))
+        plans.append((tuning.label, tuning.plan))
+        predicted = tuning.predicted_training_s or (minutes * 60 if minutes else None)
+        cmp, sizing = side_by_side(workload, hw, dist, tuning, plans, predicted, seed, console)
+        trained, verdicts, notes = _choose(cmp, tuning.label) if cmp is not None else (tuning.label, [], [])
+        if cmp is not None and dist.is_main and trained != tuning.label and tuning.label == "tuned":
+            notes.append(_recache(workload, hw, dist.world_size, tuning.plan, cmp.row(trained)))
+        for n in notes:
+            console.print(f"[yellow]note:[/yellow] {n}", highlight=False)
+        timing = _say_costs(console, cmp, tuning, trained, steps or workload.optim.steps, minutes)
+        timing.update(setup_s=tuning_started - started, naive_measure_s=tuning.naive_s,
+                      predicted_side_by_side_s=sizing.predicted_s, side_by_side_share_s=sizing.share_s)
+        config = RunConfig(steps=steps, minutes=minutes, run_dir=run_dir, seed=seed, device=hw.torch_device,
+                           progress=progress, source=source)  # source: so `train --resume --run-dir` alone continues
+        training_started = time.monotonic()
+        timing["before_training_s"] = training_started - tuning_started - tuning.seconds - timing["side_by_side_s"]
+        training = train(workload, cmp.row(trained).plan if cmp else tuning.plan, config,  # type: ignore[union-attr]
+                         hardware=hw)
+    rows = list(cmp.rows) if cmp is not None else measured_once(workload, hw, tuning.naive, dist.world_size)
+    report = RunReport(rows=rows, tuned=tuning.result, training=training, run_dir=run_dir,
+                       notes=notes, comparison=cmp, trained=trained, tuning=tuning, timing=timing)
+    report.timing.update(training_s=time.monotonic() - training_started, training_steps_s=training.train_seconds,
+                         total_s=time.monotonic() - started)
+    report.rows.append(Row("training run", training.plan, training.samples_per_s, training.tokens_per_s,
+                           training.train_seconds / max(1, training.steps) if training.steps else None,
+                           training.peak_memory_bytes, None,
+                           row_mfu(workload, hw, training.plan, training.samples_per_s, dist.world_size),
+                           note=f"{report.trained}, {training.steps} steps, validation loss {training.val_loss:.3f}"
+                           if training.val_loss is not None else f"{report.trained}, {training.steps} steps"))
+    if cmp is not None and cmp.contention is not None and cmp.contention.significant():  # the top of the output
+        console.print(f"[yellow]{cmp.contention.line()}[/yellow] — absolute figures are low; the ratios, measured "
+                      f"in {cmp.rounds} interleaved rounds, are fair", highlight=False)
+    console.print(comparison_table(report.rows, workload, training.memory_kind, side_by_side=cmp is not None))
+    verdicts = verdicts if cmp is not None else once_verdict(report.rows, trained)
+    for line in verdicts:
+        console.print(line, highlight=False, markup=False)
+    report.notes += [f"{r.label}: {r.mfu.text()}" for r in report.rows if r.mfu and r.mfu.exceeds_peak]
+    for n in report.notes[len(notes):]:  # those about the plan trained were said before training
+        console.print(Text.assemble(("note:", "yellow"), f" {n}"))  # a peak's source may hold "[/proc/…]"
+    t = report.timing
+    console.print(f"measured total: {t['total_s']:.0f} s (tuning {tuning.seconds:.0f} s, side by side "
+                  f"{t['side_by_side_s']:.0f} s, training {t['training_s']:.0f} s with validation and checkpoints)"
+                  + (f"; the untuned training was predicted at {t['predicted_untuned_s']:.0f} s (a prediction)"
+                     if t.get("predicted_untuned_s") else ""), highlight=False)
+    if dist.is_main:
+        atomic_write_bytes(run_dir / "comparison.json", (json.dumps(
+            {"workload": workload.name, "hardware": hw.to_dict(), "processes": dist.world_size,
+             "rows": [r.to_dict() for r in report.rows], **(cmp.to_dict() if cmp else {}),
+             "side_by_side": cmp.to_dict() if cmp else None, "reason": sizing.skipped, "sizing": sizing.to_dict(),
+             "verdicts": verdicts, "trained": report.trained, "tuning": tuning.to_dict(), "timing": report.timing,
+             "plots": [str(p) for p in tuning.result.plots] if tuning.result else [],
+             "tuned_plan": str(tuning.result.plan_path) if tuning.result else None}, indent=2, default=str)
+            + "\n").encode())
+    plots = ", ".join(str(p) for p in tuning.result.plots) if tuning.result else ""
+    console.print(f"run folder: {run_dir}  (" + (f"tuned plan {tuning.result.plan_path}; plots: {plots or 'none'}; "
+                  if tuning.result else "cached plan; ") + f"comparison {run_dir / 'comparison.json'})")
+    if made_group:
+        teardown_distributed()
+    return report
+
+
+def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Plan]], *, budget_s: float | None,
+          steps: int, minutes: float | None, allow_batch_change: bool, run_dir: Path, seed: int, console: Console,
+          try_compile: bool, allow_micro_batch_change: bool = False) -> Tuning:
+    """The plan to compare and train: the cached one (no `--budget`), else tuned within `--budget` or a budget
+    that follows the predicted untuned training time."""
+    if budget_s is None and not allow_batch_change:
+        cached = broadcast_object(_cached_plan(workload, hw, dist.world_size, try_compile) if dist.is_main else None)
+        if cached is not None:
+            why = (f"using the plan tuned for {workload.name} on this machine "
+                   f"({cached.provenance.get('tuned_at', 'date unknown')}): no tuning; --budget tunes again")
+            console.print(why)
+            verified = (cached.provenance.get("verified_samples_per_s")
+                        or cached.provenance.get("measured_samples_per_s"))
+            step = cached.samples_per_step(dist.world_size) / verified if verified else None
+            predicted = minutes * 60 if minutes else steps * step if step else None
+            return Tuning(cached, None, 0.0, None, why, predicted_training_s=predicted, step_s=step)
+    started = time.monotonic()
+    predicted, naive, naive_s = None, None, 0.0
+    why = f"--budget {budget_s:g} s" if budget_s is not None else ""
+    if budget_s is None:
+        if minutes:
+            predicted, source = minutes * 60, f"--minutes {minutes:g}"
+        else:
+            # One window (a step or a few) after the warm-up, no validation pass: a rough figure sizes the budget.
+            # NAIVE_WARMUP steps: the process's first steps are cold (one warm-up step read 0.97 s/step for gpt-tiny
+            # naive where the same plan trained at 0.86 — 13 % on the budget and the predictions made from it).
+            naive = RealMeasurer(dataclasses.replace(workload, val_data=None), hw, seed=seed, min_steps=1,
+                                 warmup=NAIVE_WARMUP,
+                                 min_seconds=0.0, rule=WindowRule(min_windows=1), dist=dist).verify(
+                dict(refs)["naive"])
+            naive_s = time.monotonic() - started
+            predicted = steps * naive.step_s if naive.ok and naive.step_s else None
+            source = (f"{steps} steps at naive's {naive.step_s:.3g} s/step, measured once" if predicted
+                      else f"naive could not be measured ({naive.error})")
+        budgets = tuning_budget(predicted) if predicted else (BUDGET_CEILING_S, BUDGET_CEILING_S)
+        if budgets is None:
+            return _untuned(workload, hw, dist, started, predicted, naive, naive_s, console, (
+                f"not tuned: the untuned training is predicted at {predicted:.0f} s ({source}); "
+                f"{TUNING_SHARE:.0%} of it is under the {BUDGET_FLOOR_S:.0f} s a search needs to pay for itself, so "
+                "the default plan is compared and trained (--budget tunes anyway)"))
+        budget_s, cap_s = budgets
+        grows = (f"; it grows by half of what the search saves, up to {cap_s:.0f} s ({GROWN_SHARE:.0%}, at most "
+                 f"{LONG_BASE_S:.0f} s + {LONG_SHARE:.0%} and {BUDGET_CEILING_S:.0f} s)" if cap_s > budget_s
+                 else f" (at most {LONG_BASE_S:.0f} s + {LONG_SHARE:.0%} of it and {BUDGET_CEILING_S:.0f} s)")
+        why = (f"tuning budget {budget_s:.0f} s: {100 * budget_s / predicted:.0f} % of the untuned training, "
+               f"predicted at {predicted:.0f} s ({source})"
+               + (f", naive's {naive_s:.1f} s measurement included" if naive_s else "") + grows
+               if predicted else f"tuning budget {budget_s:.0f} s ({source})") + "; --budget sets another"
+        console.print(why)
+    else:
+        cap_s = budget_s
+    try:
+        # No verification trial: the side-by-side measures the plan again, through its real loader. The naive
+        # measurement that sized the budget is part of the tuning's cost: the search gets what it left.
+        result = tune(workload, hw, budget_s=budget_s - naive_s, planned_steps=steps,
+                      allow_batch_change=allow_batch_change, out_dir=run_dir / "tune", seed=seed, console=console,
+                      try_compile=try_compile, allow_micro_batch_change=allow_micro_batch_change, verify=False,
+                      budget_cap_s=cap_s - naive_s if cap_s > budget_s else None, training_s=predicted)
+    except BudgetTooSmall as e:
+        if not predicted:  # the user's --budget: their request fails, in one line
+            raise
+        return _untuned(workload, hw, dist, started, predicted, naive, naive_s, console, (
+            f"not tuned: the {budget_s:.0f} s this job can pay for does not hold one trial ({e}); the default "
+            "plan is compared and trained instead (--budget tunes anyway)"), budget_s)
+    seconds, earned = time.monotonic() - started, 0.0
+    if cap_s > budget_s and result.search.budget_s is not None and result.search.budget_s > budget_s - naive_s:
+        earned = max(0.0, seconds - budget_s)  # the side-by-side's allowance beyond its share comes after this
+        budget_s = result.search.budget_s + naive_s
+    return Tuning(result.plan, result, seconds, budget_s, why, predicted, naive=naive, naive_s=naive_s,
+                  earned_s=earned)
+
+
+def _untuned(workload: Workload, hw: Any, dist: DistInfo, started: float, predicted: float | None,
+             naive: Trial | None, naive_s: float, console: Console, why: str, budget_s: float | None = None) -> Tuning:
+    """The default plan, untuned, and the line that says why."""
+    plan, _ = workload_default_plan(workload, hw.device_type, hw.supports, dist.world_size)
+    console.print(f"[yellow]{why}[/yellow]", highlight=False)
+    return Tuning(plan.replace(name="default"), None, time.monotonic() - started, budget_s, why, predicted,
+                  label="default", naive=naive, naive_s=naive_s)
+
+
+def _cached_plan(workload: Workload, hw: Any, world: int, try_compile: bool) -> Plan | None:
+    """The plan tuned for this workload on this hardware at this process count, if it can be used as it is."""
+    plan, _ = plan_cache.lookup(workload, hw.fingerprint(), world)
+    if plan is None or int(plan.provenance.get("world_size", 1)) != world:
+        return None
+    if not try_compile and plan.compile != "none":
+        return None
+    return plan
+
+
+def _recache(workload: Workload, hw: Any, world: int, tuned: Plan, faster: Any) -> str:
+    """The cache keeps the plan trained instead of the tuned one (measured faster in every round, or the tuned
+    plan failed side by side), so that the next `saturate run` of this job does not reuse a plan this run found
+    slower; the line that says so."""
+    provenance = {**(tuned.provenance or {}), "measured_samples_per_s": faster.samples_per_s,
+                  "replaced_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                  "replaced_because": f"{faster.label}: trained instead (the tuned plan measured slower in every "
+                                      "round side by side, or failed there)"}
+    provenance.pop("verified_samples_per_s", None)
+    path = plan_cache.store(faster.plan.replace(name="tuned", provenance=provenance), workload, hw.fingerprint(), world)
+    return f"the cached plan for this job is now {faster.label}'s settings ({path}); --budget tunes again"
+
+
+def _choose(cmp: Comparison, label: str = "tuned") -> tuple[str, list[str], list[str]]:
+    """Which plan trains (the `label` plan, tuned or default, unless another plan was measured faster than it in
+    every round), the verdict lines under the table, and a note when it is not that plan."""
+    lines, notes, trained = [], [], label
+    for r in cmp.rows:
+        if r.label != "naive" and r.vs_naive is not None:
+            short = (not (r.vs_naive.faster or r.vs_naive.slower) and cmp.measure_s is not None
+                     and cmp.measure_s < FULL_MEASURE_S)
+            lines.append(f"{r.label} vs naive: {r.vs_naive.verdict()}, median of {r.vs_naive.rounds} interleaved "
+                         "rounds (range)" + (f"; each measurement was {cmp.measure_s:.1f} s, sized to the job: too "
+                                             "short to resolve a gain this small" if short else ""))
+        elif r.note.startswith("the same settings as"):
+            lines.append(f"{r.label}: {r.note} (nothing to compare)")
+    tuned = cmp.row(label)
+    beaten = cmp.faster_than(label)
+    if tuned is not None and tuned.status != "ok":
+        ok = [r for r in cmp.rows if r.status == "ok" and r.samples_per_s]
+        if ok:
+            trained = max(ok, key=lambda r: r.samples_per_s or 0.0).label
+            notes.append(f"the {label} plan failed when measured here ({tuned.note}); training with {trained} "
+                         "instead")
+    elif beaten is not None:
+        trained = beaten[0].label
+        notes.append(f"the {label} plan was measured slower than {trained} in every round ({trained} "
+                     f"{beaten[1].fmt()} of {label}, beyond the noise); training with {trained} instead")
+    return trained, lines, notes
+
+
+def _say_costs(console: Console, cmp: Comparison | None, tuning: Tuning, trained: str, steps: int,
+               minutes: float | None) -> dict[str, float | None]:
+    """What tuning cost (measured) and what it is predicted to save (from the measured speeds: side by side, or
+    naive's one measurement and the plan's tuning trial when there was no side-by-side); the figures."""
+    if cmp is not None:
+        naive, row = cmp.row("naive"), cmp.row(trained)
+        naive_step, step = naive.step_s if naive else None, row.step_s if row else None
+        source = "the measured speeds"
+    else:
+        naive_step = tuning.naive.step_s if tuning.naive is not None and tuning.naive.ok else None
+        step = measured_step(tuning.result.search.trials, tuning.plan) if tuning.result else tuning.step_s
+        source = "naive's one measurement and the plan's " + ("tuning trial" if tuning.result else "cached speed")
+    cost = (f"tuning cost {tuning.seconds:.0f} s" + (" (a cached plan)" if tuning.result is None else "")
+            + (f", measuring side by side {cmp.seconds:.0f} s" if cmp is not None else ", no side-by-side"))
+    timing: dict[str, float | None] = {"tuning_s": tuning.seconds, "side_by_side_s": cmp.seconds if cmp else 0.0}
+    trained_plan = cmp.row(trained).plan if cmp is not None and cmp.row(trained) else tuning.plan
+    naive_plan = cmp.row("naive").plan if cmp is not None and cmp.row("naive") else \
+        tuning.naive.plan if tuning.naive is not None else None
+    if naive_plan is not None and same_settings([("naive", naive_plan), (trained, trained_plan)]):
+        # Two measurements of the same settings differ by noise alone: that is no saving.
+        timing.update(predicted_saving_s=0.0)
+        console.print(f"{cost}; no saving: {trained} has naive's settings", highlight=False)
+    elif not (naive_step and step):
+        console.print(f"{cost}; no saving predicted (naive or the trained plan was not measured)", highlight=False)
+    elif minutes:
+        extra = minutes * 60 / step - minutes * 60 / naive_step
+        timing["predicted_extra_steps"] = extra
+        console.print(f"{cost}; predicted: {extra:,.0f} more steps in {minutes:g} min than untuned (a prediction "
+                      f"from {source})", highlight=False)
+    else:
+        untuned, tuned = steps * naive_step, steps * step
+        timing.update(predicted_untuned_s=untuned, predicted_saving_s=untuned - tuned)
+        console.print(f"{cost}; predicted saving over {steps} steps: {untuned - tuned:,.0f} s ({untuned:,.0f} s "
+                      f"untuned → {tuned:,.0f} s with {trained}; a prediction from {source})",
+                      highlight=False)
+    return timing
+
+
+def _choose_run_dir(run_dir: Path | None, workload: Workload) -> tuple[str, str | None]:
+    """The run folder, and why it cannot be used (None when it can)."""
+    path = Path(run_dir) if run_dir else Path("runs") / f"{workload.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if path.exists() and any(path.iterdir()):
+        return str(path), f"run folder {path} is not empty; choose another --run-dir"
+    return str(path), None
+
+

@@ -1,0 +1,265 @@
+"""`saturate doctor -- CMD`: a user's script, unchanged, instrumented in its own process; bad commands refused
+in one line; Ctrl-C and time limits stop the whole command."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import cli_env, line_of, saturate_cmd
+from saturate.doctor.findings import Fix, Prediction
+from saturate.script.doctor_script import in_your_script
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scripts"
+FAST = ["--warmup", "1", "--steps", "2"]
+
+
+def doctor(*args: str, cwd: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(saturate_cmd("doctor", *args), env=cli_env(), cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# A nanoGPT-style loop: no DataLoader, batches from a get_batch() inside the accumulation loop.
+GET_BATCH_LOOP = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+data = torch.randint(0, 64, (20000,))
+def get_batch():
+    i = torch.randint(0, len(data) - 33, (8,))
+    return torch.stack([data[j:j + 32] for j in i]), torch.stack([data[j + 1:j + 33] for j in i])
+model = nn.Sequential(nn.Embedding(64, 32), nn.Linear(32, 64))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for step in range(200):
+    for micro in range(2):
+        x, y = get_batch()
+        loss = nn.functional.cross_entropy(model(x).view(-1, 64), y.view(-1)) / 2
+        loss.backward()
+    opt.step()
+    opt.zero_grad()
+open("finished.txt", "w").write("the script ran to its end")
+"""
+
+
+def test_doctor_a_guide_script_unchanged(tmp_path):
+    script = EXAMPLES / "gpt_pretrain" / "train.py"
+    before = script.read_bytes()
+    out = doctor(*FAST, "--json", "--", sys.executable, str(script), "--config", "tiny", "--out-dir",
+                 str(tmp_path / "out"), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["verdict"] and d["measurements"]["steps"] == 2 and d["measurements"]["context"] == "loop"
+    phases = d["measurements"]["phases"]
+    assert phases["forward"] > 0 and phases["backward"] > 0 and phases["optimizer"] > 0  # the model was found
+    script_view = d["script"]
+    assert script_view["model"]["class"] == "GPT" and script_view["optimizer"]["class"] == "AdamW"
+    loader = script_view["loaders"][0]
+    assert loader["site"].endswith(line_of(script, "DataLoader(")) and loader["batch_size"] == 4
+    assert loader["num_workers"] == 0
+    assert loader["batches"] == 2 * 2  # 2 timed steps × accumulation 2
+    assert script_view["optimizer"]["site"].endswith(line_of(script, "torch.optim.AdamW("))
+    assert not (tmp_path / "out").exists()  # stopped after its measured steps: the script never saved
+    assert script.read_bytes() == before  # nothing of the user's is changed
+
+
+def test_doctor_the_time_series_guide_script_counts_its_per_batch_host_copy(tmp_path):
+    script = EXAMPLES / "timeseries_grid" / "train.py"
+    out = doctor(*FAST, "--json", "--", sys.executable, str(script), "--hidden", "8", "--window", "8",
+                 "--num-workers", "1", "--length", "2000", "--batch-size", "16", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["measurements"]["syncs_per_step"] == 1  # predictions.append(out.detach().cpu().numpy())
+    loader = d["script"]["loaders"][0]
+    assert loader["site"].endswith(line_of(script, "DataLoader(")) and loader["num_workers"] == 1
+    assert loader["batch_size"] == 16
+    assert d["script"]["model"]["class"] == "Forecaster" and d["script"]["optimizer"]["class"] == "Adam"
+
+
+def test_human_report_names_the_script_and_its_knobs(tmp_path):
+    script = EXAMPLES / "gpt_pretrain" / "train.py"
+    out = doctor(*FAST, "--", sys.executable, str(script), "--config", "tiny", "--out-dir", str(tmp_path / "out"),
+                 cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "verdict:" in out.stdout and "in your script" in out.stdout
+    assert "training DataLoader at" in out.stdout and line_of(script, "DataLoader(") in out.stdout
+    assert "saturate's hooks:" in " ".join(out.stdout.split())  # their own time per step, measured
+    assert "config: {" in out.stdout  # the script's own output still reaches the terminal
+
+
+def test_a_loop_without_dataloader_gets_the_host_share_named(tmp_path):
+    (tmp_path / "loop.py").write_text(GET_BATCH_LOOP)
+    out = doctor(*FAST, "--json", "--", sys.executable, "loop.py", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["script"]["loaders"] == []
+    assert any("no DataLoader" in n and "get_batch" in n for n in d["measurements"]["notes"])
+    assert d["measurements"]["phases"]["other"] > 0  # get_batch() lands in "everything else", the host's share
+    assert not (tmp_path / "finished.txt").exists()
+
+
+DDP_SCRIPT = """
+import torch, torch.nn as nn, torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(4000, 32), torch.randn(4000, 1)), batch_size=16, shuffle=True)
+model = DDP(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(3):
+    for x, y in loader:
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+open(f"finished-{dist.get_rank()}.txt", "w").write("ran to its end")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.dist
+def test_under_torchrun_every_rank_stops_together_and_rank_0_reports(tmp_path):
+    (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
+    out = doctor(*FAST, "--json", "--", sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                 "ddp.py", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["script"]["world_size"] == 2 and d["measurements"]["steps"] == 2
+    assert d["script"]["model"]["class"] == "Sequential"
+    assert d["script"]["model"]["wrapped_in"] == ["DistributedDataParallel"]
+    assert not list(tmp_path.glob("finished-*")) and not running_in(tmp_path)
+
+
+@pytest.mark.parametrize(("command", "message"), [
+    ([], "no command after `--`"),
+    (["no-such-command-xyz"], "command not found: no-such-command-xyz"),
+    (["ls", "-l"], "ls is not a Python command"),
+])
+def test_commands_that_cannot_be_instrumented_are_refused_in_one_line(tmp_path, command, message):
+    out = doctor("--", *command, cwd=tmp_path, timeout=60)
+    assert out.returncode == 2
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("saturate: error: ") and message in lines[0]
+
+
+def test_a_script_failing_before_its_first_step_is_named_with_its_own_error(tmp_path):
+    (tmp_path / "bad.py").write_text("import torch\nraise ValueError('no such config: medium')\n")
+    out = doctor("--", sys.executable, "bad.py", cwd=tmp_path, timeout=120)
+    assert out.returncode == 2
+    last = out.stderr.strip().splitlines()[-1]
+    assert last == ("saturate: error: the script failed before its first optimizer step (exit code 1: "
+                    "ValueError: no such config: medium)")
+    assert "Traceback" in out.stderr  # the script's own traceback is shown as it ran, above saturate's line
+
+
+def test_a_script_without_optimizer_steps_or_ending_early_says_so(tmp_path):
+    (tmp_path / "none.py").write_text("import torch\nprint(torch.ones(2).sum())\n")
+    out = doctor("--", sys.executable, "none.py", cwd=tmp_path, timeout=120)
+    assert out.returncode == 2 and "ended without an optimizer step (exit code 0)" in out.stderr
+    (tmp_path / "short.py").write_text(GET_BATCH_LOOP.replace("range(200)", "range(2)"))
+    out = doctor("--warmup", "2", "--steps", "5", "--", sys.executable, "short.py", cwd=tmp_path, timeout=120)
+    assert out.returncode == 2 and "the script ended after 2 optimizer step(s)" in out.stderr
+
+
+def test_a_script_that_ends_inside_the_timed_steps_is_diagnosed_on_what_was_timed(tmp_path):
+    (tmp_path / "short.py").write_text(GET_BATCH_LOOP.replace("range(200)", "range(6)"))
+    out = doctor("--warmup", "1", "--steps", "50", "--json", "--", sys.executable, "short.py", cwd=tmp_path,
+                 timeout=120)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert 1 <= d["measurements"]["steps"] < 50
+    assert any("ended after" in n for n in d["measurements"]["notes"])
+
+
+def running_in(folder: Path) -> list[psutil.Process]:
+    """Processes still running in `folder` (the script and anything it started)."""
+    found = []
+    for p in psutil.process_iter(["cwd"]):
+        with contextlib.suppress(psutil.Error):
+            if p.info["cwd"] == str(folder) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+    return found
+
+
+def test_no_first_step_within_the_limit_stops_the_command(tmp_path):
+    (tmp_path / "slow.py").write_text("import time, torch\ntime.sleep(120)\n")
+    started = time.monotonic()
+    out = doctor("--first-step-timeout", "3", "--", sys.executable, "slow.py", cwd=tmp_path, timeout=120)
+    assert out.returncode == 2 and "no optimizer step within 3 s" in out.stderr
+    assert time.monotonic() - started < 60
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "slow.py" in " ".join(p.info["cmdline"] or [])]
+
+
+def test_ctrl_c_stops_the_command_and_everything_it_started(tmp_path):
+    (tmp_path / "slow.py").write_text("import time, torch\nprint('started', flush=True)\ntime.sleep(120)\n")
+    proc = subprocess.Popen(saturate_cmd("doctor", "--", sys.executable, "slow.py"), env=cli_env(), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = iter(proc.stdout.readline, "")
+    assert any(line.strip() == "started" for line in lines)  # the script is running
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "saturate: interrupted"
+    assert not running_in(tmp_path)
+
+
+def test_other_verbs_take_no_command():
+    from saturate.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--", "python", "train.py"])
+    assert e.value.code == 2
+
+
+def test_fixes_are_said_in_the_scripts_own_terms():
+    report = {"loaders": [{"site": "train.py:92", "batch_size": 12}],
+              "optimizer": {"class": "AdamW", "site": "train.py:95"}, "model": {"class": "GPT"}}
+    p = Prediction("step_s", 1.0, 0.5, "test")
+    assert in_your_script(Fix("workers", {"num_workers": 2, "prefetch_factor": 4}, p, ""), report, "cuda") == [
+        "train.py:92: DataLoader(..., num_workers=2, prefetch_factor=4)"]
+    lines = in_your_script(Fix("micro", {"micro_batch": 32, "grad_accum": 4}, p, ""), report, "cuda")
+    assert lines[0] == "train.py:92: DataLoader(..., batch_size=32)" and "accumulate 4 micro-batches" in lines[1]
+    assert in_your_script(Fix("bf16", {"precision": "bf16"}, p, ""), report, "cuda") == [
+        "wrap the forward and the loss in `with torch.autocast('cuda', dtype=torch.bfloat16):`"]
+    assert in_your_script(Fix("fused", {"fused": True}, p, ""), report, "cuda") == [
+        "train.py:95: AdamW(..., fused=True)"]
+    assert in_your_script(Fix("compile", {"compile": "default"}, p, ""), report, "cuda") == [
+        "model = torch.compile(model) after building your GPT"]
+    assert in_your_script(Fix("code", {}, p, ""), report, "cuda") == []
+
+
+def test_the_shim_chains_an_existing_sitecustomize(tmp_path):
+    """A machine's own sitecustomize still runs under saturate's (Debian and conda ship one)."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = '1'\n")
+    from saturate.script.command import SHIM
+
+    env = cli_env()
+    env["PYTHONPATH"] = f"{SHIM}:{theirs}:{env['PYTHONPATH']}"
+    env["SATURATE_SCRIPT_DIR"] = str(tmp_path)
+    code = "import os, sys; print(os.environ.get('THEIRS_RAN'), 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["1", "False"]  # theirs ran; torch is not imported until the script does
+
+
+def test_the_shim_waits_for_torch_and_then_installs_the_hooks(tmp_path):
+    from saturate.script.command import SHIM
+
+    env = cli_env()
+    env["PYTHONPATH"] = f"{SHIM}:{env['PYTHONPATH']}"
+    env["SATURATE_SCRIPT_DIR"] = str(tmp_path)
+    code = textwrap.dedent("""
+        import sys
+        assert "saturate.script.child.hooks" not in sys.modules
+        import torch
+        from saturate.script.child import hooks
+        print(hooks._script is not None, "Script.install" in torch.utils.data.DataLoader.__init__.__qualname__)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["True", "True"], out.stderr

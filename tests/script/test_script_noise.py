@@ -1,0 +1,201 @@
+"""A script trial's noise (`saturate tune -- CMD`): the child's timed windows stop when they agree or at a cap
+(raised on a busy machine), and the tuning keeps a setting only when its gain is beyond both trials' spreads.
+The decisions run on a fake machine: a runner that answers each trial with windows of a set noise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from saturate.script.child.trial_windows import StepWindows
+from saturate.script.command import ScriptRun
+from saturate.script.script_trial import ScriptTrial, window_rule
+from saturate.script.tune_script import ScriptTuning, edits, render, tune_command
+
+# --- the child's windows ------------------------------------------------------------------------
+
+
+class Clock:
+    """A fake clock advanced by the test: each step takes the next of `durations` (cycled)."""
+
+    def __init__(self, durations: list[float]) -> None:
+        self.now, self.durations, self.i = 100.0, durations, 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self) -> None:
+        self.now += self.durations[self.i % len(self.durations)]
+        self.i += 1
+
+
+SLOW_FAST = [0.125] * 4 + [0.5] * 4  # windows of 4 steps (the first lasts 0.5 s), fast and slow in turn
+
+
+def run_windows(w: StepWindows, clock: Clock, limit: int = 10_000) -> int:
+    """Steps until the windows are done (the first call is the end of the Profiler's last step)."""
+    assert w.step() is False
+    for n in range(1, limit):
+        clock.tick()
+        if w.step():
+            return n
+    raise AssertionError("the windows never ended")
+
+
+def test_windows_stop_once_the_last_ones_agree():
+    clock = Clock([0.125])
+    busy_reads: list[int] = []
+    w = StepWindows({"window_s": 0.5, **vars(window_rule())}, clock=clock,
+                    busy=lambda: busy_reads.append(1) or (False, 0.0))
+    steps = run_windows(w, clock)
+    assert steps == 12 and w.rates == pytest.approx([8.0] * 3)  # 3 windows of 4 steps (0.5 s), all alike
+    record = w.record()
+    assert record["agreed"] is True and record["steps"] == 12 and not busy_reads  # contention not needed
+
+
+def test_windows_that_disagree_stop_at_the_cap_and_a_busy_machine_doubles_it():
+    rule = {**vars(window_rule(max_seconds=1000.0)), "max_windows": 6}
+    quiet_clock = Clock(SLOW_FAST)  # windows of 4 steps alternate in speed: they never agree
+    quiet = StepWindows({"window_s": 0.5, **rule}, clock=quiet_clock, busy=lambda: (False, 0.1))
+    run_windows(quiet, quiet_clock)
+    assert len(quiet.rates) == 6 and quiet.record()["agreed"] is False and quiet.record()["busy"] is False
+    busy_clock = Clock(SLOW_FAST)
+    reads: list[int] = []
+    busy = StepWindows({"window_s": 0.5, **rule}, clock=busy_clock, busy=lambda: reads.append(1) or (True, 1.5))
+    run_windows(busy, busy_clock)
+    assert len(busy.rates) == 12 and reads == [1]  # read once, at the first cap; then the cap is twice as far
+    assert busy.record()["busy"] is True and busy.record()["other_cores"] == 1.5
+
+
+def test_windows_stop_at_the_seconds_cap():
+    clock = Clock(SLOW_FAST)
+    w = StepWindows({"window_s": 0.5, **vars(window_rule(max_seconds=2.0))}, clock=clock, busy=lambda: (False, None))
+    run_windows(w, clock)
+    assert len(w.rates) == 2  # 0.5 s, then 2 s: the seconds, not the windows, ended it
+
+
+def test_several_processes_time_a_fixed_number_of_fixed_windows():
+    clock = Clock(SLOW_FAST)
+    w = StepWindows({"window_s": 0.5, "window_steps": 4, **vars(window_rule())}, world=2, clock=clock,
+                    busy=lambda: (False, None))
+    assert run_windows(w, clock) == 12 and len(w.rates) == 3  # every rank stops at the same step
+    assert w.record()["fixed"] is True
+
+
+def test_no_windows_asked_is_done_at_once():
+    w = StepWindows(None)
+    assert w.step() is True and w.record() is None and w.cut_short() is None
+
+
+# --- decisions on a fake machine ----------------------------------------------------------------
+
+
+class NoisyMachine:
+    """A plain script (no Trainer) whose step takes `step_s`, `gain` faster with loader workers (and
+    `fused_gain` with the fused optimizer); every trial's windows spread ± `noise` around its rate."""
+
+    def __init__(self, gain: float, noise: float, fused_gain: float = 0.0, optimizer: str = "SGD",
+                 fused: bool | None = None, ends: bool = False) -> None:
+        self.gain, self.noise, self.fused_gain, self.ends = gain, noise, fused_gain, ends
+        self.optimizer = {"class": optimizer, "site": "train.py:20", "fused": fused, "foreach": None}
+        self.settings: list[dict[str, Any]] = []
+
+    def __call__(self, command: list[str], settings: dict[str, Any], **kw: Any) -> ScriptRun:
+        self.settings.append(settings)
+        over = settings["overrides"]
+        rate = 10.0 * (1 + (self.gain if over.get("loader", {}).get("num_workers") else 0.0))
+        rate *= 1 + (self.fused_gain if over.get("optimizer", {}).get("fused") else 0.0)
+        rates = [rate * (1 - self.noise), rate * (1 + self.noise), rate]
+        report = {"measurements": {"step_s": 1 / rate, "samples_per_step": 8, "phases": {"data": 0.5 / rate},
+                                   "steps": 10, "device_type": "cpu"},
+                  "loaders": [{"site": "train.py:12", "num_workers": 0, "batch_size": 8}],
+                  "optimizer": self.optimizer, "first_step_s": 2.0,
+                  "windows": {"rates": rates, "steps": 15, "seconds": 1.5, "agreed": False, "busy": False,
+                              "script_ended": self.ends}}
+        return ScriptRun(list(command), 0, report, None, 30, 1.0)
+
+
+def tune(machine: NoisyMachine) -> ScriptTuning:
+    return tune_command(["python", "train.py"], runner=machine, cores=1)
+
+
+def test_a_small_gain_within_the_noise_is_not_kept():
+    tuning = tune(NoisyMachine(gain=0.03, noise=0.10))
+    trial = tuning.trials[1]
+    assert trial.name == "1 workers" and trial.spread == pytest.approx(0.10)
+    assert tuning.best is tuning.baseline and tuning.best.overrides == {}
+    assert trial.outcome == "not kept: +3.0 %, within noise (±20.0 %) against the best so far"
+    assert tuning.to_dict()["gain"] is None
+
+
+def test_a_large_gain_beyond_the_noise_is_kept_and_the_windows_are_asked_of_every_trial():
+    machine = NoisyMachine(gain=0.40, noise=0.10)
+    tuning = tune(machine)
+    assert tuning.best.name == "1 workers" and tuning.best.outcome.startswith("kept: +40.0 %, beyond noise (±20.0 %)")
+    assert tuning.to_dict()["gain"]["noise"] == pytest.approx(0.20)
+    assert all(s["windows"]["max_seconds"] == 10.0 and s["windows"]["target"] == 0.02 for s in machine.settings)
+
+
+def test_a_gain_measured_exactly_still_needs_the_minimum():
+    tuning = tune(NoisyMachine(gain=0.02, noise=0.0))
+    assert tuning.best is tuning.baseline and "under the 3 % a change must gain" in tuning.trials[1].outcome
+
+
+def test_the_table_shows_each_trial_as_median_and_spread_within_80_columns():
+    console = Console(width=80, record=True)
+    render(tune(NoisyMachine(gain=0.03, noise=0.10)), console)
+    text = console.export_text()
+    assert "80.0 ±10.0 %" in text and "within noise (±20.0 %)" in text  # 10 steps/s × 8 samples
+    assert "no setting measured faster than the script as written beyond the noise" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_fused_adamw_is_tried_for_a_plain_script_and_said_at_its_line():
+    tuning = tune(NoisyMachine(gain=0.0, noise=0.01, fused_gain=0.3, optimizer="AdamW"))
+    assert tuning.best.overrides["optimizer"] == {"fused": True}
+    assert any(d.startswith("fused optimizer: AdamW(fused=True) kept: +30.0 %") for d in tuning.decisions)
+    assert "train.py:20: AdamW(..., fused=True)" in edits(tuning)
+    assert not any("fused optimizer: need" in d for d in tuning.decisions)
+
+
+def test_fused_is_not_tried_where_it_cannot_be():
+    sgd = tune(NoisyMachine(gain=0.0, noise=0.01, optimizer="SGD"))
+    assert "fused optimizer: not tried (SGD has no fused variant saturate tries; Adam and AdamW do)" in sgd.decisions
+    fused = tune(NoisyMachine(gain=0.0, noise=0.01, optimizer="AdamW", fused=True))
+    assert "fused optimizer: not tried (the script's AdamW is already fused)" in fused.decisions
+    assert not any(t.overrides.get("optimizer") for t in sgd.trials + fused.trials)
+
+
+def test_fused_is_not_tried_on_a_device_without_the_kernel(monkeypatch):
+    from saturate.tune import api
+
+    monkeypatch.setattr(api, "fused_adamw_available", lambda device: False)
+    tuning = tune(NoisyMachine(gain=0.0, noise=0.01, optimizer="Adam"))
+    assert "fused optimizer: not tried (this torch has no fused Adam on cpu)" in tuning.decisions
+
+
+def test_a_report_without_windows_is_the_profilers_window_with_no_spread():
+    run = ScriptRun(["python"], 0, {"measurements": {"step_s": 0.5, "samples_per_step": 4, "phases": {},
+                                                     "steps": 10, "device_type": "cpu"}}, None, 12, 1.0)
+    t = ScriptTrial.of("as written", {}, run)
+    assert t.step_s == 0.5 and t.spread is None and t.windows == 0 and t.samples_per_s == 8.0
+
+
+def test_a_script_that_ends_during_its_trials_is_warned_about():
+    assert not any(d.startswith("warning") for d in tune(NoisyMachine(gain=0.4, noise=0.1)).decisions)
+    tuning = tune(NoisyMachine(gain=0.4, noise=0.1, ends=True))
+    assert all(t.ran_to_end for t in tuning.trials)
+    assert tuning.decisions[-1].startswith(f"warning: the script ran to its end during {len(tuning.trials)} "
+                                           "trial(s) (as written, …): what it writes at its end was written")
+
+
+def test_the_child_says_when_the_script_ended_during_its_windows():
+    clock = Clock([0.125])
+    w = StepWindows({"window_s": 0.5}, clock=clock, busy=lambda: (False, 0.0))
+    for _ in range(6):  # the Profiler's last step, then one window of 4 steps and 1 step of the next
+        w.step()
+        clock.tick()
+    assert w.record()["script_ended"] is False
+    assert w.cut_short() and w.record()["script_ended"] is True

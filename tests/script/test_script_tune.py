@@ -1,0 +1,140 @@
+"""`saturate tune -- CMD` and `saturate run -- CMD`: loader settings found by measurement and applied from
+outside, the script itself unchanged."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import cli_env, line_of, saturate_cmd
+from saturate.script.command import run_instrumented
+from saturate.script.overrides import merge
+from saturate.script.tune_script import ScriptTrial, ScriptTuning, edits, tune_command, window_rule
+
+# A loader-bound loop: each sample takes 4 ms to produce (a sleep, so workers help even on a busy 2-core machine).
+SLOW_DATA = """
+import sys, time, torch, torch.nn as nn
+from torch.utils.data import DataLoader, Dataset
+class Slow(Dataset):
+    def __len__(self):
+        return 100000
+    def __getitem__(self, i):
+        time.sleep(0.004)
+        return torch.randn(16), torch.randn(1)
+steps = int(sys.argv[1])
+loader = DataLoader(Slow(), batch_size=8, num_workers=0)
+model = nn.Linear(16, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step, (x, y) in enumerate(loader):
+    loss = nn.functional.mse_loss(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+    if step + 1 == steps:
+        break
+print(f"trained {steps} steps")
+"""
+
+
+# A plain loop (no DataLoader, no Trainer) over a tiny model; OPTIMIZER is filled in.
+PLAIN = """
+import sys, torch, torch.nn as nn
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+opt = OPTIMIZER
+x, y = torch.randn(64, 32), torch.randn(64, 1)
+for step in range(int(sys.argv[1])):
+    loss = nn.functional.mse_loss(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+print("done", int(sys.argv[1]))
+"""
+
+
+def saturate(*args: str, cwd, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run(saturate_cmd(*args), env={**cli_env(), "OMP_NUM_THREADS": "1"}, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_tune_finds_loader_workers_for_an_input_bound_script(tmp_path):
+    (tmp_path / "slow.py").write_text(SLOW_DATA)
+    out = saturate("tune", "--trial-steps", "4", "--trial-seconds", "3", "--json", "--out", str(tmp_path / "t"), "--",
+                   sys.executable, "slow.py", "1000", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["baseline"]["data_share"] > 0.5, d  # as written, the step waits for its samples
+    workers = d["overrides"].get("loader", {}).get("num_workers", 0)
+    assert workers >= 1 and d["speedup"] >= 1.05, d["trials"]
+    assert d["gain"]["gain"] > d["gain"]["noise"], d["gain"]  # kept beyond the noise
+    assert all(t["windows"] >= 1 and t["window_steps_per_s"] for t in d["trials"])  # each timed in windows
+    assert json.loads((tmp_path / "t" / "overrides.json").read_text()) == d["overrides"]
+    assert d["loaders"][0]["site"] == "slow.py:11"  # the DataLoader(...) line
+    assert [t["name"] for t in d["trials"]][:2] == ["as written", "1 workers"]
+    assert (tmp_path / "slow.py").read_text() == SLOW_DATA
+
+
+def test_run_applies_the_overrides_without_an_edit_and_compares(tmp_path):
+    (tmp_path / "slow.py").write_text(SLOW_DATA)
+    (tmp_path / "over.json").write_text(json.dumps({"loader": {"num_workers": 2, "persistent_workers": True}}))
+    out = saturate("run", "--overrides", "over.json", "--trial-steps", "3", "--trial-seconds", "1", "--json", "--",
+                   sys.executable, "slow.py", "30", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert len(d["as_written"]) == len(d["tuned"]) == 3 and len(d["ratios"]) == 3  # alternating rounds
+    assert d["speedup"]["rounds"] == 3 and d["speedup"]["min"] <= d["speedup"]["median"] <= d["speedup"]["max"]
+    assert "measuring side by side: round 3/3" in out.stderr
+    assert d["full_run"]["returncode"] == 0 and d["full_run"]["optimizer_steps"] == 30
+    assert d["full_run"]["steps_per_s"] > 0
+    assert "trained 30 steps" in out.stderr  # the script's own output, moved off stdout by --json
+
+
+def test_run_refuses_an_unreadable_overrides_file(tmp_path):
+    (tmp_path / "bad.json").write_text("[1, 2")
+    out = saturate("run", "--overrides", "bad.json", "--", sys.executable, "x.py", cwd=tmp_path, timeout=60)
+    assert out.returncode == 2 and "not a readable overrides.json" in out.stderr
+
+
+def test_the_edit_is_said_at_the_loader_call():
+    t = ScriptTrial("2 workers", {"loader": {"num_workers": 2, "persistent_workers": True}}, 0.5, None, 0.1, 3)
+    base = ScriptTrial("as written", {}, 1.0, None, 0.6, 3)
+    tuning = ScriptTuning(["python", "train.py"], base, t, [base, t], loaders=[{"site": "train.py:40"}])
+    assert edits(tuning) == ["train.py:40: DataLoader(..., num_workers=2, persistent_workers=True)"]
+    assert merge({"loader": {"num_workers": 2}}, {"loader": {"prefetch_factor": 4}, "tf32": True}) == {
+        "loader": {"num_workers": 2, "prefetch_factor": 4}, "tf32": True}
+
+
+def test_a_plain_adamw_script_gets_fused_tried_at_its_line(tmp_path, monkeypatch):
+    script = tmp_path / "adam.py"
+    script.write_text(PLAIN.replace("OPTIMIZER", "torch.optim.AdamW(model.parameters(), lr=1e-3)"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    reports = []
+
+    def runner(*args, **kw):
+        run = run_instrumented(*args, **kw)
+        reports.append(run.report)
+        return run
+
+    tuning = tune_command([sys.executable, "adam.py", "1000000"], steps=2, runner=runner, quiet_stdout=True,
+                          rule=window_rule(max_seconds=1.0), window_s=0.2)
+    assert [t.name for t in tuning.trials] == ["as written", "AdamW(fused=True)"]
+    assert tuning.optimizer["site"] == line_of(script, "AdamW(") and not tuning.optimizer["fused"]
+    assert reports[1]["optimizer"]["fused"] is True  # applied at the constructor, from outside
+    assert len(reports[0]["windows"]["rates"]) >= 3 and tuning.baseline.windows >= 3  # timed in windows
+    assert any(d.startswith("fused optimizer: AdamW(fused=True) ") for d in tuning.decisions)
+    tuning.best = tuning.trials[1]  # kept or not (timing decides), its edit is said at the script's line
+    assert edits(tuning) == [f"{line_of(script, 'AdamW(')}: AdamW(..., fused=True)"]
+
+
+@pytest.mark.slow  # a tuning trial, then the whole script
+def test_run_with_nothing_found_skips_the_side_by_side_and_runs_the_script_as_written(tmp_path):
+    (tmp_path / "sgd.py").write_text(PLAIN.replace("OPTIMIZER", "torch.optim.SGD(model.parameters(), lr=0.01)"))
+    out = saturate("run", "--trial-steps", "2", "--trial-seconds", "1", "--json", "--", sys.executable, "sgd.py",
+                   "3000", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["overrides"] == {} and d["side_by_side"] is None and not d["as_written"] and not d["ratios"]
+    assert d["reason"].startswith("tuning found no setting faster than the script as written beyond the noise")
+    assert "measuring side by side" not in out.stderr and "done 3000" in out.stderr  # the whole script ran
+    assert d["full_run"]["returncode"] == 0 and d["full_run"]["optimizer_steps"] == 3000

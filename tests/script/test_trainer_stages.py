@@ -1,0 +1,158 @@
+"""`saturate tune -- CMD`'s Trainer stages on a fake machine: a runner that answers each trial from its
+overrides, so every decision (losses checked, the effective batch kept, memory, compile's pay-back) is
+tested without running a script."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from saturate.script.command import ScriptRun
+from saturate.script.tune_script import ScriptTrial, ScriptTuning, edits, tune_command
+
+WRITTEN = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "bf16": False, "fp16": False,
+           "optim": "adamw_torch", "torch_compile": False, "gradient_checkpointing": False, "max_steps": 1000}
+LOSSES = [5.0, 4.8, 4.6, 4.5, 4.4]
+
+
+class FakeMachine:
+    """Step time falls with the micro-batch up to `fits` (twice that with activation checkpointing), above
+    which a trial runs out of memory; bf16 and
+    the fused optimizer each save a share; bf16's losses drift by `bf16_drift`; compile saves `compile_gain`
+    per step and costs `compile_s` at start-up."""
+
+    def __init__(self, device: str = "cpu", fits: int = 16, bf16_drift: float = 0.001, compile_gain: float = 0.5,
+                 compile_s: float = 60.0, written: dict[str, Any] | None = None) -> None:
+        self.device, self.fits, self.bf16_drift = device, fits, bf16_drift
+        self.compile_gain, self.compile_s = compile_gain, compile_s
+        self.written = written or WRITTEN
+        self.runs: list[dict[str, Any]] = []
+        self.penalty_above: int | None = None  # micro-batches above this are twice as slow per sample
+
+    def __call__(self, command: list[str], settings: dict[str, Any], **kw: Any) -> ScriptRun:
+        from saturate.errors import SaturateError
+
+        over = (settings.get("overrides") or {}).get("trainer", {})
+        self.runs.append(over)
+        args = {**self.written, **over}
+        micro, accum = args["per_device_train_batch_size"], args["gradient_accumulation_steps"]
+        if micro > self.fits * (2 if args.get("gradient_checkpointing") else 1):
+            raise SaturateError("the script failed before its first optimizer step (exit code 1: "
+                                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB)")
+        step = accum * (0.1 + 0.4 / micro * micro ** 0.5)  # per micro-step: fixed + sublinear in the batch
+        if self.penalty_above is not None and micro > self.penalty_above:
+            step *= 4
+        losses = list(LOSSES)
+        if args.get("bf16"):
+            step *= 0.6
+            losses = [x * (1 + self.bf16_drift) for x in losses]
+        if args.get("optim") == "adamw_torch_fused":
+            step *= 0.9
+        if args.get("gradient_checkpointing"):
+            step *= 1.2
+        first = 5.0
+        if args.get("torch_compile"):
+            step *= self.compile_gain
+            first += self.compile_s
+        report = {"measurements": {"step_s": step, "samples_per_step": micro * accum, "phases": {"data": 0.0},
+                                   "steps": 3, "device_type": self.device},
+                  "loaders": [], "first_step_s": first,
+                  "trainer": {"class": "Trainer", "site": "train.py:82", "args_class": "TrainingArguments",
+                              "args_site": "train.py:65", "args": self.written, "planned_steps": 1000,
+                              "losses": losses, "error": None}}
+        return ScriptRun(list(command), 0, report, None, 5, 1.0)
+
+
+def tune(machine: FakeMachine, supports: dict[str, bool] | None = None) -> ScriptTuning:
+    return tune_command(["python", "train.py"], runner=machine, supports=supports or {"bf16": True})
+
+
+def by_name(tuning: ScriptTuning) -> dict[str, ScriptTrial]:
+    return {t.name: t for t in tuning.trials}
+
+
+def splits_tried(tuning: ScriptTuning) -> list[tuple[int, int]]:
+    return [(t.overrides["trainer"]["per_device_train_batch_size"], t.overrides["trainer"][
+        "gradient_accumulation_steps"]) for t in tuning.trials if t.name.startswith("micro-batch")]
+
+
+def test_every_split_keeps_the_effective_batch_and_the_climb_goes_up_while_it_gains():
+    tuning = tune(FakeMachine())
+    assert splits_tried(tuning) == [(8, 2), (16, 1)]  # upwards over the exact splits of 4 × 4, each one gaining
+    assert all(t.samples_per_step == 16 for t in tuning.trials)
+    best = tuning.best.overrides["trainer"]
+    assert (best["per_device_train_batch_size"], best["gradient_accumulation_steps"]) == (16, 1)
+
+
+def test_the_climb_stops_at_the_first_split_that_does_not_gain_and_goes_one_down_when_none_above_helped():
+    machine = FakeMachine(written={**WRITTEN, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 16})
+    machine.penalty_above = 2  # larger micro-batches are slower on this machine
+    tuning = tune(machine)
+    assert splits_tried(tuning) == [(4, 8), (1, 32)]  # one up (slower: the climb stops), then one down
+    assert "micro-batch: 2 × accumulation 16 (as written 2 × 16; the effective batch 32 kept; tried: 4 × 8, " \
+           "1 × 32)" in tuning.decisions
+
+
+def test_bf16_is_kept_when_its_losses_stay_close_and_refused_when_they_drift():
+    close = tune(FakeMachine(bf16_drift=0.001))
+    assert close.best.overrides["trainer"]["bf16"] is True and close.best.overrides["trainer"]["use_cpu"] is True
+    assert "losses within 0.10 %" in by_name(close)["bf16=True, use_cpu=True"].outcome
+    far = tune(FakeMachine(bf16_drift=0.05))  # 40 % faster, but its losses are 5 % off the script's own
+    trial = by_name(far)["bf16=True, use_cpu=True"]
+    assert "bf16" not in far.best.overrides.get("trainer", {})
+    assert trial.outcome.startswith("not kept: its first 5 losses differ from the script's own by up to 5.0 %")
+
+
+def test_no_native_lower_precision_is_said_and_not_tried():
+    machine = FakeMachine()
+    tuning = tune(machine, supports={"bf16": False, "fp16": False})
+    assert "precision: fp32 (no lower precision is native on cpu)" in tuning.decisions
+    assert len(machine.runs) > 1 and not any("bf16" in o or "fp16" in o for o in machine.runs)
+
+
+def test_on_a_gpu_memory_that_stops_the_climb_gets_checkpointing_tried_at_that_micro_batch():
+    machine = FakeMachine(device="cuda", fits=8)
+    tuning = tune(machine)
+    names = by_name(tuning)
+    assert names["micro-batch 16 × 1"].outcome.startswith("failed:") and "out of memory" in names[
+        "micro-batch 16 × 1"].outcome
+    assert names["gradient_checkpointing at micro-batch 16"].outcome.startswith("kept:")
+    best = tuning.best.overrides["trainer"]
+    assert (best["per_device_train_batch_size"], best["gradient_accumulation_steps"]) == (16, 1)
+    assert best["gradient_checkpointing"] is True
+    without = tune(FakeMachine(device="cuda", fits=16))  # nothing ran out of memory: recompute only costs
+    assert any(d.startswith("gradient_checkpointing: not tried (no larger micro-batch ran out of memory")
+               for d in without.decisions)
+
+
+def test_checkpointing_and_compile_are_not_tried_on_a_cpu():
+    machine = FakeMachine()
+    tuning = tune(machine)
+    assert len(machine.runs) > 1
+    assert not any("gradient_checkpointing" in o or "torch_compile" in o for o in machine.runs)
+    assert any(d.startswith("gradient_checkpointing: not tried on cpu") for d in tuning.decisions)
+    assert any(d.startswith("torch_compile: not tried on cpu") for d in tuning.decisions)
+
+
+def test_compile_is_kept_only_when_the_planned_steps_pay_back_its_compile_time():
+    pays = tune(FakeMachine(device="cuda", compile_gain=0.5, compile_s=10.0))
+    assert pays.best.overrides["trainer"].get("torch_compile") is True
+    slow = tune(FakeMachine(device="cuda", compile_gain=0.9, compile_s=10_000.0))
+    assert "torch_compile" not in slow.best.overrides["trainer"]
+    assert "less than the 10000 s compile" in by_name(slow)["torch_compile=True"].outcome
+
+
+def test_the_fused_optimizer_is_tried_only_where_the_script_uses_unfused_adamw():
+    tuning = tune(FakeMachine())
+    assert tuning.best.overrides["trainer"]["optim"] == "adamw_torch_fused"
+    already = tune(FakeMachine(written={**WRITTEN, "optim": "adamw_torch_fused"}))
+    assert "optim=\"adamw_torch_fused\"" not in by_name(already)
+    assert "fused optimizer: not tried (optim='adamw_torch_fused' is already fused)" in already.decisions
+
+
+def test_the_tuned_settings_are_said_as_one_training_arguments_edit():
+    tuning = tune(FakeMachine())
+    tuning.best.overrides["loader"] = {"num_workers": 2, "persistent_workers": True}
+    assert edits(tuning) == ["train.py:65: TrainingArguments(..., bf16=True, use_cpu=True, "
+                             "per_device_train_batch_size=16, gradient_accumulation_steps=1, "
+                             "optim='adamw_torch_fused', dataloader_num_workers=2, "
+                             "dataloader_persistent_workers=True)"]
