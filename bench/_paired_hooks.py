@@ -3,7 +3,7 @@ bench/script_overhead.py, whose docstring says what it measures).
 
 Guide 1's model, data and loop (examples/scripts/gpt_pretrain: its classes, its config, its step) run
 block after block: an "on" block installs saturate's hooks as the shim does in a script
-(`integrations.hooks.install()`), whose Profiler then finds the model, warms up one step, times `--block`
+(`script.child.hooks.install()`), whose Profiler then finds the model, warms up one step, times `--block`
 steps and detaches; an "off" block runs `--block` steps with nothing of saturate registered. Each step's
 wall and CPU time (`time.process_time`: every thread, the telemetry thread's included) is written with
 its block and role, as JSON, to `--out`. Neighbouring blocks share the machine's state, so their ratio

@@ -50,7 +50,8 @@ import torch.nn as nn
 from torch.utils.data import Dataset
 
 import _harness as bench
-from saturate.doctor.diagnose import DoctorConfig, apply_fix, diagnose, measured_figure, plan_fix
+from saturate.doctor.apply import apply_fix, measured_figure, plan_fix
+from saturate.doctor.diagnose import DoctorConfig, diagnose
 from saturate.hardware import probe
 from saturate.plan import Plan
 from saturate.telemetry import read_process_tree

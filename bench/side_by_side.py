@@ -9,7 +9,7 @@ in each round every method measures both, back to back, and gives tuned ÷ naive
 - ``no-sampler``: the same without the RSS sampler;
 - ``warm-3``: the same with three warm-up steps;
 - ``resident``: each plan built and warmed up (two steps) once, every round times more of its run
-  (tune/resident.py, as compare.py uses it: the side-by-side now, off a GPU);
+  (tune/resident.py, as side_by_side.py uses it: the side-by-side now, off a GPU);
 - ``train``: saturate's train() for ``--warmup`` + ``--steps`` steps, the last timed
   (bench/_harness.py: the independent measurement of bench/trust.py).
 

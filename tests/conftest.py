@@ -37,7 +37,7 @@ def cpu():
 @pytest.fixture
 def short_doctor(monkeypatch: pytest.MonkeyPatch) -> None:
     """`saturate doctor` on a preset, in this process, timed briefly: at least 0.6 s, capped as the testing knob
-    caps a trial (`tune/noise.default_rule()`), instead of up to 8 s (16 busy). For tests of the command's flow,
+    caps a trial (`stats/noise.default_rule()`), instead of up to 8 s (16 busy). For tests of the command's flow,
     not of its figures; the doctor's windows and verdicts are tested on their own (tests/doctor)."""
     import functools
 

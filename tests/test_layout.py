@@ -1,5 +1,6 @@
-"""The house rules of the source tree, checked: no import cycle, no long module without a reason, the
-training loop on one screen. See docs/architecture.md for the map these keep true."""
+"""The house rules of the source tree, checked: no import cycle, statistics on the bottom floor, no decision
+that branches on the text of its own explanation, no long module without a reason, the training loop on one
+screen. See docs/architecture.md for the map these keep true."""
 
 from __future__ import annotations
 
@@ -71,6 +72,117 @@ def test_the_cycle_finder_finds_a_cycle(tmp_path, monkeypatch):
     (pkg / "c.py").write_text("from circle import a\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert import_cycles("circle") == [["circle.a", "circle.b"]]
+
+
+# What saturate.stats may import of saturate: itself and the errors. It is the floor tune/, doctor/ and script/
+# stand on, so nothing above it may be pulled back down into it.
+STATS_MAY_IMPORT = ("saturate.stats", "saturate.errors")
+
+
+def imports_from_above(package: str = "saturate", floor: str = "saturate.stats",
+                       allowed: tuple[str, ...] = STATS_MAY_IMPORT) -> list[str]:
+    """"module -> imported" for each import by a module of `floor` of a module of `package` outside `allowed`
+    (every import, as for the cycles: a lazy one still ties the floor to what is above it)."""
+    graph = grimp.build_graph(package, cache_dir=None)
+
+    def within(name: str, prefix: str) -> bool:
+        return name == prefix or name.startswith(prefix + ".")
+
+    return sorted(f"{m} -> {i}" for m in graph.modules if within(m, floor)
+                  for i in graph.find_modules_directly_imported_by(m)
+                  if within(i, package) and not any(within(i, a) for a in allowed))
+
+
+def test_stats_imports_nothing_of_saturate_but_itself_and_the_errors():
+    assert imports_from_above() == []
+
+
+def test_the_floor_check_finds_an_import_from_above(tmp_path, monkeypatch):
+    pkg = tmp_path / "house"
+    for sub in ("stats", "tune"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "errors.py").write_text("")
+    (pkg / "stats" / "ok.py").write_text("from house import errors\nfrom house.stats import low\n")
+    (pkg / "stats" / "low.py").write_text("def f():\n    from house.tune import high  # lazy, still upward\n")
+    (pkg / "tune" / "high.py").write_text("from house.stats import ok\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert imports_from_above("house", "house.stats", ("house.stats", "house.errors")) == [
+        "house.stats.low -> house.tune.high"]
+
+
+# A decision must be data (an enum, a field), not recovered from the prose that explains it: these names hold
+# our own explanations (a trial's outcome, a verdict, a note...), so `"within noise" in short(t)` or
+# `row.note.startswith(...)` is a decision read back out of a message. Third-party text (an exception from
+# torch, a local variable holding it) is not ours to turn into data and is not flagged.
+MESSAGE_NAMES = {"short", "text", "outcome", "verdict", "note", "reason", "why", "message", "status_text"}
+MESSAGE_ATTRIBUTES = {"outcome", "verdict", "note", "why", "reason"}
+_NORMALISERS = {"lower", "upper", "casefold", "strip", "lstrip", "rstrip"}  # the same text, still ours
+
+
+def _unwrapped(node: ast.expr) -> ast.expr:
+    """`x.lower().strip()` -> `x`: a normalised message is still the message."""
+    while (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _NORMALISERS
+           and not node.args):
+        node = node.func.value
+    return node
+
+
+def _names_a_message(node: ast.expr, attributes: set[str]) -> bool:
+    node = _unwrapped(node)
+    if isinstance(node, ast.Call):
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+        return name in MESSAGE_NAMES
+    return isinstance(node, ast.Attribute) and node.attr in attributes
+
+
+def _tests_message_text(node: ast.AST) -> bool:
+    """A string literal `in`/`not in` a message, or a message attribute's `.startswith`/`.endswith`."""
+    if isinstance(node, ast.Compare):
+        left = node.left
+        for op, right in zip(node.ops, node.comparators, strict=True):
+            if (isinstance(op, (ast.In, ast.NotIn)) and isinstance(left, ast.Constant) and isinstance(left.value, str)
+                    and _names_a_message(right, MESSAGE_NAMES)):
+                return True
+            left = right
+        return False
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("startswith", "endswith") and _names_a_message(node.func.value, MESSAGE_ATTRIBUTES))
+
+
+def message_text_branches(root: Path = SRC) -> list[str]:
+    """"path:line: source" for each test of our own message's text in the modules under `root` (a call or
+    attribute named in MESSAGE_NAMES holding a string literal, a MESSAGE_ATTRIBUTES one's start or end)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text()
+        hits = sorted((n for n in ast.walk(ast.parse(text)) if _tests_message_text(n)), key=lambda n: n.lineno)
+        found += [f"{path.relative_to(root)}:{n.lineno}: {ast.get_source_segment(text, n)}" for n in hits]
+    return found
+
+
+def test_no_decision_branches_on_the_text_of_a_message():
+    assert message_text_branches() == []
+
+
+def test_the_message_text_check_finds_a_planted_branch(tmp_path):
+    (tmp_path / "planted.py").write_text(
+        "def choose(t, rows, short, text):\n"
+        "    if \"within noise\" in short(t):  # flagged: our own explanation, read back\n"
+        "        return 1\n"
+        "    if \"too slow\" not in t.verdict:  # flagged\n"
+        "        return 2\n"
+        "    if \"out of memory\" in t.outcome.lower():  # flagged: lower() leaves it our message\n"
+        "        return 3\n"
+        "    if rows[0].note.startswith(\"the same settings\"):  # flagged\n"
+        "        return 4\n"
+        "    if \"Timed out\" in text or t.status == \"ok\":  # not flagged: a local holding torch's text, a code\n"
+        "        return 5\n"
+        "    return \"x\" in t.plan.name or t.label.startswith(\"guide\")  # not flagged: not messages\n")
+    assert [line.split(": ", 1)[0] for line in message_text_branches(tmp_path)] == [
+        "planted.py:2", "planted.py:4", "planted.py:6", "planted.py:8"]
 
 
 def test_no_module_over_400_lines_without_a_reason_at_its_top():

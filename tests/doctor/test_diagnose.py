@@ -21,7 +21,8 @@ from toy import (  # noqa: F401
     one_thread,
 )
 
-from saturate.doctor.diagnose import DoctorConfig, apply_fix, diagnose, outcome, plan_fix
+from saturate.doctor.apply import apply_fix, outcome, plan_fix
+from saturate.doctor.diagnose import DoctorConfig, diagnose
 from saturate.doctor.findings import Measurements
 from saturate.errors import ConfigError
 from saturate.plan import Plan

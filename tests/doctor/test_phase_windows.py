@@ -1,4 +1,4 @@
-"""The doctor's timed windows (doctor.windows) and the ranges they give the rules, on constructed step times."""
+"""The doctor's timed windows (doctor.phase_windows) and the ranges they give the rules, on constructed step times."""
 
 from __future__ import annotations
 

@@ -17,8 +17,9 @@ import torch
 
 from conftest import cli_env, run_main, saturate_cmd
 from saturate.errors import ConfigError
+from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
-from saturate.script.overrides import check, loader_changes, optimizer_changes
+from saturate.script.overrides import Overrides
 from saturate.script.tune_script import ScriptTuning, edits, tune_command
 
 SCRIPT = Path(__file__).parents[2] / "examples" / "scripts" / "lightning_fit" / "train.py"
@@ -35,8 +36,8 @@ class FakeLightning:
         self.loader = {"site": "train.py:49", "batch_size": 4, "sets_batch_size": True, **(loader or {})}
         self.runs: list[dict[str, Any]] = []
 
-    def __call__(self, command: list[str], settings: dict[str, Any], **kw: Any) -> ScriptRun:
-        over = settings.get("overrides") or {}
+    def __call__(self, command: list[str], settings: ChildSettings, **kw: Any) -> ScriptRun:
+        over = settings.overrides.to_dict()
         self.runs.append(over)
         micro = (over.get("train_loader") or {}).get("batch_size", self.loader["batch_size"])
         accum = (over.get("lightning") or {}).get("accumulate_grad_batches", 8)
@@ -63,27 +64,27 @@ def tune(machine: FakeLightning) -> ScriptTuning:
 
 def test_the_split_climbs_at_the_same_effective_batch_through_the_loader_batch_size_and_the_trainer():
     tuning = tune(FakeLightning())
-    splits = [(t.overrides["train_loader"]["batch_size"], t.overrides["lightning"]["accumulate_grad_batches"])
+    splits = [(t.overrides.train_loader["batch_size"], t.overrides.lightning["accumulate_grad_batches"])
               for t in tuning.trials if t.name.startswith("micro-batch")]
     assert splits == [(8, 4), (16, 2), (32, 1)] and all(t.samples_per_step == 32 for t in tuning.trials)
     best = tuning.best.overrides
-    assert best["train_loader"] == {"site": "train.py:49", "batch_size": 32}
-    assert best["lightning"]["accumulate_grad_batches"] == 1
+    assert best.train_loader == {"site": "train.py:49", "batch_size": 32}
+    assert best.lightning["accumulate_grad_batches"] == 1
     assert "micro-batch: 32 × accumulation 1 (as written 4 × 8; the effective batch 32 kept; tried: 8 × 4, " \
            "16 × 2, 32 × 1)" in tuning.decisions
 
 
 def test_bf16_mixed_is_kept_only_when_its_first_losses_stay_close():
     close = tune(FakeLightning(bf16_drift=0.001))
-    assert close.best.overrides["lightning"]["precision"] == "bf16-mixed"
+    assert close.best.overrides.lightning["precision"] == "bf16-mixed"
     far = tune(FakeLightning(bf16_drift=0.05))
-    assert "precision" not in far.best.overrides.get("lightning", {})
+    assert "precision" not in far.best.overrides.lightning
     assert any(d.startswith("precision: Trainer(precision='bf16-mixed') not kept: its first 5 losses differ")
                for d in far.decisions)
 
 
 def test_fused_is_tried_for_adamw_and_said_why_not_for_other_optimizers():
-    assert tune(FakeLightning()).best.overrides["optimizer"] == {"fused": True}
+    assert tune(FakeLightning()).best.overrides.optimizer == {"fused": True}
     machine = FakeLightning(optimizer="SGD")
     sgd = tune(machine)
     assert not any("optimizer" in o for o in machine.runs)
@@ -113,7 +114,7 @@ def test_the_split_is_skipped_with_the_reason_when_the_batch_size_cannot_be_set_
 
 def test_the_tuned_settings_are_said_as_edits_at_the_trainer_the_loader_and_the_optimizer():
     tuning = tune(FakeLightning())
-    tuning.best.overrides["loader"] = {"num_workers": 2}
+    tuning.best.overrides = tuning.best.overrides.merged(Overrides(loader={"num_workers": 2}))
     assert edits(tuning) == ["train.py:78: Trainer(..., precision='bf16-mixed', accumulate_grad_batches=1)",
                              "train.py:49: DataLoader(..., batch_size=32, num_workers=2)",
                              "train.py:66: AdamW(..., fused=True)"]
@@ -129,9 +130,9 @@ def test_the_tuned_settings_are_said_as_edits_at_the_trainer_the_loader_and_the_
 ])
 def test_an_overrides_file_naming_what_saturate_does_not_apply_is_refused(overrides, message):
     with pytest.raises(ConfigError) as e:
-        check("over.json", overrides)
+        Overrides.from_dict(overrides, "--overrides over.json")
     assert message in str(e.value) and str(e.value).startswith("--overrides over.json: ")
-    check("ok.json", {"lightning": {"precision": "bf16-mixed", "accumulate_grad_batches": 2}, "tf32": True,
+    Overrides.from_dict({"lightning": {"precision": "bf16-mixed", "accumulate_grad_batches": 2}, "tf32": True,
                       "train_loader": {"site": "train.py:49", "batch_size": 16}, "optimizer": {"fused": True}})
 
 
@@ -146,14 +147,14 @@ def test_run_refuses_a_bad_lightning_override_in_one_line(tmp_path, monkeypatch,
 
 def test_the_batch_size_is_changed_only_where_the_call_sets_one():
     signature = inspect.signature(torch.utils.data.DataLoader.__init__)
-    over = {"train_loader": {"site": "a.py:1", "batch_size": 16}, "loader": {"num_workers": 2}}
+    over = Overrides(train_loader={"site": "a.py:1", "batch_size": 16}, loader={"num_workers": 2})
     plain = signature.bind(None, [1, 2], batch_size=4)
-    assert loader_changes(over, plain, resized=True) == {"num_workers": 2, "batch_size": 16}
-    assert loader_changes(over, plain, resized=False) == {"num_workers": 2}  # another line's loader
+    assert over.loader_changes(plain, resized=True) == {"num_workers": 2, "batch_size": 16}
+    assert over.loader_changes(plain, resized=False) == {"num_workers": 2}  # another line's loader
     own_sampler = signature.bind(None, [1, 2], batch_sampler=[[0, 1]])
-    assert loader_changes(over, own_sampler, resized=True) == {"num_workers": 2}
-    assert optimizer_changes({"optimizer": {"fused": True}}, torch.optim.AdamW) == {"fused": True, "foreach": None}
-    assert optimizer_changes({"optimizer": {"fused": True}}, torch.optim.SGD) == {}
+    assert over.loader_changes(own_sampler, resized=True) == {"num_workers": 2}
+    assert Overrides(optimizer={"fused": True}).optimizer_changes(torch.optim.AdamW) == {"fused": True, "foreach": None}
+    assert Overrides(optimizer={"fused": True}).optimizer_changes(torch.optim.SGD) == {}
 
 
 def test_the_overrides_are_applied_inside_a_lightning_script(tmp_path, monkeypatch):
@@ -161,7 +162,8 @@ def test_the_overrides_are_applied_inside_a_lightning_script(tmp_path, monkeypat
     (tmp_path / "train.py").write_text(SCRIPT.read_text())
     overrides = {"lightning": {"precision": "bf16-mixed", "accumulate_grad_batches": 2},
                  "train_loader": {"site": "train.py:49", "batch_size": 16}, "optimizer": {"fused": True}}
-    settings = {"mode": "trial", "warmup": 1, "count_steps": 0, "steps": 3, "stop": True, "overrides": overrides}
+    settings = ChildSettings(mode="trial", warmup=1, count_steps=0, steps=3, stop=True,
+                             overrides=Overrides.from_dict(overrides))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.chdir(tmp_path)
     run = run_instrumented([sys.executable, "train.py", "--width", "32"], settings, quiet_stdout=True)

@@ -82,7 +82,7 @@ def test_run_under_accelerate_launch_applies_the_overrides_in_every_rank(tmp_pat
     assert (tmp_path / "user-out" / "states" / "step_14").is_dir()
 
 
-# `saturate run`'s full run (integrations.run.full_run: the script with the overrides applied from outside), as the
+# `saturate run`'s full run (script.run_script.full_run: the script with the overrides applied from outside), as the
 # CLI makes it after its side-by-side rounds; a Ctrl-C reaches saturate, which stops the command's process group.
 FULL_RUN = """
 import json, sys

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
+from saturate.script.boundary import ChildSettings
 from saturate.script.command import run_instrumented
 
 # A user's loop that looks, at its first and last step, at what is registered with torch, and counts saturate's
@@ -59,7 +60,7 @@ def test_after_the_window_no_hook_of_saturate_remains(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     out = tmp_path / "seen.json"
-    settings = {"mode": "doctor", "warmup": 1, "count_steps": 1, "steps": 3, "stop": False}  # window ends at step 6
+    settings = ChildSettings(mode="doctor", warmup=1, count_steps=1, steps=3, stop=False)  # window ends at step 6
     run = run_instrumented([sys.executable, str(script), str(out)], settings, quiet_stdout=True)
     assert run.returncode == 0, run.tail
     seen = json.loads(out.read_text())

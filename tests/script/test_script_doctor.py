@@ -238,7 +238,7 @@ def test_the_shim_chains_an_existing_sitecustomize(tmp_path):
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = '1'\n")
-    from saturate.script.command import SHIM
+    from saturate.script.boundary import SHIM
 
     env = cli_env()
     env["PYTHONPATH"] = f"{SHIM}:{theirs}:{env['PYTHONPATH']}"
@@ -249,7 +249,7 @@ def test_the_shim_chains_an_existing_sitecustomize(tmp_path):
 
 
 def test_the_shim_waits_for_torch_and_then_installs_the_hooks(tmp_path):
-    from saturate.script.command import SHIM
+    from saturate.script.boundary import SHIM
 
     env = cli_env()
     env["PYTHONPATH"] = f"{SHIM}:{env['PYTHONPATH']}"

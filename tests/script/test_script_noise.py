@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from saturate.script.boundary import ChildSettings
 from saturate.script.child.trial_windows import StepWindows
 from saturate.script.command import ScriptRun
 from saturate.script.script_trial import ScriptTrial, window_rule
@@ -100,11 +101,11 @@ class NoisyMachine:
                  fused: bool | None = None, ends: bool = False) -> None:
         self.gain, self.noise, self.fused_gain, self.ends = gain, noise, fused_gain, ends
         self.optimizer = {"class": optimizer, "site": "train.py:20", "fused": fused, "foreach": None}
-        self.settings: list[dict[str, Any]] = []
+        self.settings: list[ChildSettings] = []
 
-    def __call__(self, command: list[str], settings: dict[str, Any], **kw: Any) -> ScriptRun:
+    def __call__(self, command: list[str], settings: ChildSettings, **kw: Any) -> ScriptRun:
         self.settings.append(settings)
-        over = settings["overrides"]
+        over = settings.overrides.to_dict()
         rate = 10.0 * (1 + (self.gain if over.get("loader", {}).get("num_workers") else 0.0))
         rate *= 1 + (self.fused_gain if over.get("optimizer", {}).get("fused") else 0.0)
         rates = [rate * (1 - self.noise), rate * (1 + self.noise), rate]
@@ -125,7 +126,7 @@ def test_a_small_gain_within_the_noise_is_not_kept():
     tuning = tune(NoisyMachine(gain=0.03, noise=0.10))
     trial = tuning.trials[1]
     assert trial.name == "1 workers" and trial.spread == pytest.approx(0.10)
-    assert tuning.best is tuning.baseline and tuning.best.overrides == {}
+    assert tuning.best is tuning.baseline and not tuning.best.overrides
     assert trial.outcome == "not kept: +3.0 %, within noise (±20.0 %) against the best so far"
     assert tuning.to_dict()["gain"] is None
 
@@ -135,7 +136,7 @@ def test_a_large_gain_beyond_the_noise_is_kept_and_the_windows_are_asked_of_ever
     tuning = tune(machine)
     assert tuning.best.name == "1 workers" and tuning.best.outcome.startswith("kept: +40.0 %, beyond noise (±20.0 %)")
     assert tuning.to_dict()["gain"]["noise"] == pytest.approx(0.20)
-    assert all(s["windows"]["max_seconds"] == 10.0 and s["windows"]["target"] == 0.02 for s in machine.settings)
+    assert all(s.windows["max_seconds"] == 10.0 and s.windows["target"] == 0.02 for s in machine.settings)
 
 
 def test_a_gain_measured_exactly_still_needs_the_minimum():
@@ -154,7 +155,7 @@ def test_the_table_shows_each_trial_as_median_and_spread_within_80_columns():
 
 def test_fused_adamw_is_tried_for_a_plain_script_and_said_at_its_line():
     tuning = tune(NoisyMachine(gain=0.0, noise=0.01, fused_gain=0.3, optimizer="AdamW"))
-    assert tuning.best.overrides["optimizer"] == {"fused": True}
+    assert tuning.best.overrides.optimizer == {"fused": True}
     assert any(d.startswith("fused optimizer: AdamW(fused=True) kept: +30.0 %") for d in tuning.decisions)
     assert "train.py:20: AdamW(..., fused=True)" in edits(tuning)
     assert not any("fused optimizer: need" in d for d in tuning.decisions)
@@ -165,7 +166,7 @@ def test_fused_is_not_tried_where_it_cannot_be():
     assert "fused optimizer: not tried (SGD has no fused variant saturate tries; Adam and AdamW do)" in sgd.decisions
     fused = tune(NoisyMachine(gain=0.0, noise=0.01, optimizer="AdamW", fused=True))
     assert "fused optimizer: not tried (the script's AdamW is already fused)" in fused.decisions
-    assert not any(t.overrides.get("optimizer") for t in sgd.trials + fused.trials)
+    assert not any(t.overrides.optimizer for t in sgd.trials + fused.trials)
 
 
 def test_fused_is_not_tried_on_a_device_without_the_kernel(monkeypatch):

@@ -108,6 +108,7 @@ Trainer(model=model, args=args, train_dataset=Data()).train()
 
 
 def test_trials_write_to_scratch_and_the_full_run_where_the_script_says(tmp_path, monkeypatch):
+    from saturate.script.boundary import ChildSettings
     from saturate.script.command import run_instrumented
 
     pytest.importorskip("tensorboard")
@@ -115,13 +116,13 @@ def test_trials_write_to_scratch_and_the_full_run_where_the_script_says(tmp_path
     monkeypatch.chdir(tmp_path)
     (tmp_path / "saves.py").write_text(SAVES_EVERY_STEP)
     # a tune trial (doctor runs: test_doctor_recognises_the_trainer_and_leaves_its_output_dir_alone)
-    run = run_instrumented([sys.executable, "saves.py"], {"mode": "trial", "warmup": 1, "count_steps": 0,
-                                                         "steps": 2, "stop": True})
+    run = run_instrumented([sys.executable, "saves.py"], ChildSettings(mode="trial", warmup=1, count_steps=0,
+                                                                     steps=2, stop=True))
     trainer = run.report["trainer"]
     assert trainer["args"]["output_dir"] == "user-out" and trainer["args"]["report_to"] == ["tensorboard"]
     assert trainer["redirected"]["report_to"] == [] and "saturate-script-" in trainer["in_force"]["output_dir"]
     assert run.optimizer_steps >= 3 and not (tmp_path / "user-out").exists()
-    full = run_instrumented([sys.executable, "saves.py"], {"mode": "apply", "profile": False, "stop": False})
+    full = run_instrumented([sys.executable, "saves.py"], ChildSettings(mode="apply", profile=False, stop=False))
     assert full.returncode == 0 and full.optimizer_steps == 6
     assert (tmp_path / "user-out" / "checkpoint-1").is_dir()  # the same script writes there when it really runs
 

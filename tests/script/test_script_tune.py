@@ -11,7 +11,7 @@ import pytest
 
 from conftest import cli_env, line_of, saturate_cmd
 from saturate.script.command import run_instrumented
-from saturate.script.overrides import merge
+from saturate.script.overrides import NONE, Overrides
 from saturate.script.tune_script import ScriptTrial, ScriptTuning, edits, tune_command, window_rule
 
 # A loader-bound loop: each sample takes 4 ms to produce (a sleep, so workers help even on a busy 2-core machine).
@@ -96,12 +96,12 @@ def test_run_refuses_an_unreadable_overrides_file(tmp_path):
 
 
 def test_the_edit_is_said_at_the_loader_call():
-    t = ScriptTrial("2 workers", {"loader": {"num_workers": 2, "persistent_workers": True}}, 0.5, None, 0.1, 3)
-    base = ScriptTrial("as written", {}, 1.0, None, 0.6, 3)
+    t = ScriptTrial("2 workers", Overrides(loader={"num_workers": 2, "persistent_workers": True}), 0.5, None, 0.1, 3)
+    base = ScriptTrial("as written", NONE, 1.0, None, 0.6, 3)
     tuning = ScriptTuning(["python", "train.py"], base, t, [base, t], loaders=[{"site": "train.py:40"}])
     assert edits(tuning) == ["train.py:40: DataLoader(..., num_workers=2, persistent_workers=True)"]
-    assert merge({"loader": {"num_workers": 2}}, {"loader": {"prefetch_factor": 4}, "tf32": True}) == {
-        "loader": {"num_workers": 2, "prefetch_factor": 4}, "tf32": True}
+    merged = Overrides(loader={"num_workers": 2}).merged(Overrides(loader={"prefetch_factor": 4}, tf32=True))
+    assert merged.to_dict() == {"loader": {"num_workers": 2, "prefetch_factor": 4}, "tf32": True}
 
 
 def test_a_plain_adamw_script_gets_fused_tried_at_its_line(tmp_path, monkeypatch):

@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 from test_lightning_tune import SCRIPT, FakeLightning
 
-from saturate.script.child.coupled import kept_split, record
+from saturate.script.boundary import ChildSettings
+from saturate.script.child.coupled import record
 from saturate.script.command import ScriptRun, run_instrumented
+from saturate.script.trainer_stages import kept_split
 from saturate.script.tune_script import tune_command
 
 
@@ -24,7 +26,7 @@ class CoupledLightning(FakeLightning):
         super().__init__()
         self.layers = layers
 
-    def __call__(self, command: list[str], settings: dict[str, Any], **kw: Any) -> ScriptRun:
+    def __call__(self, command: list[str], settings: ChildSettings, **kw: Any) -> ScriptRun:
         run = super().__call__(command, settings, **kw)
         run.report["model"] = {"class": "Sequential", "wrapped_in": [], "parameters": 100,
                                "batch_coupled": self.layers}
@@ -81,7 +83,7 @@ def test_a_lightning_script_with_batchnorm_reports_its_coupled_layers(tmp_path, 
     (tmp_path / "train.py").write_text(coupled)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.chdir(tmp_path)
-    settings = {"mode": "trial", "warmup": 1, "count_steps": 0, "steps": 2, "stop": True, "overrides": {}}
+    settings = ChildSettings(mode="trial", warmup=1, count_steps=0, steps=2, stop=True)
     run = run_instrumented([sys.executable, "train.py", "--width", "16"], settings, quiet_stdout=True)
     assert run.report["model"]["batch_coupled"] == ["BatchNorm1d"]
     assert Path(tmp_path / "train.py").read_text() == coupled  # the script is not touched

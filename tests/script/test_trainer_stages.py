@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from saturate.script.command import ScriptRun
+from saturate.script.boundary import ChildSettings
+from saturate.script.command import ScriptFailed, ScriptRun
+from saturate.script.overrides import Overrides
 from saturate.script.tune_script import ScriptTrial, ScriptTuning, edits, tune_command
 
 WRITTEN = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "bf16": False, "fp16": False,
@@ -28,16 +30,16 @@ class FakeMachine:
         self.runs: list[dict[str, Any]] = []
         self.penalty_above: int | None = None  # micro-batches above this are twice as slow per sample
 
-    def __call__(self, command: list[str], settings: dict[str, Any], **kw: Any) -> ScriptRun:
-        from saturate.errors import SaturateError
+    def __call__(self, command: list[str], settings: ChildSettings, **kw: Any) -> ScriptRun:
 
-        over = (settings.get("overrides") or {}).get("trainer", {})
+        over = settings.overrides.trainer
         self.runs.append(over)
         args = {**self.written, **over}
         micro, accum = args["per_device_train_batch_size"], args["gradient_accumulation_steps"]
         if micro > self.fits * (2 if args.get("gradient_checkpointing") else 1):
-            raise SaturateError("the script failed before its first optimizer step (exit code 1: "
-                                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB)")
+            raise ScriptFailed("the script failed before its first optimizer step (exit code 1: "
+                               "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB)",
+                               out_of_memory=True)
         step = accum * (0.1 + 0.4 / micro * micro ** 0.5)  # per micro-step: fixed + sublinear in the batch
         if self.penalty_above is not None and micro > self.penalty_above:
             step *= 4
@@ -71,7 +73,7 @@ def by_name(tuning: ScriptTuning) -> dict[str, ScriptTrial]:
 
 
 def splits_tried(tuning: ScriptTuning) -> list[tuple[int, int]]:
-    return [(t.overrides["trainer"]["per_device_train_batch_size"], t.overrides["trainer"][
+    return [(t.overrides.trainer["per_device_train_batch_size"], t.overrides.trainer[
         "gradient_accumulation_steps"]) for t in tuning.trials if t.name.startswith("micro-batch")]
 
 
@@ -79,7 +81,7 @@ def test_every_split_keeps_the_effective_batch_and_the_climb_goes_up_while_it_ga
     tuning = tune(FakeMachine())
     assert splits_tried(tuning) == [(8, 2), (16, 1)]  # upwards over the exact splits of 4 × 4, each one gaining
     assert all(t.samples_per_step == 16 for t in tuning.trials)
-    best = tuning.best.overrides["trainer"]
+    best = tuning.best.overrides.trainer
     assert (best["per_device_train_batch_size"], best["gradient_accumulation_steps"]) == (16, 1)
 
 
@@ -94,11 +96,11 @@ def test_the_climb_stops_at_the_first_split_that_does_not_gain_and_goes_one_down
 
 def test_bf16_is_kept_when_its_losses_stay_close_and_refused_when_they_drift():
     close = tune(FakeMachine(bf16_drift=0.001))
-    assert close.best.overrides["trainer"]["bf16"] is True and close.best.overrides["trainer"]["use_cpu"] is True
+    assert close.best.overrides.trainer["bf16"] is True and close.best.overrides.trainer["use_cpu"] is True
     assert "losses within 0.10 %" in by_name(close)["bf16=True, use_cpu=True"].outcome
     far = tune(FakeMachine(bf16_drift=0.05))  # 40 % faster, but its losses are 5 % off the script's own
     trial = by_name(far)["bf16=True, use_cpu=True"]
-    assert "bf16" not in far.best.overrides.get("trainer", {})
+    assert "bf16" not in far.best.overrides.trainer
     assert trial.outcome.startswith("not kept: its first 5 losses differ from the script's own by up to 5.0 %")
 
 
@@ -116,7 +118,7 @@ def test_on_a_gpu_memory_that_stops_the_climb_gets_checkpointing_tried_at_that_m
     assert names["micro-batch 16 × 1"].outcome.startswith("failed:") and "out of memory" in names[
         "micro-batch 16 × 1"].outcome
     assert names["gradient_checkpointing at micro-batch 16"].outcome.startswith("kept:")
-    best = tuning.best.overrides["trainer"]
+    best = tuning.best.overrides.trainer
     assert (best["per_device_train_batch_size"], best["gradient_accumulation_steps"]) == (16, 1)
     assert best["gradient_checkpointing"] is True
     without = tune(FakeMachine(device="cuda", fits=16))  # nothing ran out of memory: recompute only costs
@@ -135,15 +137,15 @@ def test_checkpointing_and_compile_are_not_tried_on_a_cpu():
 
 def test_compile_is_kept_only_when_the_planned_steps_pay_back_its_compile_time():
     pays = tune(FakeMachine(device="cuda", compile_gain=0.5, compile_s=10.0))
-    assert pays.best.overrides["trainer"].get("torch_compile") is True
+    assert pays.best.overrides.trainer.get("torch_compile") is True
     slow = tune(FakeMachine(device="cuda", compile_gain=0.9, compile_s=10_000.0))
-    assert "torch_compile" not in slow.best.overrides["trainer"]
+    assert "torch_compile" not in slow.best.overrides.trainer
     assert "less than the 10000 s compile" in by_name(slow)["torch_compile=True"].outcome
 
 
 def test_the_fused_optimizer_is_tried_only_where_the_script_uses_unfused_adamw():
     tuning = tune(FakeMachine())
-    assert tuning.best.overrides["trainer"]["optim"] == "adamw_torch_fused"
+    assert tuning.best.overrides.trainer["optim"] == "adamw_torch_fused"
     already = tune(FakeMachine(written={**WRITTEN, "optim": "adamw_torch_fused"}))
     assert "optim=\"adamw_torch_fused\"" not in by_name(already)
     assert "fused optimizer: not tried (optim='adamw_torch_fused' is already fused)" in already.decisions
@@ -151,7 +153,8 @@ def test_the_fused_optimizer_is_tried_only_where_the_script_uses_unfused_adamw()
 
 def test_the_tuned_settings_are_said_as_one_training_arguments_edit():
     tuning = tune(FakeMachine())
-    tuning.best.overrides["loader"] = {"num_workers": 2, "persistent_workers": True}
+    workers = Overrides(loader={"num_workers": 2, "persistent_workers": True})
+    tuning.best.overrides = tuning.best.overrides.merged(workers)
     assert edits(tuning) == ["train.py:65: TrainingArguments(..., bf16=True, use_cpu=True, "
                              "per_device_train_batch_size=16, gradient_accumulation_steps=1, "
                              "optim='adamw_torch_fused', dataloader_num_workers=2, "

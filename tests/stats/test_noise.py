@@ -1,13 +1,10 @@
-"""The statistics of a trial's windows: median ± spread, when to stop, comparisons beyond the noise."""
+"""The statistics of a trial's windows: median ± spread, when to stop (comparisons: test_comparison.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from saturate.plan import Plan
 from saturate.stats.noise import SHORT_TRIALS_ENV, WindowRule, default_rule, rate_text, summarize
-from saturate.tune.decide import compare
-from saturate.tune.trial import Trial
 
 
 def test_summary_is_median_and_half_range_trimmed_from_five_windows():
@@ -54,27 +51,6 @@ def test_rate_text_shows_the_spread_when_there_is_one():
     assert rate_text(812.34, 0.012) == "812.3 ±1.2 % samples/s"
     assert rate_text(812.34, None) == "812.3 samples/s"
     assert rate_text(None, None) == "-"
-
-
-def test_comparison_needs_the_gain_to_beat_the_combined_noise_and_the_minimum():
-    def t(rate: float, spread: float) -> Trial:
-        return Trial(stage="x", plan=Plan(), samples_per_s=rate, spread=spread)
-
-    within = compare(t(102.0, 0.025), t(100.0, 0.025), 0.03)
-    assert not within.faster and within.within_noise and "within noise (±5.0 %)" in within.text()
-    clear = compare(t(130.0, 0.025), t(100.0, 0.025), 0.03)
-    assert clear.faster and "beyond noise" in clear.text()
-    exact = compare(t(102.0, 0.0), t(100.0, 0.0), 0.03)  # measured exactly, but too small to be worth it
-    assert not exact.faster and "under the 3 %" in exact.text()
-
-
-def test_a_one_window_trial_has_no_noise_to_be_beyond():
-    one = Trial(stage="x", plan=Plan(), samples_per_s=110.0, spread=None)  # a single timed window
-    c = compare(one, Trial(stage="x", plan=Plan(), samples_per_s=100.0, spread=0.01), 0.03)
-    assert c.faster and not c.noise_known  # the decision still needs the minimum gain
-    assert c.text() == "+10.0 % (noise not measured: one window)" and "±" not in c.text()
-    small = compare(Trial(stage="x", plan=Plan(), samples_per_s=111.0, spread=0.01), one, 0.03)
-    assert "under the 3 %" in small.text() and "one window" in small.text()
 
 
 def test_the_testing_knob_caps_trials_short_and_only_when_set(monkeypatch, cpu):

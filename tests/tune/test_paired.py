@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable
 
 import pytest
@@ -13,42 +12,10 @@ from saturate.plan import Plan
 from saturate.stats.noise import SHORT_TRIALS_ENV
 from saturate.tune import paired
 from saturate.tune.measure import RealMeasurer
-from saturate.tune.paired import Pairs, decisive, median_interval, paired_comparison
+from saturate.tune.paired import Pairs
 from saturate.tune.search import search
 from saturate.tune.trial import Trial
 from saturate.workloads import build_workload
-
-
-def _coverage(n: int, k: int) -> float:
-    """P(the k-th smallest ≤ median ≤ the k-th largest) for n values around a continuous median."""
-    return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
-
-
-@pytest.mark.parametrize("n", range(2, 30))
-def test_the_median_interval_is_the_narrowest_order_statistics_with_the_confidence(n):
-    values = [float(i) for i in range(n, 0, -1)]  # unsorted on purpose
-    low, high = median_interval(values, 0.90)
-    k = int(low)  # the k-th smallest is k
-    assert high == n + 1 - k  # symmetric: the k-th largest
-    assert k == 1 or _coverage(n, k) >= 0.90
-    assert k == n // 2 or _coverage(n, k + 1) < 0.90  # one further in would not hold the confidence
-    assert low <= statistics.median(values) <= high
-
-
-def test_six_pairs_decide_only_when_all_six_agree():
-    assert median_interval([1.1, 1.2, 1.15, 1.3, 1.12, 1.18]) == (1.1, 1.3)  # k = 1: the range
-    faster = paired_comparison([1.1, 1.2, 1.15, 1.3, 1.12, 1.18], 0.03)
-    assert faster.faster and not faster.slower and "faster in 6" in faster.text()
-    one_against = paired_comparison([1.1, 1.2, 1.15, 1.3, 0.98, 1.18], 0.03)
-    assert not one_against.faster and not one_against.slower  # the interval reaches below 1
-    assert paired_comparison([0.8, 0.85, 0.9, 0.82, 0.88, 0.86], 0.03).slower
-    assert not paired_comparison([1.02] * 6, 0.03).faster  # beyond the noise, not beyond the minimum gain
-
-
-def test_pairs_stop_when_decisive_either_way_or_when_no_difference_is_worth_a_change():
-    assert decisive([1.2] * 6, 0.03) and decisive([0.8] * 6, 0.03)
-    assert decisive([1.01, 0.99, 1.0, 1.02, 0.98, 1.0], 0.03)  # wholly within ±3 %: nothing worth a change
-    assert not decisive([1.2, 0.9, 1.1, 1.3, 0.95, 1.0], 0.03)
 
 
 class PairingMachine(FakeMachine):

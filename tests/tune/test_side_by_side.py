@@ -240,6 +240,7 @@ def test_a_plan_with_the_same_settings_as_another_is_measured_once_and_not_calle
     tuned = cmp.row("tuned")
     assert [r.label for r in cmp.rows] == ["naive", "tuned"] and tuned.rounds == cmp.row("naive").rounds
     assert tuned.vs_naive is None and tuned.note == "the same settings as naive: measured once"
+    assert tuned.twin == "naive" and cmp.row("naive").twin is None and tuned.to_dict()["twin"] == "naive"
     trained, lines, notes = run_module._choose(cmp)
     assert trained == "tuned" and not notes
     assert lines == ["tuned: the same settings as naive: measured once (nothing to compare)"]

@@ -55,8 +55,9 @@ def add_parsers(sub: Any) -> None:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from saturate.doctor.diagnose import DoctorConfig, apply_fix, diagnose, outcome, plan_fix
-    from saturate.doctor.report import prediction_text, render
+    from saturate.doctor.apply import diagnose_and_apply, render_applied
+    from saturate.doctor.diagnose import DoctorConfig, diagnose
+    from saturate.doctor.report import render
     from saturate.engine.resume import choose_plan
     from saturate.hardware import probe
     from saturate.plan import resolve_plan
@@ -93,49 +94,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             render(before, console)
         return 0
 
-    fix = plan_fix(before)
     if not args.json:
         render(before, console, title="before")
-    if fix is None:
-        if args.json:
-            print(json.dumps({"before": before.to_dict(), "applied": None}, indent=2, default=str))
-        else:
-            console.print("--apply: no fix that is a plan change keeping the training the same; nothing to run")
-        return 0
-    new_plan = apply_fix(plan, fix)
-    if not args.json:
-        console.print(f"\n[bold]applying:[/] {fix.title} — running the new plan the same way …")
-    after = diagnose(workload, new_plan, config, hardware=hw)
-    result = outcome(fix, before, after)
-    if args.save_plan:
-        new_plan.save(args.save_plan)
-    if args.json:
-        print(json.dumps({"before": before.to_dict(), "applied": {"title": fix.title, "changes": fix.changes},
-                          "plan": new_plan.to_dict(), "after": after.to_dict(),
-                          "predicted_gain": result.predicted_gain, "measured_gain": result.measured_gain},
-                         indent=2, default=str))
-        return 0
-    render(after, console, title="after")
-    console.print()
-    unit = {"step_s": "s/step", "sample_s": "s/sample", "host_bytes": "bytes", "device_bytes": "bytes"}
-    metric = fix.prediction.metric
-    what = "speed-up" if metric in ("step_s", "sample_s") else "memory reduction"
-    console.print(f"[bold]{fix.title}[/]")
-    console.print(f"  {prediction_text(fix.prediction)}")
-    predicted = result.predicted_gain
-    measured_line = (f"  measured: {result.measured_before:.4g} → {result.measured_after:.4g} {unit[metric]}, "
-                     f"{what} {result.measured_gain:.2f}×")
-    if predicted is not None:
-        error = result.measured_gain / predicted - 1
-        measured_line += f" against {predicted:.2f}× predicted ({100 * error:+.0f} %)"
-    console.print(measured_line)
-    if args.save_plan:
-        console.print(f"  plan written to {args.save_plan}")
-    else:
-        console.print("  the plan (save it with --save-plan FILE):")
-        import tomli_w
 
-        console.print("  " + tomli_w.dumps(new_plan.to_dict()).replace("\n", "\n  ").rstrip(), markup=False)
+    def applying(_before: Any, fix: Any) -> None:
+        if not args.json:
+            console.print(f"\n[bold]applying:[/] {fix.title} — running the new plan the same way …")
+
+    applied = diagnose_and_apply(workload, plan, config, hw, before=before, on_apply=applying)
+    if args.save_plan and applied.plan is not None:
+        applied.plan.save(args.save_plan)
+    if args.json:
+        print(json.dumps(applied.to_dict(), indent=2, default=str))
+    else:
+        render_applied(applied, console, saved_to=args.save_plan)
     return 0
 
 

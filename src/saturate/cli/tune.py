@@ -137,35 +137,26 @@ def _refuse_preset_flags(args: argparse.Namespace) -> None:
             raise ConfigError(f"{flag} applies to a preset or --workload, not to a command after --")
 
 
-def _script_tuning(args: argparse.Namespace, console: Any) -> Any:
-    from saturate.hardware import usable_cores
-    from saturate.script.tune_script import tune_command, window_rule
+def _trial_options(args: argparse.Namespace) -> Any:
+    from saturate.script.script_trial import TrialOptions
 
-    console.print(f"[dim]tune: each trial runs your command's first {2 + args.trial_steps} optimizer steps with "
-                  "saturate's hooks, then times its steps in windows until they agree (at most "
-                  f"{args.trial_seconds:g} s), then stops it …[/]")
-
-    def show(t: Any) -> None:
-        spread = f" ±{100 * t.spread:.1f} %" if t.spread is not None else ""
-        console.print(f"[dim]  {t.name}: {t.step_s:.4g} s/step{spread}[/]")
-
-    return tune_command(args.script, steps=args.trial_steps, cores=usable_cores()[0],
-                        first_step_timeout=args.first_step_timeout, quiet_stdout=args.json, on_trial=show,
-                        allow_micro_batch_change=args.allow_micro_batch_change, rule=window_rule(args.trial_seconds))
+    return TrialOptions(steps=args.trial_steps, seconds=args.trial_seconds,
+                        first_step_timeout=args.first_step_timeout, quiet_stdout=args.json)
 
 
 def _tune_script(args: argparse.Namespace) -> int:
-    """`saturate tune -- CMD`: settings the script takes from outside, found by measurement."""
+    """`saturate tune -- CMD`: settings the script takes from outside, found by measurement (saturate.script)."""
     import json
     import time
 
     from rich.console import Console
 
-    from saturate.script.tune_script import render, write
+    from saturate.script.tune_script import render, tune_with_progress, write
 
     _refuse_preset_flags(args)
     console = Console(highlight=False, stderr=args.json)
-    tuning = _script_tuning(args, console)
+    tuning = tune_with_progress(args.script, _trial_options(args), console,
+                                allow_micro_batch_change=args.allow_micro_batch_change)
     written = write(tuning, args.out or Path("runs") / f"tune-script-{time.strftime('%Y%m%d-%H%M%S')}")
     if args.json:
         print(json.dumps({**tuning.to_dict(), "overrides_file": str(written)}, indent=2, default=str))
@@ -174,56 +165,23 @@ def _tune_script(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_trainer_overrides(path: Path, overrides: dict[str, Any]) -> None:
-    """Overrides name only the knobs saturate tunes (the training stays the same): `integrations.overrides.check`."""
-    from saturate.script.overrides import check
-
-    check(path, overrides)
-
-
 def _run_script(args: argparse.Namespace) -> int:
     """`saturate run -- CMD`: tune (or --overrides), as written vs tuned side by side, then the full run."""
     import json
 
     from rich.console import Console
 
-    from saturate.script.run_script import NOTHING_FOUND, ScriptRunReport, full_run, render, side_by_side
-    from saturate.script.tune_script import render as render_tuning
-    from saturate.script.tune_script import window_rule
+    from saturate.script.overrides import Overrides
+    from saturate.script.run_script import render, run_script
 
     _refuse_preset_flags(args)
     console = Console(highlight=False, stderr=args.json)
-    if args.overrides:
-        try:
-            overrides = json.loads(args.overrides.read_text())
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"--overrides {args.overrides}: not a readable overrides.json ({e})") from None
-        if not isinstance(overrides, dict):
-            raise ConfigError(f"--overrides {args.overrides}: expected a JSON object of settings")
-        _check_trainer_overrides(args.overrides, overrides)
-        reason = f"{args.overrides} sets nothing; the script runs as written (no side-by-side)"
-    else:
-        tuning = _script_tuning(args, console)
-        render_tuning(tuning, console)
-        overrides = tuning.best.overrides
-        reason = NOTHING_FOUND
-    written: list[Any] = []
-    tuned: list[Any] = []
-    if overrides:
-        reason = None
-        console.print("[dim]run: the script as written and tuned, in alternating rounds …[/]")
-        rounds = 3
-        written, tuned = side_by_side(args.script, overrides, steps=args.trial_steps, rounds=rounds,
-                                      first_step_timeout=args.first_step_timeout, quiet_stdout=args.json,
-                                      rule=window_rule(args.trial_seconds), on_round=lambda r, name: console.print(
-                                          f"[dim]  measuring side by side: round {r + 1}/{rounds} ({name})[/]"))
-        console.print("[dim]run: the whole script with the tuned settings applied from outside …[/]")
-    else:
-        console.print("[dim]run: nothing to apply; the whole script as written …[/]")
-    full = full_run(args.script, overrides, first_step_timeout=args.first_step_timeout, quiet_stdout=args.json)
-    report = ScriptRunReport(list(full.command), overrides, written, tuned, full, reason)
+    overrides = Overrides.read(args.overrides) if args.overrides else None
+    report = run_script(args.script, _trial_options(args), console, overrides=overrides,
+                        overrides_file=str(args.overrides) if args.overrides else None,
+                        allow_micro_batch_change=args.allow_micro_batch_change)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:
         render(report, console)
-    return 0 if full.returncode == 0 else 2
+    return 0 if report.full.returncode == 0 else 2

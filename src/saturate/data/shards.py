@@ -7,7 +7,7 @@ Layout of a shard::
     H bytes of UTF-8 JSON         metadata, space-padded so the tokens start on a 64-byte boundary
     n_tokens x uint16|uint32 LE   the token ids
 
-The token cache that fills shards from text (``prepare_corpus``) is in cache.py.
+The token cache that fills shards from text (``prepare_corpus``) is in token_cache.py.
 """
 
 from __future__ import annotations

@@ -17,13 +17,13 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate
 
-from saturate.doctor.findings import Diagnosis, Fix, ScalingProbe
+from saturate.doctor.findings import Diagnosis, ScalingProbe
 from saturate.doctor.instrument import Instrument, contention_record, device_facts, loader_worker_pids
 from saturate.doctor.phase_windows import Windows
 from saturate.doctor.rules import decide
 from saturate.engine.schedule import scaled_lr
 from saturate.engine.step import OutOfMemoryError, Stepper, split_batch, to_device
-from saturate.errors import ConfigError, SaturateError
+from saturate.errors import ConfigError
 from saturate.hardware import synchronize
 from saturate.hardware.contention import ContentionMeter
 from saturate.plan import Plan
@@ -40,7 +40,7 @@ class DoctorConfig:
     warmup: int = 2  # untimed steps first (compilation, allocator, loader start-up)
     count_steps: int = 1  # steps with synchronisations counted (not timed)
     # Timed at least this long, in windows of `min_seconds / rule.min_windows`, until the last windows' step
-    # rates agree or the rule's cap (raised when other processes keep the machine busy): doctor.windows.
+    # rates agree or the rule's cap (raised when other processes keep the machine busy): doctor.phase_windows.
     min_seconds: float = 2.0
     rule: WindowRule = field(default_factory=WindowRule)
     scaling: bool = True  # run the batch-scaling probe
@@ -200,66 +200,3 @@ def time_items(workload: Workload, plan: Plan, step: int, k: int = 16, reps: int
         return max(0.0, (batch_time(k) - batch_time(1)) / (k - 1))
     except Exception:  # a dataset that cannot be read outside its loader: the model does without
         return None
-
-
-# --- --apply ----------------------------------------------------------------------------------
-
-
-def plan_fix(diagnosis: Diagnosis) -> Fix | None:
-    """The highest-ranked fix that is a plan change keeping the training the same."""
-    for fix in diagnosis.fixes:
-        if fix.changes and fix.same_training:
-            return fix
-    return None
-
-
-def apply_fix(plan: Plan, fix: Fix) -> Plan:
-    """`plan` with the fix's changes, kept valid (no prefetch or persistence without workers)."""
-    changes = dict(fix.changes)
-    workers = changes.get("num_workers", plan.num_workers)
-    if workers == 0:
-        changes.update(prefetch_factor=None, persistent_workers=False)
-    try:
-        return plan.replace(name=f"{plan.name or 'plan'}+doctor", **changes)
-    except (TypeError, SaturateError) as e:
-        raise ConfigError(f"the fix {fix.title!r} does not make a valid plan: {e}") from None
-
-
-@dataclass
-class Outcome:
-    """Predicted against measured, for the applied fix."""
-
-    fix: Fix
-    before: Diagnosis
-    after: Diagnosis
-    measured_before: float
-    measured_after: float
-
-    @property
-    def measured_gain(self) -> float:
-        return self.measured_before / self.measured_after if self.measured_after > 0 else float("nan")
-
-    @property
-    def predicted_gain(self) -> float | None:
-        return self.fix.prediction.gain
-
-
-def measured_figure(d: Diagnosis, metric: str) -> float | None:
-    m = d.measurements
-    if metric == "step_s":
-        return m.step_s
-    if metric == "sample_s":
-        return m.step_s / m.samples_per_step if m.samples_per_step else None
-    if metric == "host_bytes":
-        return None if m.tree_peak is None else float(m.tree_peak)
-    if metric == "device_bytes":
-        return None if m.device_mem_peak is None else float(m.device_mem_peak)
-    raise ValueError(f"unknown metric {metric!r}")
-
-
-def outcome(fix: Fix, before: Diagnosis, after: Diagnosis) -> Outcome:
-    metric = fix.prediction.metric
-    a, b = measured_figure(before, metric), measured_figure(after, metric)
-    if a is None or b is None:
-        raise SaturateError(f"the applied fix's {metric} was not measured in both runs")
-    return Outcome(fix, before, after, a, b)

@@ -95,12 +95,12 @@ class Measurements:
     steps: int  # optimizer steps timed
     step_s: float  # wall seconds per optimizer step over the timed window
     phases: dict[str, float]  # seconds per step by phase (sums to about step_s)
-    # The timed steps in windows of equal step counts (doctor.windows): each window's share of the step by
+    # The timed steps in windows of equal step counts (doctor.phase_windows): each window's share of the step by
     # phase, and its mean device utilisation (accelerators, percent). A figure's range is over these windows
-    # (trimmed of the extremes from five on, as tune.noise does); with none, a figure is a single value.
+    # (trimmed of the extremes from five on, as stats.noise does); with none, a figure is a single value.
     window_shares: list[dict[str, float]] = field(default_factory=list)
     window_util: list[float] = field(default_factory=list)
-    step_spread: float | None = None  # relative half-range of the windows' step rates (tune.noise.summarize)
+    step_spread: float | None = None  # relative half-range of the windows' step rates (stats.noise.summarize)
     context: str = "plan"  # "plan" (a saturate preset) or "loop" (a user's own loop)
     samples_per_step: float | None = None
     micro_batch: int | None = None

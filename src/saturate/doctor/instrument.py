@@ -40,7 +40,7 @@ class Instrument:
         self.counted_steps = 0
         self.count_totals: list[int] = []  # syncs counted so far at the end of each counted step
         self.timed_steps = 0
-        self.window_ends: list[int] = []  # timed steps at each window's end (doctor.windows); empty: split after
+        self.window_ends: list[int] = []  # timed steps at each window's end (doctor.phase_windows); empty: split after
         self.data_wall = 0.0
         self.data_cpu = 0.0
         self._data_start: tuple[float, float] | None = None

@@ -4,7 +4,7 @@ A verdict rests on shares of the step (waiting for data, the device idle, …) c
 thresholds; one figure over one stretch cannot say whether the next run would land on the same side.
 So the timed steps are cut into windows of equal step counts (the first window's length in steps is
 whatever reaches `window_s`), and `Windows.step_done` says when to stop: after at least `min_steps`
-steps and `min_seconds`, when the last windows' step rates agree (tune.noise's `WindowRule`, the
+steps and `min_seconds`, when the last windows' step rates agree (stats.noise's `WindowRule`, the
 tuner's own rule) or at the rule's cap, raised when other processes kept the machine busy (read
 once, when the windows first failed to agree within the normal cap). `split` cuts a stretch of a
 fixed length (a user's loop, where the Profiler times the steps it was asked for) into windows

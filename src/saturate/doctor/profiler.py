@@ -15,7 +15,7 @@ optimizer step (optimizer hooks), and everything else as "other" (the copy to th
 loss, the user's own code). Without a model or optimizer those phases are part of "other".
 
 The Profiler times the steps it was asked for, no more (a user's loop, or a script saturate stops after
-them); they are split into up to five windows afterwards (`doctor.windows.split`), and the shares' ranges
+them); they are split into up to five windows afterwards (`doctor.phase_windows.split`), and the shares' ranges
 and the step-time spread the rules use are over those windows.
 The hooks' own time over the timed steps (`selftime`) is kept as `prof.instrumentation`.
 """

@@ -25,7 +25,7 @@ The rules:
                          rules that held are still listed. (Our own loader workers and torch
                          threads oversubscribing a CPU run's cores is a note.)
 
-Thresholds respect the noise. The timed steps are measured in windows (doctor.windows), and a
+Thresholds respect the noise. The timed steps are measured in windows (doctor.phase_windows), and a
 timed figure (the wait for data, the device's idle time, the probe's fixed share) crosses its
 threshold only when its whole range over the windows is past it; a range that holds the threshold
 gives a note, "within noise of the threshold (x..y % vs z %)", no verdict and no fix (so two runs

@@ -3,8 +3,9 @@
     run_instrumented(["python", "train.py", "--config", "medium"], settings) -> ScriptRun
 
 The command runs as it would without saturate (its own stdout, its own working folder), with one
-folder put first on PYTHONPATH whose `sitecustomize.py` loads `hooks.py` once torch is imported;
-settings travel in the environment, results come back as files in a temporary folder. The command
+folder put first on PYTHONPATH whose `sitecustomize.py` loads `child/hooks.py` once torch is imported;
+settings (`ChildSettings`) travel in the environment, results come back as files in a temporary folder —
+what crosses, both ways, is `boundary.py`. The command
 runs in a process group of its own so that saturate can stop all of it (launcher, ranks, loader
 workers) on Ctrl-C, at a time limit, or once it has what it measured.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -28,11 +28,36 @@ from pathlib import Path
 from typing import Any
 
 from saturate.errors import ConfigError, SaturateError
-from saturate.script.child.hooks import ENV_DIR, ENV_SETTINGS, FIRST_STEP, REPORT, SUMMARY
+from saturate.script.boundary import (
+    FIRST_STEP,
+    REPORT,
+    SUMMARY,
+    ChildSettings,
+    child_error,
+    environment,
+    read_json,
+    steps_reported,
+)
 
-SHIM = Path(__file__).resolve().parent / "shim"
+# how torch's out-of-memory errors read in a script's stderr (CUDA's, the CPU allocator's, ROCm's): the one place
+# a failure's kind is read from text, the script's own, so that no decision parses saturate's messages
+OOM_MARKERS = ("OutOfMemoryError", "out of memory", "DefaultCPUAllocator: can't allocate memory")
 LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
 USAGE = "python SCRIPT …, python -m MODULE …, torchrun …, accelerate launch …"
+
+
+class ScriptFailed(SaturateError):
+    """The command failed or ended before saturate had its measurements; `out_of_memory` when the script's last
+    error lines were torch's out-of-memory error."""
+
+    def __init__(self, message: str, out_of_memory: bool = False) -> None:
+        super().__init__(message)
+        self.out_of_memory = out_of_memory
+
+
+def ran_out_of_memory(lines: Sequence[str]) -> bool:
+    """Whether a script's last stderr lines hold torch's out-of-memory error."""
+    return any(marker in line for line in lines[-10:] for marker in OOM_MARKERS)
 
 
 @dataclass
@@ -68,7 +93,7 @@ def check_command(command: Sequence[str]) -> list[str]:
     raise ConfigError(f"{command[0]} is not a Python command; saturate instruments Python training ({USAGE})")
 
 
-def run_instrumented(command: Sequence[str], settings: dict[str, Any], *, first_step_timeout: float = 300.0,
+def run_instrumented(command: Sequence[str], settings: ChildSettings, *, first_step_timeout: float = 300.0,
                      timeout: float | None = None, quiet_stdout: bool = False) -> ScriptRun:
     """Run `command` with the hooks; wait until it ends (or is stopped); return what it measured.
 
@@ -86,19 +111,15 @@ def run_instrumented(command: Sequence[str], settings: dict[str, Any], *, first_
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _env(folder: Path, settings: dict[str, Any]) -> dict[str, str]:
+def _env(folder: Path, settings: ChildSettings) -> dict[str, str]:
     import saturate
 
-    env = dict(os.environ)
-    ours = [str(SHIM), str(Path(saturate.__file__).resolve().parents[1])]
-    env["PYTHONPATH"] = os.pathsep.join([*ours, *filter(None, [env.get("PYTHONPATH")])])
-    env[ENV_DIR] = str(folder)
-    env[ENV_SETTINGS] = json.dumps(settings)
+    env = environment(os.environ, folder, settings, Path(saturate.__file__).resolve().parents[1])
     env.setdefault("PYTHONUNBUFFERED", "1")  # the script's lines reach the terminal as they are printed
     return env
 
 
-def _run(cmd: list[str], settings: dict[str, Any], folder: Path, first_step_timeout: float,
+def _run(cmd: list[str], settings: ChildSettings, folder: Path, first_step_timeout: float,
          timeout: float | None, quiet_stdout: bool) -> ScriptRun:
     tail: collections.deque[str] = collections.deque(maxlen=40)
     started = time.monotonic()
@@ -127,24 +148,18 @@ def _run(cmd: list[str], settings: dict[str, Any], folder: Path, first_step_time
         _stop(proc)  # what the command left behind (loader workers, ranks of a launcher)
         echo.join(timeout=5)
     seconds = time.monotonic() - started
-    errors = sorted(folder.glob("error-*.txt"))
-    if errors:
-        raise ConfigError(errors[0].read_text().strip())
-    report = json.loads((folder / REPORT).read_text()) if (folder / REPORT).exists() else None
-    summary = json.loads((folder / SUMMARY).read_text()) if (folder / SUMMARY).exists() else None
-    steps = max([r["optimizer_steps"] for r in (report, summary) if r], default=0)
-    for status in folder.glob("status-*.json"):
-        steps = max(steps, json.loads(status.read_text()).get("optimizer_steps", 0))
+    if error := child_error(folder):
+        raise ConfigError(error)
+    report, summary = read_json(folder, REPORT), read_json(folder, SUMMARY)
+    steps = max([r["optimizer_steps"] for r in (report, summary) if r] + [steps_reported(folder)])
     run = ScriptRun(cmd, proc.returncode, report, summary, steps, seconds, list(tail))
-    if settings.get("profile", True) and report is None:
-        raise SaturateError(_why_no_report(run, settings))
-    if not settings.get("profile", True) and summary is None:
-        raise SaturateError(_why_no_report(run, {"warmup": 0, "count_steps": 0}))
+    if (settings.profile and report is None) or (not settings.profile and summary is None):
+        raise ScriptFailed(_why_no_report(run, settings.needed_steps if settings.profile else 2),
+                           out_of_memory=bool(run.returncode) and ran_out_of_memory(run.stderr_tail))
     return run
 
 
-def _why_no_report(run: ScriptRun, settings: dict[str, Any]) -> str:
-    needed = int(settings.get("warmup", 2)) + int(settings.get("count_steps", 2)) + 2
+def _why_no_report(run: ScriptRun, needed: int) -> str:
     last = next((line.strip() for line in reversed(run.stderr_tail) if line.strip()), "")
     failed = f" (exit code {run.returncode}{': ' + last[:200] if last else ''})" if run.returncode else ""
     if run.optimizer_steps == 0:

@@ -20,6 +20,7 @@ from rich.text import Text
 from saturate.doctor.findings import Diagnosis, Fix, Measurements
 from saturate.doctor.report import render
 from saturate.doctor.rules import decide
+from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
 
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
@@ -34,7 +35,7 @@ TRAINER_TERMS = {"num_workers": "dataloader_num_workers", "pin_memory": "dataloa
 def doctor_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, count_steps: int = 2,
                    first_step_timeout: float = 300.0, quiet_stdout: bool = False) -> tuple[Diagnosis, ScriptRun]:
     """Run `command` instrumented, stop it after its measured steps, and diagnose what was measured."""
-    settings = {"mode": "doctor", "warmup": warmup, "count_steps": count_steps, "steps": steps, "stop": True}
+    settings = ChildSettings(mode="doctor", warmup=warmup, count_steps=count_steps, steps=steps, stop=True)
     run = run_instrumented(command, settings, first_step_timeout=first_step_timeout, quiet_stdout=quiet_stdout)
     assert run.report is not None  # run_instrumented raises without one
     m = Measurements.from_dict(run.report["measurements"])

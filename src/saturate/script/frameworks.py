@@ -1,4 +1,4 @@
-"""The trainers `saturate tune -- CMD` tunes, each as a `trainer_tune.Framework`: its knobs in its own terms.
+"""The trainers `saturate tune -- CMD` tunes, each as a `trainer_stages.Framework`: its knobs in its own terms.
 
 - `TransformersTrainer`: a Transformers `Trainer`'s `TrainingArguments` fields (`{"trainer": …}` overrides):
   `bf16`/`fp16` (with `use_cpu` for bf16 on a CPU), `per_device_train_batch_size` ×
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from saturate.script.overrides import FUSED_OPTIMIZERS
+from saturate.script.overrides import FUSED_OPTIMIZERS, Overrides
 from saturate.script.trainer_stages import Framework, Option
 
 UNFUSED_ADAMW = ("adamw_torch", "adamw_hf", "adamw")  # Trainer `optim` values with a fused variant to try
@@ -38,7 +38,7 @@ def fused_option(optimizer: dict[str, Any]) -> Option:
         return f"not tried (the script's {cls} is already fused)"
     if cls not in FUSED_OPTIMIZERS:
         return f"not tried ({cls} has no fused variant saturate tries; Adam and AdamW do)"
-    return f"{cls}(fused=True)", {"optimizer": {"fused": True}}
+    return f"{cls}(fused=True)", Overrides(optimizer={"fused": True})
 
 
 class TransformersTrainer:
@@ -52,33 +52,33 @@ class TransformersTrainer:
     def lower_precision(self) -> str | None:
         return "bf16" if self.written.get("bf16") else "fp16" if self.written.get("fp16") else None
 
-    def precision(self, name: str, device: str) -> tuple[str, dict[str, Any]]:
+    def precision(self, name: str, device: str) -> tuple[str, Overrides]:
         fields = {name: True, **({"use_cpu": True} if device == "cpu" else {})}  # bf16 on a CPU needs use_cpu
-        return ", ".join(f"{k}=True" for k in fields), {"trainer": fields}
+        return ", ".join(f"{k}=True" for k in fields), Overrides(trainer=fields)
 
     def split(self) -> tuple[int, int]:
         return (int(self.written.get("per_device_train_batch_size") or 1),
                 int(self.written.get("gradient_accumulation_steps") or 1))
 
-    def split_overrides(self, micro: int, accum: int) -> dict[str, Any]:
-        return {"trainer": {"per_device_train_batch_size": micro, "gradient_accumulation_steps": accum}}
+    def split_overrides(self, micro: int, accum: int) -> Overrides:
+        return Overrides(trainer={"per_device_train_batch_size": micro, "gradient_accumulation_steps": accum})
 
-    def checkpointing(self) -> dict[str, Any] | str:
+    def checkpointing(self) -> Overrides | str:
         if self.written.get("gradient_checkpointing"):
             return "already on in the script"
-        return {"trainer": {"gradient_checkpointing": True}}
+        return Overrides(trainer={"gradient_checkpointing": True})
 
     def fused(self) -> Option:
         optim = str(self.written.get("optim") or "")
         if optim in UNFUSED_ADAMW:
-            return 'optim="adamw_torch_fused"', {"trainer": {"optim": "adamw_torch_fused"}}
+            return 'optim="adamw_torch_fused"', Overrides(trainer={"optim": "adamw_torch_fused"})
         return (f"not tried (optim={optim!r}"
                 f"{' is already fused' if 'fused' in optim else ' has no fused variant saturate tries'})")
 
     def compile(self) -> Option:
         if self.written.get("torch_compile"):
             return "already on in the script"
-        return "torch_compile=True", {"trainer": {"torch_compile": True}}
+        return "torch_compile=True", Overrides(trainer={"torch_compile": True})
 
 
 class LightningTrainer:
@@ -96,9 +96,9 @@ class LightningTrainer:
         precision = self.written.get("precision")
         return None if precision in FP32 else f"precision={precision!r}"
 
-    def precision(self, name: str, device: str) -> tuple[str, dict[str, Any]]:
+    def precision(self, name: str, device: str) -> tuple[str, Overrides]:
         value = {"bf16": "bf16-mixed", "fp16": "16-mixed"}[name]
-        return f"Trainer(precision={value!r})", {"lightning": {"precision": value}}
+        return f"Trainer(precision={value!r})", Overrides(lightning={"precision": value})
 
     def split(self) -> tuple[int, int] | str:
         loader = self.loader
@@ -114,9 +114,9 @@ class LightningTrainer:
             return "not tried (where the training DataLoader is made was not found, so its batch_size cannot be set)"
         return int(loader["batch_size"]), int(self.written.get("accumulate_grad_batches") or 1)
 
-    def split_overrides(self, micro: int, accum: int) -> dict[str, Any]:
+    def split_overrides(self, micro: int, accum: int) -> Overrides:
         site = self.loader.get("site") if self.loader else None
-        return {"lightning": {"accumulate_grad_batches": accum}, "train_loader": {"site": site, "batch_size": micro}}
+        return Overrides(lightning={"accumulate_grad_batches": accum}, train_loader={"site": site, "batch_size": micro})
 
     def checkpointing(self) -> str:
         return ("not tried (a Lightning Trainer takes no argument for it: it is in the LightningModule's code, "

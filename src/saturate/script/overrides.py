@@ -1,79 +1,133 @@
-"""The settings `saturate tune -- CMD` finds and `saturate run -- CMD` applies from outside: what each means.
+"""`Overrides`: the settings `saturate tune -- CMD` finds and `saturate run -- CMD` applies from outside — the
+script's twin of `Plan`, and what travels from the parent to the child (`boundary.ChildSettings`).
 
-An overrides object (`overrides.json`) has, each optional:
+Each section is optional; together they are `overrides.json`:
 
-- `"loader"`: DataLoader arguments (`LOADER_KNOBS`) for every DataLoader the script makes;
-- `"train_loader"`: `{"site": "train.py:LINE", "batch_size": N}`, the batch size of the DataLoader made at
-  that line (the training loader as the as-written run saw it; a library's copy of it too): the micro-batch
-  of a script whose trainer accumulates (a Lightning `Trainer`);
-- `"trainer"`: a Transformers `Trainer`'s `TrainingArguments` fields (`trainer_hooks.TUNABLE`);
-- `"lightning"`: a Lightning `Trainer`'s arguments (`lightning_hooks.TUNABLE`);
-- `"optimizer"`: `{"fused": true}`, for the script's `Adam`/`AdamW` (a keyword their constructors take);
-- `"tf32"`: TF32 matmuls at start-up.
+- `loader`: DataLoader arguments (`LOADER_KNOBS`) for every DataLoader the script makes;
+- `train_loader`: `{"site": "train.py:LINE", "batch_size": N}`, the batch size of the DataLoader made at that
+  line (the training loader as the as-written run saw it; a library's copy of it too): the micro-batch of a
+  script whose trainer accumulates (a Lightning `Trainer`);
+- `trainer`: a Transformers `Trainer`'s `TrainingArguments` fields (`TRAINER_TUNABLE`);
+- `lightning`: a Lightning `Trainer`'s arguments (`LIGHTNING_TUNABLE`);
+- `optimizer`: `{"fused": true}`, for the script's `Adam`/`AdamW` (a keyword their constructors take);
+- `tf32`: TF32 matmuls at start-up.
+
+Only the knobs saturate tunes are accepted, so the training stays the same: anything else is one
+`ConfigError` naming the key. Both sides import this module; it imports nothing of either.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from saturate.errors import ConfigError
-from saturate.script.child import lightning_hooks, trainer_hooks
 
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
 FUSED_OPTIMIZERS = ("Adam", "AdamW")  # torch.optim classes whose constructor takes fused=
+# TrainingArguments fields saturate may change (a Transformers Trainer)
+TRAINER_TUNABLE = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "tf32",
+                   "dataloader_num_workers", "dataloader_pin_memory", "dataloader_prefetch_factor",
+                   "dataloader_persistent_workers", "torch_compile", "gradient_checkpointing", "optim", "use_cpu")
+LIGHTNING_TUNABLE = ("precision", "accumulate_grad_batches")  # Lightning Trainer arguments saturate may change
+SECTIONS: dict[str, tuple[str, ...]] = {"loader": LOADER_KNOBS, "trainer": TRAINER_TUNABLE,
+                                        "lightning": LIGHTNING_TUNABLE, "optimizer": ("fused",),
+                                        "train_loader": ("site", "batch_size")}
+_KINDS = {"trainer": "TrainingArguments fields", "lightning": "Lightning Trainer arguments"}
 
 
-def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """`a` with `b`'s settings added (the sections' fields merged)."""
-    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in a.items()}
-    for k, v in b.items():
-        out[k] = {**out.get(k, {}), **v} if isinstance(v, dict) else v
-    return out
+@dataclass(frozen=True)
+class Overrides:
+    """Settings applied to a user's script from outside (module docstring). Empty sections are `{}`; an empty
+    `Overrides()` is falsy: the script as written. Never mutated: `merged` and `with_section` give new ones."""
+
+    loader: Mapping[str, Any] = field(default_factory=dict)
+    train_loader: Mapping[str, Any] = field(default_factory=dict)  # {"site", "batch_size"} or {}
+    trainer: Mapping[str, Any] = field(default_factory=dict)
+    lightning: Mapping[str, Any] = field(default_factory=dict)
+    optimizer: Mapping[str, Any] = field(default_factory=dict)
+    tf32: bool = False
+
+    def __post_init__(self) -> None:
+        for name, allowed in SECTIONS.items():
+            section = getattr(self, name)
+            kind = _KINDS.get(name, f"{name} settings")
+            if not isinstance(section, Mapping):
+                raise ConfigError(f"\"{name}\" must be an object of {kind}")
+            if extra := sorted(set(section) - set(allowed)):
+                raise ConfigError(f"{', '.join(extra)} not among the {kind} saturate applies ({', '.join(allowed)})")
+            object.__setattr__(self, name, dict(section))  # a copy: the caller's dict cannot change it later
+        train = self.train_loader
+        if train and not (isinstance(train.get("site"), str) and isinstance(train.get("batch_size"), int)
+                          and not isinstance(train["batch_size"], bool) and train["batch_size"] > 0):
+            raise ConfigError("\"train_loader\" needs \"site\" (file.py:LINE) and a positive integer \"batch_size\"")
+        if not isinstance(self.tf32, bool):
+            raise ConfigError(f"\"tf32\" must be true or false, got {self.tf32!r}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None, where: str = "") -> Overrides:
+        """From `overrides.json`'s object; a bad key or value is one line, prefixed by `where` (the file)."""
+        prefix = f"{where}: " if where else ""
+        if data is None:
+            return cls()
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{prefix}expected a JSON object of settings")
+        known = [f.name for f in fields(cls)]
+        if unknown := sorted(set(data) - set(known)):
+            raise ConfigError(f"{prefix}unknown setting(s) {', '.join(unknown)} (saturate applies "
+                              f"{', '.join((*SECTIONS, 'tf32'))})")
+        try:
+            return cls(**{k: v for k, v in data.items() if v is not None})
+        except ConfigError as e:
+            raise ConfigError(f"{prefix}{e}") from None
+
+    @classmethod
+    def read(cls, path: Path) -> Overrides:
+        """An `overrides.json` (what `saturate tune -- CMD` wrote), refused in one line when unreadable or wrong."""
+        where = f"--overrides {path}"
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"{where}: not a readable overrides.json ({e})") from None
+        return cls.from_dict(data, where)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object: only the sections that set something."""
+        out: dict[str, Any] = {name: dict(getattr(self, name)) for name in SECTIONS if getattr(self, name)}
+        if self.tf32:
+            out["tf32"] = True
+        return {k: out[k] for k in ("loader", "train_loader", "trainer", "lightning", "optimizer", "tf32") if k in out}
+
+    def __bool__(self) -> bool:
+        return bool(self.to_dict())
+
+    def merged(self, other: Overrides) -> Overrides:
+        """These settings with `other`'s added (each section's fields merged; `other` wins)."""
+        return Overrides(**{name: {**getattr(self, name), **getattr(other, name)} for name in SECTIONS},
+                         tf32=self.tf32 or other.tf32)
+
+    def loader_changes(self, bound: Any, resized: bool) -> dict[str, Any]:
+        """The DataLoader arguments to change in one `DataLoader(...)` call (`bound`: its bound arguments): the
+        `loader` settings, and the batch size where `resized` (made at the training loader's line) and the call
+        sets a batch size (not a batch_sampler of its own)."""
+        changes = dict(self.loader)
+        train = self.train_loader
+        if resized and "batch_size" in train and bound.arguments.get("batch_sampler") is None \
+                and bound.arguments.get("batch_size", 1) is not None:
+            changes["batch_size"] = train["batch_size"]
+        return changes
+
+    def optimizer_changes(self, optimizer_class: type) -> dict[str, Any]:
+        """Constructor keywords for an optimizer of this class: `fused=` for torch's Adam/AdamW (with foreach off,
+        which fused excludes)."""
+        over = self.optimizer
+        if "fused" not in over or optimizer_class.__name__ not in FUSED_OPTIMIZERS \
+                or not optimizer_class.__module__.startswith("torch.optim"):
+            return {}
+        return {"fused": over["fused"], **({"foreach": None} if over["fused"] else {})}
 
 
-def check(path: Path | str, overrides: dict[str, Any]) -> None:
-    """Refuse (one line naming the problem) what saturate would not apply: only the knobs it tunes, so the
-    training stays the same."""
-    sections = {"loader": LOADER_KNOBS, "trainer": trainer_hooks.TUNABLE, "lightning": lightning_hooks.TUNABLE,
-                "optimizer": ("fused",), "train_loader": ("site", "batch_size")}
-    unknown = sorted(set(overrides) - set(sections) - {"tf32"})
-    if unknown:
-        raise ConfigError(f"--overrides {path}: unknown setting(s) {', '.join(unknown)} (saturate applies "
-                          f"{', '.join((*sections, 'tf32'))})")
-    what = {"trainer": "TrainingArguments fields", "lightning": "Lightning Trainer arguments"}
-    for name, allowed in sections.items():
-        fields = overrides.get(name, {})
-        kind = what.get(name, f"{name} settings")
-        if not isinstance(fields, dict):
-            raise ConfigError(f"--overrides {path}: \"{name}\" must be an object of {kind}")
-        if extra := sorted(set(fields) - set(allowed)):
-            raise ConfigError(f"--overrides {path}: {', '.join(extra)} not among the {kind} saturate applies "
-                              f"({', '.join(allowed)})")
-    train = overrides.get("train_loader")
-    if train is not None and not (isinstance(train.get("site"), str) and isinstance(train.get("batch_size"), int)
-                                  and not isinstance(train["batch_size"], bool) and train["batch_size"] > 0):
-        raise ConfigError(f"--overrides {path}: \"train_loader\" needs \"site\" (file.py:LINE) and a positive "
-                          "integer \"batch_size\"")
-
-
-def loader_changes(overrides: dict[str, Any], bound: Any, resized: bool) -> dict[str, Any]:
-    """The DataLoader arguments to change in one `DataLoader(...)` call (`bound`: its bound arguments):
-    the `"loader"` settings, and the batch size where `resized` (made at the training loader's line) and
-    the call sets a batch size (not a batch_sampler of its own)."""
-    changes = dict(overrides.get("loader") or {})
-    train = overrides.get("train_loader") or {}
-    if resized and "batch_size" in train and bound.arguments.get("batch_sampler") is None \
-            and bound.arguments.get("batch_size", 1) is not None:
-        changes["batch_size"] = train["batch_size"]
-    return changes
-
-
-def optimizer_changes(overrides: dict[str, Any], optimizer_class: type) -> dict[str, Any]:
-    """Constructor keywords for an optimizer of this class: `fused=` for torch's Adam/AdamW (with foreach off,
-    which fused excludes)."""
-    over = overrides.get("optimizer") or {}
-    if "fused" not in over or optimizer_class.__name__ not in FUSED_OPTIMIZERS \
-            or not optimizer_class.__module__.startswith("torch.optim"):
-        return {}
-    return {"fused": over["fused"], **({"foreach": None} if over["fused"] else {})}
+NONE = Overrides()  # the script as written

@@ -7,6 +7,8 @@ its range, and "within noise" when the range includes 1.0.
 
 When there is nothing to apply (tuning kept no setting: none was faster beyond the noise), there is no
 side-by-side — it would time the same command twice — and the script runs as written (`NOTHING_FOUND`).
+
+    run_script(command, options, console)   the whole flow: tune (or --overrides), side by side, full run
 """
 
 from __future__ import annotations
@@ -22,12 +24,16 @@ from rich.table import Table
 from rich.text import Text
 
 from saturate.errors import ConfigError
+from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
-from saturate.script.script_trial import ScriptTrial, window_rule
-from saturate.script.tune_script import trial_settings
+from saturate.script.overrides import NONE, Overrides
+from saturate.script.script_trial import ScriptTrial, TrialOptions, window_rule
+from saturate.script.tune_script import render as render_tuning
+from saturate.script.tune_script import trial_settings, tune_with_progress
 from saturate.stats.noise import WindowRule
 from saturate.stats.rounds import Ratio, interleaved, per_round
 
+SIDE_BY_SIDE_ROUNDS = 3  # as written and tuned, alternating: enough for a median and a range, short beside a job
 NOTHING_FOUND = ("tuning found no setting faster than the script as written beyond the noise; it runs as written "
                  "(no side-by-side: it would time the same command twice)")
 
@@ -35,7 +41,7 @@ NOTHING_FOUND = ("tuning found no setting faster than the script as written beyo
 @dataclass
 class ScriptRunReport:
     command: list[str]
-    overrides: dict[str, Any]
+    overrides: Overrides
     as_written: list[ScriptTrial]  # one per round (none when there was no side-by-side)
     tuned: list[ScriptTrial]
     full: ScriptRun  # the whole run, with the overrides applied
@@ -56,11 +62,11 @@ class ScriptRunReport:
     def to_dict(self) -> dict[str, Any]:
         rate, n = self.full_rate()
         ratio = Ratio.of(self.ratios)
-        return {"command": self.command, "overrides": self.overrides, "ratios": self.ratios,
+        return {"command": self.command, "overrides": self.overrides.to_dict(), "ratios": self.ratios,
                 "speedup": ratio.to_dict() if ratio else None, "reason": self.reason,
                 "side_by_side": None if self.reason else {"rounds": len(self.as_written),
                                                           "verdict": ratio.to_dict()["verdict"] if ratio else None},
-                "as_written": [vars(t) for t in self.as_written], "tuned": [vars(t) for t in self.tuned],
+                "as_written": [t.to_dict() for t in self.as_written], "tuned": [t.to_dict() for t in self.tuned],
                 "full_run": {"returncode": self.full.returncode, "optimizer_steps": self.full.optimizer_steps,
                              "steps_per_s": rate, "seconds": self.full.seconds,
                              "trainer": (self.full.summary or {}).get("trainer"),
@@ -68,7 +74,7 @@ class ScriptRunReport:
                              "loaders": (self.full.summary or {}).get("loaders")}}
 
 
-def side_by_side(command: Sequence[str], overrides: dict[str, Any], *, rounds: int = 3, warmup: int = 2,
+def side_by_side(command: Sequence[str], overrides: Overrides, *, rounds: int = SIDE_BY_SIDE_ROUNDS, warmup: int = 2,
                  steps: int = 10, first_step_timeout: float = 300.0, quiet_stdout: bool = False,
                  on_round: Callable[[int, str], None] | None = None,
                  rule: WindowRule | None = None) -> tuple[list[ScriptTrial], list[ScriptTrial]]:
@@ -81,21 +87,53 @@ def side_by_side(command: Sequence[str], overrides: dict[str, Any], *, rounds: i
     for r, name in interleaved(list(trials), rounds):
         if on_round is not None:
             on_round(r, name)
-        over = overrides if name == "tuned" else {}
+        over = overrides if name == "tuned" else NONE
         run = run_instrumented(command, trial_settings(over, warmup, steps, rule),
                                first_step_timeout=first_step_timeout, quiet_stdout=quiet_stdout)
         refused = ((run.report or {}).get("trainer") or {}).get("error")
-        if refused and over.get("trainer"):
-            raise ConfigError(f"the script's Trainer refused the overrides {over['trainer']}: {refused}")
+        if refused and over.trainer:
+            raise ConfigError(f"the script's Trainer refused the overrides {over.trainer}: {refused}")
         trials[name].append(ScriptTrial.of(name, over, run, rule))
     return trials["as written"], trials["tuned"]
 
 
-def full_run(command: Sequence[str], overrides: dict[str, Any], *, first_step_timeout: float = 300.0,
+def full_run(command: Sequence[str], overrides: Overrides, *, first_step_timeout: float = 300.0,
              quiet_stdout: bool = False) -> ScriptRun:
     """The whole script with `overrides` applied from outside; only its step times and samples are recorded."""
-    settings = {"mode": "apply", "profile": False, "stop": False, "overrides": overrides}
+    settings = ChildSettings(mode="apply", profile=False, stop=False, overrides=overrides)
     return run_instrumented(command, settings, first_step_timeout=first_step_timeout, quiet_stdout=quiet_stdout)
+
+
+def run_script(command: Sequence[str], options: TrialOptions, console: Console, *, overrides: Overrides | None = None,
+               overrides_file: str | None = None, rounds: int = SIDE_BY_SIDE_ROUNDS,
+               allow_micro_batch_change: bool = False) -> ScriptRunReport:
+    """`saturate run -- CMD`: the tuned settings (tuned here, or `overrides` read from `overrides_file`), the
+    script as written and tuned in `rounds` alternating rounds, then the whole script with them applied."""
+    if overrides is not None:
+        reason = f"{overrides_file} sets nothing; the script runs as written (no side-by-side)"
+    else:
+        tuning = tune_with_progress(command, options, console, allow_micro_batch_change=allow_micro_batch_change)
+        render_tuning(tuning, console)
+        overrides, reason = tuning.best.overrides, NOTHING_FOUND
+    written: list[ScriptTrial] = []
+    tuned: list[ScriptTrial] = []
+    if overrides:
+        reason = None
+        console.print("[dim]run: the script as written and tuned, in alternating rounds …[/]")
+
+        def on_round(r: int, name: str) -> None:
+            console.print(f"[dim]  measuring side by side: round {r + 1}/{rounds} ({name})[/]")
+
+        written, tuned = side_by_side(
+            command, overrides, steps=options.steps, warmup=options.warmup, rounds=rounds,
+            first_step_timeout=options.first_step_timeout, quiet_stdout=options.quiet_stdout, rule=options.rule,
+            on_round=on_round)
+        console.print("[dim]run: the whole script with the tuned settings applied from outside …[/]")
+    else:
+        console.print("[dim]run: nothing to apply; the whole script as written …[/]")
+    full = full_run(command, overrides, first_step_timeout=options.first_step_timeout,
+                    quiet_stdout=options.quiet_stdout)
+    return ScriptRunReport(list(full.command), overrides, written, tuned, full, reason)
 
 
 def render(report: ScriptRunReport, console: Console) -> None:

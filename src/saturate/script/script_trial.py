@@ -1,10 +1,10 @@
 """One trial of a user's script (`saturate tune|run -- CMD`): what it measured, and how two trials compare.
 
-A trial's step time is the median over the windows its child timed (`windows.py`, summarised with the same
-`tune.noise.WindowRule` the child stopped by), its spread their relative half-range; a report without
+A trial's step time is the median over the windows its child timed (`child/trial_windows.py`, summarised with
+the same `stats.noise.WindowRule` the child stopped by), its spread their relative half-range; a report without
 windows (a side-by-side round, an older child) gives the Profiler's window and no spread. Two trials
-compare through the preset tuner's `tune.decide.compare`: a gain counts only beyond both spreads added and
-`MIN_GAIN`.
+compare through `stats.comparison.compare`, as the preset tuner's do: a gain counts only beyond both spreads
+added and `MIN_GAIN` (`Comparison.verdict`). `TrialOptions` is how every run of the command is measured.
 """
 
 from __future__ import annotations
@@ -13,12 +13,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from saturate.script.command import ScriptRun
+from saturate.script.overrides import Overrides
+from saturate.stats.comparison import Comparison, compare
 from saturate.stats.noise import WindowRule
-from saturate.tune.decide import Comparison, compare
 
 MIN_GAIN = 0.03  # a setting is kept only when faster by this share at least, and beyond both trials' noise
 WINDOW_S = 0.5  # a trial's timed windows last at least this long (whole steps)
 TRIAL_SECONDS = 10.0  # the cap on a trial's timed windows, doubled on a busy machine
+
+
+@dataclass(frozen=True)
+class TrialOptions:
+    """How each run of the user's command is measured: `--trial-steps` (the Profiler's timed steps after
+    `warmup`), `--trial-seconds` (the cap on its timed windows), `--first-step-timeout`; `quiet_stdout` sends the
+    script's stdout to stderr (saturate's stdout then carries one JSON document)."""
+
+    steps: int = 10
+    seconds: float = TRIAL_SECONDS
+    first_step_timeout: float = 300.0
+    quiet_stdout: bool = False
+    warmup: int = 2
+
+    @property
+    def rule(self) -> WindowRule:
+        return window_rule(self.seconds)
 
 
 def window_rule(max_seconds: float = TRIAL_SECONDS) -> WindowRule:
@@ -35,7 +53,7 @@ class ScriptTrial:
     None for a single window), else the Profiler's window; `data_share` is from the Profiler's window."""
 
     name: str
-    overrides: dict[str, Any]
+    overrides: Overrides
     step_s: float
     samples_per_s: float | None
     data_share: float
@@ -50,9 +68,10 @@ class ScriptTrial:
     window_steps_per_s: list[float] = field(default_factory=list)
     busy: bool | None = None  # other processes kept the machine busy (read when the windows hit the cap)
     ran_to_end: bool = False  # the script finished during the trial's windows (its own end-of-run code ran)
+    out_of_memory: bool = False  # it failed with torch's out-of-memory error (`command.ScriptFailed`)
 
     @classmethod
-    def of(cls, name: str, overrides: dict[str, Any], run: ScriptRun, rule: WindowRule | None = None) -> ScriptTrial:
+    def of(cls, name: str, overrides: Overrides, run: ScriptRun, rule: WindowRule | None = None) -> ScriptTrial:
         """The trial from a run's report; its windows summarised by `rule` (the one the trial was timed with)."""
         report = run.report or {}
         m = report["measurements"]
@@ -73,8 +92,12 @@ class ScriptTrial:
         return t
 
     @classmethod
-    def failed(cls, name: str, overrides: dict[str, Any], why: str) -> ScriptTrial:
-        return cls(name, overrides, float("inf"), None, 0.0, 0, outcome=f"failed: {why}")
+    def failed(cls, name: str, overrides: Overrides, why: str, out_of_memory: bool = False) -> ScriptTrial:
+        return cls(name, overrides, float("inf"), None, 0.0, 0, outcome=f"failed: {why}", out_of_memory=out_of_memory)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, the overrides as their JSON object."""
+        return {**vars(self), "overrides": self.overrides.to_dict()}
 
     @property
     def ok(self) -> bool:
@@ -88,7 +111,7 @@ class ScriptTrial:
 
 @dataclass(frozen=True)
 class _Speed:
-    """A trial as `decide.compare` reads it (a rate and its spread)."""
+    """A trial as `stats.comparison.compare` reads it (a rate and its spread)."""
 
     samples_per_s: float
     spread: float | None

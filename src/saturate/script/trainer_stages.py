@@ -25,12 +25,11 @@ import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from saturate.script.child.coupled import kept_split
-from saturate.script.overrides import merge
+from saturate.script.overrides import Overrides
 from saturate.tune.results import LOSS_TOLERANCE
 from saturate.tune.search import loss_drift
 
-Option = tuple[str, dict[str, Any]] | str  # a trial's name and overrides, or why the knob is not tried
+Option = tuple[str, Overrides] | str  # a trial's name and overrides, or why the knob is not tried
 
 
 class Search(Protocol):
@@ -38,12 +37,12 @@ class Search(Protocol):
 
     result: Any  # tune.ScriptTuning
 
-    def consider(self, name: str, overrides: dict[str, Any],
+    def consider(self, name: str, overrides: Overrides,
                  check: Callable[[Any], str | None] | None = None) -> Any: ...
 
     def kept(self, t: Any) -> bool: ...
 
-    def with_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]: ...
+    def with_overrides(self, overrides: Overrides) -> Overrides: ...
 
 
 class Framework(Protocol):
@@ -56,15 +55,15 @@ class Framework(Protocol):
     def lower_precision(self) -> str | None:
         """The lower precision the script already trains in, or None (fp32)."""
 
-    def precision(self, name: str, device: str) -> tuple[str, dict[str, Any]]:
+    def precision(self, name: str, device: str) -> tuple[str, Overrides]:
         """The trial of precision `name` ("bf16", "fp16")."""
 
     def split(self) -> tuple[int, int] | str:
         """The micro-batch and accumulation as written, or why they cannot be changed from outside."""
 
-    def split_overrides(self, micro: int, accum: int) -> dict[str, Any]: ...
+    def split_overrides(self, micro: int, accum: int) -> Overrides: ...
 
-    def checkpointing(self) -> dict[str, Any] | str:
+    def checkpointing(self) -> Overrides | str:
         """The overrides that turn activation checkpointing on, or why not."""
 
     def fused(self) -> Option: ...
@@ -104,7 +103,7 @@ def trainer_stages(search: Search, fw: Framework, supports: dict[str, bool], mod
                          "ran out of memory, so recomputing activations could only cost time)")
     else:
         micro, effective = memory_stopped
-        trial(knob, (f"{knob} at micro-batch {micro}", merge(over, fw.split_overrides(micro, effective // micro))))
+        trial(knob, (f"{knob} at micro-batch {micro}", over.merged(fw.split_overrides(micro, effective // micro))))
 
     # 4. the fused optimizer
     trial("fused optimizer", fw.fused())
@@ -160,7 +159,7 @@ def _split_stage(search: Search, fw: Framework, model: dict[str, Any] | None = N
 
     for m in [d for d in splits if d > micro]:
         t = consider(m)
-        if not t.ok and "out of memory" in t.outcome.lower():
+        if not t.ok and t.out_of_memory:
             memory_stopped = (m, effective)
         if not search.kept(t):
             break
@@ -193,3 +192,17 @@ def _compile_problem(t: Any, best: Any, planned_steps: int) -> str | None:
     if saved <= extra:
         return f"{planned_steps} planned steps would save {saved:.0f} s, less than the {extra:.0f} s compile"
     return None
+
+
+def kept_split(model: dict[str, Any] | None, micro: int, accum: int, allow_change: bool) -> tuple[bool, str | None]:
+    """(whether the split must be kept, the decision line saying why or what searching it changes; None when
+    the report's model has no batch-coupled layers, `child/coupled.py`)."""
+    layers = (model or {}).get("batch_coupled")
+    if not layers:
+        return False, None
+    what = f"the model has batch-coupled layers ({', '.join(layers)})"
+    if allow_change:
+        return False, (f"micro-batch: searched although {what} (--allow-micro-batch-change): another micro-batch "
+                       "changes its maths, so the losses differ from the script's own")
+    return True, (f"micro-batch: not searched ({what}: the micro-batch is part of its maths; kept at {micro} × "
+                  f"accumulation {accum} as written; --allow-micro-batch-change searches it)")

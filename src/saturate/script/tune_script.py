@@ -4,12 +4,12 @@ Each trial is the script's first optimizer steps run with saturate's hooks, some
 from outside (`hooks`: DataLoader arguments at construction, TF32 at start-up, a Transformers
 `Trainer`'s `TrainingArguments` before the Trainer reads them), then stopped. The doctor's Profiler
 splits its first timed steps into phases (the share spent waiting for data); then, detached, the
-script's own steps are timed in windows until they agree or a cap (`windows.py`, with the preset
-tuner's `tune.noise.WindowRule`), so a trial's step time is a median with a spread. What is tried, in
+script's own steps are timed in windows until they agree or a cap (`child/trial_windows.py`, with the preset
+tuner's `stats.noise.WindowRule`), so a trial's step time is a median with a spread. What is tried, in
 order, each kept only when faster than the best so far beyond both trials' spreads added and by at
-least `MIN_GAIN` (`tune.decide.compare`; otherwise "within noise (±x %)"):
+least `MIN_GAIN` (`stats.comparison.compare`; otherwise "within noise (±x %)"):
 
-For a Transformers `Trainer` or a Lightning `Trainer` (`trainer_tune`'s stages, the knobs in each
+For a Transformers `Trainer` or a Lightning `Trainer` (`trainer_stages`' stages, the knobs in each
 framework's terms from `frameworks.py`): precision, checked against the script's own first losses;
 micro-batch × accumulation at the same effective batch; activation checkpointing where memory stopped a
 larger micro-batch; the fused optimizer; compile, where the planned steps pay back its compile time.
@@ -40,14 +40,15 @@ from rich.text import Text
 
 from saturate.atomic import atomic_write_bytes
 from saturate.errors import SaturateError
+from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
 from saturate.script.doctor_script import TRAINER_TERMS, trainer_edit
 from saturate.script.frameworks import framework_of, fused_option
-from saturate.script.overrides import merge
-from saturate.script.script_trial import MIN_GAIN, WINDOW_S, ScriptTrial, window_rule
+from saturate.script.overrides import NONE, Overrides
+from saturate.script.script_trial import MIN_GAIN, WINDOW_S, ScriptTrial, TrialOptions, window_rule
 from saturate.script.trainer_stages import Option, stage, trainer_stages
+from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule, rate_text
-from saturate.tune.decide import Comparison
 
 INPUT_SHARE_MIN = 0.05  # below this share of the step waiting for data, loader settings cannot gain much
 
@@ -79,10 +80,11 @@ class ScriptTuning:
 
     def to_dict(self) -> dict[str, Any]:
         gain = self.gain()
-        return {"command": self.command, "overrides": self.best.overrides, "speedup": self.speedup,
+        return {"command": self.command, "overrides": self.best.overrides.to_dict(), "speedup": self.speedup,
                 "gain": None if gain is None else {"gain": gain.gain, "noise": gain.noise, "text": gain.text()},
                 "min_gain": MIN_GAIN, "window_rule": asdict(self.rule),
-                "baseline": vars(self.baseline), "best": vars(self.best), "trials": [vars(t) for t in self.trials],
+                "baseline": self.baseline.to_dict(), "best": self.best.to_dict(),
+                "trials": [t.to_dict() for t in self.trials],
                 "decisions": self.decisions, "loaders": self.loaders, "device_type": self.device_type,
                 "trainer": self.trainer, "lightning": self.lightning, "optimizer": self.optimizer,
                 "edits": edits(self)}
@@ -101,7 +103,7 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
     `allow_micro_batch_change`: search a trainer's micro-batch even when the model has batch-coupled layers."""
     rule = rule or window_rule()
     search = _Search(list(command), warmup, steps, first_step_timeout, quiet_stdout, on_trial, runner, rule, window_s)
-    base, run = search.trial("as written", {})
+    base, run = search.trial("as written", NONE)
     base.outcome = "the script's own settings"
     report = run.report or {}
     device = report["measurements"]["device_type"]
@@ -120,7 +122,7 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
         stage(search, "fused optimizer", _plain_fused(result.optimizer or {}, device))
     search.loader_stages(cores)
     if device == "cuda":
-        search.consider("TF32", search.with_overrides({"tf32": True}))
+        search.consider("TF32", search.with_overrides(Overrides(tf32=True)))
     else:
         result.decisions.append(f"TF32: not on {device}")
     if framework is None:
@@ -131,6 +133,25 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
                                 "what it writes at its end was written, and the trials timed all of its steps; a "
                                 "trial needs a run longer than its windows (--trial-seconds shortens them)")
     return result
+
+
+def tune_with_progress(command: Sequence[str], options: TrialOptions, console: Console, *,
+                       allow_micro_batch_change: bool = False) -> ScriptTuning:
+    """`saturate tune -- CMD` (and `run -- CMD`'s tuning): `tune_command` on this machine's usable cores, each
+    trial's step time printed as it ends."""
+    from saturate.hardware import usable_cores
+
+    console.print(f"[dim]tune: each trial runs your command's first {options.warmup + options.steps} optimizer "
+                  "steps with saturate's hooks, then times its steps in windows until they agree (at most "
+                  f"{options.seconds:g} s), then stops it …[/]")
+
+    def show(t: ScriptTrial) -> None:
+        spread = f" ±{100 * t.spread:.1f} %" if t.spread is not None else ""
+        console.print(f"[dim]  {t.name}: {t.step_s:.4g} s/step{spread}[/]")
+
+    return tune_command(command, warmup=options.warmup, steps=options.steps, cores=usable_cores()[0],
+                        first_step_timeout=options.first_step_timeout, quiet_stdout=options.quiet_stdout,
+                        on_trial=show, allow_micro_batch_change=allow_micro_batch_change, rule=options.rule)
 
 
 def _plain_fused(optimizer: dict[str, Any], device: str) -> Option:
@@ -160,26 +181,26 @@ class _Search:
         self.rule = rule  # when a trial's windows are enough, in the child (`windows.StepWindows`) and here
         self.window_s = window_s
 
-    def trial(self, name: str, overrides: dict[str, Any]) -> tuple[ScriptTrial, ScriptRun]:
+    def trial(self, name: str, overrides: Overrides) -> tuple[ScriptTrial, ScriptRun]:
         settings = trial_settings(overrides, self.warmup, self.steps, self.rule, self.window_s)
         run = self.runner(self.command, settings, first_step_timeout=self.first_step_timeout,
                           quiet_stdout=self.quiet_stdout)
         t = ScriptTrial.of(name, overrides, run, self.rule)
         error = ((run.report or {}).get("trainer") or {}).get("error")
-        if error and overrides.get("trainer"):
+        if error and overrides.trainer:
             t = ScriptTrial.failed(name, overrides, f"the Trainer refused the arguments ({error})")
         if self.on_trial is not None:
             self.on_trial(t)
         return t, run
 
-    def consider(self, name: str, overrides: dict[str, Any],
+    def consider(self, name: str, overrides: Overrides,
                  check: Callable[[ScriptTrial], str | None] | None = None) -> ScriptTrial:
         """Run a trial; keep it when `check` finds nothing wrong and it is faster than the best so far beyond
         both trials' noise and by `MIN_GAIN` at least (`ScriptTrial.against`)."""
         try:
             t, _ = self.trial(name, overrides)
         except SaturateError as e:  # the script failed with this setting (out of memory, refused)
-            t = ScriptTrial.failed(name, overrides, str(e))
+            t = ScriptTrial.failed(name, overrides, str(e), out_of_memory=getattr(e, "out_of_memory", False))
             if self.on_trial is not None:
                 self.on_trial(t)
         result = self.result
@@ -202,9 +223,9 @@ class _Search:
     def kept(self, t: ScriptTrial) -> bool:
         return self.result.best is t
 
-    def with_overrides(self, overrides: dict[str, Any]) -> dict[str, Any]:
+    def with_overrides(self, overrides: Overrides) -> Overrides:
         """The best overrides so far with these added."""
-        return merge(self.result.best.overrides, overrides)
+        return self.result.best.overrides.merged(overrides)
 
     # --- every script's DataLoaders ----------------------------------------------------------
 
@@ -222,31 +243,31 @@ class _Search:
         written = loader.get("num_workers") or 0
         counts = [w for w in _powers_of_two(max(1, cores)) if w != written]
         for w in counts:
-            t = self.consider(f"{w} workers", self.with_overrides({"loader": {
-                "num_workers": w, "persistent_workers": True}}))
+            t = self.consider(f"{w} workers", self.with_overrides(Overrides(loader={
+                "num_workers": w, "persistent_workers": True})))
             if not self.kept(t) and w >= 2:  # one worker only overlaps loading with the step: 2 is the first test
                 break
-        workers = result.best.overrides.get("loader", {}).get("num_workers", written)
+        workers = result.best.overrides.loader.get("num_workers", written)
         result.decisions.append(f"loader workers: {workers} (as written {written}; tried "
                                 f"{', '.join(map(str, counts))})")
         if workers:
-            self.consider("prefetch 4", self.with_overrides({"loader": {"prefetch_factor": 4}}))
+            self.consider("prefetch 4", self.with_overrides(Overrides(loader={"prefetch_factor": 4})))
         if result.device_type == "cuda" and not loader.get("pin_memory"):
-            self.consider("pinned memory", self.with_overrides({"loader": {"pin_memory": True}}))
+            self.consider("pinned memory", self.with_overrides(Overrides(loader={"pin_memory": True})))
 
 
-def trial_settings(overrides: dict[str, Any], warmup: int, steps: int, rule: WindowRule,
-                   window_s: float = WINDOW_S) -> dict[str, Any]:
+def trial_settings(overrides: Overrides, warmup: int, steps: int, rule: WindowRule,
+                   window_s: float = WINDOW_S) -> ChildSettings:
     """What the child is told for one trial: warm up (draining the loader's buffer), time `steps` steps with the
     Profiler, then windows of at least `window_s` until `rule` says they are enough, then stop."""
-    return {"mode": "trial", "warmup": drained(warmup, overrides), "count_steps": 0, "steps": steps, "stop": True,
-            "overrides": overrides, "windows": {"window_s": window_s, "window_steps": steps, **asdict(rule)}}
+    return ChildSettings(mode="trial", warmup=drained(warmup, overrides), count_steps=0, steps=steps, stop=True,
+                         overrides=overrides, windows={"window_s": window_s, "window_steps": steps, **asdict(rule)})
 
 
-def drained(warmup: int, overrides: dict[str, Any]) -> int:
+def drained(warmup: int, overrides: Overrides) -> int:
     """Warm-up steps that also drain what loader workers prepared while the script started (workers ×
     prefetch batches, at least one batch a step), so a trial times the loader's steady rate, not its buffer."""
-    loader = overrides.get("loader") or {}
+    loader = overrides.loader
     workers = loader.get("num_workers") or 0
     return warmup + workers * (loader.get("prefetch_factor") or 2)
 
@@ -265,31 +286,31 @@ def edits(tuning: ScriptTuning) -> list[str]:
     (the training loader's batch_size with them), its optimizer's constructor and TF32 at start-up."""
     over = tuning.best.overrides
     if tuning.trainer:
-        fields = dict(over.get("trainer") or {})
-        fields.update({TRAINER_TERMS[k]: v for k, v in (over.get("loader") or {}).items() if k in TRAINER_TERMS})
-        if over.get("tf32"):
+        fields = dict(over.trainer)
+        fields.update({TRAINER_TERMS[k]: v for k, v in over.loader.items() if k in TRAINER_TERMS})
+        if over.tf32:
             fields["tf32"] = True
         return [trainer_edit(fields, tuning.trainer)] if fields else []
     lines = []
-    if over.get("lightning"):
+    if over.lightning:
         lightning = tuning.lightning or {}
         site = f"{lightning['site']}: " if lightning.get("site") else ""
-        args = ", ".join(f"{k}={v!r}" for k, v in over["lightning"].items())
+        args = ", ".join(f"{k}={v!r}" for k, v in over.lightning.items())
         lines.append(f"{site}{lightning.get('class') or 'Trainer'}(..., {args})")
     site = (tuning.loaders[0] if tuning.loaders else {}).get("site") or "your DataLoader"
     calls: dict[str, dict[str, Any]] = {}  # DataLoader(...) call -> its arguments to change
-    if "batch_size" in (train := over.get("train_loader") or {}):
+    if "batch_size" in (train := over.train_loader):
         calls[train.get("site") or site] = {"batch_size": train["batch_size"]}
-    if over.get("loader"):
-        calls[site] = {**calls.get(site, {}), **over["loader"]}
+    if over.loader:
+        calls[site] = {**calls.get(site, {}), **over.loader}
     for at, changes in calls.items():
         lines.append(f"{at}: DataLoader(..., {', '.join(f'{k}={v!r}' for k, v in changes.items())})")
-    if over.get("optimizer"):
+    if over.optimizer:
         opt = tuning.optimizer or {}
         at = f"{opt['site']}: " if opt.get("site") else ""
-        args = ", ".join(f"{k}={v!r}" for k, v in over["optimizer"].items())
+        args = ", ".join(f"{k}={v!r}" for k, v in over.optimizer.items())
         lines.append(f"{at}{opt.get('class') or 'your optimizer'}(..., {args})")
-    if over.get("tf32"):
+    if over.tf32:
         lines.append("at start-up: torch.backends.cuda.matmul.allow_tf32 = True; "
                      "torch.backends.cudnn.allow_tf32 = True")
     return lines
@@ -298,7 +319,8 @@ def edits(tuning: ScriptTuning) -> list[str]:
 def write(tuning: ScriptTuning, folder: Path) -> Path:
     """overrides.json (what `saturate run --overrides` applies) and tune.json (every trial) in `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(folder / "overrides.json", (json.dumps(tuning.best.overrides, indent=2) + "\n").encode())
+    overrides = json.dumps(tuning.best.overrides.to_dict(), indent=2) + "\n"
+    atomic_write_bytes(folder / "overrides.json", overrides.encode())
     atomic_write_bytes(folder / "tune.json", (json.dumps(tuning.to_dict(), indent=2, default=str) + "\n").encode())
     return folder / "overrides.json"
 

@@ -11,7 +11,7 @@ tried only when memory stopped a climb that was still gaining.
 
 from __future__ import annotations
 
-from saturate.tune.decide import compare
+from saturate.stats.comparison import compare
 from saturate.tune.results import MemoryFit, fit_memory
 from saturate.tune.state import SearchState, gib, rate
 from saturate.tune.trial import Trial

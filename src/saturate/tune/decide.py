@@ -1,10 +1,9 @@
-"""The tuner's comparisons, aware of each trial's noise: is a change faster, or within noise?
+"""The tuner's decisions between two plans: the faster beyond the noise, else the simpler.
 
-Two trials' figures are each known to ± their spread (noise.py), so their ratio is known to about
-± the sum of the two spreads (ranges add; the sum is the cautious choice). A change is taken only
-when its gain exceeds both that combined noise and `min_gain` (a few percent: a smaller gain is not
-worth a change even when measured exactly). Otherwise the simpler of the two plans is kept, and
-the decision says "within noise" when the difference is inside the combined noise.
+Whether a change is faster is stats/comparison.py's (`compare`: beyond both trials' spreads added
+and by more than `min_gain`). A change is taken only when it is faster; otherwise the simpler of
+the two plans is kept, and the decision says "within noise" when the difference is inside the
+combined noise. The verification of the chosen plan against its own model trial is checked here too.
 
 Simplicity (`complexity`), the weight of a plan's changes from fp32 eager single-process training
 with the unfused optimizer, smallest first:
@@ -19,75 +18,12 @@ they change no numerics and no code path.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
 
 from saturate.plan import Plan
+from saturate.stats.comparison import Comparison, compare
 from saturate.stats.noise import rate_text
 from saturate.tune.trial import Trial
-
-
-class Measured(Protocol):
-    samples_per_s: float | None
-    spread: float | None
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """A candidate against the incumbent: the relative gain and what it must beat."""
-
-    gain: float  # candidate / incumbent - 1
-    noise: float  # the two spreads together: the ratio is known to about ± this
-    min_gain: float
-    noise_known: bool = True  # False when a trial had a single window: no spread measured (noise counts 0)
-    note: str = ""  # how the decision was reached beyond the two figures (a confirmation), appended to text()
-
-    @property
-    def faster(self) -> bool:
-        """The candidate is faster beyond the noise and by at least `min_gain`."""
-        return self.gain > max(self.noise, self.min_gain)
-
-    @property
-    def slower(self) -> bool:
-        """The candidate is slower beyond the noise and by at least `min_gain`."""
-        return -self.gain > max(self.noise, self.min_gain)
-
-    @property
-    def within_noise(self) -> bool:
-        return abs(self.gain) <= self.noise
-
-    def said(self, note: str) -> Comparison:
-        """The same comparison, its text followed by `note`."""
-        return dataclasses.replace(self, note=note)
-
-    def text(self) -> str:
-        """The gain and how it compares with the noise, e.g. "+2.0 %, within noise (±5.0 %)"."""
-        return self._figures() + (f"; {self.note}" if self.note else "")
-
-    def _figures(self) -> str:
-        head = f"{100 * self.gain:+.1f} %"
-        if not self.noise_known:  # a one-window trial has no spread: say so rather than "±0.0 %"
-            unknown = "noise not measured: one window"
-            if abs(self.gain) <= self.min_gain:
-                return f"{head}, under the {100 * self.min_gain:.0f} % a change must gain ({unknown})"
-            return f"{head} ({unknown})"
-        noise = f"±{100 * self.noise:.1f} %"
-        if self.within_noise:
-            return f"{head}, within noise ({noise})"
-        if abs(self.gain) <= self.min_gain:
-            return f"{head}, under the {100 * self.min_gain:.0f} % a change must gain (noise {noise})"
-        return f"{head}, beyond noise ({noise})"
-
-
-def compare(candidate: Measured, incumbent: Measured, min_gain: float) -> Comparison:
-    """How `candidate`'s samples/s compares with `incumbent`'s, given both trials' spreads."""
-    if not candidate.samples_per_s or not incumbent.samples_per_s:
-        raise ValueError("compare needs two measured trials")
-    return Comparison(gain=candidate.samples_per_s / incumbent.samples_per_s - 1,
-                      noise=(candidate.spread or 0.0) + (incumbent.spread or 0.0), min_gain=min_gain,
-                      noise_known=candidate.spread is not None and incumbent.spread is not None)
 
 
 def complexity(plan: Plan) -> int:

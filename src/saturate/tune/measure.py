@@ -57,7 +57,7 @@ class RealMeasurer(Pairing):
                  memory_headroom_bytes: int | None = None, ram_budget: int | None = None,
                  dist: DistInfo | None = None) -> None:
         """A trial is timed in windows of at least `window_s` (and at least `min_seconds / min_windows`)
-        until the `rule` says its throughput is known (noise.py), with at least `min_steps` timed steps
+        until the `rule` says its throughput is known (stats/noise.py), with at least `min_steps` timed steps
         and `min_seconds`, and at most `max_steps` when given."""
         self.workload, self.hw, self.seed = workload, hardware, seed
         self.warmup, self.min_steps, self.min_seconds, self.max_steps = warmup, min_steps, min_seconds, max_steps
@@ -204,7 +204,7 @@ class RealMeasurer(Pairing):
 
     def _timed_windows(self, trial: Trial, plan: Plan, stepper: Stepper, batches: Iterator[Any],
                        losses: list[torch.Tensor], steps: int | None) -> None:
-        """Timed windows of equal step counts until the throughput is known (noise.py's rule) or a cap.
+        """Timed windows of equal step counts until the throughput is known (stats/noise.py's rule) or a cap.
 
         The first window's length in steps (at least `window_s`) is agreed by every rank, so every rank
         runs the same steps; each later window syncs the device once, at its end. The trial's meter of
@@ -320,7 +320,7 @@ class RealMeasurer(Pairing):
             buffered = plan.num_workers * (plan.prefetch_factor or 2)
             for _ in range(buffered):  # what the workers prefetched during start-up is not sustained rate
                 next(it)
-            # Windows (each at least a few batches and 50 ms), until they agree (noise.py) after at least
+            # Windows (each at least a few batches and 50 ms), until they agree (stats/noise.py) after at least
             # `target` batches and 0.3 s, or a cap (the rule's, or 2000 batches).
             t0, n, rates = time.perf_counter(), 0, []
             target, chunk = max(20, 4 * buffered), max(5, buffered)

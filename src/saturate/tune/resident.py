@@ -1,4 +1,4 @@
-"""Plans measured again and again without rebuilding them: the side-by-side's measurer (compare.py).
+"""Plans measured again and again without rebuilding them: the side-by-side's measurer (side_by_side.py).
 
 `ResidentMeasurer.verify(plan)` builds a plan once — the model and optimizer (a Stepper), its real
 DataLoader, the warm-up steps — and keeps it; every later call times more steps of that same run.
@@ -9,7 +9,7 @@ side-by-side reports is between rounds, not within one measurement.
 
 Every plan stays in memory until `close()`, as long as the plans held (each one's peak while it
 was built and warmed up, and as much again for the next) fit in half the memory capacity; past
-that, those held are dropped and built again when next measured. compare.py uses it off a GPU
+that, those held are dropped and built again when next measured. side_by_side.py uses it off a GPU
 (host memory); on a GPU it rebuilds per measurement.
 """
 

@@ -24,8 +24,9 @@ import torch
 
 from saturate.errors import SaturateError
 from saturate.plan import Plan
+from saturate.stats.comparison import compare
 from saturate.tune import batch
-from saturate.tune.decide import check_verification, compare, complexity, keep_candidate
+from saturate.tune.decide import check_verification, complexity, keep_candidate
 from saturate.tune.loader_stage import ladder, loader
 from saturate.tune.results import SearchResult, SearchSettings
 from saturate.tune.state import SearchState

@@ -55,6 +55,7 @@ class Row:
     note: str = ""
     rounds: list[float | None] = field(default_factory=list)  # samples/s in each round (None: it failed)
     vs_naive: Ratio | None = None  # median and range of the per-round ratios to naive
+    twin: str | None = None  # the label of the row with the same settings, measured once for both (None: its own)
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "plan": self.plan.to_dict() | {"provenance": None},
@@ -62,7 +63,7 @@ class Row:
                 "peak_memory_bytes": self.peak_memory_bytes, "utilisation": self.utilisation,
                 "mfu": self.mfu.value if self.mfu else None, "mfu_detail": self.mfu.to_dict() if self.mfu else None,
                 "status": self.status, "note": self.note, "rounds_samples_per_s": self.rounds,
-                "vs_naive": self.vs_naive.to_dict() if self.vs_naive else None}
+                "vs_naive": self.vs_naive.to_dict() if self.vs_naive else None, "twin": self.twin}
 
 
 @dataclass
@@ -195,7 +196,7 @@ def _rounds(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], rounds: 
     contention = meter.stop()
     rows = [_row(label, by_label[label], measured[label], workload, hw, dist.world_size) for label in labels]
     for label, twin in same.items():  # in the order given: the alias after the row it repeats
-        row = dataclasses.replace(next(r for r in rows if r.label == twin), label=label,
+        row = dataclasses.replace(next(r for r in rows if r.label == twin), label=label, twin=twin,
                                   note=f"the same settings as {twin}: measured once")
         rows.insert(next(i for i, (name, _) in enumerate(plans) if name == label), row)
     naive = next((r for r in rows if r.label == "naive"), None)

@@ -3,7 +3,7 @@
 `tuning_budget`: the search's first budget and what it may grow to, from the predicted untuned training (the
 constants' comment says why those shares).
 
-The side-by-side (compare.py) may cost `COMPARE_SHARE` of the predicted training in all: building each
+The side-by-side (side_by_side.py) may cost `COMPARE_SHARE` of the predicted training in all: building each
 plan, its loader's start, its warm-up steps and every timed measurement of every round. Each row's cost
 is predicted from what the run measured already: a plan's step time from the tuning's trial of the same
 settings (naive's from its one measurement that sized the budget; a plan nothing measured at naive's, or at
@@ -19,7 +19,7 @@ tuning, minutes apart: that read 0.65 and 1.21 of an independent side-by-side me
 (bench/trust.py, 2026-11-23), so it is no longer printed. When not even that fits, or what is left is one plan's
 settings (the tuned plan = naive, the runner-up dropped), there is no side-by-side (`Sizing.skipped` says why)
 and no ratio. What fits is then timed for as long as the share allows, `MIN_MEASURE_S` to `FULL_MEASURE_S` per
-measurement; the busy machine's extra round (compare.py) only when it fits too. With nothing predicted
+measurement; the busy machine's extra round (side_by_side.py) only when it fits too. With nothing predicted
 (`--budget` and `--steps`: naive is not measured) every row is measured for the full length. Every figure here
 is a prediction, and each row or round dropped is one line of `Sizing.dropped`.
 """
@@ -52,7 +52,7 @@ from saturate.tune.trial import LoaderTrial, Trial
 
 COMPARE_SHARE = 0.05  # of the predicted training: the side-by-side's whole wall time, builds included
 LEAST_SHARE = 0.15  # of the predicted training: the most the least side-by-side (naive, the plan, 2 rounds) may cost
-NAIVE_WARMUP = 3  # warm-up steps of naive's one measurement that sizes the budget (run.py)
+NAIVE_WARMUP = 3  # warm-up steps of naive's one measurement that sizes the budget (tuned_run.py)
 FULL_MEASURE_S = 3.0  # timed seconds per side-by-side measurement when the job can afford it
 MIN_MEASURE_S = 0.5  # the shortest a measurement is sized to (it still times at least two steps)
 
@@ -105,7 +105,7 @@ class RowCost:
 
 
 def timed_s(step_s: float, measure_s: float) -> float:
-    """The timed seconds of one measurement sized to `measure_s` (compare.py's measurer): windows of whole
+    """The timed seconds of one measurement sized to `measure_s` (side_by_side.py's measurer): windows of whole
     steps, each at least half of it, at least `MIN_WINDOWS` of them and `measure_s` in all, at most `MAX_STEPS`."""
     per_window = max(1, math.ceil(measure_s / MIN_WINDOWS / step_s))
     windows = max(MIN_WINDOWS, math.ceil(measure_s / (per_window * step_s)))
@@ -264,9 +264,9 @@ def once_verdict(rows: list[Row], trained: str) -> list[str]:
 
 def side_by_side(workload: Any, hw: Any, dist: DistInfo, tuning: Any, plans: list[tuple[str, Plan]],
                  predicted: float | None, seed: int, console: Console) -> tuple[Comparison | None, Sizing]:
-    """run.py's `plans` measured side by side as far as `COMPARE_SHARE` of the `predicted` training pays for them
+    """tuned_run.py's `plans` measured side by side as far as `COMPARE_SHARE` of the `predicted` training pays for them
     (every row or round dropped said in one line), or None when not even naive and the plan in 2 rounds fit.
-    `tuning` is run.py's `Tuning`: naive's one measurement, the search's trials, the cached plan's step time."""
+    `tuning` is tuned_run.py's `Tuning`: naive's one measurement, the search's trials, the cached plan's step time."""
     search = tuning.result.search if tuning.result else None
     costs = row_costs(plans, tuning.naive, search.trials if search else (), search.loader_trials if search else (),
                       {tuning.label: tuning.step_s} if tuning.step_s else None)

@@ -21,10 +21,11 @@ from typing import Any
 
 from saturate.errors import ConfigError
 from saturate.plan import Plan
+from saturate.stats.comparison import Comparison, compare
 from saturate.stats.noise import rate_text
-from saturate.tune.decide import Comparison, compare
+from saturate.stats.pairs import paired_comparison
 from saturate.tune.evidence import plan_text
-from saturate.tune.paired import paired_comparison, predicted_seconds
+from saturate.tune.paired import predicted_seconds
 from saturate.tune.results import SearchSettings
 from saturate.tune.trial import OVER_BUDGET, BudgetTooSmall, LoaderTrial, Measurer, Trial
 

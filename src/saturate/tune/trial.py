@@ -23,7 +23,7 @@ class Trial:
     stage: str  # what the trial was for: "precision", "memory", "micro-batch", "compile", "verify", …
     plan: Plan
     status: str = "ok"
-    samples_per_s: float | None = None  # the median over timed windows (noise.py)
+    samples_per_s: float | None = None  # the median over timed windows (stats/noise.py)
     step_s: float | None = None  # seconds per optimizer step (the effective batch), at the median rate
     spread: float | None = None  # relative half-range of the windows: samples/s is known to ± this share
     windows: int = 0  # timed windows
@@ -72,7 +72,7 @@ class LoaderTrial:
     num_workers: int
     prefetch_factor: int | None
     pin_memory: bool
-    samples_per_s: float | None = None  # the median over timed windows (noise.py)
+    samples_per_s: float | None = None  # the median over timed windows (stats/noise.py)
     spread: float | None = None  # relative half-range of the windows
     windows: int = 0
     worker_memory_bytes: int | None = None  # unique memory (USS) of all workers together

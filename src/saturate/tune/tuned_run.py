@@ -2,7 +2,7 @@
 tuned side by side, train with the fastest, compare.
 
 The comparison rows are measured in this process by the same method, in interleaved rounds
-(compare.py), so their ratios are fair on a busy machine; the last row is the training run itself.
+(side_by_side.py), so their ratios are fair on a busy machine; the last row is the training run itself.
 Tuning must pay for itself: unless `--budget` is given, the plan cached for this workload and
 hardware is reused with no tuning, or else the tuning budget is a share of the training time
 predicted for the untuned job (naive, measured once), within a floor and a ceiling; the tuning runs no
@@ -333,7 +333,7 @@ def _choose(cmp: Comparison, label: str = "tuned") -> tuple[str, list[str], list
             lines.append(f"{r.label} vs naive: {r.vs_naive.verdict()}, median of {r.vs_naive.rounds} interleaved "
                          "rounds (range)" + (f"; each measurement was {cmp.measure_s:.1f} s, sized to the job: too "
                                              "short to resolve a gain this small" if short else ""))
-        elif r.note.startswith("the same settings as"):
+        elif r.twin is not None:
             lines.append(f"{r.label}: {r.note} (nothing to compare)")
     tuned = cmp.row(label)
     beaten = cmp.faster_than(label)

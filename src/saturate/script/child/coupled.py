@@ -2,8 +2,8 @@
 
 In the script's process (`hooks.Script`, once the model is found) `record` names the model's layers whose
 results depend on the micro-batch (BatchNorm and friends: `workloads.coupling`); the report carries them to
-the parent, where `kept_split` says why the micro-batch × accumulation stage keeps the split as written
-(or, with `--allow-micro-batch-change`, that searching it changes the maths).
+the parent, where `trainer_stages.kept_split` says why the micro-batch × accumulation stage keeps the split
+as written (or, with `--allow-micro-batch-change`, that searching it changes the maths).
 """
 
 from __future__ import annotations
@@ -19,17 +19,3 @@ def record(model: Any) -> dict[str, Any]:
         return {"batch_coupled": coupled_layers(model)}
     except Exception as e:  # a model whose modules cannot be walked: say so rather than stop the script
         return {"batch_coupled": None, "batch_coupled_error": f"{type(e).__name__}: {e}"}
-
-
-def kept_split(model: dict[str, Any] | None, micro: int, accum: int, allow_change: bool) -> tuple[bool, str | None]:
-    """(whether the split must be kept, the decision line saying why, or what searching it changes; None when the
-    model has no batch-coupled layers)."""
-    layers = (model or {}).get("batch_coupled")
-    if not layers:
-        return False, None
-    what = f"the model has batch-coupled layers ({', '.join(layers)})"
-    if allow_change:
-        return False, (f"micro-batch: searched although {what} (--allow-micro-batch-change): another micro-batch "
-                       "changes its maths, so the losses differ from the script's own")
-    return True, (f"micro-batch: not searched ({what}: the micro-batch is part of its maths; kept at {micro} × "
-                  f"accumulation {accum} as written; --allow-micro-batch-change searches it)")

@@ -2,7 +2,8 @@
 
 Installed by the shim (`shim/sitecustomize.py`) in every Python process of the command once it
 imports torch; the parent saturate process passes its settings through the environment and reads
-what this writes into `SATURATE_SCRIPT_DIR`. Nothing in the user's files is touched.
+what this writes into `SATURATE_SCRIPT_DIR` (what crosses, both ways: `script/boundary.py`). Nothing
+in the user's files is touched.
 
 - Optimizer steps come from PyTorch's global optimizer-step hooks; the first optimizer to step is
   the one followed (a second optimizer's steps are not counted as steps); in a whole run, a later
@@ -41,17 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from saturate.doctor import selftime
+from saturate.script.boundary import ENV_DIR, ENV_SETTINGS, FIRST_STEP, REPORT, STATUS, SUMMARY, ChildSettings
 from saturate.script.child import found, lightning_hooks
 from saturate.script.child.patches import Patches
 from saturate.script.child.trainer_hooks import TrainerWatch
 from saturate.script.child.trial_windows import StepWindows
-from saturate.script.overrides import FUSED_OPTIMIZERS, loader_changes, optimizer_changes
+from saturate.script.overrides import FUSED_OPTIMIZERS
 
-ENV_DIR = "SATURATE_SCRIPT_DIR"
-ENV_SETTINGS = "SATURATE_SCRIPT_SETTINGS"
-REPORT = "report.json"  # the Profiler's measurements (doctor, tune trials)
-SUMMARY = "summary.json"  # a whole run's step times and samples (run -- CMD)
-FIRST_STEP = "first-step"
 # handed to `imported` by the shim once they have run
 WATCHED = ("transformers.training_args", "transformers.trainer", *lightning_hooks.WATCHED)
 
@@ -63,7 +60,7 @@ def install() -> None:
     global _script
     if _script is not None or not os.environ.get(ENV_DIR):
         return
-    _script = Script(Path(os.environ[ENV_DIR]), json.loads(os.environ.get(ENV_SETTINGS) or "{}"))
+    _script = Script(Path(os.environ[ENV_DIR]), ChildSettings.from_json(os.environ.get(ENV_SETTINGS)))
     _script.install()
 
 
@@ -95,19 +92,17 @@ def shown_path(name: str) -> str:
 class Script:
     """The hooks and what they saw in one process."""
 
-    def __init__(self, folder: Path, settings: dict[str, Any]) -> None:
+    def __init__(self, folder: Path, settings: ChildSettings) -> None:
         self.folder = folder
-        self.warmup = int(settings.get("warmup", 2))
-        self.count_steps = int(settings.get("count_steps", 2))
-        self.steps = int(settings.get("steps", 10))
-        self.stop = bool(settings.get("stop", True))
-        self.profile = bool(settings.get("profile", True))  # False: only count steps and samples (a full run)
-        self.overrides: dict[str, Any] = settings.get("overrides") or {}  # what `tune -- CMD` tries or found
+        self.warmup, self.count_steps, self.steps = settings.warmup, settings.count_steps, settings.steps
+        self.stop = settings.stop
+        self.profile = settings.profile  # False: only count steps and samples (a full run)
+        self.overrides = settings.overrides  # what `tune -- CMD` tries or found
         self.step_times: list[float] = []  # without the Profiler: when each optimizer step ended
         self.samples = 0  # without the Profiler: samples fetched from DataLoaders
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.windows = StepWindows(settings.get("windows"), self.world)  # a trial's timed windows, if asked
+        self.windows = StepWindows(settings.windows, self.world)  # a trial's timed windows, if asked
         self.optimizer: Any = None  # the optimizer the Profiler follows
         self._followed: weakref.ref | None = None  # without the Profiler: the optimizer whose steps are counted
         self.optimizer_steps = 0
@@ -121,10 +116,10 @@ class Script:
         self.done = False
         self.started = time.perf_counter()  # about when torch finished importing
         self.first_step_s: float | None = None  # from then to the end of the first optimizer step
-        self.mode = str(settings.get("mode", "doctor"))  # doctor, trial, apply (a full run with the overrides)
+        self.mode = settings.mode  # doctor, trial, apply (a full run with the overrides)
         scratch = None if self.mode == "apply" else folder / "trainer"
-        self.trainer = TrainerWatch(self.overrides.get("trainer") or {}, scratch, caller_site)
-        self.lightning = lightning_hooks.LightningWatch(self.overrides.get("lightning") or {}, scratch, caller_site)
+        self.trainer = TrainerWatch(self.overrides.trainer, scratch, caller_site)
+        self.lightning = lightning_hooks.LightningWatch(self.overrides.lightning, scratch, caller_site)
 
     # --- installing ---------------------------------------------------------------------------
 
@@ -153,18 +148,18 @@ class Script:
         if self.mode == "trial":  # trials start from the same weights and batches even if the script never seeds
             random.seed(0)
             torch.manual_seed(0)
-        if self.overrides.get("tf32"):
+        if self.overrides.tf32:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
         self._fuse_optimizers()
         signature = inspect.signature(loader_init)
-        changing = bool(self.overrides.get("loader") or self.overrides.get("train_loader"))
+        changing = bool(self.overrides.loader or self.overrides.train_loader)
 
         def init(loader: Any, *args: Any, **kwargs: Any) -> None:
             as_written = None
             bound = signature.bind(loader, *args, **kwargs) if changing and id(loader) not in script.loaders else None
-            if bound is not None and (changes := loader_changes(script.overrides, bound,
-                                                                script.made_at_train_site(bound))):
+            if bound is not None and (changes := script.overrides.loader_changes(
+                    bound, script.made_at_train_site(bound))):
                 as_written = {k: bound.arguments.get(k, signature.parameters[k].default) for k in changes}
                 bound.arguments.update(changes)
                 if not bound.arguments.get("num_workers"):  # settings that need workers go with them
@@ -213,7 +208,7 @@ class Script:
     def made_at_train_site(self, bound: Any) -> bool:
         """Whether a DataLoader being made is the training loader the overrides resize: made at its line, or a
         library's copy (over the same dataset) of one made there."""
-        site = (self.overrides.get("train_loader") or {}).get("site")
+        site = self.overrides.train_loader.get("site")
         if site is None:
             return False
         if caller_site() == site:
@@ -226,9 +221,9 @@ class Script:
         """Apply `{"optimizer": {"fused": …}}` to torch's Adam and AdamW as the script makes them."""
         import torch
 
-        for name in FUSED_OPTIMIZERS if self.overrides.get("optimizer") else ():
+        for name in FUSED_OPTIMIZERS if self.overrides.optimizer else ():
             cls = getattr(torch.optim, name)
-            changes = optimizer_changes(self.overrides, cls)
+            changes = self.overrides.optimizer_changes(cls)
 
             def init(opt: Any, *args: Any, _init: Any = cls.__init__, _changes: dict = changes, **kwargs: Any) -> None:
                 _init(opt, *args, **{**kwargs, **_changes})
@@ -355,5 +350,5 @@ class Script:
             self._report(self.windows.cut_short() or f"the script ended after {inst.timed_steps} timed step(s), "
                          f"fewer than the {self.steps} asked for")
         elif self.rank == 0:
-            self._write(f"status-{os.getpid()}.json", json.dumps({"optimizer_steps": self.optimizer_steps}))
+            self._write(STATUS.format(pid=os.getpid()), json.dumps({"optimizer_steps": self.optimizer_steps}))
 

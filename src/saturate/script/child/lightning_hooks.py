@@ -1,15 +1,14 @@
 """Inside a user's script: a Lightning `Trainer`, recognised without importing Lightning.
 
 The shim hands `hooks.imported()` the module `lightning.pytorch.trainer.trainer` (or
-`pytorch_lightning.trainer.trainer`) once it has run; `LightningWatch.patch` wraps `Trainer.__init__`
-to note the first Trainer's class, where it was made (`train.py:LINE`) and the arguments saturate's
-fixes name (`FIELDS`: `precision=`, `accumulate_grad_batches=`, …) as the script passed them, and,
-before the Trainer reads them, to apply saturate's overrides (`{"lightning": {argument: value}}`, only
-the `TUNABLE` ones). In a trial or a doctor run (not a full run) its `default_root_dir` (where Lightning
-writes its logs and checkpoints unless a logger or checkpoint callback is given its own folder) points
-to a scratch folder. Once made, its strategy's `backward` is wrapped to keep each step's loss (the
-micro-steps' losses, which Lightning already divides by the accumulation, summed) on the device.
-"""
+`pytorch_lightning.trainer.trainer`) once it has run; `LightningWatch.patch` wraps `Trainer.__init__` to note
+the first Trainer's class, where it was made (`train.py:LINE`) and the arguments saturate's fixes name
+(`FIELDS`: `precision=`, `accumulate_grad_batches=`, …) as the script passed them, and, before the Trainer
+reads them, to apply saturate's overrides (`{"lightning": {argument: value}}`, only the
+`overrides.LIGHTNING_TUNABLE` ones). In a trial or a doctor run (not a full run) its `default_root_dir` (where
+Lightning writes its logs and checkpoints unless a logger or checkpoint callback is given its own folder)
+points to a scratch folder. Once made, its strategy's `backward` is wrapped to keep each step's loss (the
+micro-steps' losses, which Lightning already divides by the accumulation, summed) on the device."""
 
 from __future__ import annotations
 
@@ -22,18 +21,18 @@ from typing import Any
 
 from saturate.doctor import selftime
 from saturate.script.child.losses import StepLosses
+from saturate.script.overrides import LIGHTNING_TUNABLE
 
 WATCHED = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
 FIELDS = ("precision", "accumulate_grad_batches", "max_steps", "max_epochs", "accelerator", "devices", "strategy",
           "default_root_dir")
-TUNABLE = ("precision", "accumulate_grad_batches")  # Trainer arguments saturate may change
 
 
 class LightningWatch:
     """The first Lightning Trainer made in this process, as the script made it; `overrides`: its arguments."""
 
     def __init__(self, overrides: dict[str, Any], scratch: Path | None, site: Callable[[], str | None]) -> None:
-        self.overrides = dict(overrides)  # Trainer arguments (the parent checked them against TUNABLE)
+        self.overrides = dict(overrides)  # Trainer arguments (checked by `Overrides` against LIGHTNING_TUNABLE)
         self.scratch = scratch  # None: leave default_root_dir as written (a full run)
         self.site = site
         self.info: dict[str, Any] | None = None
@@ -65,7 +64,7 @@ class LightningWatch:
             bound.arguments.update({**redirected, **watch.overrides})
             watch.info = {"class": type(trainer).__name__, "site": watch.site(),
                           "args": {k: _plain(v) for k, v in written.items()}, "overrides": dict(watch.overrides),
-                          "in_force": {k: _plain(given(k)) for k in TUNABLE if k in signature.parameters},
+                          "in_force": {k: _plain(given(k)) for k in LIGHTNING_TUNABLE if k in signature.parameters},
                           "redirected": redirected}
             init(trainer, *bound.args[1:], **bound.kwargs)
             watch._follow(trainer)

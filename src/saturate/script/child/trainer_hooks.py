@@ -32,15 +32,12 @@ from typing import Any
 from saturate.doctor import selftime
 from saturate.script.child.losses import StepLosses
 
-# TrainingArguments fields reported, and those saturate may change
+# TrainingArguments fields reported (those saturate may change: overrides.TRAINER_TUNABLE)
 FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "tf32",
           "dataloader_num_workers", "dataloader_pin_memory", "dataloader_prefetch_factor",
           "dataloader_persistent_workers", "torch_compile", "gradient_checkpointing", "optim", "output_dir",
           "logging_dir", "max_steps", "num_train_epochs", "learning_rate", "seed", "report_to", "push_to_hub",
           "use_cpu")
-TUNABLE = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "tf32",
-           "dataloader_num_workers", "dataloader_pin_memory", "dataloader_prefetch_factor",
-           "dataloader_persistent_workers", "torch_compile", "gradient_checkpointing", "optim", "use_cpu")
 
 
 def field_values(args: Any) -> dict[str, Any]:
@@ -73,7 +70,7 @@ class TrainerWatch:
     """What the wrapped Trainer saw in this process; `overrides` are `{"trainer": …}` of saturate's settings."""
 
     def __init__(self, overrides: dict[str, Any], scratch: Path | None, site: Callable[[], str | None]) -> None:
-        self.overrides = dict(overrides)  # TrainingArguments fields (the parent checked them against TUNABLE)
+        self.overrides = dict(overrides)  # TrainingArguments fields (checked by `Overrides` against TRAINER_TUNABLE)
         self.scratch = scratch  # None: leave the output folders as written (a full run)
         self.site = site
         self.info: dict[str, Any] | None = None  # the first Trainer: class, sites, fields as written and in force

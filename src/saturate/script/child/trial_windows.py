@@ -1,7 +1,7 @@
 """Inside a script's trial (the child side): its own steps timed in windows until they agree, or a cap.
 
 `saturate tune -- CMD` asks for this in a trial's settings (`"windows"`: `window_s` and the fields of
-`tune.noise.WindowRule`). Once the doctor's `Profiler` has its window (phases, data share) and has detached,
+`stats.noise.WindowRule`). Once the doctor's `Profiler` has its window (phases, data share) and has detached,
 the script's next optimizer steps are timed in windows of whole steps: the first window lasts at least
 `window_s`, every later one as many steps as the first. The trial stops when the last windows agree
 (`WindowRule.agreed`) or at the cap on windows or timed seconds (`WindowRule.capped`), which is raised by the

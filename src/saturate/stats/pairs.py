@@ -1,0 +1,76 @@
+"""Two competitors timed in alternating windows: the median of the per-pair ratios, its interval, when to stop.
+
+Each pair of windows a second apart gives a ratio B ÷ A under the same load (tune/paired.py times
+them, A B | B A | A B …). The decision rests on the median of those ratios and its distribution-free
+interval (`median_interval`, the sign test's order statistics): B is faster when the whole interval
+is above 1 and the median gains more than the minimum gain, slower alike below, and there is no
+difference worth a change when the whole interval lies within ± the minimum gain (`decisive`).
+
+The pairs stop (`settled`) once they are decisive at one of a few pair counts (`CHECKS`: few looks,
+few false stops), or at a cap on timed seconds, never before `min_pairs`. The decision is a
+`Comparison` (stats/comparison.py), so it reads as every other comparison does.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from saturate.stats.comparison import Comparison
+
+MIN_PAIRS = 6  # the fewest pairs a decision rests on (six pairs all one way: 97 % confidence)
+MAX_PAIRS = 24
+CONFIDENCE = 0.90  # of the median's interval: each side is wrong at most 5 % of the time
+CHECKS = (6, 9, 12, 16, 20, 24)  # pair counts at which the windows may stop early (few looks: few false stops)
+
+
+def median_interval(ratios: list[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """A distribution-free interval for the median of `ratios`: the k-th smallest and k-th largest, with k the
+    largest for which the interval holds the true median with at least `confidence` (the sign test's order
+    statistics; with six values only their range reaches 90 %). Needs at least two values."""
+    n = len(ratios)
+    if n < 2:
+        raise ValueError("an interval for the median needs at least two values")
+    s = sorted(ratios)
+    k = 1
+    while k + 1 <= n // 2:
+        below = sum(math.comb(n, i) for i in range(k + 1)) / 2**n  # P(fewer than k + 1 values below the median)
+        if 1 - 2 * below < confidence:
+            break
+        k += 1
+    return s[k - 1], s[n - k]
+
+
+def paired_comparison(ratios: list[float], min_gain: float) -> Comparison:
+    """B against A from the pairs' ratios: the gain is the median's, the noise the distance from the median to the
+    end of its interval nearer 1 — so B is `faster` exactly when the whole interval is above 1 and the median gains
+    more than `min_gain` (`slower` alike below)."""
+    med = statistics.median(ratios)
+    low, high = median_interval(ratios)
+    return Comparison(gain=med - 1, noise=(med - low) if med >= 1 else (high - med), min_gain=min_gain,
+                      note=pairs_text(ratios))
+
+
+def decisive(ratios: list[float], min_gain: float) -> bool:
+    """Whether the pairs so far settle it: faster or slower beyond the interval and `min_gain`, or the whole
+    interval within ±`min_gain` (no difference worth a change)."""
+    c = paired_comparison(ratios, min_gain)
+    low, high = median_interval(ratios)
+    return c.faster or c.slower or (low >= 1 - min_gain and high <= 1 + min_gain)
+
+
+def settled(ratios: list[float], min_gain: float, *, min_pairs: int = MIN_PAIRS, timed_s: float = 0.0,
+            cap_s: float | None = None) -> bool:
+    """Whether to stop timing pairs: at least `min_pairs`, and either decisive at one of `CHECKS` or `timed_s`
+    at the cap (`cap_s`, None: no cap). `MAX_PAIRS` is the caller's loop bound."""
+    n = len(ratios)
+    return n >= min_pairs and ((n in CHECKS and decisive(ratios, min_gain))
+                               or (cap_s is not None and timed_s >= cap_s))
+
+
+def pairs_text(ratios: list[float]) -> str:
+    """"in 9 alternating pairs: faster in 8, median 1.120× (90 % interval 1.040–1.190×)"."""
+    low, high = median_interval(ratios)
+    wins = sum(r > 1 for r in ratios)
+    return (f"in {len(ratios)} alternating pairs: faster in {wins}, median {statistics.median(ratios):.3f}× "
+            f"({100 * CONFIDENCE:.0f} % interval {low:.3f}–{high:.3f}×)")

@@ -1,0 +1,58 @@
+"""The median of paired ratios and its interval: when alternating windows decide, and when they stop."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from saturate.stats.comparison import Verdict
+from saturate.stats.pairs import CHECKS, MIN_PAIRS, decisive, median_interval, paired_comparison, settled
+
+
+def _coverage(n: int, k: int) -> float:
+    """P(the k-th smallest ≤ median ≤ the k-th largest) for n values around a continuous median."""
+    return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
+
+
+@pytest.mark.parametrize("n", range(2, 30))
+def test_the_median_interval_is_the_narrowest_order_statistics_with_the_confidence(n):
+    values = [float(i) for i in range(n, 0, -1)]  # unsorted on purpose
+    low, high = median_interval(values, 0.90)
+    k = int(low)  # the k-th smallest is k
+    assert high == n + 1 - k  # symmetric: the k-th largest
+    assert k == 1 or _coverage(n, k) >= 0.90
+    assert k == n // 2 or _coverage(n, k + 1) < 0.90  # one further in would not hold the confidence
+    assert low <= statistics.median(values) <= high
+
+
+def test_six_pairs_decide_only_when_all_six_agree():
+    assert median_interval([1.1, 1.2, 1.15, 1.3, 1.12, 1.18]) == (1.1, 1.3)  # k = 1: the range
+    faster = paired_comparison([1.1, 1.2, 1.15, 1.3, 1.12, 1.18], 0.03)
+    assert faster.faster and not faster.slower and "faster in 6" in faster.text()
+    one_against = paired_comparison([1.1, 1.2, 1.15, 1.3, 0.98, 1.18], 0.03)
+    assert not one_against.faster and not one_against.slower  # the interval reaches below 1
+    assert paired_comparison([0.8, 0.85, 0.9, 0.82, 0.88, 0.86], 0.03).slower
+    assert not paired_comparison([1.02] * 6, 0.03).faster  # beyond the noise, not beyond the minimum gain
+
+
+def test_pairs_stop_when_decisive_either_way_or_when_no_difference_is_worth_a_change():
+    assert decisive([1.2] * 6, 0.03) and decisive([0.8] * 6, 0.03)
+    assert decisive([1.01, 0.99, 1.0, 1.02, 0.98, 1.0], 0.03)  # wholly within ±3 %: nothing worth a change
+    assert not decisive([1.2, 0.9, 1.1, 1.3, 0.95, 1.0], 0.03)
+
+
+def test_the_pairs_decision_is_a_verdict_with_the_pairs_said():
+    c = paired_comparison([1.1, 1.2, 1.15, 1.3, 1.12, 1.18], 0.03)
+    assert c.verdict is Verdict.FASTER and c.note.startswith("in 6 alternating pairs: faster in 6, median 1.165×")
+    assert paired_comparison([1.02] * 6, 0.03).verdict is Verdict.UNDER_MIN_GAIN
+
+
+def test_pairs_settle_only_at_a_check_or_at_the_cap_and_never_before_the_fewest():
+    assert MIN_PAIRS in CHECKS
+    assert settled([1.2] * 6, 0.03) and not settled([1.2] * 7, 0.03)  # 7 is no check: no look, no stop
+    assert not settled([1.2] * 5, 0.03, cap_s=1.0, timed_s=5.0)  # at the cap, but fewer than the fewest
+    noisy = [1.2, 0.9, 1.1, 1.3, 0.95, 1.0]
+    assert not settled(noisy, 0.03) and settled(noisy, 0.03, cap_s=1.0, timed_s=1.0)
+    assert settled([1.2] * 3, 0.03, min_pairs=3, cap_s=0.0)  # the testing knob's: three pairs, no timed seconds
