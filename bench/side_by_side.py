@@ -9,7 +9,7 @@ in each round every method measures both, back to back, and gives tuned ÷ naive
 - ``no-sampler``: the same without the RSS sampler;
 - ``warm-3``: the same with three warm-up steps;
 - ``resident``: each plan built and warmed up (two steps) once, every round times more of its run
-  (tune/resident.py, as side_by_side.py uses it: the side-by-side now, off a GPU);
+  (run/resident.py, as side_by_side.py uses it: the side-by-side now, off a GPU);
 - ``train``: saturate's train() for ``--warmup`` + ``--steps`` steps, the last timed
   (bench/_harness.py: the independent measurement of bench/trust.py).
 
@@ -36,9 +36,9 @@ from typing import Any
 import _harness as bench
 from saturate.hardware import probe
 from saturate.plan import Plan
+from saturate.run.resident import ResidentMeasurer
 from saturate.stats.noise import WindowRule
 from saturate.tune import measure
-from saturate.tune.resident import ResidentMeasurer
 from saturate.workloads import build_workload
 
 METHODS = ("rebuilt", "no-sampler", "warm-3", "resident", "train")

@@ -31,8 +31,8 @@ from rich.console import Console
 import _harness as bench
 from saturate.hardware import probe
 from saturate.plan import Plan, reference_plan
+from saturate.run.flow import at_effective_batch
 from saturate.tune import tune
-from saturate.tune.tuned_run import at_effective_batch
 from saturate.workloads.timeseries import ts_lstm_workload
 
 

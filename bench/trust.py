@@ -7,16 +7,16 @@ on a small preset (gpt-tiny by default, or ts-lstm):
    and the best point of a small exhaustive grid of the tuner's search space (every exact
    micro-batch × precision × fused AdamW, at 0 workers and at the first tune's loader; one
    measurement each, grid measured once, quiet), are then measured side by side in interleaved
-   rounds by `saturate run`'s method (tune/side_by_side.py). Goals: the chosen plans within 5 % of
+   rounds by `saturate run`'s method (run/side_by_side.py). Goals: the chosen plans within 5 % of
    each other (largest ÷ smallest median), each ≥ 95 % of the grid's best (median of per-round
    ratios).
-2. An honest before/after: `saturate run` (tune/tuned_run.py `run`, its default budget, no cached plan)
+2. An honest before/after: `saturate run` (run/flow.py `run`, its default budget, no cached plan)
    for `--run-steps` steps. Goals: its printed tuned ÷ naive within ±10 % of an independent
    interleaved measurement of the same two plans through train() (bench/_harness.py); no MFU
    above 100 % in its table; its wall time, tuning included, against an untuned `train` (the
    default plan, no cached plan) of the same steps: ≤ 1.1× on a job of a few minutes.
 
-When the run's job is too short for a side-by-side (tune/sizing.py), `run` prints no speed-up (its naive and
+When the run's job is too short for a side-by-side (run/sizing.py), `run` prints no speed-up (its naive and
 training figures were taken minutes apart); the JSON says so ("printed_speedup": null) and the independent
 measurement still compares naive with the plan trained.
 
@@ -51,13 +51,13 @@ import _harness as bench
 from saturate.engine.trainer import RunConfig, train
 from saturate.hardware import probe
 from saturate.plan import Plan
+from saturate.run.flow import run
+from saturate.run.side_by_side import compare
 from saturate.stats.rounds import Ratio
 from saturate.tune import plan_cache as cache
 from saturate.tune import tune
 from saturate.tune.api import fused_adamw_available
 from saturate.tune.measure import RealMeasurer
-from saturate.tune.side_by_side import compare
-from saturate.tune.tuned_run import run
 from saturate.workloads import build_workload
 
 QUIET = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - the tuner's own output, not the benchmark's

@@ -28,10 +28,10 @@ from rich.console import Console
 import _harness as bench
 from saturate.hardware import probe
 from saturate.plan import Plan
+from saturate.run.flow import reference_plans
 from saturate.tune import tune
 from saturate.tune.api import fused_adamw_available
 from saturate.tune.measure import RealMeasurer
-from saturate.tune.tuned_run import reference_plans
 from saturate.workloads import build_workload
 
 

@@ -107,8 +107,8 @@ def test_plan_repr_is_one_short_line():
 @pytest.fixture
 def quick_trials(monkeypatch):
     """Trials of a few steps, so tune and run finish in seconds."""
+    from saturate.run import flow as run
     from saturate.tune import api
-    from saturate.tune import tuned_run as run
 
     quick = functools.partial(measure.RealMeasurer, min_seconds=0.05, min_steps=1, max_steps=2)
     monkeypatch.setattr(api, "RealMeasurer", quick)

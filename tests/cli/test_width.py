@@ -18,9 +18,9 @@ from saturate.engine.summary import RunResult
 from saturate.hardware import render_hardware
 from saturate.hardware.readings import GpuReading, HostReading
 from saturate.plan import Plan
+from saturate.run.sweep import results_table
 from saturate.telemetry import Stat
 from saturate.telemetry.monitor import render as render_monitor
-from saturate.tune.sweep import results_table
 
 GIB = 1024**3
 LONG_DIR = Path("runs") / "gpt-small-20260101-120000" / "a-rather-long-subfolder-name" / "checkpoints"

@@ -262,9 +262,9 @@ def test_plans_tuned_at_several_processes_are_cached_apart_and_resplit(workload,
 
 def test_samples_that_are_not_tokens_get_no_tokens_column():
     from saturate.engine.console import ConsoleSink
+    from saturate.run.flow import Row, comparison_table
     from saturate.tune.evidence import trial_line, trials_table
     from saturate.tune.trial import Trial
-    from saturate.tune.tuned_run import Row, comparison_table
 
     plan = Plan(micro_batch=4, grad_accum=2)
     t = Trial(stage="verify", plan=plan, samples_per_s=100.0, step_s=0.32)
@@ -290,7 +290,7 @@ def test_samples_that_are_not_tokens_get_no_tokens_column():
 
 def test_the_before_after_table_never_shows_an_mfu_above_the_peak():
     from saturate.hardware.mfu import mfu
-    from saturate.tune.tuned_run import Row, comparison_table
+    from saturate.run.flow import Row, comparison_table
 
     plan = Plan(micro_batch=4, grad_accum=2)
     rows = [Row("naive", plan, 100.0, None, 0.32, None, None, mfu(5e9, 1e10, "measured")),

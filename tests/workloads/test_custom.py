@@ -177,8 +177,8 @@ def test_tune_and_run_are_as_complete_for_a_user_workload(tmp_path, monkeypatch)
     """`saturate run --workload …` (through the CLI entry point, with short trials): trials, decisions,
     before/after rows with MFU from the counted FLOPs."""
     from saturate import cli
+    from saturate.run import flow as run
     from saturate.tune import api
-    from saturate.tune import tuned_run as run
 
     monkeypatch.setattr(api, "RealMeasurer", functools.partial(RealMeasurer, min_seconds=0.05, min_steps=1,
                                                                max_steps=2))

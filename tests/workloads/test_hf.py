@@ -23,7 +23,7 @@ from saturate.engine.step import Stepper  # noqa: E402
 from saturate.engine.trainer import RunConfig, train  # noqa: E402
 from saturate.errors import ConfigError  # noqa: E402
 from saturate.plan import Plan  # noqa: E402
-from saturate.tune.tuned_run import reference_plans  # noqa: E402
+from saturate.run.flow import reference_plans  # noqa: E402
 from saturate.workloads import hf  # noqa: E402
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"

@@ -13,7 +13,7 @@ from conftest import cli_env, saturate_cmd
 from saturate.engine.trainer import RunConfig, train
 from saturate.errors import ConfigError, DataError
 from saturate.plan import Plan
-from saturate.tune.tuned_run import reference_plans
+from saturate.run.flow import reference_plans
 from saturate.workloads import build_workload, preset_names
 from saturate.workloads.custom import count_flops
 from saturate.workloads.timeseries import LSTMForecaster, read_csv, synthetic_series, ts_lstm_workload

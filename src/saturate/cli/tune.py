@@ -105,7 +105,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from saturate.engine.signals import stop_exit_code
     from saturate.hardware import probe
-    from saturate.tune.tuned_run import run
+    from saturate.run.flow import run
 
     if args.script is not None:
         return _run_script(args)

@@ -4,7 +4,7 @@ Competitors measured one after another on a busy machine are not compared fairly
 hits whoever runs during it. Measured in rounds instead (A B C, then C B A, …), each round gives
 a ratio of two figures taken minutes apart at most, under the same load; the ratio reported is the
 median of the per-round ratios, and their range is the noise. A range that includes 1.0 is no
-measurable difference. `saturate run` (tune/tuned_run.py), `saturate run -- CMD` (script/run_script.py)
+measurable difference. `saturate run` (run/flow.py), `saturate run -- CMD` (script/run_script.py)
 and the benchmarks (bench/_harness.py) share these.
 """
 

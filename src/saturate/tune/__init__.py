@@ -1,4 +1,4 @@
-"""The tuner: find the fastest plan by measurement (`tune`), and prove it against naive (`run`)."""
+"""The tuner: find the fastest plan by measurement (`tune`); `saturate run` and `sweep` build on it (saturate.run)."""
 
 from saturate.tune.api import TuneResult, tune
 

@@ -38,11 +38,7 @@ from saturate.engine.distributed import DistInfo, broadcast_object, init_distrib
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import ConfigError
 from saturate.plan import Plan, reference_plan
-from saturate.stats.noise import WindowRule
-from saturate.tune import plan_cache
-from saturate.tune.api import TuneResult, no_empty_folders, tune
-from saturate.tune.measure import RealMeasurer
-from saturate.tune.side_by_side import (  # noqa: F401 - Row, comparison_table: the table's API, kept importable here
+from saturate.run.side_by_side import (  # noqa: F401 - Row, comparison_table: the table's API, kept importable here
     ROUNDS,
     Comparison,
     Row,
@@ -53,7 +49,7 @@ from saturate.tune.side_by_side import (  # noqa: F401 - Row, comparison_table: 
     runner_up,
     same_settings,
 )
-from saturate.tune.sizing import (  # noqa: F401 - the budget's constants, kept importable here
+from saturate.run.sizing import (  # noqa: F401 - the budget's constants, kept importable here
     BUDGET_CEILING_S,
     BUDGET_FLOOR_S,
     FULL_MEASURE_S,
@@ -68,6 +64,10 @@ from saturate.tune.sizing import (  # noqa: F401 - the budget's constants, kept 
     side_by_side,
     tuning_budget,
 )
+from saturate.stats.noise import WindowRule
+from saturate.tune import plan_cache
+from saturate.tune.api import TuneResult, no_empty_folders, tune
+from saturate.tune.measure import RealMeasurer
 from saturate.tune.trial import BudgetTooSmall, Trial
 from saturate.workloads.base import Workload
 from saturate.workloads.coupling import workload_default_plan

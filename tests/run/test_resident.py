@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 
 from saturate.plan import Plan
+from saturate.run import resident
+from saturate.run.resident import ResidentMeasurer
 from saturate.stats.noise import WindowRule
-from saturate.tune import resident
 from saturate.tune.measure import RealMeasurer
-from saturate.tune.resident import ResidentMeasurer
 from saturate.workloads import build_workload
 
 

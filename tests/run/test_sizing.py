@@ -16,9 +16,9 @@ from test_side_by_side import Meter
 
 from saturate.engine.summary import RunResult
 from saturate.plan import Plan
-from saturate.tune import side_by_side as compare_module
-from saturate.tune import sizing
-from saturate.tune import tuned_run as run_module
+from saturate.run import flow as run_module
+from saturate.run import side_by_side as compare_module
+from saturate.run import sizing
 from saturate.tune.trial import LoaderTrial, Trial
 
 NAIVE_STEP, TUNED_STEP, SECOND_STEP = 0.5, 0.25, 0.4  # seconds per optimizer step, as the fake tuning measured

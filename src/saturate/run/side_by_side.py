@@ -142,8 +142,8 @@ def compare(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], *, seed:
 
     Off a GPU each plan is built once and kept (resident.py): every round times more steps of the same run,
     after one warm-up; on a GPU, where the plans need not fit together, each measurement rebuilds its plan."""
+    from saturate.run.resident import ResidentMeasurer
     from saturate.tune.measure import RealMeasurer
-    from saturate.tune.resident import ResidentMeasurer
 
     dist = dist or DistInfo()
     console = console or Console(quiet=True)

@@ -13,9 +13,9 @@ from rich.console import Console
 from saturate.hardware.contention import Contention
 from saturate.hardware.mfu import mfu
 from saturate.plan import Plan
-from saturate.tune import side_by_side as compare_module
-from saturate.tune import tuned_run as run_module
-from saturate.tune.side_by_side import compare, comparison_table, runner_up
+from saturate.run import flow as run_module
+from saturate.run import side_by_side as compare_module
+from saturate.run.side_by_side import compare, comparison_table, runner_up
 from saturate.tune.trial import Trial
 
 WORKLOAD = SimpleNamespace(name="w", tokens_per_sample=1, flops_per_sample=None)

@@ -36,7 +36,7 @@ from rich.console import Console
 
 from saturate.engine.distributed import DistInfo
 from saturate.plan import Plan
-from saturate.tune.side_by_side import (
+from saturate.run.side_by_side import (
     MAX_STEPS,
     MIN_WINDOWS,
     ROUNDS,
