@@ -48,13 +48,13 @@ import torch
 from rich.console import Console
 
 import _harness as bench
+from saturate import plan_cache as cache
 from saturate.engine.trainer import RunConfig, train
 from saturate.hardware import probe
 from saturate.plan import Plan
 from saturate.run.flow import run
 from saturate.run.side_by_side import compare
 from saturate.stats.rounds import Ratio
-from saturate.tune import plan_cache as cache
 from saturate.tune import tune
 from saturate.tune.api import fused_adamw_available
 from saturate.tune.measure import RealMeasurer

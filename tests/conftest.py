@@ -20,7 +20,7 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,
                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Token caches go to a per-session temp folder, never ~/.cache; in this process each test sees only
     the tuned plans it cached itself (a command run in a subprocess shares the session's)."""
-    from saturate.tune import plan_cache as cache
+    from saturate import plan_cache as cache
 
     monkeypatch.setenv("SATURATE_CACHE", str(tmp_path_factory.getbasetemp() / "saturate-cache"))
     monkeypatch.setattr(cache, "plans_dir", lambda: tmp_path / "plans")

@@ -112,6 +112,104 @@ def test_the_floor_check_finds_an_import_from_above(tmp_path, monkeypatch):
         "house.stats.low -> house.tune.high"]
 
 
+# The floors of the house, lowest first: a module imports only from its own floor or below (a floor's packages may
+# import one another; the cycle test keeps that acyclic module by module). `script.overrides` and `script.boundary`
+# are the two modules both sides of a user's command share, so they sit low; the child side (`script.child`, inside
+# the user's process) is below the parent side (`script`), which launches and judges it.
+LAYERS = (
+    ("errors",),
+    ("atomic", "stats", "script.overrides"),
+    ("plan", "script.boundary"),
+    ("data",),
+    ("hardware", "workloads"),
+    ("telemetry", "plan_cache"),
+    ("engine",),
+    ("doctor", "tune"),
+    ("run", "script.child", "integrations"),
+    ("script",),
+    ("saturate", "cli"),  # the package's public API (__init__) and the command line over it
+    ("__main__",),
+)
+
+
+def floor_of(module: str, package: str = "saturate") -> str:
+    """The entry of LAYERS a module belongs to: `saturate.tune.api` -> "tune", `saturate.script.child.hooks` ->
+    "script.child", `saturate` -> "saturate"."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return package
+    if parts[0] == "script" and len(parts) > 1 and f"script.{parts[1]}" in {n for floor in LAYERS for n in floor}:
+        return f"script.{parts[1]}"
+    return parts[0]
+
+
+def imports_running_up(package: str = "saturate", layers: tuple[tuple[str, ...], ...] = LAYERS) -> list[str]:
+    """"module -> imported (floor -> floor)" for each import of a module on a higher floor, and "module (no floor)"
+    for a module LAYERS does not place (a new package must be given its floor)."""
+    graph = grimp.build_graph(package, cache_dir=None)
+    level = {name: i for i, floor in enumerate(layers) for name in floor}
+    found = []
+    for m in sorted(graph.modules):
+        a = floor_of(m, package)
+        if a not in level:
+            found.append(f"{m} (no floor)")
+            continue
+        for i in sorted(graph.find_modules_directly_imported_by(m)):
+            b = floor_of(i, package)
+            if i.split(".")[0] == package and level.get(b, -1) > level[a]:
+                found.append(f"{m} -> {i} ({a} -> {b})")
+    return found
+
+
+def test_no_import_runs_back_up_a_floor():
+    assert imports_running_up() == []
+
+
+def test_the_floor_check_finds_an_import_running_up(tmp_path, monkeypatch):
+    pkg = tmp_path / "tower"
+    for sub in ("low", "high", "loose"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low" / "a.py").write_text("def f():\n    from tower.high import b  # lazy, still up\n")
+    (pkg / "high" / "b.py").write_text("from tower.low import a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert imports_running_up("tower", (("low",), ("high",), ("tower",))) == [
+        "tower.loose (no floor)", "tower.low.a -> tower.high.b (low -> high)"]
+
+
+# The child side runs inside the user's process; it must not drag in the parent's (which launches commands, tunes,
+# prints) nor the flows above it: what it needs of the parent crosses in script/boundary.py and script/overrides.py.
+CHILD_MAY_NOT_IMPORT = ("saturate.script", "saturate.tune", "saturate.run", "saturate.cli", "saturate.integrations")
+CHILD_SHARES = ("saturate.script.child", "saturate.script.boundary", "saturate.script.overrides")
+
+
+def test_the_child_side_imports_nothing_of_the_parent_side():
+    graph = grimp.build_graph("saturate", cache_dir=None)
+    child = [m for m in graph.modules if m.startswith("saturate.script.child")]
+    assert len(child) >= 8  # hooks, trainer_hooks, lightning_hooks, patches, found, losses, coupled, trial_windows
+    wrong = sorted(f"{m} -> {i}" for m in child for i in graph.find_modules_directly_imported_by(m)
+                   if i.startswith(CHILD_MAY_NOT_IMPORT) and not i.startswith(CHILD_SHARES))
+    assert wrong == []
+
+
+def test_the_boundary_and_the_overrides_import_neither_side():
+    graph = grimp.build_graph("saturate", cache_dir=None)
+    for shared in ("saturate.script.boundary", "saturate.script.overrides"):
+        script = [i for i in graph.find_modules_directly_imported_by(shared) if i.startswith("saturate.script")]
+        assert set(script) <= {"saturate.script.overrides"}, (shared, script)
+
+
+def test_no_two_modules_share_a_file_name():
+    """A name says one job: `tune/report.py` and `doctor/report.py` would be two places to look (packages'
+    `__init__.py` aside)."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(str(path.relative_to(SRC)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
 # A decision must be data (an enum, a field), not recovered from the prose that explains it: these names hold
 # our own explanations (a trial's outcome, a verdict, a note...), so `"within noise" in short(t)` or
 # `row.note.startswith(...)` is a decision read back out of a message. Third-party text (an exception from

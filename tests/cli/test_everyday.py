@@ -165,7 +165,7 @@ def test_no_progress_still_prints_the_start_and_the_summary(tmp_path, small_corp
 
 
 def test_doctor_diagnoses_the_plan_train_would_run_and_says_which(small_corpus, capsys, cpu, short_doctor):
-    from saturate.tune import plan_cache as cache
+    from saturate import plan_cache as cache
     from saturate.workloads import build_workload
 
     argv = ["doctor", "--data", str(small_corpus), *TINY, "--steps", "1", "--warmup", "0", "--no-scaling"]

@@ -18,7 +18,7 @@ from saturate.engine.summary import RunResult
 from saturate.hardware import render_hardware
 from saturate.hardware.readings import GpuReading, HostReading
 from saturate.plan import Plan
-from saturate.run.sweep import results_table
+from saturate.run.grid_sweep import results_table
 from saturate.telemetry import Stat
 from saturate.telemetry.monitor import render as render_monitor
 

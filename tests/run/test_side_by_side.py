@@ -95,7 +95,7 @@ def test_a_tuned_plan_slower_than_naive_in_every_round_is_not_trained(cpu, meter
 
 
 def test_a_cached_plan_beaten_in_every_round_is_replaced_in_the_cache(cpu, meter, tmp_path, monkeypatch):
-    from saturate.tune import plan_cache as cache
+    from saturate import plan_cache as cache
 
     monkeypatch.setenv("SATURATE_CACHE", str(tmp_path))
     job = SimpleNamespace(name="w", fingerprint=lambda: "data", optim=SimpleNamespace(effective_batch=8))
@@ -164,7 +164,7 @@ def test_the_tuning_budget_follows_the_training_time():
 
 
 def test_a_cached_plan_is_reused_with_no_tuning(tmp_path, cpu, monkeypatch):
-    from saturate.tune import plan_cache as cache
+    from saturate import plan_cache as cache
 
     workload = SimpleNamespace(name="w", fingerprint=lambda: {"m": 1}, optim=SimpleNamespace(effective_batch=8))
     plan = Plan(micro_batch=4, grad_accum=2, name="tuned", provenance={"world_size": 1, "tuned_at": "then",

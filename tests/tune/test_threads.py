@@ -7,11 +7,11 @@ import torch
 from test_search import FakeMachine, GiB, linear_memory, settings
 from torch.utils.data import default_collate
 
+from saturate import plan_cache as cache
 from saturate.engine.resume import choose_plan
 from saturate.engine.step import Stepper, use_threads
 from saturate.errors import ConfigError
 from saturate.plan import Plan
-from saturate.tune import plan_cache as cache
 from saturate.tune.search import search
 from saturate.tune.trial import Trial
 from saturate.workloads import build_workload

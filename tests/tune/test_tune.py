@@ -12,13 +12,13 @@ import pytest
 from rich.console import Console
 
 from conftest import cli_env, run_saturate, saturate_cmd
+from saturate import plan_cache as cache
 from saturate.engine import hostmem
 from saturate.engine.hostmem import HostMemoryGuard, relieve
 from saturate.engine.step import OutOfMemoryError
 from saturate.engine.trainer import RunConfig, train
 from saturate.errors import ConfigError
 from saturate.plan import Plan
-from saturate.tune import plan_cache as cache
 from saturate.tune import tune
 from saturate.tune.measure import RealMeasurer
 from saturate.workloads import build_workload

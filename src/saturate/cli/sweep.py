@@ -1,4 +1,4 @@
-"""`saturate sweep`: a grid over workload parameters, each point tuned then trained (see saturate.run.sweep)."""
+"""`saturate sweep`: a grid over workload parameters, each point tuned then trained (see saturate.run.grid_sweep)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from rich.console import Console as RichConsole
 
     from saturate.hardware import probe
-    from saturate.run.sweep import parse_grid, sweep
+    from saturate.run.grid_sweep import parse_grid, sweep
 
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")

@@ -225,7 +225,7 @@ def choose_plan(plan: Plan | None, state: dict[str, Any] | None, workload: Workl
     """The given plan; else the checkpoint's when resuming; else the tuned plan cached for this workload
     on this hardware; else the seed plan. A plan tuned on other hardware is flagged, never silent.
     Under torchrun the checkpoint's and the cached plan keep their effective batch over `world` processes."""
-    from saturate.tune import plan_cache
+    from saturate import plan_cache
 
     if plan is not None:
         if (warning := plan_cache.hardware_mismatch(plan, hw.fingerprint())) is not None:

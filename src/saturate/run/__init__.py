@@ -5,7 +5,7 @@
                                    naive / the guide's plan / the runner-up / tuned side by side in interleaved
                                    rounds (side_by_side.py, each plan kept built between rounds: resident.py),
                                    training with the fastest, the before/after
-    sweep.sweep(...)               `saturate sweep`: a grid of workload parameters, each point tuned then trained
+    grid_sweep.sweep(...)          `saturate sweep`: a grid of workload parameters, each point tuned then trained
 
 They stand on `tune` (the search), `engine` (training) and `stats` (rounds and ratios); nothing below imports them.
 """

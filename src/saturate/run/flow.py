@@ -33,6 +33,7 @@ import torch
 from rich.console import Console
 from rich.text import Text
 
+from saturate import plan_cache
 from saturate.atomic import atomic_write_bytes
 from saturate.engine.distributed import DistInfo, broadcast_object, init_distributed, teardown_distributed
 from saturate.engine.trainer import RunConfig, RunResult, train
@@ -65,7 +66,6 @@ from saturate.run.sizing import (  # noqa: F401 - the budget's constants, kept i
     tuning_budget,
 )
 from saturate.stats.noise import WindowRule
-from saturate.tune import plan_cache
 from saturate.tune.api import TuneResult, no_empty_folders, tune
 from saturate.tune.measure import RealMeasurer
 from saturate.tune.trial import BudgetTooSmall, Trial

@@ -39,6 +39,7 @@ from saturate.script.boundary import (
     steps_reported,
 )
 
+SOURCE = Path(__file__).resolve().parents[2]  # the folder holding this saturate package: first for the child too
 # how torch's out-of-memory errors read in a script's stderr (CUDA's, the CPU allocator's, ROCm's): the one place
 # a failure's kind is read from text, the script's own, so that no decision parses saturate's messages
 OOM_MARKERS = ("OutOfMemoryError", "out of memory", "DefaultCPUAllocator: can't allocate memory")
@@ -112,9 +113,7 @@ def run_instrumented(command: Sequence[str], settings: ChildSettings, *, first_s
 
 
 def _env(folder: Path, settings: ChildSettings) -> dict[str, str]:
-    import saturate
-
-    env = environment(os.environ, folder, settings, Path(saturate.__file__).resolve().parents[1])
+    env = environment(os.environ, folder, settings, SOURCE)
     env.setdefault("PYTHONUNBUFFERED", "1")  # the script's lines reach the terminal as they are printed
     return env
 

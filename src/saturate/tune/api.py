@@ -15,12 +15,12 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from saturate import plan_cache
 from saturate.atomic import atomic_write_bytes
 from saturate.engine.distributed import barrier, broadcast_object, init_distributed, teardown_distributed
 from saturate.errors import ConfigError
 from saturate.hardware.contention import ContentionMeter, measure_contention
 from saturate.plan import Plan
-from saturate.tune import plan_cache
 from saturate.tune.evidence import plot, print_report, result_dict, trial_line
 from saturate.tune.measure import RealMeasurer
 from saturate.tune.results import SearchResult, SearchSettings

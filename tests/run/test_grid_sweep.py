@@ -13,7 +13,7 @@ from saturate import cli
 from saturate.engine.checkpoint import CheckpointManager
 from saturate.errors import ConfigError
 from saturate.hardware import probe
-from saturate.run.sweep import grid_points, parse_grid, sweep
+from saturate.run.grid_sweep import grid_points, parse_grid, sweep
 from saturate.tune import api
 from saturate.tune.measure import RealMeasurer
 from saturate.workloads.timeseries import ts_lstm_workload
@@ -100,7 +100,7 @@ def test_a_sweep_interrupted_mid_point_resumes_where_it_stopped(tmp_path, cpu):
 
 
 def test_cli_sweep_table_plot_json_and_refusals(tmp_path, cpu, monkeypatch, capsys):
-    from saturate.run import sweep as sweep_module
+    from saturate.run import grid_sweep as sweep_module
 
     monkeypatch.setattr("saturate.hardware.probe", lambda **kw: cpu)
     assert sweep_module.sweep  # the CLI probes through saturate.hardware.probe
@@ -126,7 +126,7 @@ def test_cli_sweep_table_plot_json_and_refusals(tmp_path, cpu, monkeypatch, caps
 
 @pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT"])
 def test_a_preempted_sweep_exits_75_and_ctrl_c_130(tmp_path, cpu, monkeypatch, stop):
-    from saturate.run import sweep as sweep_module
+    from saturate.run import grid_sweep as sweep_module
 
     monkeypatch.setattr("saturate.hardware.probe", lambda **kw: cpu)
     seen = {}
