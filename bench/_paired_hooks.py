@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from saturate.script.boundary import ENV_SETTINGS, ChildSettings
 from saturate.script.child import hooks
 
 GPT_SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "scripts" / "gpt_pretrain"
@@ -43,8 +44,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    os.environ["SATURATE_SCRIPT_SETTINGS"] = json.dumps(
-        {"mode": "doctor", "warmup": 1, "count_steps": 0, "steps": args.block, "stop": False})
+    os.environ[ENV_SETTINGS] = ChildSettings(mode="doctor", warmup=1, count_steps=0, steps=args.block,
+                                             stop=False).to_json()
     cfg = get_config(args.config)
     windows = TextWindows(read_text([]), cfg.block_size)
     model = GPT(cfg)

@@ -46,6 +46,7 @@ from typing import Any
 
 import _harness as bench
 from saturate.hardware import probe
+from saturate.script.boundary import ChildSettings
 from saturate.script.command import run_instrumented
 
 HERE = Path(__file__).resolve().parent
@@ -55,11 +56,11 @@ PAIRED = HERE / "_paired_hooks.py"
 NAMES = ["as written", "measuring", "detached", "counting"]
 
 
-def settings(name: str, steps: int) -> dict[str, Any]:
+def settings(name: str, steps: int) -> ChildSettings:
     """The hooks' settings for a run of `steps` optimizer steps; the measuring window ends at the last one."""
-    return {"measuring": {"mode": "doctor", "warmup": 1, "count_steps": 0, "steps": steps - 2, "stop": False},
-            "detached": {"mode": "doctor", "warmup": 1, "count_steps": 0, "steps": 2, "stop": False},
-            "counting": {"mode": "apply", "profile": False, "stop": False}}[name]
+    return {"measuring": ChildSettings(mode="doctor", warmup=1, count_steps=0, steps=steps - 2, stop=False),
+            "detached": ChildSettings(mode="doctor", warmup=1, count_steps=0, steps=2, stop=False),
+            "counting": ChildSettings(mode="apply", profile=False, stop=False)}[name]
 
 
 def medians(ticks: list[list[float]], skip: int) -> dict[str, float]:
