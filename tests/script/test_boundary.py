@@ -97,3 +97,16 @@ def test_the_steps_every_process_reported_and_an_out_of_memory_failure(tmp_path)
     assert steps_reported(tmp_path) == 5
     assert ran_out_of_memory(["Traceback (most recent call last):", "torch.OutOfMemoryError: CUDA out of memory."])
     assert not ran_out_of_memory(["ValueError: the batch has 3 dimensions"])
+
+
+def test_settings_the_child_cannot_read_stop_the_command_with_one_line(monkeypatch, tmp_path):
+    import sys
+
+    from saturate.script import boundary
+    from saturate.script.command import run_instrumented
+
+    monkeypatch.setattr(boundary.ChildSettings, "to_json", lambda self: '{"mode": "bogus"}')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        run_instrumented([sys.executable, "-c", "import torch; print('trained')"], ChildSettings(), quiet_stdout=True)
+    assert "saturate's hooks could not start" in str(e.value) and "mode 'bogus' is not one of" in str(e.value)

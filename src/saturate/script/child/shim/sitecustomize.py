@@ -83,17 +83,27 @@ class _AfterTransformers(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _tell_parent(line: str) -> None:
+    """One line the parent prints as the error (`script/boundary.py`: ERRORS, `error-*.txt`)."""
+    folder = os.environ.get("SATURATE_SCRIPT_DIR")
+    if folder:
+        with open(os.path.join(folder, f"error-{os.getpid()}.txt"), "w") as f:
+            f.write(line)
+
+
 def _install() -> None:
     try:
         from saturate.script.child import hooks
     except Exception as e:  # saturate or its dependencies missing in this Python: say so to the parent
-        folder = os.environ.get("SATURATE_SCRIPT_DIR")
-        if folder:
-            with open(os.path.join(folder, f"error-{os.getpid()}.txt"), "w") as f:
-                f.write(f"saturate could not be imported in the script's Python ({sys.executable}): "
-                        f"{type(e).__name__}: {e}")
+        _tell_parent(f"saturate could not be imported in the script's Python ({sys.executable}): "
+                     f"{type(e).__name__}: {e}")
         return
-    hooks.install()
+    try:
+        hooks.install()
+    except Exception as e:  # settings this saturate cannot read (another version's parent): stop, say why
+        _tell_parent(f"saturate's hooks could not start in the script's Python ({sys.executable}): "
+                     f"{type(e).__name__}: {e}")
+        raise
 
 
 _chain_other_sitecustomize()
