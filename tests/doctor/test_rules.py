@@ -417,3 +417,32 @@ def test_device_idle_across_the_overhead_threshold_without_a_probe_is_within_noi
     assert any("within noise of the threshold (30..50 % vs 40 %)" in e for f in d.findings for e in f.evidence)
     m.window_util = [45.0, 50.0, 55.0]  # idle 45..55 %
     assert decide(m).verdict == "overhead-bound"
+
+
+def test_a_wait_inside_the_training_process_stands_on_a_busy_machine_with_its_fix_labelled():
+    waiting = dict(step_s=0.100, phases={"data": 0.060, "forward": 0.012, "backward": 0.024, "optimizer": 0.003,
+                                         "other": 0.001})
+    quiet = decide(measured(**waiting))
+    assert quiet.verdict == "input-bound" and quiet.fixes
+    busy = decide(measured(**waiting, contention=_busy()))
+    assert busy.verdict == "input-bound" and [f.title for f in busy.fixes] == [f.title for f in quiet.fixes]
+    assert busy.evidence[0].startswith("measured on a busy machine (machine busy: other processes kept 1.2 of 2")
+    assert "loading its own batches (no loader workers)" in busy.evidence[0]
+    assert all("calibrated on steps timed while the machine was busy" in f.prediction.basis for f in busy.fixes)
+    assert "contended" in [f.verdict for f in busy.findings]  # how busy it was is still said
+    # with workers the wait is a race between them and the step, which a neighbour can decide: no fix
+    racing = decide(measured(**waiting, num_workers=2, cpu_threads=1, contention=_busy()))
+    assert racing.verdict == "contended" and racing.fixes == []
+    assert "input-bound" in [f.verdict for f in racing.findings]
+
+
+def test_on_a_busy_machine_only_the_standing_findings_lend_their_fixes():
+    # input-bound (no workers: stands) and overhead-bound (a probe's timing: the load could make it) together
+    both = dict(micro_batch=1, grad_accum=32, step_s=0.5, scaling=ScalingProbe((1, 4), (0.0105, 0.012)),
+                phases={"data": 0.2, "forward": 0.1, "backward": 0.19, "optimizer": 0.005, "other": 0.005})
+    quiet = decide(measured(**both))
+    assert {"input-bound", "overhead-bound"} <= {f.verdict for f in quiet.findings}
+    busy = decide(measured(**both, contention=_busy()))
+    assert busy.verdict == "input-bound"
+    overhead = next(f for f in busy.findings if f.verdict == "overhead-bound")
+    assert not {f.title for f in overhead.fixes} & {f.title for f in busy.fixes}  # listed, its fixes withheld

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import saturate
 from saturate.hardware.contention import Contention, ContentionMeter
 
 
@@ -52,3 +55,37 @@ def test_threshold_and_line_for_a_quiet_machine():
     assert gpu.significant() and "python (pid 1234, GPU 0)" in gpu.line()
     unknown = Contention(seconds=1.0, usable_cores=2, other_cores=None, own_cores=None, notes=["no /proc"])
     assert not unknown.significant() and "not measured" in unknown.line()
+
+
+# An agent (as torchrun's) starts two ranks: one busy, one measuring; under torchrun the busy sibling is this job.
+_RANKS = """
+import os, subprocess, sys
+busy = "import time\\nend = time.perf_counter() + 60\\nwhile time.perf_counter() < end: pass"
+measure = ("import time; from saturate.hardware.contention import ContentionMeter; time.sleep(0.3); "
+           "m = ContentionMeter(gpu=False).start(); time.sleep(1.2); print(m.stop().own_cores)")
+env = dict(os.environ)
+if sys.argv[1] == "torchrun":
+    env.update(TORCHELASTIC_RUN_ID="test", LOCAL_WORLD_SIZE="2", WORLD_SIZE="2")
+else:
+    for k in ("TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        env.pop(k, None)
+sibling = subprocess.Popen([sys.executable, "-c", busy], env=env)
+out = subprocess.run([sys.executable, "-c", measure], env=env, capture_output=True, text=True, check=True).stdout
+sibling.kill()  # busy until the measurement is read
+sibling.wait()
+print(out.strip())
+"""
+
+
+def test_a_sibling_rank_of_a_torchrun_job_is_not_a_neighbour():
+    # The job's own CPU use, read by the sleeping rank: it holds the busy sibling's under torchrun (up to a core,
+    # less when other processes share the machine), and next to nothing for the same process outside a job.
+    def own_cores(launch: str) -> float:
+        src = str(Path(saturate.__file__).resolve().parents[1])  # the saturate under test, in the ranks too
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+        out = subprocess.run([sys.executable, "-c", _RANKS, launch], capture_output=True, text=True, check=True,
+                             timeout=60, env=env)
+        return float(out.stdout.strip().splitlines()[-1])
+
+    assert own_cores("torchrun") > 0.25
+    assert own_cores("separate") < 0.1

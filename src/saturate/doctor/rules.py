@@ -21,8 +21,13 @@ The rules:
 7. compute-bound (healthy), when none of the above holds.
 8. contended             other processes kept a significant share of our cores busy (or held our
                          GPU) while we measured (hardware.contention): the timings are partly the
-                         neighbours', so this is the verdict and no fix is proposed from them; the
-                         rules that held are still listed. (Our own loader workers and torch
+                         neighbours', so no fix is proposed from a finding their load could have
+                         produced (a fixed-cost share, a predicted micro-batch gain, workers racing
+                         the step); the rules that held are still listed. A finding the load cannot
+                         cause stands, labelled with how busy the machine was (`stands_under_load`):
+                         the memory risks, a wait for data inside the training process's own loader
+                         (no workers: a neighbour slows loading and computing alike), host syncs on
+                         an accelerator (counted, not timed). (Our own loader workers and torch
                          threads oversubscribing a CPU run's cores is a note.)
 
 Thresholds respect the noise. The timed steps are measured in windows (doctor.phase_windows), and a
@@ -33,7 +38,8 @@ of the same job do not flip between a verdict and compute-bound). A sync count c
 step only when every counted step synced. The memory figures (1, 2, 6) are peaks and floors of
 what was allocated, read by sampling rather than timed, and are compared as they are.
 
-The memory risks (1, 2) win whenever they hold, then contention. Otherwise, of the rules that hold, the verdict is
+The memory risks (1, 2) win whenever they hold, then, on a busy machine, a finding that stands under load,
+then contention. Otherwise, of the rules that hold, the verdict is
 the one whose best fix (keeping the training the same) is predicted to gain the most, ties going
 to the order above: a tiny model at micro-batch 1 also waits a little for each of its many
 batches, but it is the per-micro-step cost, not the data, that a fix removes. The other rules
@@ -48,6 +54,7 @@ from __future__ import annotations
 
 import math
 
+from saturate.doctor.busy import check_contention, stands_under_load, under_load
 from saturate.doctor.findings import (
     BUDGET_SHARE,
     FIXED_SHARE,
@@ -304,29 +311,6 @@ def _check_memory_underused(m: Measurements) -> Finding | None:
     return Finding("device-memory-underused", evidence, [fix])
 
 
-def _check_contention(m: Measurements) -> Finding | None:
-    """Others on our cores or GPU: the verdict "contended". Our own workers and threads oversubscribing: a note."""
-    own = None
-    if not m.accelerator and m.num_workers and m.cpu_threads is not None \
-            and m.cpu_threads + m.num_workers > m.cpu_cores:
-        own = (f"{m.num_workers} loader worker(s) and {m.cpu_threads} intra-op threads share {m.cpu_cores} cores: on "
-               "a CPU run every worker wake-up can stall the training's threads at a barrier; "
-               f"torch.set_num_threads({max(1, m.cpu_cores - m.num_workers)}) leaves the workers a core")
-    if m.contention and m.contention.get("significant"):
-        evidence = [m.contention.get("line") or "other processes were using this machine while it was measured",
-                    "the timings include the neighbours' share, so they do not describe this workload alone: no fix "
-                    "is proposed from them; run the doctor again when the machine is quieter"]
-        busy = m.contention.get("other_cores") or 0.0
-        if not m.accelerator and m.cpu_threads and m.cpu_threads > 1 and busy >= 0.5 and not own:
-            fewer = max(1, min(m.cpu_threads - 1, int((m.cpu_cores or m.cpu_threads) - busy + 0.25)))
-            own = (f"torch's {m.cpu_threads} intra-op threads wait for one another at every parallel region, so one "
-                   f"that a neighbour preempts stalls them all: on a CPU this busy, fewer threads can be much faster "
-                   f"(torch.set_num_threads({fewer}), or `threads = {fewer}` in a plan; `saturate tune` measures it "
-                   "when the machine is busy) — not measured in this run")
-        return Finding("contended", evidence + ([own] if own else []), [])
-    return Finding("note", [own]) if own else None
-
-
 def _compute_bound(m: Measurements) -> Finding:
     low, high = m.share_range("data")
     evidence = [f"waiting for data {pct(m.share('data'))} of the step"
@@ -363,14 +347,21 @@ def _best_gain(f: Finding) -> float:
 def decide(m: Measurements) -> Diagnosis:
     """One verdict from the measurements, with its evidence and fixes ranked by predicted gain."""
     checks = (_check_oom, _check_host_memory, _check_input, _check_sync, _check_overhead, _check_memory_underused,
-              _check_contention)
+              check_contention)
     findings = [f for check in checks if (f := check(m)) is not None]
     verdicts = [f for f in findings if f.verdict != "note"]
     notes = [f for f in findings if f.verdict == "note"]
     safety = [f for f in verdicts if f.verdict in ("oom-risk", "host-memory-bound")]
     contended = [f for f in verdicts if f.verdict == "contended"]
+    if contended:  # on a busy machine only the findings the load cannot cause keep their fixes
+        verdicts = [under_load(f, m) for f in verdicts]
+        safety = [f for f in verdicts if f.verdict in ("oom-risk", "host-memory-bound")]
+    standing = [f for f in verdicts if f.verdict != "contended" and stands_under_load(f, m) is not None]
     if safety:
         main = safety[0]
+    elif contended and standing:
+        order = {f.verdict: i for i, f in enumerate(standing)}
+        main = max(standing, key=lambda f: (_best_gain(f), -order[f.verdict]))
     elif contended:
         main = contended[0]
     elif verdicts:
@@ -381,7 +372,8 @@ def decide(m: Measurements) -> Diagnosis:
     others = [f for f in verdicts if f is not main]
     fixes = _rank(main.fixes)
     seen = {f.title for f in fixes}
-    for f in _rank([x for o in others for x in o.fixes] if main.verdict != "contended" else []):
+    kept = [o for o in others if not contended or o in standing]  # busy: no fix from what the load could produce
+    for f in _rank([x for o in kept for x in o.fixes]):
         if f.title not in seen:
             fixes.append(f)
             seen.add(f.title)

@@ -4,7 +4,8 @@ A trial timed while another job takes one of two cores is measured at half speed
 taken then blames the workload for the neighbour. ``ContentionMeter`` brackets a measurement:
 ``start()`` before, ``stop()`` after, and the ``Contention`` it returns says how many of our usable
 cores other processes kept busy in between (the cores' busy time from /proc/stat through psutil,
-minus the CPU time of our own process tree, children and reaped children included) and which
+minus the CPU time of this job's process tree, children and reaped children included: under torchrun every
+local rank's, `job_root`) and which
 other processes hold a GPU we use (NVML's compute-process list). Nothing runs in between, so a
 meter costs two reads.
 """
@@ -26,6 +27,17 @@ from saturate.hardware.readings import reason
 # more) make a measurement contended: enough to move a throughput figure by more than the few
 # percent the tuner's decisions rest on.
 SIGNIFICANT_SHARE = 0.25
+
+
+def job_root() -> int:
+    """The process whose tree is this job, to tell its own CPU use from the neighbours': under torchrun (or a
+    launcher built on it, such as `accelerate launch`: `TORCHELASTIC_RUN_ID` is set, or several ranks share the
+    machine) the agent that started every local rank, so a sibling rank is this job and never a neighbour;
+    otherwise this process."""
+    local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or "1"
+    if os.environ.get("TORCHELASTIC_RUN_ID") or (local.isdigit() and int(local) > 1):
+        return os.getppid()
+    return os.getpid()
 
 
 def _cores_in_use() -> list[int] | None:
@@ -167,7 +179,7 @@ class ContentionMeter:
     """Brackets a measurement: ``start()`` before it, ``stop()`` after, for what others used meanwhile."""
 
     def __init__(self, root_pid: int | None = None, *, gpu: bool = True) -> None:
-        self.root_pid = os.getpid() if root_pid is None else root_pid
+        self.root_pid = job_root() if root_pid is None else root_pid  # whose CPU time is ours: this job's tree
         self.gpu = gpu
         self._cpus = _cores_in_use()
         self._start: tuple[float, float, float] | None = None

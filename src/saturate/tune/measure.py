@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -210,7 +209,7 @@ class RealMeasurer(Pairing):
         runs the same steps; each later window syncs the device once, at its end. The trial's meter of
         other processes' use raises the caps when the windows disagree on a busy machine.
         """
-        meter = ContentionMeter(os.getppid() if self.dist.world_size > 1 else None).start()
+        meter = ContentionMeter().start()  # this job's tree: every local rank (hardware.contention.job_root)
         rule, per_step = self.rule, plan.samples_per_step()
         rates: list[float] = []
         size, n, busy = 0, 0, None

@@ -1,0 +1,66 @@
+"""The doctor on a busy machine: the verdict "contended", and which findings stand whatever the neighbours did.
+
+`check_contention` is the rule: other processes kept a significant share of our cores busy (or held our GPU)
+while we measured (`hardware.contention`), so the timings are partly theirs. `decide()` (rules.py) then keeps
+the fixes only of the findings `stands_under_load` says the load cannot cause — the memory risks (what was
+allocated), a wait for data inside the training process's own loader (no workers: a neighbour slows loading and
+computing alike, so the share is the workload's), host syncs on an accelerator (counted, not timed) — each
+labelled by `under_load` with how busy the machine was. A fixed-cost share, a predicted micro-batch gain or
+workers racing the step could be the neighbours' doing: listed, with no fix. Our own loader workers and torch
+threads oversubscribing a CPU run's cores is a note.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from saturate.doctor.findings import Finding, Measurements
+
+
+def check_contention(m: Measurements) -> Finding | None:
+    """Others on our cores or GPU: the verdict "contended". Our own workers and threads oversubscribing: a note."""
+    own = None
+    if not m.accelerator and m.num_workers and m.cpu_threads is not None \
+            and m.cpu_threads + m.num_workers > m.cpu_cores:
+        own = (f"{m.num_workers} loader worker(s) and {m.cpu_threads} intra-op threads share {m.cpu_cores} cores: on "
+               "a CPU run every worker wake-up can stall the training's threads at a barrier; "
+               f"torch.set_num_threads({max(1, m.cpu_cores - m.num_workers)}) leaves the workers a core")
+    if m.contention and m.contention.get("significant"):
+        evidence = [m.contention.get("line") or "other processes were using this machine while it was measured",
+                    "the timings include the neighbours' share, so they do not describe this workload alone: no fix "
+                    "is proposed from a finding their load could have produced; run the doctor again when the "
+                    "machine is quieter for those"]
+        busy = m.contention.get("other_cores") or 0.0
+        if not m.accelerator and m.cpu_threads and m.cpu_threads > 1 and busy >= 0.5 and not own:
+            fewer = max(1, min(m.cpu_threads - 1, int((m.cpu_cores or m.cpu_threads) - busy + 0.25)))
+            own = (f"torch's {m.cpu_threads} intra-op threads wait for one another at every parallel region, so one "
+                   f"that a neighbour preempts stalls them all: on a CPU this busy, fewer threads can be much faster "
+                   f"(torch.set_num_threads({fewer}), or `threads = {fewer}` in a plan; `saturate tune` measures it "
+                   "when the machine is busy) — not measured in this run")
+        return Finding("contended", evidence + ([own] if own else []), [])
+    return Finding("note", [own]) if own else None
+
+
+def stands_under_load(f: Finding, m: Measurements) -> str | None:
+    """Why a finding holds whatever the neighbours did, or None when their load could have produced it."""
+    if f.verdict in ("oom-risk", "host-memory-bound"):
+        return "what was allocated is not timing"
+    if f.verdict == "input-bound" and m.num_workers == 0:
+        return ("the wait is the training process loading its own batches (no loader workers): a neighbour slows "
+                "loading and computing alike, so the share is the workload's")
+    if f.verdict == "sync-bound":
+        return "host-device syncs are counted, not timed"
+    return None
+
+
+def under_load(f: Finding, m: Measurements) -> Finding:
+    """`f` as said on a busy machine: unchanged when the load could have produced it (it keeps no fix: decide()
+    leaves those out), else its evidence says how busy and why it stands, its predictions what they rest on."""
+    why = None if f.verdict == "contended" else stands_under_load(f, m)
+    if why is None:
+        return f
+    busy = (m.contention or {}).get("line") or "other processes were using this machine"
+    fixes = [dataclasses.replace(x, prediction=dataclasses.replace(
+        x.prediction, basis=f"{x.prediction.basis}; calibrated on steps timed while the machine was busy"))
+        for x in f.fixes]
+    return Finding(f.verdict, [f"measured on a busy machine ({busy}); this stands: {why}", *f.evidence], fixes)
