@@ -42,6 +42,9 @@ def read_toml(path: Path, what: str, missing: str = "does not exist") -> dict[st
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{what} is not valid TOML: {e}") from None
 
+LOADER_FIELDS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "non_blocking")
+
+
 @dataclass(repr=False)
 class Plan:
     """Every speed knob saturate turns. Effective batch = micro_batch × grad_accum × processes."""
@@ -101,6 +104,12 @@ class Plan:
     def samples_per_step(self, world_size: int = 1) -> int:
         """The effective (global) batch this plan trains with, in samples."""
         return self.micro_batch * self.grad_accum * world_size
+
+    def knobs(self) -> tuple[Any, ...]:
+        """What this plan sets other than its loader, name and provenance: two plans with the same knobs train the
+        same model code at the same speed but for their input pipeline."""
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in (*LOADER_FIELDS, "name",
+                                                                                              "provenance"))
 
     def replace(self, **changes: Any) -> Plan:
         """A copy with `changes`; the copy never shares its provenance dict with this plan."""

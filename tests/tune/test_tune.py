@@ -300,3 +300,27 @@ def test_the_before_after_table_never_shows_an_mfu_above_the_peak():
     text = console.export_text()
     assert "50.0 %" in text and "150" not in text and "n/a" in text
     assert rows[1].to_dict()["mfu"] is None and rows[1].to_dict()["mfu_detail"]["exceeds_peak"] is True
+
+
+def test_a_tune_replaces_the_cached_plan_only_when_it_measured_the_cached_settings_itself(workload, cpu):
+    from saturate.tune.api import cached_plan_stays
+    from saturate.tune.results import SearchResult
+    from saturate.tune.trial import Trial
+
+    fp = cpu.fingerprint()
+    bf16 = Plan(name="tuned", micro_batch=8, grad_accum=1, precision="bf16")
+    fp32 = Plan(name="tuned", micro_batch=8, grad_accum=1)
+
+    def result(*plans: Plan, warnings: tuple[str, ...] = ()) -> SearchResult:
+        trials = [Trial(stage="precision", plan=p, samples_per_s=100.0, spread=0.01) for p in plans]
+        return SearchResult(plan=fp32, trials=trials, loader_trials=[], fit=None, decisions=[], seconds=1.0,
+                            chosen=trials[0], warnings=list(warnings))
+
+    assert cached_plan_stays(fp32, result(fp32), workload, fp) is None  # nothing cached: the tune's plan is
+    cache.store(bf16, workload, fp)
+    small = cached_plan_stays(fp32, result(fp32), workload, fp)  # a budget too small to try bf16
+    assert small is not None and "did not measure its settings" in small and "bf16" in small
+    assert cached_plan_stays(fp32, result(fp32, bf16), workload, fp) is None  # measured both, chose fp32
+    shaky = cached_plan_stays(fp32, result(fp32, bf16, warnings=("the chosen plan verified at …",)), workload, fp)
+    assert shaky is not None and "verification contradicted its trials" in shaky
+    assert cached_plan_stays(bf16.replace(num_workers=2), result(fp32), workload, fp) is None  # same knobs

@@ -26,7 +26,7 @@ from saturate.engine.distributed import DistInfo, agree_any, all_reduce_scalar
 from saturate.engine.summary import mfu_peak
 from saturate.hardware.contention import Contention, ContentionMeter
 from saturate.hardware.mfu import Mfu, mfu
-from saturate.plan import Plan
+from saturate.plan import LOADER_FIELDS, Plan
 from saturate.stats.noise import WindowRule
 from saturate.stats.rounds import Ratio, interleaved
 from saturate.tune.trial import Trial
@@ -38,7 +38,7 @@ ROUNDS = 3  # interleaved rounds by default; one more when the machine was busy 
 # MIN_WINDOWS timed windows of half the measurement's seconds each, at most MAX_STEPS timed steps.
 WARMUP, MIN_WINDOWS, MAX_STEPS = 2, 2, 40
 # The loader's fields: a model trial of the search ran without them, so a runner-up takes the chosen plan's.
-_LOADER = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "non_blocking")
+_LOADER = LOADER_FIELDS
 
 
 @dataclass
@@ -102,8 +102,8 @@ def at_effective_batch(plan: Plan, effective: int) -> Plan | None:
 
 
 def knobs(plan: Plan) -> tuple[Any, ...]:
-    """What a plan sets other than its loader, name and provenance."""
-    return tuple(getattr(plan, f.name) for f in fields(Plan) if f.name not in (*_LOADER, "name", "provenance"))
+    """What a plan sets other than its loader, name and provenance (`Plan.knobs`)."""
+    return plan.knobs()
 
 
 def same_settings(plans: Sequence[tuple[str, Plan]]) -> dict[str, str]:

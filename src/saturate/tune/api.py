@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -117,14 +116,13 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
         console.print(f"[dim]  {trial_line(t, workload.tokens_per_sample)}[/dim]", highlight=False)
 
     # Other processes' use of the machine, said before the first trial (under torchrun the ranks, children of
-    # one agent, are not each other's neighbours).
-    root = os.getppid() if world > 1 else None
-    before = measure_contention(0.5, root)
+    # one agent, are not each other's neighbours: hardware.contention.job_root).
+    before = measure_contention(0.5)
     console.print(before.line() + ("; trials are timed longer where their windows disagree"
                                    if before.significant() else ""),
                   style="yellow" if before.significant() else "dim", highlight=False)
     base = Plan(name="base", strategy="ddp" if world > 1 else "single")
-    meter = ContentionMeter(root).start()
+    meter = ContentionMeter().start()
     result = search(measurer, base, s, progress, started)  # raises before anything is written
     result.contention = meter.stop()
     if coupling:
@@ -164,7 +162,10 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
             "plots": [str(p) for p in plots], "contention_before": before.to_dict(),
         }, indent=2, default=str) + "\n").encode())
         plan.save(plan_path)
-        cached = plan_cache.store(plan, workload, hw_fp, world) if use_cache else None
+        kept = cached_plan_stays(plan, result, workload, hw_fp, world) if use_cache else None
+        if kept:
+            notes.append(kept)
+        cached = plan_cache.store(plan, workload, hw_fp, world) if use_cache and not kept else None
         console.print(f"tuned plan: {plan_path} (evidence: {json_path}"
                       + (f"; plots: {', '.join(str(p) for p in plots)}" if plots else "") + ")")
         for n in notes:
@@ -174,6 +175,28 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
         teardown_distributed()
     return TuneResult(plan=plan, search=result, out_dir=out_dir, plan_path=plan_path, json_path=json_path,
                       plots=plots, cached_path=cached, notes=notes)
+
+
+def cached_plan_stays(new: Plan, result: SearchResult, workload: Workload, hardware_fingerprint: str,
+                      world: int = 1) -> str | None:
+    """Why the plan cached for this job stays the one `train` and `run` use (None: `new` replaces it).
+
+    A tune replaces it only when it measured the cached plan's settings itself and chose another — its stages
+    compared them under the same conditions — and its verification agreed with its trials. A budget too small to
+    reach the cached plan's settings (bf16, say), or a verification that contradicts the trials (a burst of load),
+    is no evidence that the new plan is faster: a figure recorded when the cached plan was tuned, minutes or days
+    ago, is not compared with one taken now."""
+    path = plan_cache.cached_plan_path(workload, hardware_fingerprint, world)
+    cached, _ = plan_cache.lookup(workload, hardware_fingerprint, world)
+    if cached is None or not path.exists() or cached.knobs() == new.knobs():
+        return None
+    head = f"the plan cached for this job ({cached!r}, {path}) stays the one `train` and `run` use"
+    if result.warnings:
+        return f"{head}: this tune's verification contradicted its trials, so its result is uncertain"
+    if not any(t.ok and t.plan.knobs() == cached.knobs() for t in result.trials):
+        return (f"{head}: this tune did not measure its settings, so it cannot say {new!r} is faster (a larger "
+                f"--budget measures both; deleting {path.name} lets this result replace it)")
+    return None
 
 
 def _describe(hw: Any) -> str:
