@@ -8,6 +8,12 @@ its range, and "within noise" when the range includes 1.0.
 When there is nothing to apply (tuning kept no setting: none was faster beyond the noise), there is no
 side-by-side — it would time the same command twice — and the script runs as written (`NOTHING_FOUND`).
 
+Decide, then confirm, then act: settings tuned in this run are applied to the full run only when the side-by-side
+measured them faster in every round (`Ratio.faster`); otherwise the full run is the script as written and the
+report says why (`withheld`) — trials seconds apart can read a neighbour's burst as a gain, the alternating rounds
+cannot. Settings the user gave (`--overrides FILE`) are the user's decision: applied, with a warning when the
+side-by-side did not confirm them.
+
     run_script(command, options, console)   the whole flow: tune (or --overrides), side by side, full run
 """
 
@@ -44,8 +50,10 @@ class ScriptRunReport:
     overrides: Overrides
     as_written: list[ScriptTrial]  # one per round (none when there was no side-by-side)
     tuned: list[ScriptTrial]
-    full: ScriptRun  # the whole run, with the overrides applied
+    full: ScriptRun  # the whole run, with the overrides applied when `applied`
     reason: str | None = None  # why there was no side-by-side
+    applied: bool = True  # the full run had the overrides (False: withheld, or nothing to apply)
+    withheld: str | None = None  # why the full run is as written although overrides were found, or a warning
 
     @property
     def ratios(self) -> list[float]:
@@ -63,6 +71,7 @@ class ScriptRunReport:
         rate, n = self.full_rate()
         ratio = Ratio.of(self.ratios)
         return {"command": self.command, "overrides": self.overrides.to_dict(), "ratios": self.ratios,
+                "applied": self.applied and bool(self.overrides), "withheld": self.withheld,
                 "speedup": ratio.to_dict() if ratio else None, "reason": self.reason,
                 "side_by_side": None if self.reason else {"rounds": len(self.as_written),
                                                           "verdict": ratio.to_dict()["verdict"] if ratio else None},
@@ -115,8 +124,10 @@ def run_script(command: Sequence[str], options: TrialOptions, console: Console, 
         tuning = tune_with_progress(command, options, console, allow_micro_batch_change=allow_micro_batch_change)
         render_tuning(tuning, console)
         overrides, reason = tuning.best.overrides, NOTHING_FOUND
+    given = overrides_file is not None
     written: list[ScriptTrial] = []
     tuned: list[ScriptTrial] = []
+    applied, withheld = bool(overrides), None
     if overrides:
         reason = None
         console.print("[dim]run: the script as written and tuned, in alternating rounds …[/]")
@@ -128,12 +139,28 @@ def run_script(command: Sequence[str], options: TrialOptions, console: Console, 
             command, overrides, steps=options.steps, warmup=options.warmup, rounds=rounds,
             first_step_timeout=options.first_step_timeout, quiet_stdout=options.quiet_stdout, rule=options.rule,
             on_round=on_round)
-        console.print("[dim]run: the whole script with the tuned settings applied from outside …[/]")
+        applied, withheld = confirmed(Ratio.between([a.step_s for a in written], [t.step_s for t in tuned]), given,
+                                      overrides_file)
+        console.print("[dim]run: the whole script with the tuned settings applied from outside …[/]" if applied
+                      else "[dim]run: the tuned settings were not confirmed; the whole script as written …[/]")
     else:
         console.print("[dim]run: nothing to apply; the whole script as written …[/]")
-    full = full_run(command, overrides, first_step_timeout=options.first_step_timeout,
+    full = full_run(command, overrides if applied else NONE, first_step_timeout=options.first_step_timeout,
                     quiet_stdout=options.quiet_stdout)
-    return ScriptRunReport(list(full.command), overrides, written, tuned, full, reason)
+    return ScriptRunReport(list(full.command), overrides, written, tuned, full, reason, applied, withheld)
+
+
+def confirmed(ratio: Ratio | None, given: bool, source: str | None = None) -> tuple[bool, str | None]:
+    """(whether the full run applies the overrides, why not or a warning) from the side-by-side's ratio of as
+    written ÷ tuned step times: tuned settings only when faster in every round; given ones (`--overrides`) always,
+    warned when not confirmed."""
+    if ratio is not None and ratio.faster:
+        return True, None
+    measured = f"tuned ÷ as written {ratio.verdict()}" if ratio is not None else "no round gave a ratio"
+    if given:
+        return True, (f"warning: {source} was not measured faster side by side ({measured}); applied as you asked")
+    return False, (f"the tuned settings were not faster in every round side by side ({measured}); the full run is "
+                   "the script as written, nothing applied")
 
 
 def render(report: ScriptRunReport, console: Console) -> None:
@@ -145,7 +172,9 @@ def render(report: ScriptRunReport, console: Console) -> None:
     rate, n = report.full_rate()
     full = report.full
     status = "finished" if full.returncode == 0 else f"ended with exit code {full.returncode}"
-    which = "as written" if not report.overrides else "with the tuned settings"
+    if report.withheld:
+        console.print(Text(report.withheld))
+    which = "with the tuned settings" if report.overrides and report.applied else "as written"
     line = f"the full run {which}: {status} after {full.optimizer_steps} optimizer steps in {full.seconds:.1f} s"
     if rate is not None:
         line += f", {rate:.3g} steps/s after its first steps (measured)"

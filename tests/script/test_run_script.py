@@ -1,0 +1,65 @@
+"""`saturate run -- CMD` acts only on what its own side-by-side confirmed: tuned settings reach the full run only
+when the alternating rounds measured them faster in every round (issue 28: decide, then confirm, then act)."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from saturate.script import run_script
+from saturate.script.command import ScriptRun
+from saturate.script.overrides import NONE, Overrides
+from saturate.script.script_trial import ScriptTrial, TrialOptions
+from saturate.stats.rounds import Ratio
+
+WORKERS = Overrides(loader={"num_workers": 2})
+
+
+def test_tuned_settings_are_applied_only_when_faster_in_every_round():
+    assert run_script.confirmed(Ratio.of([1.4, 1.3, 1.5]), given=False) == (True, None)
+    applied, why = run_script.confirmed(Ratio.of([1.9, 0.7, 1.1]), given=False)  # a burst in one round
+    assert not applied and "not faster in every round" in why and "nothing applied" in why
+    applied, why = run_script.confirmed(None, given=False)
+    assert not applied and "no round gave a ratio" in why
+    applied, why = run_script.confirmed(Ratio.of([0.8, 0.9, 0.7]), given=True, source="over.json")
+    assert applied and why.startswith("warning: over.json was not measured faster side by side")
+
+
+def _trial(name: str, step_s: float) -> ScriptTrial:
+    return ScriptTrial(name, NONE, step_s, None, 0.0, 3)
+
+
+@pytest.mark.parametrize("tuned_steps, applied", [((0.5, 0.5, 0.5), True), ((0.5, 1.3, 0.5), False)])
+def test_the_full_run_is_as_written_when_the_side_by_side_does_not_confirm(monkeypatch, tuned_steps, applied):
+    seen: dict[str, Any] = {}
+
+    class Tuning:
+        best = ScriptTrial("2 workers", WORKERS, 0.5, None, 0.0, 3)
+
+    def side_by_side(command: list[str], overrides: Overrides, **kw: Any) -> tuple[list, list]:
+        return [_trial("as written", 1.0)] * 3, [_trial("tuned", s) for s in tuned_steps]
+
+    def full_run(command: list[str], overrides: Overrides, **kw: Any) -> ScriptRun:
+        seen["overrides"] = overrides
+        return ScriptRun(list(command), 0, None, {"step_times": []}, 10, 1.0)
+
+    monkeypatch.setattr(run_script, "tune_with_progress", lambda *a, **kw: Tuning())
+    monkeypatch.setattr(run_script, "render_tuning", lambda *a, **kw: None)
+    monkeypatch.setattr(run_script, "side_by_side", side_by_side)
+    monkeypatch.setattr(run_script, "full_run", full_run)
+    out = io.StringIO()
+    console = Console(file=out, width=100, color_system=None)
+    report = run_script.run_script(["python", "train.py"], TrialOptions(), console)
+    assert (seen["overrides"] == WORKERS) is applied and report.applied is applied
+    d = report.to_dict()
+    assert d["overrides"] == WORKERS.to_dict() and d["applied"] is applied
+    run_script.render(report, console)
+    text = out.getvalue()
+    if applied:
+        assert d["withheld"] is None and "the full run with the tuned settings" in text
+    else:
+        assert seen["overrides"] == NONE and "not faster in every round" in d["withheld"]
+        assert "the full run as written" in text and "not faster in every round" in text
