@@ -54,6 +54,7 @@ def test_the_readme_has_python_blocks():
     assert len(BLOCKS) >= 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
 def test_a_readme_python_block_runs_as_written(index, tiny, capsys):
     code = BLOCKS[index]

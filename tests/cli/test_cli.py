@@ -193,6 +193,7 @@ def test_resume_without_any_run(work):
            keywords=("--resume", "gpt-tiny"))
 
 
+@pytest.mark.slow
 def test_run_folder_with_checkpoints_needs_resume(work, trained):
     ckpt = trained / "r" / "checkpoints" / "ckpt-00000002.pt"
     (work / "old" / "checkpoints").mkdir(parents=True)

@@ -24,6 +24,7 @@ def _doctor(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.Comp
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_doctor_prints_the_split_the_verdict_and_the_fixes(tmp_path):
     proc = _doctor(tmp_path, "--data", "small.txt", "--plan", "naive", *QUICK)
     assert proc.returncode == 0, proc.stderr

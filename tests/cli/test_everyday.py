@@ -130,6 +130,7 @@ def test_train_json(tmp_path, small_corpus, capsys):
     assert "run summary" in err  # the human output went to stderr
 
 
+@pytest.mark.slow
 def test_tune_json(tmp_path, small_corpus, capsys, quick_trials):
     assert main(["tune", "--data", str(small_corpus), *TINY, "--steps", "5", "--no-compile",
                  "--out", str(tmp_path / "t"), "--json"]) == 0
@@ -164,6 +165,7 @@ def test_no_progress_still_prints_the_start_and_the_summary(tmp_path, small_corp
 
 
 
+@pytest.mark.slow
 def test_doctor_diagnoses_the_plan_train_would_run_and_says_which(small_corpus, capsys, cpu, short_doctor):
     from saturate import plan_cache as cache
     from saturate.workloads import build_workload
@@ -201,6 +203,7 @@ def test_train_says_so(tmp_path, small_corpus, capsys):
     assert "larger than the training data" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_verbose_shows_the_machine_and_the_plan_and_quiet_tune_one_line(tmp_path, small_corpus, capsys,
                                                                          quick_trials):
     assert main(["train", "-v", "--data", str(small_corpus), *TINY, "--steps", "1", "--no-progress",

@@ -46,6 +46,7 @@ SLOW_EXPORT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_an_export_killed_mid_write_leaves_no_temporary_for_ever(tmp_path, small_corpus, capsys):
     run_dir, marker, script = tmp_path / "run", tmp_path / "writing", tmp_path / "slow_export.py"
     script.write_text(SLOW_EXPORT)

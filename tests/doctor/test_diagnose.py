@@ -84,6 +84,7 @@ def test_a_tiny_model_at_micro_batch_one_is_overhead_bound(cpu):
     assert top.prediction.gain > 2  # bench/doctor_predictions.py compares it with the measured gain
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on 2 cores: on purpose
 def test_workers_over_a_small_host_memory_budget_are_host_memory_bound(cpu):
     workload = mlp_workload(Hungry(mib=160), effective_batch=8)
@@ -102,6 +103,7 @@ def test_workers_over_a_small_host_memory_budget_are_host_memory_bound(cpu):
     assert top.prediction.metric == "host_bytes" and top.prediction.after < m.tree_peak
 
 
+@pytest.mark.slow
 def test_a_healthy_gpt_tiny_is_compute_bound(cpu, small_corpus):
     workload = build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=8)
     d = diagnose(workload, Plan(micro_batch=4, grad_accum=2), QUICK, hardware=cpu)

@@ -198,6 +198,7 @@ def test_ddp_plan_in_one_process_trains_single_with_a_note(tmp_path, tiny):
     assert (result.run_dir / "checkpoints" / "ckpt-00000002.pt").is_file()  # the one-process file form
 
 
+@pytest.mark.slow
 def test_fsdp_in_one_process_matches_single_and_leaves_no_group(tmp_path, tiny):
     single = _train(tmp_path, "single", tiny, Plan(micro_batch=4, grad_accum=2))
     fsdp = _train(tmp_path, "fsdp1", tiny, Plan(micro_batch=4, grad_accum=2, strategy="fsdp"))

@@ -84,6 +84,7 @@ def wait_for(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_is_bit_identical(tmp_path, corpus, plan_file, reference):
     run_dir = tmp_path / "killed"
     proc = subprocess.Popen(saturate_cmd(*train_args(corpus, plan_file, run_dir)), env=cli_env(),
@@ -124,6 +125,7 @@ SLOW_SECOND_CHECKPOINT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigkill_during_checkpoint_write_keeps_previous(tmp_path, corpus, plan_file, reference):
     run_dir = tmp_path / "killed-writing"
     marker = tmp_path / "writing"
@@ -147,6 +149,7 @@ def test_sigkill_during_checkpoint_write_keeps_previous(tmp_path, corpus, plan_f
     assert_same_run(run_dir, reference)
 
 
+@pytest.mark.slow
 def test_ctrl_c_checkpoints_at_a_step_boundary_and_resumes_exactly(tmp_path, corpus, plan_file, reference):
     run_dir = tmp_path / "interrupted"
     proc = subprocess.Popen(saturate_cmd(*train_args(corpus, plan_file, run_dir)), env=cli_env(),

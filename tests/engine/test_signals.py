@@ -10,6 +10,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import cli_env, saturate_cmd
 from saturate.engine.checkpoint import CheckpointManager, load_checkpoint
 from saturate.engine.metrics import read_jsonl
@@ -40,6 +42,7 @@ def wait_until(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> Non
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_says_so_exits_75_and_the_printed_resume_works(tmp_path, small_corpus):
     run_dir = tmp_path / "run"
     args = tiny_args(small_corpus, run_dir)
@@ -82,6 +85,7 @@ SLOW_STOP_SAVE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigusr1_then_ctrl_c_during_the_save_leaves_a_whole_checkpoint(tmp_path, small_corpus):
     """SLURM's early warning (SIGUSR1), then a Ctrl-C (which would otherwise abort) while the checkpoint
     is being written: the write finishes, the stop is reported, no traceback, no temporary left."""

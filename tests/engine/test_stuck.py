@@ -12,6 +12,7 @@ import textwrap
 import time
 
 import psutil
+import pytest
 
 from conftest import cli_env
 
@@ -36,6 +37,7 @@ HANGING_WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_hanging_loader_worker_ends_the_run_in_one_line(tmp_path, small_corpus):
     plan, fifo, script = tmp_path / "plan.toml", tmp_path / "fifo", tmp_path / "hang.py"
     plan.write_text("micro_batch = 4\nnum_workers = 1\nprefetch_factor = 2\npersistent_workers = true\n")

@@ -123,6 +123,7 @@ def assert_close_runs(a: Path, b: Path, exact: bool = False) -> None:
         assert (wa[k] - wb[k]).abs().max().item() < 5e-5, k
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_match_one_process(ddp, single):
     assert_close_runs(ddp, single)
     summary = json.loads((ddp / "summary.json").read_text())
@@ -131,6 +132,7 @@ def test_ddp_two_processes_match_one_process(ddp, single):
     assert (ddp / "checkpoints" / "ckpt-00000008" / ".metadata").is_file()  # a DCP folder
 
 
+@pytest.mark.slow
 def test_fsdp_two_processes_match_one_process(fsdp, single):
     assert_close_runs(fsdp, single)
     # Every rank wrote its own shard of the model and optimizer.
@@ -152,6 +154,7 @@ def rank_pid(launcher: subprocess.Popen, rank: int, timeout: float = 60) -> int:
     raise AssertionError(f"no worker with RANK={rank}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_killed_rank_resumes_exactly(strategy, request, tmp_path, shared, corpus, env, plans):
     reference = request.getfixturevalue(strategy)  # the uninterrupted two-process run
@@ -178,6 +181,7 @@ def test_killed_rank_resumes_exactly(strategy, request, tmp_path, shared, corpus
     assert_close_runs(run_dir, reference, exact=True)  # bit-identical, like a one-process resume
 
 
+@pytest.mark.slow
 def test_fsdp_checkpoint_resumes_in_one_process(tmp_path, fsdp, single, env, corpus, shared):
     """DCP reshards: the two-process FSDP checkpoint of step 6 continues in one process."""
     run_dir = tmp_path / "resharded"
@@ -192,6 +196,7 @@ def test_fsdp_checkpoint_resumes_in_one_process(tmp_path, fsdp, single, env, cor
     assert_close_runs(run_dir, single)
 
 
+@pytest.mark.slow
 def test_one_process_checkpoint_resumes_under_fsdp(tmp_path, single, env, corpus, shared, plans):
     """A single-process checkpoint file is split into FSDP shards on two processes."""
     run_dir = tmp_path / "from-single"
@@ -225,6 +230,7 @@ OOM_ON_RANK_1 = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_oom_on_one_rank_shrinks_both(tmp_path, shared, corpus, env, single, plans):
     script = tmp_path / "oom_rank1.py"
     script.write_text(OOM_ON_RANK_1)
@@ -273,6 +279,7 @@ RANK_1_FAILS_AT_STEP_3 = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_oom_in_the_synchronising_backward_ends_every_rank_clearly(tmp_path, shared, corpus, env, plans):
     """At a proven micro-batch DDP overlaps the all-reduce with the last backward: an OOM there cannot be
     retried in lock-step, so the rank says why and exits, and torchrun stops the rank waiting for it."""
@@ -290,6 +297,7 @@ def test_oom_in_the_synchronising_backward_ends_every_rank_clearly(tmp_path, sha
     assert time.monotonic() - started < 120  # no hang until a collective's timeout
 
 
+@pytest.mark.slow
 def test_non_finite_loss_on_one_rank_stops_every_rank(tmp_path, shared, corpus, env, plans):
     script = tmp_path / "nan.py"
     script.write_text(RANK_1_FAILS_AT_STEP_3)
@@ -302,6 +310,7 @@ def test_non_finite_loss_on_one_rank_stops_every_rank(tmp_path, shared, corpus, 
     assert [s for s, _ in CheckpointManager(run_dir / "checkpoints").checkpoints()] == []  # none for step 3
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_rank_at_one_step_with_a_checkpoint(tmp_path, corpus, env, plans):
     """A terminal's Ctrl-C reaches torchrun and every worker (and torchrun forwards it again): the ranks
     take it as one request, agree on the step, checkpoint it and exit."""
@@ -324,6 +333,7 @@ def test_ctrl_c_stops_every_rank_at_one_step_with_a_checkpoint(tmp_path, corpus,
     assert "resume with: torchrun --nproc_per_node=2 -m saturate train --resume" in out
 
 
+@pytest.mark.slow
 def test_run_under_torchrun_tunes_compares_and_trains_as_one_job(tmp_path, corpus, env):
     """`torchrun -m saturate run`: every rank measures every trial together and takes the same
     decisions (DDP against FSDP2 included); rank 0 alone reports and writes; the plan splits the
@@ -376,6 +386,7 @@ OPTIMIZER_OOM_ON_RANK_1 = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_trial_failing_on_one_rank_outside_forward_backward_ends_on_both(tmp_path, corpus, env):
     """An OOM in one rank's optimizer step (where the optimizer's state is allocated) would leave the other
     rank waiting in the next all-reduce: both end the trial, as out of memory, and the search backs off."""
@@ -390,6 +401,7 @@ def test_a_trial_failing_on_one_rank_outside_forward_backward_ends_on_both(tmp_p
     assert plan.micro_batch <= 2 and plan.micro_batch * plan.grad_accum * 2 == 8
 
 
+@pytest.mark.slow
 def test_sigusr1_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint(tmp_path, corpus, env, plans):
     """SLURM's early warning may reach the ranks at different moments (here: rank 1 only): the ranks agree
     on the step and on the reason, every rank writes its part of the checkpoint, rank 0 says so, exit 75."""
@@ -414,6 +426,7 @@ def test_sigusr1_to_one_rank_stops_every_rank_at_one_step_with_a_checkpoint(tmp_
     assert "saturate/engine" not in out, out[-3000:]  # torchrun's own traceback (ChildFailedError) only
 
 
+@pytest.mark.slow
 def test_a_stopped_rank_is_named_by_the_others_within_the_timeout(tmp_path, corpus, env, plans):
     """Rank 1 stopped with SIGSTOP: rank 0's next collective times out after --stuck-after seconds and it exits
     in one line naming rank 1 (whose heartbeat in the rendezvous store went stale), instead of waiting forever."""

@@ -49,6 +49,7 @@ def test_accumulation_matches_one_big_batch(tmp_path, small_corpus, cpu):
     assert la == pytest.approx(lb, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_loss_falls_on_gpt_tiny(tmp_path, small_corpus, cpu):
     _, result = run(tmp_path, small_corpus, Plan(micro_batch=8, grad_accum=1), cpu, steps=40, eval_every=20)
     losses = [r["train/loss"] for r in read_jsonl(result.run_dir / "metrics.jsonl") if "train/loss" in r]
@@ -86,6 +87,7 @@ def test_lr_scaled_when_effective_batch_differs(tmp_path, small_corpus, cpu):
     assert max(lrs) == pytest.approx(base * 4 / 8)  # warm-up of 2 reaches the scaled peak
 
 
+@pytest.mark.slow
 def test_checkpoints_keep_last_k_and_hold_every_piece(tmp_path, small_corpus, cpu):
     _, result = run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=2), cpu, steps=6,
                     ckpt_every=1, keep_checkpoints=2)
@@ -131,6 +133,7 @@ def test_resume_refuses_other_data_or_effective_batch(tmp_path, small_corpus, cp
         run(tmp_path, other, Plan(micro_batch=4, grad_accum=2), cpu, steps=4, resume=True)
 
 
+@pytest.mark.slow
 def test_resume_allows_another_split_of_the_same_effective_batch(tmp_path, small_corpus, cpu):
     run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=2), cpu, steps=2)
     _, resumed = run(tmp_path, small_corpus, Plan(micro_batch=2, grad_accum=4), cpu, steps=4, resume=True)
@@ -156,6 +159,7 @@ def test_compile_failure_falls_back_to_eager(tmp_path, small_corpus, cpu, monkey
     assert any("torch.compile(mode='default') failed (RuntimeError: backend exploded)" in n for n in result.notes)
 
 
+@pytest.mark.slow
 def test_compile_probe_leaves_the_run_unchanged(tmp_path, small_corpus, cpu):
     """A real torch.compile on the CPU: same losses as eager (the trial step leaves no trace)."""
     _, eager = run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=1), cpu, "eager", steps=2)
@@ -167,6 +171,7 @@ def test_compile_probe_leaves_the_run_unchanged(tmp_path, small_corpus, cpu):
     assert lc == pytest.approx(le, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_time_budget_stops_the_run_and_checkpoints(tmp_path, small_corpus, cpu):
     started = time.monotonic()
     _, result = run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=1), cpu, steps=None, minutes=0.15)
@@ -192,12 +197,14 @@ def test_steps_for_budget_predicts_from_measured_step_time():
     assert "prediction" in console.text
 
 
+@pytest.mark.slow
 def test_bf16_autocast_trains(tmp_path, small_corpus, cpu):
     _, result = run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=1, precision="bf16"), cpu, steps=3)
     assert result.train_loss is not None and result.train_loss < 6.0
     assert "bf16" in result.peak_label or "measured" in result.peak_label
 
 
+@pytest.mark.slow
 def test_fp16_uses_a_grad_scaler_whose_state_is_checkpointed(tmp_path, small_corpus, cpu):
     _, result = run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=1, precision="fp16"), cpu, steps=2,
                     model=ONE_BLOCK)  # fp16 matmuls are slow on a CPU: one block is enough for the scaler
@@ -284,6 +291,7 @@ def test_jsonl_corpus_with_a_local_bpe_trains(tmp_path, small_corpus, cpu):
     assert load_checkpoint(result.checkpoint)["model"]["wte.weight"].shape[0] % 64 == 0
 
 
+@pytest.mark.slow
 def test_gpt_small_preset_takes_a_training_step_on_cpu(tmp_path, small_corpus, cpu):
     """The GPT-2 124M shape end to end (85M parameters with the byte tokenizer), one sequence."""
     workload = build_workload("gpt-small", data=[str(small_corpus)], effective_batch=1, warmup_steps=1,
@@ -294,6 +302,7 @@ def test_gpt_small_preset_takes_a_training_step_on_cpu(tmp_path, small_corpus, c
     assert workload.tokens_per_sample == 1024
 
 
+@pytest.mark.slow
 def test_resume_drops_metrics_logged_after_the_checkpoint(tmp_path, small_corpus, cpu):
     """A killed run may log past its last checkpoint; JSONL and TensorBoard keep one record per step."""
     pytest.importorskip("tensorboard")

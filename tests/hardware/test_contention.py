@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import saturate
 from saturate.hardware.contention import Contention, ContentionMeter
 
@@ -77,6 +79,7 @@ print(out.strip())
 """
 
 
+@pytest.mark.slow
 def test_a_sibling_rank_of_a_torchrun_job_is_not_a_neighbour():
     # The job's own CPU use, read by the sleeping rank: it holds the busy sibling's under torchrun (up to a core,
     # less when other processes share the machine), and next to nothing for the same process outside a job.

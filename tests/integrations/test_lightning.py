@@ -53,6 +53,7 @@ def env() -> dict[str, str]:
     return e
 
 
+@pytest.mark.slow
 def test_the_callback_adds_samples_per_s_flops_and_the_verdict(tmp_path):
     (tmp_path / "fit.py").write_text(SCRIPT)
     out = subprocess.run([sys.executable, "fit.py", "--callback"], env=env(), cwd=tmp_path, capture_output=True,
@@ -71,6 +72,7 @@ def test_the_callback_adds_samples_per_s_flops_and_the_verdict(tmp_path):
     assert "saturate: 12 steps" in out.stdout
 
 
+@pytest.mark.slow
 def test_doctor_recognises_a_lightning_trainer_and_says_fixes_as_its_arguments(tmp_path):
     (tmp_path / "fit.py").write_text(SCRIPT.replace("max_steps=12", "max_steps=200"))
     out = subprocess.run(saturate_cmd("doctor", "--warmup", "1", "--steps", "2", "--json", "--", sys.executable,

@@ -44,6 +44,7 @@ print("RESULT " + json.dumps({"summary": callback.summary, "metrics": callback.m
 """
 
 
+@pytest.mark.slow
 def test_one_line_adds_telemetry_samples_per_s_mfu_and_the_verdict(tmp_path):
     (tmp_path / "train.py").write_text(WITH_CALLBACK)
     env = cli_env()

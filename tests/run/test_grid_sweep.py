@@ -55,6 +55,7 @@ def test_grid_parsing():
             parse_grid(bad)
 
 
+@pytest.mark.slow
 def test_a_sweep_interrupted_mid_point_resumes_where_it_stopped(tmp_path, cpu):
     point2 = tmp_path / "sw" / "points" / "01-hidden=16"
     crash = {"on": True}
@@ -99,6 +100,7 @@ def test_a_sweep_interrupted_mid_point_resumes_where_it_stopped(tmp_path, cpu):
     assert measurers.tuned == [8, 16] and again["points"] == points
 
 
+@pytest.mark.slow
 def test_cli_sweep_table_plot_json_and_refusals(tmp_path, cpu, monkeypatch, capsys):
     from saturate.run import grid_sweep as sweep_module
 
@@ -141,6 +143,7 @@ def test_a_preempted_sweep_exits_75_and_ctrl_c_130(tmp_path, cpu, monkeypatch, s
     assert seen["out"] == tmp_path / "sw"
 
 
+@pytest.mark.slow
 def test_the_sweep_records_the_signal_that_stopped_it(tmp_path, cpu):
     import os
     import signal

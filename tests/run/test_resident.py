@@ -19,6 +19,7 @@ def workload(small_corpus):
     return build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=4, warmup_steps=2)
 
 
+@pytest.mark.slow
 def test_a_plan_is_built_and_warmed_up_once_then_each_call_times_more_of_its_run(workload, cpu, monkeypatch):
     built = []
     real = resident.Stepper
@@ -53,6 +54,7 @@ def test_the_window_cap_ends_a_trial_after_its_minimum_windows(workload, cpu):
     assert t.ok and t.windows == 3
 
 
+@pytest.mark.slow
 def test_plans_that_would_not_fit_together_are_built_again(workload, cpu, monkeypatch):
     built = []
     real = resident.Stepper

@@ -157,6 +157,7 @@ def test_the_batch_size_is_changed_only_where_the_call_sets_one():
     assert Overrides(optimizer={"fused": True}).optimizer_changes(torch.optim.SGD) == {}
 
 
+@pytest.mark.slow
 def test_the_overrides_are_applied_inside_a_lightning_script(tmp_path, monkeypatch):
     pytest.importorskip("lightning")
     (tmp_path / "train.py").write_text(SCRIPT.read_text())

@@ -32,6 +32,7 @@ TOY = ["train", "--size", "toy", "--batch-size", "4", "--grad-accum", "2", "--ma
 saturate = functools.partial(run_saturate, timeout=400, ACCELERATE_USE_CPU="1")
 
 
+@pytest.mark.slow
 def test_doctor_under_accelerate_launch_reports_rank_0_and_the_scripts_own_loader(tmp_path):
     out = saturate("doctor", "--warmup", "1", "--steps", "2", "--json", "--", *LAUNCH, str(SCRIPT), *TOY,
                    "--max-steps", "200", cwd=tmp_path)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from saturate.script.boundary import ChildSettings
 from saturate.script.command import run_instrumented
 
@@ -56,6 +58,7 @@ json.dump(seen, open(sys.argv[1], "w"))
 """
 
 
+@pytest.mark.slow
 def test_after_the_window_no_hook_of_saturate_remains(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)

@@ -49,6 +49,7 @@ open("finished.txt", "w").write("the script ran to its end")
 """
 
 
+@pytest.mark.slow
 def test_doctor_a_guide_script_unchanged(tmp_path):
     script = EXAMPLES / "gpt_pretrain" / "train.py"
     before = script.read_bytes()
@@ -70,6 +71,7 @@ def test_doctor_a_guide_script_unchanged(tmp_path):
     assert script.read_bytes() == before  # nothing of the user's is changed
 
 
+@pytest.mark.slow
 def test_doctor_the_time_series_guide_script_counts_its_per_batch_host_copy(tmp_path):
     script = EXAMPLES / "timeseries_grid" / "train.py"
     out = doctor(*FAST, "--json", "--", sys.executable, str(script), "--hidden", "8", "--window", "8",
@@ -83,6 +85,7 @@ def test_doctor_the_time_series_guide_script_counts_its_per_batch_host_copy(tmp_
     assert d["script"]["model"]["class"] == "Forecaster" and d["script"]["optimizer"]["class"] == "Adam"
 
 
+@pytest.mark.slow
 def test_human_report_names_the_script_and_its_knobs(tmp_path):
     script = EXAMPLES / "gpt_pretrain" / "train.py"
     out = doctor(*FAST, "--", sys.executable, str(script), "--config", "tiny", "--out-dir", str(tmp_path / "out"),
@@ -94,6 +97,7 @@ def test_human_report_names_the_script_and_its_knobs(tmp_path):
     assert "config: {" in out.stdout  # the script's own output still reaches the terminal
 
 
+@pytest.mark.slow
 def test_a_loop_without_dataloader_gets_the_host_share_named(tmp_path):
     (tmp_path / "loop.py").write_text(GET_BATCH_LOOP)
     out = doctor(*FAST, "--json", "--", sys.executable, "loop.py", cwd=tmp_path)
@@ -123,6 +127,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_under_torchrun_every_rank_stops_together_and_rank_0_reports(tmp_path):
     (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
@@ -141,6 +146,7 @@ def test_under_torchrun_every_rank_stops_together_and_rank_0_reports(tmp_path):
     (["no-such-command-xyz"], "command not found: no-such-command-xyz"),
     (["ls", "-l"], "ls is not a Python command"),
 ])
+@pytest.mark.slow
 def test_commands_that_cannot_be_instrumented_are_refused_in_one_line(tmp_path, command, message):
     out = doctor("--", *command, cwd=tmp_path, timeout=60)
     assert out.returncode == 2
@@ -148,6 +154,7 @@ def test_commands_that_cannot_be_instrumented_are_refused_in_one_line(tmp_path, 
     assert len(lines) == 1 and lines[0].startswith("saturate: error: ") and message in lines[0]
 
 
+@pytest.mark.slow
 def test_a_script_failing_before_its_first_step_is_named_with_its_own_error(tmp_path):
     (tmp_path / "bad.py").write_text("import torch\nraise ValueError('no such config: medium')\n")
     out = doctor("--", sys.executable, "bad.py", cwd=tmp_path, timeout=120)
@@ -158,6 +165,7 @@ def test_a_script_failing_before_its_first_step_is_named_with_its_own_error(tmp_
     assert "Traceback" in out.stderr  # the script's own traceback is shown as it ran, above saturate's line
 
 
+@pytest.mark.slow
 def test_a_script_without_optimizer_steps_or_ending_early_says_so(tmp_path):
     (tmp_path / "none.py").write_text("import torch\nprint(torch.ones(2).sum())\n")
     out = doctor("--", sys.executable, "none.py", cwd=tmp_path, timeout=120)
@@ -167,6 +175,7 @@ def test_a_script_without_optimizer_steps_or_ending_early_says_so(tmp_path):
     assert out.returncode == 2 and "the script ended after 2 optimizer step(s)" in out.stderr
 
 
+@pytest.mark.slow
 def test_a_script_that_ends_inside_the_timed_steps_is_diagnosed_on_what_was_timed(tmp_path):
     (tmp_path / "short.py").write_text(GET_BATCH_LOOP.replace("range(200)", "range(6)"))
     out = doctor("--warmup", "1", "--steps", "50", "--json", "--", sys.executable, "short.py", cwd=tmp_path,
@@ -187,6 +196,7 @@ def running_in(folder: Path) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.slow
 def test_no_first_step_within_the_limit_stops_the_command(tmp_path):
     (tmp_path / "slow.py").write_text("import time, torch\ntime.sleep(120)\n")
     started = time.monotonic()
@@ -196,6 +206,7 @@ def test_no_first_step_within_the_limit_stops_the_command(tmp_path):
     assert not [p for p in psutil.process_iter(["cmdline"]) if "slow.py" in " ".join(p.info["cmdline"] or [])]
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_command_and_everything_it_started(tmp_path):
     (tmp_path / "slow.py").write_text("import time, torch\nprint('started', flush=True)\ntime.sleep(120)\n")
     proc = subprocess.Popen(saturate_cmd("doctor", "--", sys.executable, "slow.py"), env=cli_env(), cwd=tmp_path,

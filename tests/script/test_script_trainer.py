@@ -24,6 +24,7 @@ TINY = ["--size", "toy", "--max-length", "32", "--max-steps", "60"]
 saturate = functools.partial(run_saturate, timeout=300)
 
 
+@pytest.mark.slow
 def test_doctor_recognises_the_trainer_and_leaves_its_output_dir_alone(tmp_path):
     out = saturate("doctor", "--warmup", "1", "--steps", "2", "--json", "--", sys.executable, str(SCRIPT), *TINY,
                    "--output-dir", "user-out", cwd=tmp_path)
@@ -46,6 +47,7 @@ def test_doctor_recognises_the_trainer_and_leaves_its_output_dir_alone(tmp_path)
     assert not (tmp_path / "user-out").exists()  # neither the Trainer's start-up nor a save wrote it
 
 
+@pytest.mark.slow
 def test_human_report_says_the_trainer_and_its_arguments(tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT.read_text())
     out = saturate("doctor", "--warmup", "1", "--steps", "2", "--", sys.executable, "train.py", *TINY,
@@ -107,6 +109,7 @@ Trainer(model=model, args=args, train_dataset=Data()).train()
 """
 
 
+@pytest.mark.slow
 def test_trials_write_to_scratch_and_the_full_run_where_the_script_says(tmp_path, monkeypatch):
     from saturate.script.boundary import ChildSettings
     from saturate.script.command import run_instrumented
@@ -190,6 +193,7 @@ def test_run_refuses_trainer_overrides_it_does_not_apply(tmp_path, monkeypatch, 
     assert out.returncode == 2 and len(lines) == 1 and message in lines[0]
 
 
+@pytest.mark.slow
 def test_run_stops_in_one_line_when_the_trainer_refuses_an_override(tmp_path):
     # refused by Transformers (fp16 and bf16 together; on a CPU, bf16 without use_cpu)
     (tmp_path / "over.json").write_text(json.dumps({"trainer": {"fp16": True, "bf16": True}}))

@@ -57,6 +57,7 @@ def saturate(*args: str, cwd, timeout: float = 400) -> subprocess.CompletedProce
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_tune_finds_loader_workers_for_an_input_bound_script(tmp_path):
     (tmp_path / "slow.py").write_text(SLOW_DATA)
     out = saturate("tune", "--trial-steps", "4", "--trial-seconds", "3", "--json", "--out", str(tmp_path / "t"), "--",
@@ -74,6 +75,7 @@ def test_tune_finds_loader_workers_for_an_input_bound_script(tmp_path):
     assert (tmp_path / "slow.py").read_text() == SLOW_DATA
 
 
+@pytest.mark.slow
 def test_run_applies_the_overrides_without_an_edit_and_compares(tmp_path):
     (tmp_path / "slow.py").write_text(SLOW_DATA)
     (tmp_path / "over.json").write_text(json.dumps({"loader": {"num_workers": 2, "persistent_workers": True}}))
@@ -89,6 +91,7 @@ def test_run_applies_the_overrides_without_an_edit_and_compares(tmp_path):
     assert "trained 30 steps" in out.stderr  # the script's own output, moved off stdout by --json
 
 
+@pytest.mark.slow
 def test_run_refuses_an_unreadable_overrides_file(tmp_path):
     (tmp_path / "bad.json").write_text("[1, 2")
     out = saturate("run", "--overrides", "bad.json", "--", sys.executable, "x.py", cwd=tmp_path, timeout=60)
@@ -104,6 +107,7 @@ def test_the_edit_is_said_at_the_loader_call():
     assert merged.to_dict() == {"loader": {"num_workers": 2, "prefetch_factor": 4}, "tf32": True}
 
 
+@pytest.mark.slow
 def test_a_plain_adamw_script_gets_fused_tried_at_its_line(tmp_path, monkeypatch):
     script = tmp_path / "adam.py"
     script.write_text(PLAIN.replace("OPTIMIZER", "torch.optim.AdamW(model.parameters(), lr=1e-3)"))

@@ -75,6 +75,7 @@ def test_the_decision_helper_and_the_record():
     assert kept_split(None, 8, 1, allow_change=False) == (False, None)
 
 
+@pytest.mark.slow
 def test_a_lightning_script_with_batchnorm_reports_its_coupled_layers(tmp_path, monkeypatch):
     pytest.importorskip("lightning")
     text = SCRIPT.read_text()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from rich.console import Console
 
 from conftest import cli_env
@@ -25,6 +26,7 @@ def _run_dir(root, name: str, pid: int, metrics: list[dict] | None) -> None:
         (d / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
 
 
+@pytest.mark.slow
 def test_once_json_on_a_machine_without_a_gpu(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "saturate", "monitor", "--once", "--json"], cwd=tmp_path,
                           env=cli_env(), capture_output=True, text=True, timeout=120)

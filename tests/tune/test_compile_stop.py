@@ -40,6 +40,7 @@ def running_children(me: psutil.Process, before: set[int]) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_a_compilation_stopped_while_building_kernels_leaves_nothing_behind(workload, cpu, tmp_path, monkeypatch):
     from torch._inductor.async_compile import AsyncCompile
     from torch._inductor.utils import clear_caches

@@ -102,6 +102,7 @@ def test_a_small_gain_is_confirmed_in_pairs_not_by_measuring_again_and_pairs_can
     assert _tune(held).plan.micro_batch == 16
 
 
+@pytest.mark.slow
 def test_real_steps_in_alternating_windows(small_corpus, cpu, monkeypatch):
     monkeypatch.setenv(SHORT_TRIALS_ENV, "1")  # one step a window, three pairs at least, a 1-s cap
     workload = build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=4, warmup_steps=2)
@@ -118,6 +119,7 @@ def test_real_steps_in_alternating_windows(small_corpus, cpu, monkeypatch):
                                                                     out.b.window_samples_per_s, strict=True)])
 
 
+@pytest.mark.slow
 def test_a_failure_in_alternating_windows_is_said_and_leaves_nothing(small_corpus, cpu, monkeypatch):
     import dataclasses
 

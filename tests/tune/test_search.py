@@ -302,6 +302,7 @@ def test_a_fixed_micro_batch_is_the_only_one_tried_and_the_other_knobs_are_searc
     assert result.plan.precision == "bf16" and result.plan.fused_optimizer  # still searched
 
 
+@pytest.mark.slow
 def test_tune_keeps_a_batchnorm_models_micro_batch_and_says_so(tmp_path, cpu):
     import torch.nn as nn
     from rich.console import Console

@@ -38,6 +38,7 @@ def quiet() -> Console:
     return Console(file=open("/dev/null", "w"), width=160)  # noqa: SIM115 - closed with the process
 
 
+@pytest.mark.slow
 def test_tune_writes_a_verified_plan_with_its_evidence_and_train_reuses_it(tmp_path, workload, cpu):
     result = tune(workload, cpu, out_dir=tmp_path / "tune", measurer=quick(workload, cpu), try_compile=False,
                   console=quiet())
@@ -83,6 +84,7 @@ def test_a_plan_tuned_elsewhere_is_flagged(tmp_path, workload, cpu):
     assert plan is None and any("on other hardware exists" in n for n in notes)
 
 
+@pytest.mark.slow
 def test_oom_during_the_search_is_caught(tmp_path, workload, cpu):
     build = workload.build_model
 
@@ -104,6 +106,7 @@ def test_oom_during_the_search_is_caught(tmp_path, workload, cpu):
     assert result.plan.micro_batch <= 2 and result.search.chosen.ok
 
 
+@pytest.mark.slow
 def test_loader_stays_in_process_under_a_tiny_ram_budget(tmp_path, workload, cpu):
     result = tune(workload, cpu, out_dir=tmp_path / "tune", measurer=quick(workload, cpu, ram_budget=1),
                   try_compile=False, console=quiet(), use_cache=False)
@@ -158,6 +161,7 @@ def test_training_under_host_memory_pressure_lowers_the_loader(tmp_path, workloa
     assert any("num_workers 1 -> 0" in n for n in result.notes)
 
 
+@pytest.mark.slow
 def test_saturate_run_end_to_end(tmp_path, small_corpus):
     # One block of gpt-tiny (its matmuls as wide, so bf16 still beats fp32 where the CPU has it), trials short
     # (stats/noise.py's testing knob): the flow is checked here, not the figures.
@@ -190,6 +194,7 @@ def test_saturate_run_end_to_end(tmp_path, small_corpus):
     assert Path(tmp_path / "run" / "tune" / "plan.toml").exists() and (tmp_path / "run" / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_saturate_tune_refuses_a_budget_too_small(tmp_path, small_corpus):
     out = subprocess.run(
         saturate_cmd("tune", "--data", str(small_corpus), "--effective-batch", "8", "--budget", "0.001",

@@ -173,6 +173,7 @@ def test_bad_specs_and_parameters(tmp_path, bad_module):
         load_workload(f"{EXAMPLES / 'cnn.py'}:workload", {"widht": 3})
 
 
+@pytest.mark.slow
 def test_tune_and_run_are_as_complete_for_a_user_workload(tmp_path, monkeypatch):
     """`saturate run --workload …` (through the CLI entry point, with short trials): trials, decisions,
     before/after rows with MFU from the counted FLOPs."""
@@ -199,6 +200,7 @@ def test_tune_and_run_are_as_complete_for_a_user_workload(tmp_path, monkeypatch)
     assert all(r["samples_per_s"] and r["mfu"] for r in rows)  # MFU from the counted FLOPs
 
 
+@pytest.mark.slow
 def test_cli_train_with_a_module_function_and_a_bad_one(tmp_path):
     (tmp_path / "mywork.py").write_text(textwrap.dedent('''
         import torch, torch.nn as nn, saturate

@@ -198,6 +198,7 @@ def test_without_transformers_the_error_says_how_to_install(monkeypatch):
         hf.transformers_module()
 
 
+@pytest.mark.slow
 def test_cli_hf_no_config_fails_fast(tmp_path):
     (tmp_path / "model").mkdir()
     out = subprocess.run(saturate_cmd("tune", "--hf", "model", "--out", "t"), cwd=tmp_path, env=cli_env(),

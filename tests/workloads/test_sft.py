@@ -172,6 +172,7 @@ def test_sft_resumes_exactly_after_a_crash(tmp_path, cpu):
     assert all(a[k].equal(b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_cli_sft_trains_and_refuses_a_bad_record(tmp_path):
     chats = write_chats(tmp_path / "chats.jsonl", 40)
     args = ["train", "--task", "sft", "--data", str(chats), *[f"--param={k}={v}" for k, v in SMALL.items()],

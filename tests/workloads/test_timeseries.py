@@ -143,6 +143,7 @@ def test_headerless_csv_and_other_refusals(tmp_path):
         ts_lstm_workload(window=0)
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_non_numeric_csv_before_training(tmp_path):
     path = tmp_path / "data.csv"
     write_csv(path, 200, "when,load", {0: ["monday", "1.0"]})
