@@ -5,6 +5,9 @@ ranges), quiet and then with a second process keeping one core busy (trust.py's 
 same busy loop). A case passes when every run of a condition gives the same verdict; under load
 that verdict may rightly be "contended" (other processes were measured using the machine, so no
 verdict blames the workload), which counts as agreeing with itself, not with the quiet verdict.
+`bursty` runs the shared neighbour (`../shared/tools/neighbour.py --profile bursty`, seeded, in a session of its
+own) instead of the busy loop: since 2026-11-25 a finding the load cannot cause (the input case: its loading runs
+inside the training process) keeps its verdict and fix there (doctor/busy.py), so it should agree with quiet.
 
 The cases:
 
@@ -26,8 +29,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,6 +48,24 @@ from saturate.workloads.coupling import workload_default_plan
 from trust import condition
 
 CASES = ("compute", "input", "overhead")
+
+
+NEIGHBOUR = Path(__file__).resolve().parents[2] / "shared" / "tools" / "neighbour.py"
+
+
+@contextlib.contextmanager
+def neighbour(profile: str, seed: int, duration: float = 1800.0) -> Iterator[None]:
+    """The shared seeded neighbour for the duration (its own session: never our descendant), stopped after."""
+    if not NEIGHBOUR.exists():
+        raise SystemExit(f"{NEIGHBOUR} not found: the neighbour lives in the shared folder beside the repository")
+    proc = subprocess.Popen([sys.executable, str(NEIGHBOUR), "--profile", profile, "--seed", str(seed),
+                             "--duration", str(duration)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1.0)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def cases(names: list[str], seed: int, hw: Any) -> dict[str, tuple[Any, Plan]]:
@@ -61,7 +86,8 @@ def one_run(workload: Any, plan: Plan, cfg: DoctorConfig, hw: Any) -> dict[str, 
     d = diagnose(workload, plan, cfg, hardware=hw)
     m = d.measurements
     low, high = m.share_range("data")
-    return {"verdict": d.verdict, "findings": [f.verdict for f in d.findings if f.verdict != "note"],
+    return {"verdict": d.verdict, "fix": d.fixes[0].title if d.fixes else None,
+            "findings": [f.verdict for f in d.findings if f.verdict != "note"],
             "seconds": time.monotonic() - started, "steps": m.steps,
             "windows": len(m.window_shares), "step_s": m.step_s, "step_spread": m.step_spread,
             "data_share": m.share("data"), "data_range": [low, high],
@@ -75,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3, help="diagnoses per case and condition (default 3)")
     ap.add_argument("--cases", default=",".join(CASES), help=f"some of {', '.join(CASES)} (default: all)")
-    ap.add_argument("--conditions", default="quiet,loaded", help="quiet, loaded or both (default)")
+    ap.add_argument("--conditions", default="quiet,loaded", help="quiet, loaded, bursty (default quiet,loaded)")
     ap.add_argument("--seconds", type=float, default=2.0, help="the doctor's minimum timed seconds (default 2)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--seed", type=int, default=0)
@@ -86,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     conditions = [c for c in args.conditions.split(",") if c]
     if not set(names) <= set(CASES):
         ap.error(f"--cases takes some of {', '.join(CASES)}, got {args.cases!r}")
-    if not set(conditions) <= {"quiet", "loaded"}:
-        ap.error(f"--conditions takes quiet and/or loaded, got {args.conditions!r}")
+    if not set(conditions) <= {"quiet", "loaded", "bursty"}:
+        ap.error(f"--conditions takes some of quiet, loaded, bursty, got {args.conditions!r}")
     torch.set_num_threads(args.threads)
     hw = probe(measure_peaks=False, device="cpu")
     cfg = DoctorConfig(steps=10, warmup=2, count_steps=1, min_seconds=args.seconds, seed=args.seed)
@@ -98,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     started = time.monotonic()
     for c in conditions:
-        with condition(c):
+        with (neighbour("bursty", args.seed) if c == "bursty" else condition(c)):
             for name, (workload, plan) in cases(names, args.seed, hw).items():
                 runs = []
                 for i in range(args.runs):
@@ -106,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                     runs.append(r)
                     lo, hi = r["data_range"]
                     also = ", ".join(r["findings"])
-                    print(f"  {c:<6} {name:<8} run {i + 1}: {r['verdict']:<15} ({also}) "
+                    print(f"  {c:<6} {name:<8} run {i + 1}: {r['verdict']:<15} ({also}) fix {r['fix']!r} "
                           f"data {100 * lo:.0f}..{100 * hi:.0f} % "
                           f"step ±{100 * (r['step_spread'] or 0):.1f} % over {r['windows']} windows, "
                           f"{r['seconds']:.0f} s", flush=True)
@@ -114,13 +140,16 @@ def main(argv: list[str] | None = None) -> int:
                 result["cases"].setdefault(name, {})[c] = {"runs": runs, "verdict": common, "agree": agree,
                                                            "all_agree": agree == len(runs)}
                 spreads = [r["step_spread"] for r in runs if r["step_spread"] is not None]
+                fixes = collections.Counter(r["fix"] for r in runs).most_common(1)[0][1]
                 rows.append([f"{name} ({c})", " / ".join(r["verdict"] for r in runs), f"{agree} of {len(runs)}",
+                             f"{fixes} of {len(runs)}",
                              " / ".join(f"{100 * r['data_range'][0]:.0f}..{100 * r['data_range'][1]:.0f}"
                                         for r in runs),
                              f"{100 * max(spreads):.1f} %" if spreads else "-",
                              str(sum(r["contended"] for r in runs))])
     bench.print_table(f"doctor stability, {time.monotonic() - started:.0f} s in all", [
-        "case", "verdicts", "agree (goal: all)", "data % range per run", "max step ±", "runs contended"], rows,
+        "case", "verdicts", "agree (goal: all)", "same top fix", "data % range per run", "max step ±",
+        "runs contended"], rows,
         footer=["each run one diagnose(): timed windows until their step rates agree (or the cap, doubled when "
                 "busy); ranges over the windows"])
     result["all_agree"] = all(v["all_agree"] for per in result["cases"].values() for v in per.values())

@@ -92,3 +92,10 @@ def test_a_sibling_rank_of_a_torchrun_job_is_not_a_neighbour():
 
     assert own_cores("torchrun") > 0.25
     assert own_cores("separate") < 0.1
+
+
+def test_a_window_too_short_for_the_cpu_counters_is_not_read_as_busy():
+    c = ContentionMeter(gpu=False).start().stop()  # microseconds: the 10 ms ticks cannot resolve it
+    assert c.other_cores is None and c.own_cores is None and not c.significant()
+    assert any("shorter than the 0.25 s the CPU time counters" in n for n in c.notes)
+    assert c.line().startswith("contention not measured: CPU share not read")

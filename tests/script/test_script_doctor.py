@@ -139,6 +139,8 @@ def test_under_torchrun_every_rank_stops_together_and_rank_0_reports(tmp_path):
     assert d["script"]["model"]["class"] == "Sequential"
     assert d["script"]["model"]["wrapped_in"] == ["DistributedDataParallel"]
     assert not list(tmp_path.glob("finished-*")) and not running_in(tmp_path)
+    # the sibling rank is this job, not a neighbour: a quiet machine is not "contended" (contention.job_root)
+    assert d["verdict"] != "contended" and d["measurements"]["contention"]["significant"] is False
 
 
 @pytest.mark.parametrize(("command", "message"), [

@@ -27,6 +27,10 @@ from saturate.hardware.readings import reason
 # more) make a measurement contended: enough to move a throughput figure by more than the few
 # percent the tuner's decisions rest on.
 SIGNIFICANT_SHARE = 0.25
+# The kernel's CPU time counters (/proc/stat, a process's times) tick every 10 ms (USER_HZ 100): over a shorter
+# window than this a reading is a few ticks either way — a 9 ms doctor window once read "2.0 of 2 cores busy" on
+# a quiet machine — so the CPU share is not read at all (the GPU's process list still is).
+MIN_READ_S = 0.25
 
 
 def job_root() -> int:
@@ -175,6 +179,10 @@ class Contention:
         return out
 
 
+class _TooShort(Exception):
+    """A window too short for the CPU time counters to resolve."""
+
+
 class ContentionMeter:
     """Brackets a measurement: ``start()`` before it, ``stop()`` after, for what others used meanwhile."""
 
@@ -198,12 +206,18 @@ class ContentionMeter:
         other: float | None
         own: float | None
         try:
+            if seconds < MIN_READ_S:
+                raise _TooShort(f"a {seconds:.2f} s window is shorter than the {MIN_READ_S:g} s the CPU time "
+                                "counters (10 ms ticks) resolve")
             busy = _busy_seconds(self._cpus) - busy0
             own_s = _tree_cpu_seconds(self.root_pid) - own0
             own = max(own_s, 0.0) / seconds
             # Our own threads may run on CPUs outside the mask we read only when the mask changed
             # meanwhile; clamp so rounding never reports negative neighbours.
             other = min(max(busy - own_s, 0.0) / seconds, float(len(self._cpus or []) or cores))
+        except _TooShort as exc:
+            other = own = None
+            notes.append(f"CPU share not read: {exc}")
         except (OSError, psutil.Error) as exc:
             other = own = None
             notes.append(f"CPU times unreadable: {reason(exc)}")
