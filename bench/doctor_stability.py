@@ -30,6 +30,8 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -55,17 +57,20 @@ NEIGHBOUR = Path(__file__).resolve().parents[2] / "shared" / "tools" / "neighbou
 
 @contextlib.contextmanager
 def neighbour(profile: str, seed: int, duration: float = 1800.0) -> Iterator[None]:
-    """The shared seeded neighbour for the duration (its own session: never our descendant), stopped after."""
+    """The shared seeded neighbour for the duration, stopped after. Started through a shell that exits at once, so
+    it is not our descendant (saturate counts its own process tree as its own use: a neighbour that is our child
+    would be measured as the workload)."""
     if not NEIGHBOUR.exists():
         raise SystemExit(f"{NEIGHBOUR} not found: the neighbour lives in the shared folder beside the repository")
-    proc = subprocess.Popen([sys.executable, str(NEIGHBOUR), "--profile", profile, "--seed", str(seed),
-                             "--duration", str(duration)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = (f"{sys.executable} {NEIGHBOUR} --profile {profile} --seed {seed} --duration {duration} "
+           ">/dev/null 2>&1 & echo $!")
+    pid = int(subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, check=True).stdout.strip())
     try:
         time.sleep(1.0)
         yield
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)  # it takes its workers with it
 
 
 def cases(names: list[str], seed: int, hw: Any) -> dict[str, tuple[Any, Plan]]:
