@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -96,9 +96,6 @@ class ChildSettings:
         if unknown := sorted(set(data) - {f.name for f in fields(cls)}):
             raise ConfigError(f"unknown child setting(s) {', '.join(unknown)}")
         return cls(**data)
-
-    def replace(self, **changes: Any) -> ChildSettings:
-        return replace(self, **changes)
 
 
 def environment(base: Mapping[str, str], folder: Path, settings: ChildSettings, source: Path) -> dict[str, str]:
