@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3, help="diagnoses per case and condition (default 3)")
     ap.add_argument("--cases", default=",".join(CASES), help=f"some of {', '.join(CASES)} (default: all)")
-    ap.add_argument("--conditions", default="quiet,loaded", help="quiet, loaded, bursty (default quiet,loaded)")
+    ap.add_argument("--conditions", default="quiet,loaded", help="quiet, loaded, bursty, steady (default quiet,loaded)")
     ap.add_argument("--seconds", type=float, default=2.0, help="the doctor's minimum timed seconds (default 2)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--seed", type=int, default=0)
@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     conditions = [c for c in args.conditions.split(",") if c]
     if not set(names) <= set(CASES):
         ap.error(f"--cases takes some of {', '.join(CASES)}, got {args.cases!r}")
-    if not set(conditions) <= {"quiet", "loaded", "bursty"}:
-        ap.error(f"--conditions takes some of quiet, loaded, bursty, got {args.conditions!r}")
+    if not set(conditions) <= {"quiet", "loaded", "bursty", "steady"}:
+        ap.error(f"--conditions takes some of quiet, loaded, bursty, steady, got {args.conditions!r}")
     torch.set_num_threads(args.threads)
     hw = probe(measure_peaks=False, device="cpu")
     cfg = DoctorConfig(steps=10, warmup=2, count_steps=1, min_seconds=args.seconds, seed=args.seed)
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     started = time.monotonic()
     for c in conditions:
-        with (neighbour("bursty", args.seed) if c == "bursty" else condition(c)):
+        with (neighbour(c, args.seed) if c in ("bursty", "steady") else condition(c)):
             for name, (workload, plan) in cases(names, args.seed, hw).items():
                 runs = []
                 for i in range(args.runs):
