@@ -20,7 +20,8 @@ from saturate.errors import ConfigError
 from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
 from saturate.script.overrides import Overrides
-from saturate.script.tune_script import ScriptTuning, edits, tune_command
+from saturate.script.tune_script import tune_command
+from saturate.script.tuning import ScriptTuning, edits
 
 SCRIPT = Path(__file__).parents[2] / "examples" / "scripts" / "lightning_fit" / "train.py"
 LOSSES = [0.5, 0.45, 0.41, 0.4, 0.38]

@@ -13,7 +13,8 @@ from saturate.script.boundary import ChildSettings
 from saturate.script.child.trial_windows import StepWindows
 from saturate.script.command import ScriptRun
 from saturate.script.script_trial import ScriptTrial, window_rule
-from saturate.script.tune_script import ScriptTuning, edits, render, tune_command
+from saturate.script.tune_script import tune_command
+from saturate.script.tuning import ScriptTuning, edits, render
 
 # --- the child's windows ------------------------------------------------------------------------
 

@@ -12,7 +12,8 @@ import pytest
 from conftest import cli_env, line_of, saturate_cmd
 from saturate.script.command import run_instrumented
 from saturate.script.overrides import NONE, Overrides
-from saturate.script.tune_script import ScriptTrial, ScriptTuning, edits, tune_command, window_rule
+from saturate.script.tune_script import ScriptTrial, tune_command, window_rule
+from saturate.script.tuning import ScriptTuning, edits
 
 # A loader-bound loop: each sample takes 4 ms to produce (a sleep, so workers help even on a busy 2-core machine).
 SLOW_DATA = """

@@ -9,7 +9,8 @@ from typing import Any
 from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptFailed, ScriptRun
 from saturate.script.overrides import Overrides
-from saturate.script.tune_script import ScriptTrial, ScriptTuning, edits, tune_command
+from saturate.script.tune_script import ScriptTrial, tune_command
+from saturate.script.tuning import ScriptTuning, edits
 
 WRITTEN = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "bf16": False, "fp16": False,
            "optim": "adamw_torch", "torch_compile": False, "gradient_checkpointing": False, "max_steps": 1000}

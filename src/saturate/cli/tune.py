@@ -151,7 +151,8 @@ def _tune_script(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from saturate.script.tune_script import render, tune_with_progress, write
+    from saturate.script.tune_script import tune_with_progress
+    from saturate.script.tuning import render, write
 
     _refuse_preset_flags(args)
     console = Console(highlight=False, stderr=args.json)

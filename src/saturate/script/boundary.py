@@ -20,6 +20,8 @@ Out, as files in `ENV_DIR`, read by the parent once the command has ended or bee
   the model, DataLoaders, optimizer and Trainer found, a trial's windows (doctor, tune trials, side-by-side);
 - `SUMMARY` (`summary.json`): a whole run's step times and samples (`profile` off: `run -- CMD`'s full run);
 - `STATUS` (`status-<pid>.json`): each process's optimizer steps so far;
+- `GATE` (`gate.sock`): a gated trial's socket, the parent's; the child connects to say each window's figure and
+  to wait for the next (`GATE_*`: `gated.py`);
 - `ERRORS` (`error-*.txt`): one line the parent prints as the error (the child could not import saturate, …).
 
 Both sides import this module and `overrides.py`; this imports nothing of either side.
@@ -45,6 +47,10 @@ REPORT = "report.json"
 SUMMARY = "summary.json"
 STATUS = "status-{pid}.json"
 ERRORS = "error-*.txt"
+# A gated trial's socket (`gated.py`, `child/trial_windows.py`): the child says GATE_READY (then, after each window,
+# "<steps/s> <steps>") and waits for GATE_GO (one more window) or GATE_STOP.
+GATE = "gate.sock"
+GATE_READY, GATE_GO, GATE_STOP = "ready", "go", "stop"
 
 Mode = Literal["doctor", "trial", "apply"]
 MODES = ("doctor", "trial", "apply")

@@ -118,44 +118,127 @@ def _env(folder: Path, settings: ChildSettings) -> dict[str, str]:
     return env
 
 
+# The reaper: a small process, outside the command's process group, that kills the whole group once saturate is gone
+# (killed by a signal it cannot catch: kill -9, the OOM killer), so no trial, doctor run or round of the script lives
+# on as an orphan — nor one parked with SIGSTOP (`gated.py`), which nothing else would ever wake. Its parent's death
+# is seen as a change of its parent pid; it exits by itself once the group has ended.
+REAPER = """
+import os, signal, sys, time
+parent, group = int(sys.argv[1]), int(sys.argv[2])
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+while os.getppid() == parent:
+    time.sleep(0.2)
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        sys.exit(0)
+    except PermissionError:
+        pass
+try:
+    os.killpg(group, signal.SIGKILL)
+except (ProcessLookupError, PermissionError):
+    pass
+"""
+
+
+class Child:
+    """One instrumented run of the command, started and watched: `start()`, then `alive()`/`check()` while it
+    runs, `stop()` to end all of it, `result()` for what it measured. `run_instrumented` is the blocking use;
+    `gated.py` keeps two alive at once."""
+
+    def __init__(self, cmd: list[str], settings: ChildSettings, folder: Path, quiet_stdout: bool = False) -> None:
+        self.cmd, self.settings, self.folder, self.quiet_stdout = cmd, settings, folder, quiet_stdout
+        self.tail: collections.deque[str] = collections.deque(maxlen=40)
+        self.proc: subprocess.Popen | None = None
+        self._reaper: subprocess.Popen | None = None
+        self._echo: threading.Thread | None = None
+        self.started = 0.0
+        self.seconds = 0.0
+
+    def start(self) -> Child:
+        self.started = time.monotonic()
+        sys.stdout.flush()
+        self.proc = subprocess.Popen(self.cmd, env=_env(self.folder, self.settings), stderr=subprocess.PIPE,
+                                     start_new_session=True,
+                                     stdout=sys.stderr.fileno() if self.quiet_stdout else None)
+        self._reaper = subprocess.Popen([sys.executable, "-S", "-c", REAPER, str(os.getpid()), str(self.proc.pid)],
+                                        start_new_session=True, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._echo = threading.Thread(target=_echo, args=(self.proc.stderr, self.tail), daemon=True)
+        self._echo.start()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def check(self, first_step_timeout: float, timeout: float | None = None) -> None:
+        """Raise SaturateError (stopping the command) when no optimizer step came within `first_step_timeout`
+        seconds, or it ran past `timeout`."""
+        waited = time.monotonic() - self.started
+        if not (self.folder / FIRST_STEP).exists() and waited > first_step_timeout:
+            self.stop()
+            raise SaturateError(f"no optimizer step within {first_step_timeout:g} s (--first-step-timeout); "
+                                "the script was stopped. saturate times optimizer steps (torch.optim): does "
+                                "the script reach one?")
+        if timeout is not None and waited > timeout:
+            self.stop()
+            raise SaturateError(f"the script did not finish its measured steps within {timeout:g} s; "
+                                "it was stopped")
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to the command's whole process group (its loader workers too)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def stop(self) -> None:
+        """End the command's whole process group (launcher, ranks, loader workers), parked or not."""
+        if self.proc is None:
+            return
+        if self.seconds == 0.0:
+            self.seconds = time.monotonic() - self.started
+        self.signal(signal.SIGCONT)  # a parked group must run to take SIGINT's handler
+        _stop(self.proc)
+        if self._echo is not None:
+            self._echo.join(timeout=5)
+        if self._reaper is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._reaper.wait(timeout=1)  # it ends once the group has
+
+    def wait(self, first_step_timeout: float, timeout: float | None = None) -> None:
+        """Until the command ends (or is stopped at a limit, or by Ctrl-C)."""
+        try:
+            while self.alive():
+                self.check(first_step_timeout, timeout)
+                time.sleep(0.1)
+            self.seconds = time.monotonic() - self.started
+        finally:
+            self.stop()
+
+    def result(self) -> ScriptRun:
+        """What the ended command measured; the child's own error line, or ScriptFailed without a report."""
+        assert self.proc is not None
+        if error := child_error(self.folder):
+            raise ConfigError(error)
+        folder, settings = self.folder, self.settings
+        report, summary = read_json(folder, REPORT), read_json(folder, SUMMARY)
+        steps = max([r["optimizer_steps"] for r in (report, summary) if r] + [steps_reported(folder)])
+        run = ScriptRun(self.cmd, self.proc.returncode, report, summary, steps, self.seconds, list(self.tail))
+        if (settings.profile and report is None) or (not settings.profile and summary is None):
+            raise ScriptFailed(_why_no_report(run, settings.needed_steps if settings.profile else 2),
+                               out_of_memory=bool(run.returncode) and ran_out_of_memory(run.stderr_tail))
+        return run
+
+
 def _run(cmd: list[str], settings: ChildSettings, folder: Path, first_step_timeout: float,
          timeout: float | None, quiet_stdout: bool) -> ScriptRun:
-    tail: collections.deque[str] = collections.deque(maxlen=40)
-    started = time.monotonic()
-    sys.stdout.flush()
-    proc = subprocess.Popen(cmd, env=_env(folder, settings), stderr=subprocess.PIPE, start_new_session=True,
-                            stdout=sys.stderr.fileno() if quiet_stdout else None)
-    echo = threading.Thread(target=_echo, args=(proc.stderr, tail), daemon=True)
-    echo.start()
-    try:
-        while proc.poll() is None:
-            waited = time.monotonic() - started
-            if not (folder / FIRST_STEP).exists() and waited > first_step_timeout:
-                _stop(proc)
-                raise SaturateError(f"no optimizer step within {first_step_timeout:g} s (--first-step-timeout); "
-                                    "the script was stopped. saturate times optimizer steps (torch.optim): does "
-                                    "the script reach one?")
-            if timeout is not None and waited > timeout:
-                _stop(proc)
-                raise SaturateError(f"the script did not finish its measured steps within {timeout:g} s; "
-                                    "it was stopped")
-            time.sleep(0.1)
-    except KeyboardInterrupt:
-        _stop(proc)
-        raise
-    finally:
-        _stop(proc)  # what the command left behind (loader workers, ranks of a launcher)
-        echo.join(timeout=5)
-    seconds = time.monotonic() - started
-    if error := child_error(folder):
-        raise ConfigError(error)
-    report, summary = read_json(folder, REPORT), read_json(folder, SUMMARY)
-    steps = max([r["optimizer_steps"] for r in (report, summary) if r] + [steps_reported(folder)])
-    run = ScriptRun(cmd, proc.returncode, report, summary, steps, seconds, list(tail))
-    if (settings.profile and report is None) or (not settings.profile and summary is None):
-        raise ScriptFailed(_why_no_report(run, settings.needed_steps if settings.profile else 2),
-                           out_of_memory=bool(run.returncode) and ran_out_of_memory(run.stderr_tail))
-    return run
+    child = Child(cmd, settings, folder, quiet_stdout).start()
+    child.wait(first_step_timeout, timeout)
+    return child.result()
 
 
 def _why_no_report(run: ScriptRun, needed: int) -> str:

@@ -34,8 +34,8 @@ from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.script_trial import ScriptTrial, TrialOptions, window_rule
-from saturate.script.tune_script import render as render_tuning
 from saturate.script.tune_script import trial_settings, tune_with_progress
+from saturate.script.tuning import render as render_tuning
 from saturate.stats.noise import WindowRule
 from saturate.stats.rounds import Ratio, interleaved, per_round
 
@@ -121,7 +121,8 @@ def run_script(command: Sequence[str], options: TrialOptions, console: Console, 
     if overrides is not None:
         reason = f"{overrides_file} sets nothing; the script runs as written (no side-by-side)"
     else:
-        tuning = tune_with_progress(command, options, console, allow_micro_batch_change=allow_micro_batch_change)
+        tuning = tune_with_progress(command, options, console, allow_micro_batch_change=allow_micro_batch_change,
+                                    confirm=False)  # the side-by-side below confirms it
         render_tuning(tuning, console)
         overrides, reason = tuning.best.overrides, NOTHING_FOUND
     given = overrides_file is not None

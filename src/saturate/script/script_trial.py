@@ -69,6 +69,8 @@ class ScriptTrial:
     busy: bool | None = None  # other processes kept the machine busy (read when the windows hit the cap)
     ran_to_end: bool = False  # the script finished during the trial's windows (its own end-of-run code ran)
     out_of_memory: bool = False  # it failed with torch's out-of-memory error (`command.ScriptFailed`)
+    trainer_error: str | None = None  # the script's Trainer refused the overrides' arguments (its message)
+    pair: dict[str, Any] | None = None  # timed in alternating windows with the best so far (`gated.py`): how
 
     @classmethod
     def of(cls, name: str, overrides: Overrides, run: ScriptRun, rule: WindowRule | None = None) -> ScriptTrial:
@@ -80,7 +82,8 @@ class ScriptTrial:
         data = m["phases"].get("data", 0.0) / profiled if profiled > 0 else 0.0
         losses = (report.get("trainer") or report.get("lightning") or {}).get("losses") or []
         t = cls(name, overrides, profiled, None, data, m["steps"], losses=losses,
-                first_step_s=report.get("first_step_s"), samples_per_step=per_step)
+                first_step_s=report.get("first_step_s"), samples_per_step=per_step,
+                trainer_error=(report.get("trainer") or {}).get("error"))
         windows = report.get("windows") or {}
         if rates := windows.get("rates"):
             summary = (rule or window_rule()).result(rates)

@@ -9,6 +9,13 @@ tuner's `stats.noise.WindowRule`), so a trial's step time is a median with a spr
 order, each kept only when faster than the best so far beyond both trials' spreads added and by at
 least `MIN_GAIN` (`stats.comparison.compare`; otherwise "within noise (±x %)"):
 
+On a CPU, for a command of one process, every such comparison is paired (`gated.py`): the best run so far and the
+candidate are alive at once and timed in alternating windows, and the median of the per-pair ratios and its interval
+decide (stats/pairs.py), so a neighbour's burst during one trial cannot pass for a gain; the best run stays alive
+for the next comparison. A tuning that kept a change then confirms it against the script as written, paired again
+(`confirm`), and keeps nothing it could not confirm. Elsewhere (a GPU, a launcher) trials run one after another
+and compare by their windows' spreads.
+
 For a Transformers `Trainer` or a Lightning `Trainer` (`trainer_stages`' stages, the knobs in each
 framework's terms from `frameworks.py`): precision, checked against the script's own first losses;
 micro-batch × accumulation at the same effective batch; activation checkpointing where memory stopped a
@@ -27,91 +34,73 @@ For every script:
 
 from __future__ import annotations
 
-import json
-import shlex
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
-from saturate.atomic import atomic_write_bytes
 from saturate.errors import SaturateError
 from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
-from saturate.script.doctor_script import TRAINER_TERMS, trainer_edit
 from saturate.script.frameworks import framework_of, fused_option
+from saturate.script.gated import Gated, can_gate, time_pairs
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.script_trial import MIN_GAIN, WINDOW_S, ScriptTrial, TrialOptions, window_rule
 from saturate.script.trainer_stages import Option, stage, trainer_stages
+from saturate.script.tuning import ScriptTuning
 from saturate.stats.comparison import Comparison
-from saturate.stats.noise import WindowRule, rate_text
+from saturate.stats.noise import WindowRule
 
 INPUT_SHARE_MIN = 0.05  # below this share of the step waiting for data, loader settings cannot gain much
 
 Runner = Callable[..., ScriptRun]  # run_instrumented's signature; tests pass a fake machine
 
 
-@dataclass
-class ScriptTuning:
-    command: list[str]
-    baseline: ScriptTrial
-    best: ScriptTrial
-    trials: list[ScriptTrial] = field(default_factory=list)
-    decisions: list[str] = field(default_factory=list)
-    loaders: list[dict[str, Any]] = field(default_factory=list)  # as the as-written run saw them
-    device_type: str = "cpu"
-    trainer: dict[str, Any] | None = None  # a Transformers Trainer as the as-written run saw it
-    lightning: dict[str, Any] | None = None  # a Lightning Trainer as the as-written run saw it
-    optimizer: dict[str, Any] | None = None  # the followed optimizer: class, where it was made, fused
-
-    rule: WindowRule = field(default_factory=window_rule)  # how each trial's windows were judged
-
-    @property
-    def speedup(self) -> float:
-        return self.baseline.step_s / self.best.step_s if self.best.step_s > 0 else 1.0
-
-    def gain(self) -> Comparison | None:
-        """The best trial against the script as written, with both spreads (None when nothing was kept)."""
-        return None if self.best is self.baseline else self.best.against(self.baseline)
-
-    def to_dict(self) -> dict[str, Any]:
-        gain = self.gain()
-        return {"command": self.command, "overrides": self.best.overrides.to_dict(), "speedup": self.speedup,
-                "gain": None if gain is None else {"gain": gain.gain, "noise": gain.noise, "text": gain.text()},
-                "min_gain": MIN_GAIN, "window_rule": asdict(self.rule),
-                "baseline": self.baseline.to_dict(), "best": self.best.to_dict(),
-                "trials": [t.to_dict() for t in self.trials],
-                "decisions": self.decisions, "loaders": self.loaders, "device_type": self.device_type,
-                "trainer": self.trainer, "lightning": self.lightning, "optimizer": self.optimizer,
-                "edits": edits(self)}
-
-
 def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, cores: int = 1,
                  first_step_timeout: float = 300.0, quiet_stdout: bool = False,
                  on_trial: Callable[[ScriptTrial], None] | None = None, runner: Runner = run_instrumented,
                  supports: dict[str, bool] | None = None, rule: WindowRule | None = None,
-                 window_s: float = WINDOW_S, allow_micro_batch_change: bool = False) -> ScriptTuning:
+                 window_s: float = WINDOW_S, allow_micro_batch_change: bool = False, paired: bool | None = None,
+                 confirm: bool = True) -> ScriptTuning:
     """Measure the script as written, then the settings above one family at a time; the fastest wins.
 
     `steps`: the Profiler's timed steps per trial (and with several processes, each window's steps); then
     windows of at least `window_s` until `rule` says they are enough (default `window_rule()`).
     `supports`: native bf16/fp16/tf32 on the script's device (default: `saturate.hardware.probe`'s).
-    `allow_micro_batch_change`: search a trainer's micro-batch even when the model has batch-coupled layers."""
+    `allow_micro_batch_change`: search a trainer's micro-batch even when the model has batch-coupled layers.
+    `paired`: compare in alternating windows where the command allows (default: when `runner` is the real one);
+    `confirm`: end with the best against the script as written, paired (`run -- CMD` measures that side by side
+    itself)."""
     rule = rule or window_rule()
     search = _Search(list(command), warmup, steps, first_step_timeout, quiet_stdout, on_trial, runner, rule, window_s)
     base, run = search.trial("as written", NONE)
     base.outcome = "the script's own settings"
     report = run.report or {}
     device = report["measurements"]["device_type"]
+    if paired is None:
+        paired = runner is run_instrumented
+    why = can_gate(command, device, int(report.get("world_size") or 1)) if paired else "not asked for"
     result = ScriptTuning(list(run.command), base, base, [base], loaders=report.get("loaders", []),
                           device_type=device, trainer=report.get("trainer"), lightning=report.get("lightning"),
-                          optimizer=report.get("optimizer"), rule=rule)
+                          optimizer=report.get("optimizer"), rule=rule, paired=why)
     search.result = result
-    framework = framework_of(report)
+    try:
+        _stages(search, result, framework_of(report), report, supports, cores, allow_micro_batch_change)
+        if confirm:
+            search.confirm()
+    finally:
+        search.close()
+    if ended := [t.name for t in result.trials if t.ran_to_end]:
+        result.decisions.append(f"warning: the script ran to its end during {len(ended)} trial(s) ({ended[0]}, …): "
+                                "what it writes at its end was written, and the trials timed all of its steps; a "
+                                "trial needs a run longer than its windows (--trial-seconds shortens them)")
+    return result
+
+
+def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[str, Any],
+            supports: dict[str, bool] | None, cores: int, allow_micro_batch_change: bool) -> None:
+    device = result.device_type
     if framework is not None:
         if supports is None:
             from saturate.hardware import probe
@@ -128,15 +117,10 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
     if framework is None:
         result.decisions.append("micro-batch, precision and compile: need the script's training code (a "
                                 "Transformers or a Lightning Trainer's arguments); not tried from outside")
-    if ended := [t.name for t in result.trials if t.ran_to_end]:
-        result.decisions.append(f"warning: the script ran to its end during {len(ended)} trial(s) ({ended[0]}, …): "
-                                "what it writes at its end was written, and the trials timed all of its steps; a "
-                                "trial needs a run longer than its windows (--trial-seconds shortens them)")
-    return result
 
 
 def tune_with_progress(command: Sequence[str], options: TrialOptions, console: Console, *,
-                       allow_micro_batch_change: bool = False) -> ScriptTuning:
+                       allow_micro_batch_change: bool = False, confirm: bool = True) -> ScriptTuning:
     """`saturate tune -- CMD` (and `run -- CMD`'s tuning): `tune_command` on this machine's usable cores, each
     trial's step time printed as it ends."""
     from saturate.hardware import usable_cores
@@ -147,11 +131,14 @@ def tune_with_progress(command: Sequence[str], options: TrialOptions, console: C
 
     def show(t: ScriptTrial) -> None:
         spread = f" ±{100 * t.spread:.1f} %" if t.spread is not None else ""
-        console.print(f"[dim]  {t.name}: {t.step_s:.4g} s/step{spread}[/]")
+        pair = (f", paired with {t.pair['with']}: {1 + t.pair['gain']:.3f}× in {len(t.pair['ratios'])} pairs"
+                if t.pair and t.pair.get("gain") is not None else "")
+        console.print(f"[dim]  {t.name}: {t.step_s:.4g} s/step{spread}{pair}[/]")
 
     return tune_command(command, warmup=options.warmup, steps=options.steps, cores=usable_cores()[0],
                         first_step_timeout=options.first_step_timeout, quiet_stdout=options.quiet_stdout,
-                        on_trial=show, allow_micro_batch_change=allow_micro_batch_change, rule=options.rule)
+                        on_trial=show, allow_micro_batch_change=allow_micro_batch_change, rule=options.rule,
+                        confirm=confirm)
 
 
 def _plain_fused(optimizer: dict[str, Any], device: str) -> Option:
@@ -180,35 +167,131 @@ class _Search:
         self.result: ScriptTuning = None  # type: ignore[assignment]  # set once the baseline is measured
         self.rule = rule  # when a trial's windows are enough, in the child (`windows.StepWindows`) and here
         self.window_s = window_s
+        self.incumbent: Gated | None = None  # the best so far, alive and parked at its gate (paired comparisons)
+
+    def gated(self, name: str, overrides: Overrides) -> Gated:
+        """A run of the command with `overrides` that will wait at its gate (`gated.py`), not yet started."""
+        settings = trial_settings(overrides, self.warmup, self.steps, self.rule, self.window_s)
+        return Gated(name, overrides, self.command, settings, self.rule, first_step_timeout=self.first_step_timeout,
+                     quiet_stdout=self.quiet_stdout)
+
+    def close(self) -> None:
+        """End the live run of the best so far, if any."""
+        if self.incumbent is not None:
+            self.incumbent.close()
+            self.incumbent = None
 
     def trial(self, name: str, overrides: Overrides) -> tuple[ScriptTrial, ScriptRun]:
         settings = trial_settings(overrides, self.warmup, self.steps, self.rule, self.window_s)
         run = self.runner(self.command, settings, first_step_timeout=self.first_step_timeout,
                           quiet_stdout=self.quiet_stdout)
         t = ScriptTrial.of(name, overrides, run, self.rule)
-        error = ((run.report or {}).get("trainer") or {}).get("error")
-        if error and overrides.trainer:
-            t = ScriptTrial.failed(name, overrides, f"the Trainer refused the arguments ({error})")
+        if refused := _refused(t, overrides):
+            t = ScriptTrial.failed(name, overrides, refused)
         if self.on_trial is not None:
             self.on_trial(t)
         return t, run
 
     def consider(self, name: str, overrides: Overrides,
                  check: Callable[[ScriptTrial], str | None] | None = None) -> ScriptTrial:
-        """Run a trial; keep it when `check` finds nothing wrong and it is faster than the best so far beyond
-        both trials' noise and by `MIN_GAIN` at least (`ScriptTrial.against`)."""
+        """Run a trial; keep it when `check` finds nothing wrong and it is faster than the best so far by `MIN_GAIN`
+        at least and beyond the noise: paired with the best so far where the command allows (`gated.py`), else
+        beyond both trials' spreads (`ScriptTrial.against`)."""
+        if self.result.paired is None:
+            return self._consider_paired(name, overrides, check)
         try:
             t, _ = self.trial(name, overrides)
         except SaturateError as e:  # the script failed with this setting (out of memory, refused)
-            t = ScriptTrial.failed(name, overrides, str(e), out_of_memory=getattr(e, "out_of_memory", False))
-            if self.on_trial is not None:
-                self.on_trial(t)
+            t = self._failed(name, overrides, e)
         result = self.result
         result.trials.append(t)
         if not t.ok:
             return t
+        return self._decide(t, t.against(result.best), check)
+
+    def _failed(self, name: str, overrides: Overrides, e: SaturateError) -> ScriptTrial:
+        t = ScriptTrial.failed(name, overrides, str(e), out_of_memory=getattr(e, "out_of_memory", False))
+        if self.on_trial is not None:
+            self.on_trial(t)
+        return t
+
+    def _consider_paired(self, name: str, overrides: Overrides,
+                         check: Callable[[ScriptTrial], str | None] | None) -> ScriptTrial:
+        """`consider`, the candidate and the best so far timed in alternating windows."""
+        result = self.result
+        best = result.best
+        if self.incumbent is None:
+            self.incumbent = self.gated(best.name, best.overrides)
+            try:
+                self.incumbent.open()
+            except SaturateError:
+                self.close()
+                raise
+        candidate = self.gated(name, overrides)
+        try:
+            t = candidate.open()
+            if refused := _refused(t, overrides):
+                raise SaturateError(refused)
+        except SaturateError as e:  # the script failed with this setting (out of memory, refused)
+            candidate.close()
+            t = self._failed(name, overrides, e)
+            result.trials.append(t)
+            return t
+        pairs = time_pairs(self.incumbent, candidate, MIN_GAIN, cap_s=2 * self.rule.max_seconds)
+        if pairs.comparison is None:  # a run ended before two pairs: compared as trials one after another
+            candidate.close()
+            if not self.incumbent.parked:
+                self.close()
+            t = pairs.b
+            if self.on_trial is not None:
+                self.on_trial(t)
+            result.trials.append(t)
+            return self._decide(t, t.against(best), check)
+        t = pairs.b
+        t.pair = {"with": best.name, "incumbent": _figures(pairs.a), **pairs.to_dict()}
+        if self.on_trial is not None:
+            self.on_trial(t)
+        result.trials.append(t)
+        self._decide(t, pairs.comparison, check)
+        if self.kept(t):
+            self.incumbent.close()
+            self.incumbent = candidate
+        else:
+            candidate.close()
+        return t
+
+    def confirm(self) -> None:
+        """The best against the script as written, paired (when comparisons were): kept only when faster beyond
+        the pairs' interval and `MIN_GAIN` — what the tuning's trials, one comparison at a time, found in all."""
+        result = self.result
+        if result.paired is not None or result.best is result.baseline:
+            return
+        try:
+            if self.incumbent is None:
+                self.incumbent = self.gated(result.best.name, result.best.overrides)
+                self.incumbent.open()
+            written = self.gated("as written", NONE)
+            with written:
+                written.open()
+                pairs = time_pairs(written, self.incumbent, MIN_GAIN, cap_s=2 * self.rule.max_seconds)
+        except SaturateError as e:
+            result.decisions.append(f"confirmation against the script as written: failed ({e}); nothing kept")
+            result.best = result.baseline
+            return
+        result.confirmation = pairs
+        c = pairs.comparison
+        if c is not None and c.faster:
+            result.decisions.append(f"confirmed against the script as written, paired: {c.text()}")
+            return
+        why = "a run ended before two pairs of windows" if c is None else c.text()
+        result.decisions.append(f"not confirmed against the script as written, paired ({why}): {result.best.name} "
+                                "is not kept; the script as written is the best measured")
+        result.best = result.baseline
+
+    def _decide(self, t: ScriptTrial, c: Comparison, check: Callable[[ScriptTrial], str | None] | None) -> ScriptTrial:
+        """Keep `t` when `check` finds nothing wrong and `c` (it against the best so far) says faster."""
+        result = self.result
         problem = check(t) if check is not None else None
-        c = t.against(result.best)
         if problem:
             t.outcome = f"not kept: {problem}"
         elif c.faster:
@@ -256,6 +339,18 @@ class _Search:
             self.consider("pinned memory", self.with_overrides(Overrides(loader={"pin_memory": True})))
 
 
+def _refused(t: ScriptTrial, overrides: Overrides) -> str | None:
+    """Why the script's Trainer refused the overrides' arguments (from the trial's report), or None."""
+    error = t.trainer_error
+    return f"the Trainer refused the arguments ({error})" if error and overrides.trainer else None
+
+
+def _figures(t: ScriptTrial) -> dict[str, Any]:
+    """A paired trial's figures, for the JSON of the trial it was paired with."""
+    return {"name": t.name, "step_s": t.step_s, "spread": t.spread, "windows": t.windows,
+            "steps_per_s": t.window_steps_per_s}
+
+
 def trial_settings(overrides: Overrides, warmup: int, steps: int, rule: WindowRule,
                    window_s: float = WINDOW_S) -> ChildSettings:
     """What the child is told for one trial: warm up (draining the loader's buffer), time `steps` steps with the
@@ -280,91 +375,3 @@ def _powers_of_two(limit: int) -> list[int]:
     return out
 
 
-def edits(tuning: ScriptTuning) -> list[str]:
-    """The tuned overrides as the edits a user would make in the script: a Transformers Trainer's
-    TrainingArguments when the script has one; else a Lightning Trainer's arguments, its DataLoader calls
-    (the training loader's batch_size with them), its optimizer's constructor and TF32 at start-up."""
-    over = tuning.best.overrides
-    if tuning.trainer:
-        fields = dict(over.trainer)
-        fields.update({TRAINER_TERMS[k]: v for k, v in over.loader.items() if k in TRAINER_TERMS})
-        if over.tf32:
-            fields["tf32"] = True
-        return [trainer_edit(fields, tuning.trainer)] if fields else []
-    lines = []
-    if over.lightning:
-        lightning = tuning.lightning or {}
-        site = f"{lightning['site']}: " if lightning.get("site") else ""
-        args = ", ".join(f"{k}={v!r}" for k, v in over.lightning.items())
-        lines.append(f"{site}{lightning.get('class') or 'Trainer'}(..., {args})")
-    site = (tuning.loaders[0] if tuning.loaders else {}).get("site") or "your DataLoader"
-    calls: dict[str, dict[str, Any]] = {}  # DataLoader(...) call -> its arguments to change
-    if "batch_size" in (train := over.train_loader):
-        calls[train.get("site") or site] = {"batch_size": train["batch_size"]}
-    if over.loader:
-        calls[site] = {**calls.get(site, {}), **over.loader}
-    for at, changes in calls.items():
-        lines.append(f"{at}: DataLoader(..., {', '.join(f'{k}={v!r}' for k, v in changes.items())})")
-    if over.optimizer:
-        opt = tuning.optimizer or {}
-        at = f"{opt['site']}: " if opt.get("site") else ""
-        args = ", ".join(f"{k}={v!r}" for k, v in over.optimizer.items())
-        lines.append(f"{at}{opt.get('class') or 'your optimizer'}(..., {args})")
-    if over.tf32:
-        lines.append("at start-up: torch.backends.cuda.matmul.allow_tf32 = True; "
-                     "torch.backends.cudnn.allow_tf32 = True")
-    return lines
-
-
-def write(tuning: ScriptTuning, folder: Path) -> Path:
-    """overrides.json (what `saturate run --overrides` applies) and tune.json (every trial) in `folder`."""
-    folder.mkdir(parents=True, exist_ok=True)
-    overrides = json.dumps(tuning.best.overrides.to_dict(), indent=2) + "\n"
-    atomic_write_bytes(folder / "overrides.json", overrides.encode())
-    atomic_write_bytes(folder / "tune.json", (json.dumps(tuning.to_dict(), indent=2, default=str) + "\n").encode())
-    return folder / "overrides.json"
-
-
-def render(tuning: ScriptTuning, console: Console, written: Path | None = None) -> None:
-    console.print(Text(f"saturate tune -- {shlex.join(tuning.command)}", style="bold"))
-    if tuning.trainer:
-        tr = tuning.trainer
-        console.print(Text(f"Transformers {tr['class']} at {tr.get('site') or '?'}; its "
-                           f"{tr.get('args_class') or 'TrainingArguments'} at {tr.get('args_site') or '?'}"))
-    elif tuning.lightning:
-        console.print(Text(f"Lightning {tuning.lightning['class']} at {tuning.lightning.get('site') or '?'}"))
-    t = Table(box=None, padding=(0, 1))
-    for col, justify in (("trial", "left"), ("s/step", "right"), ("samples/s (median ±)", "right"),
-                         ("data", "right"), ("windows", "right")):
-        t.add_column(col, justify=justify)
-    for trial in tuning.trials:
-        if not trial.ok:
-            t.add_row(trial.name, "failed", "-", "-", "-")
-            continue
-        spread = trial.spread if trial.windows > 1 else None
-        rate = rate_text(trial.samples_per_s, spread, unit="") if trial.samples_per_s else (
-            f"±{100 * spread:.1f} %" if spread is not None else "-")
-        t.add_row(trial.name, f"{trial.step_s:.4g}", rate, f"{100 * trial.data_share:.0f} %",
-                  str(trial.windows or "-") + (" busy" if trial.busy else ""))
-    console.print(t)
-    for trial in tuning.trials[1:]:
-        console.print(Text(f"  {trial.name}: {trial.outcome}"))
-    for d in tuning.decisions:
-        console.print(Text(f"  {d}"))
-    gain = tuning.gain()
-    if gain is None:
-        console.print(Text("best: the script as written (no setting was faster beyond the noise and by "
-                           f"{100 * MIN_GAIN:.0f} %; medians of each trial's timed windows)", style="bold"))
-    else:
-        console.print(Text(f"best: {tuning.best.name}, {tuning.speedup:.2f}× the script as written ({gain.text()}; "
-                           "medians of each trial's timed windows)", style="bold"))
-    lines = edits(tuning)
-    if lines:
-        console.print("the edit to make in your script:")
-        for line in lines:
-            console.print(Text(f"  {line}"))
-    else:
-        console.print("no setting measured faster than the script as written beyond the noise; nothing to change")
-    if written is not None:
-        console.print(f"overrides written to {written} (`saturate run --overrides {written} -- CMD` applies them "
-                      "without an edit)")

@@ -103,6 +103,7 @@ class Script:
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.windows = StepWindows(settings.windows, self.world)  # a trial's timed windows, if asked
+        self.windows.on_gate = lambda: self._report(final=False)  # gated: the parent reads it while the run waits
         self.optimizer: Any = None  # the optimizer the Profiler follows
         self._followed: weakref.ref | None = None  # without the Profiler: the optimizer whose steps are counted
         self.optimizer_steps = 0
@@ -297,8 +298,9 @@ class Script:
 
     # --- what is written ----------------------------------------------------------------------
 
-    def _report(self, note: str | None = None) -> None:
-        self.done = True
+    def _report(self, note: str | None = None, final: bool = True) -> None:
+        """Write the measurements (rank 0); `final` False: written again later (a gated trial's first report)."""
+        self.done = self.done or final
         if self.rank != 0:
             return
         d = self.profiler.diagnosis

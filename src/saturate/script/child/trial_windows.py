@@ -12,14 +12,22 @@ summarises them with the same rule (`WindowRule.result`: median ± relative half
 With several processes (`WORLD_SIZE` > 1) every rank must stop at the same step (a rank that stops early
 leaves the others waiting in a collective), so the windows are `window_steps` steps each and there are
 exactly `min_windows` of them: the figure still has its spread, only the stopping is not adaptive.
+
+Gated (`"gate"`: a Unix socket's path, `script/gated.py`): the parent decides when each window runs. Before the
+first window and after each, the child sends what it measured (`boundary.GATE_*`) and waits for the next `go`;
+on `stop`, or when the parent is gone (the socket closes), the windows are done. Two runs of the command, each
+parked at its gate in turn, are timed in alternating windows — paired, as the preset tuner's plans are. The
+Profiler's report is written when the gate is first reached, so the parent can read it while the run waits.
 """
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
 
+from saturate.script.boundary import GATE_GO, GATE_READY, GATE_STOP
 from saturate.stats.noise import WindowRule
 
 
@@ -35,6 +43,9 @@ class StepWindows:
         self.window_s = float(settings.pop("window_s", 0.5))
         self.fixed = int(settings.pop("window_steps", 0)) if world > 1 else 0
         settings.pop("window_steps", None)
+        self.gate: str | None = settings.pop("gate", None)
+        self._gate: Any = None  # the connected socket's file, once the first window is asked for
+        self.on_gate: Callable[[], None] = lambda: None  # called once, when the gate is first reached
         self.rule = WindowRule(**settings)
         self.clock, self._busy = clock, busy
         self.rates: list[float] = []  # steps per second, per window
@@ -52,6 +63,11 @@ class StepWindows:
             return True
         now = self.clock()
         if self._start is None:  # the end of the Profiler's last step: the windows begin here
+            if self.gate is not None:
+                self.on_gate()
+                if not self._wait(GATE_READY):
+                    return True
+                now = self.clock()
             self._begin(now)
             return False
         began, k = self._window
@@ -62,8 +78,31 @@ class StepWindows:
             return False
         self._size = self._size or k
         self.rates.append(k / max(now - began, 1e-9))
+        if self.gate is not None:
+            if not self._wait(f"{self.rates[-1]!r} {k}"):
+                return True
+            now = self.clock()
         self._window = (now, 0)
         return self._done(now - self._start)
+
+    def _wait(self, said: str) -> bool:
+        """Tell the parent `said` (a line), then wait for its word: True for another window, False to stop (its
+        `stop`, or the parent gone)."""
+        try:
+            if self._gate is None:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.connect(self.gate)
+                self._gate = sock.makefile("rw")
+            self._gate.write(said + "\n")
+            self._gate.flush()
+            word = self._gate.readline().strip()
+        except OSError:
+            return False
+        if word == GATE_GO:
+            return True
+        if word != GATE_STOP and word:
+            raise RuntimeError(f"saturate's gate said {word!r}")
+        return False
 
     def _begin(self, now: float) -> None:
         self._start, self._window = now, (now, 0)
@@ -80,6 +119,8 @@ class StepWindows:
 
     def _done(self, seconds: float) -> bool:
         rule, rates = self.rule, self.rates
+        if self.gate is not None:
+            return False  # the parent says when (`_wait`)
         if self.fixed:
             return len(rates) >= rule.min_windows
         done, self.busy = rule.done(rates, seconds, self.busy, self._read_busy)

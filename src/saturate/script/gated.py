@@ -1,0 +1,268 @@
+"""Two runs of a user's script alive at once, timed in alternating windows: a comparison a busy machine cannot flip.
+
+Trials run one after another are minutes apart; a neighbour's burst during one of them reads as a gain or a loss
+of any size (pytorch/examples' word_language_model: fused AdamW "+1093 %" under load, +8 % quiet; issue 28). So
+the script tuner compares two settings the way the preset tuner compares two plans (tune/paired.py): both runs
+of the command are started, each runs its warm-up and the doctor's Profiler window, then waits at a gate
+(`child/trial_windows.py`); from there saturate lets them run one window each in turn, A B | B A | A B …, each
+pair giving the ratio B ÷ A of two windows a second apart, under the same load. The decision rests on the median of
+those ratios and its distribution-free interval (stats/pairs.py), exactly as for a preset.
+
+Why two live runs rather than short runs repeated A B A B: a run's start-up (importing torch, building the model
+and the data, the warm-up and the Profiler's steps) costs seconds to minutes and is paid once per run here, against
+once per repetition; and a live incumbent is reused for the next comparison (`Arena`), so a tuning of n settings
+starts n + 1 runs — one more than trials run one after another.
+
+The run that waits is stopped (SIGSTOP, its whole process group: its loader workers would otherwise go on
+preparing batches on the cores the other run is being timed on) and continued (SIGCONT) for its next window.
+Each window's load from other processes is read by the parent (`ContentionMeter`: both runs are saturate's own
+children, so neither counts as a neighbour); a pair whose two windows saw the load differ by `UNEVEN_CORES` or
+more (a burst began or ended between them) is left out of the decision while `MIN_PAIRS` even pairs remain.
+
+Used on a CPU, for a command of one process (no launcher): two runs holding a GPU's memory at once could run out
+of memory where one alone fits, and a launcher's ranks wait in collectives for each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from saturate.errors import SaturateError
+from saturate.hardware.contention import ContentionMeter
+from saturate.script.boundary import GATE, GATE_GO, GATE_READY, GATE_STOP, REPORT, ChildSettings, read_json
+from saturate.script.command import LAUNCHERS, Child, ScriptRun, check_command
+from saturate.script.overrides import Overrides
+from saturate.script.script_trial import ScriptTrial
+from saturate.stats.comparison import Comparison
+from saturate.stats.noise import WindowRule, summarize
+from saturate.stats.pairs import MAX_PAIRS, MIN_PAIRS, paired_comparison, settled
+
+UNEVEN_CORES = 0.5  # a pair whose windows' neighbour load differs by this many cores is left out of the decision
+WINDOW_TIMEOUT_S = 300.0  # one window of steps this long means the run is stuck: it is stopped
+
+
+def can_gate(command: Sequence[str], device_type: str, world_size: int) -> str | None:
+    """Why the command's runs cannot be timed in alternating windows here, or None when they can."""
+    if device_type != "cpu":
+        return f"on {device_type} two runs at once could exceed the device's memory where one fits"
+    if world_size > 1 or os.path.basename(command[0]) in LAUNCHERS:
+        return "a command of several processes: its ranks cannot be parked one at a time"
+    return None
+
+
+@dataclass
+class Window:
+    """One timed window of a gated run: its steps per second, steps, and the cores other processes kept busy."""
+
+    rate: float
+    steps: int
+    other_cores: float | None
+
+
+class Gated:
+    """One run of the command with `overrides`, parked at its gate between windows. `open()` starts it and waits
+    for the gate (returning the Profiler's trial); `window()` times one window; `close()` ends it."""
+
+    def __init__(self, name: str, overrides: Overrides, command: Sequence[str], settings: ChildSettings,
+                 rule: WindowRule, *, first_step_timeout: float = 300.0, quiet_stdout: bool = False) -> None:
+        self.name, self.overrides, self.rule = name, overrides, rule
+        self.first_step_timeout = first_step_timeout
+        self.folder = Path(tempfile.mkdtemp(prefix="saturate-gated-"))
+        self.path = self.folder / GATE
+        windows = dict(settings.windows or {})
+        windows["gate"] = str(self.path)
+        settings = dataclasses.replace(settings, windows=windows)
+        self.child = Child(check_command(command), settings, self.folder, quiet_stdout)
+        self.profile: ScriptTrial | None = None  # the Profiler's trial, read at the gate
+        self.windows: list[Window] = []  # every window this run was timed in
+        self.ended = False  # the script ended (or failed) while parked or timed
+        self._server: socket.socket | None = None
+        self._conn: socket.socket | None = None
+        self._file = None
+
+    def open(self) -> ScriptTrial:
+        """Start the run and wait until it reaches the gate: its trial from the Profiler's report, the run parked
+        (`parked`). A run that ended before the gate gives its trial as a trial run alone would (`parked` False);
+        one that failed raises as `run_instrumented` does."""
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(str(self.path))
+        server.listen(1)
+        server.settimeout(0.1)
+        self._server = server
+        self.child.start()
+        while self._conn is None:
+            try:
+                self._conn, _ = server.accept()
+            except TimeoutError:
+                if not self.child.alive():
+                    return self._ended_before_gate()
+                self.child.check(self.first_step_timeout)
+        self._conn.settimeout(self.first_step_timeout)
+        self._file = self._conn.makefile("rw")
+        if self._read() != GATE_READY:
+            return self._ended_before_gate()
+        self.child.signal(signal.SIGSTOP)
+        report = read_json(self.folder, REPORT)
+        if report is None:
+            raise SaturateError("the script reached saturate's gate without its report")
+        run = ScriptRun(self.child.cmd, 0, report, None, report.get("optimizer_steps", 0),
+                        time.monotonic() - self.child.started)
+        self.profile = ScriptTrial.of(self.name, self.overrides, run, self.rule)
+        return self.profile
+
+    @property
+    def parked(self) -> bool:
+        return self.profile is not None and not self.ended
+
+    def _ended_before_gate(self) -> ScriptTrial:
+        self.ended = True
+        self.child.wait(self.first_step_timeout)
+        run = self.child.result()
+        self.profile = ScriptTrial.of(self.name, self.overrides, run, self.rule)
+        return self.profile
+
+    def _read(self) -> str:
+        try:
+            return self._file.readline().strip() if self._file is not None else ""
+        except OSError:
+            return ""
+
+    def window(self) -> Window | None:
+        """Let the run time one window (continued, then parked again); None when it ended instead."""
+        if not self.parked:
+            return None
+        meter = ContentionMeter(gpu=False).start()
+        self.child.signal(signal.SIGCONT)
+        try:
+            assert self._file is not None
+            self._file.write(GATE_GO + "\n")
+            self._file.flush()
+            self._conn.settimeout(WINDOW_TIMEOUT_S)  # type: ignore[union-attr]
+            line = self._read()
+        except OSError:
+            line = ""
+        seen = meter.stop()
+        parts = line.split()
+        if len(parts) != 2:  # the script ended (or the socket closed) during the window
+            self.ended = True
+            return None
+        self.child.signal(signal.SIGSTOP)
+        w = Window(float(parts[0]), int(parts[1]), seen.other_cores)
+        self.windows.append(w)
+        return w
+
+    def trial(self, windows: Sequence[Window]) -> ScriptTrial:
+        """This run's trial over `windows` (the Profiler's phases and losses, the windows' steps per second)."""
+        assert self.profile is not None
+        rates = [w.rate for w in windows]
+        if not rates:
+            return self.profile
+        summary = summarize(rates)
+        t = dataclasses.replace(self.profile, window_steps_per_s=rates, windows=len(rates),
+                                steps=sum(w.steps for w in windows), ran_to_end=self.ended)
+        t.step_s = 1 / summary.median
+        t.spread = summary.spread if len(rates) > 1 else None
+        t.samples_per_s = t.samples_per_step / t.step_s if t.samples_per_step else None
+        loads = [w.other_cores for w in windows if w.other_cores is not None]
+        t.busy = bool(loads) and max(loads) >= UNEVEN_CORES
+        return t
+
+    def close(self) -> None:
+        """End the run: told to stop at its gate (it writes its last report and exits), else stopped."""
+        with contextlib.suppress(OSError, ValueError):
+            if self._file is not None and not self.ended:
+                self.child.signal(signal.SIGCONT)
+                self._file.write(GATE_STOP + "\n")
+                self._file.flush()
+                deadline = time.monotonic() + 5
+                while self.child.alive() and time.monotonic() < deadline:
+                    time.sleep(0.02)
+        self.child.stop()
+        for f in (self._file, self._conn, self._server):
+            with contextlib.suppress(OSError):
+                if f is not None:
+                    f.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> Gated:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class PairedTrials:
+    """What alternating windows measured: each run's trial over them, the per-pair ratios B ÷ A (even pairs: their
+    windows under the same load, within `UNEVEN_CORES`), the pairs left out, and the decision."""
+
+    a: ScriptTrial
+    b: ScriptTrial
+    ratios: list[float] = field(default_factory=list)
+    uneven: list[float] = field(default_factory=list)  # ratios of pairs the load changed within, left out
+    loads: list[tuple[float | None, float | None]] = field(default_factory=list)  # each pair's (A, B) neighbour cores
+    comparison: Comparison | None = None  # None: fewer than two pairs (a run ended)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        c = self.comparison
+        return {"ratios": self.ratios, "uneven": self.uneven, "loads": self.loads, "seconds": self.seconds,
+                "gain": None if c is None else c.gain, "noise": None if c is None else c.noise,
+                "verdict": None if c is None else c.verdict.value, "text": None if c is None else c.text()}
+
+
+def time_pairs(a: Gated, b: Gated, min_gain: float, *, min_pairs: int = MIN_PAIRS,
+               cap_s: float | None = None) -> PairedTrials:
+    """Time two parked runs in alternating windows until the pairs are settled (stats/pairs.py: decisive at one of
+    its checks, or `cap_s` timed seconds; `min_pairs` at least; `MAX_PAIRS` at most) or a run ends."""
+    started = time.monotonic()
+    mine: dict[int, list[Window]] = {id(a): [], id(b): []}
+    all_ratios: list[float] = []
+    even: list[float] = []
+    uneven: list[float] = []
+    loads: list[tuple[float | None, float | None]] = []
+    timed = 0.0
+    for i in range(MAX_PAIRS):
+        got: dict[int, Window] = {}
+        for side in (a, b) if i % 2 == 0 else (b, a):
+            w = side.window()
+            if w is None:
+                break
+            got[id(side)] = w
+            mine[id(side)].append(w)
+            timed += w.steps / w.rate
+        if len(got) < 2:
+            break
+        wa, wb = got[id(a)], got[id(b)]
+        ratio = wb.rate / wa.rate
+        all_ratios.append(ratio)
+        loads.append((wa.other_cores, wb.other_cores))
+        if wa.other_cores is not None and wb.other_cores is not None \
+                and abs(wa.other_cores - wb.other_cores) >= UNEVEN_CORES:
+            uneven.append(ratio)
+        else:
+            even.append(ratio)
+        deciding = even if len(even) >= min_pairs else all_ratios
+        if settled(deciding, min_gain, min_pairs=min_pairs, timed_s=timed, cap_s=cap_s):
+            break
+    deciding = even if len(even) >= min_pairs else all_ratios
+    left_out = uneven if deciding is even else []
+    out = PairedTrials(a.trial(mine[id(a)]), b.trial(mine[id(b)]), deciding, left_out, loads,
+                       seconds=time.monotonic() - started)
+    if len(deciding) >= 2:
+        c = paired_comparison(deciding, min_gain)
+        if left_out:
+            c = c.said(f"{c.note}; {len(left_out)} pair(s) left out: the load from other processes changed by "
+                       f"{UNEVEN_CORES:g} core or more between their two windows")
+        out.comparison = c
+    return out

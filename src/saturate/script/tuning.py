@@ -1,0 +1,160 @@
+"""What a tuning of a user's script found (`ScriptTuning`), and how it is told: the edits to make in the script
+(`edits`), overrides.json and tune.json (`write`), the table and lines (`render`). The search is tune_script.py's."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from saturate.atomic import atomic_write_bytes
+from saturate.script.doctor_script import TRAINER_TERMS, trainer_edit
+from saturate.script.gated import PairedTrials
+from saturate.script.script_trial import MIN_GAIN, ScriptTrial, window_rule
+from saturate.stats.comparison import Comparison
+from saturate.stats.noise import WindowRule, rate_text
+
+
+@dataclass
+class ScriptTuning:
+    command: list[str]
+    baseline: ScriptTrial
+    best: ScriptTrial
+    trials: list[ScriptTrial] = field(default_factory=list)
+    decisions: list[str] = field(default_factory=list)
+    loaders: list[dict[str, Any]] = field(default_factory=list)  # as the as-written run saw them
+    device_type: str = "cpu"
+    trainer: dict[str, Any] | None = None  # a Transformers Trainer as the as-written run saw it
+    lightning: dict[str, Any] | None = None  # a Lightning Trainer as the as-written run saw it
+    optimizer: dict[str, Any] | None = None  # the followed optimizer: class, where it was made, fused
+
+    rule: WindowRule = field(default_factory=window_rule)  # how each trial's windows were judged
+    paired: str | None = None  # None: comparisons were paired (`gated.py`); else why they were not
+    confirmation: PairedTrials | None = None  # the best against the script as written, paired, at the end
+
+    @property
+    def speedup(self) -> float:
+        """The best against the script as written: the confirmation's median ratio when there was one, else the
+        ratio of their trials' step times."""
+        if self.confirmation is not None and self.confirmation.comparison is not None:
+            return 1 + self.confirmation.comparison.gain
+        return self.baseline.step_s / self.best.step_s if self.best.step_s > 0 else 1.0
+
+    def gain(self) -> Comparison | None:
+        """The best trial against the script as written (None when nothing was kept): paired when confirmed so,
+        else with both trials' spreads."""
+        if self.best is self.baseline:
+            return None
+        if self.confirmation is not None and self.confirmation.comparison is not None:
+            return self.confirmation.comparison
+        return self.best.against(self.baseline)
+
+    def to_dict(self) -> dict[str, Any]:
+        gain = self.gain()
+        return {"command": self.command, "overrides": self.best.overrides.to_dict(), "speedup": self.speedup,
+                "gain": None if gain is None else {"gain": gain.gain, "noise": gain.noise, "text": gain.text()},
+                "min_gain": MIN_GAIN, "window_rule": asdict(self.rule),
+                "baseline": self.baseline.to_dict(), "best": self.best.to_dict(),
+                "trials": [t.to_dict() for t in self.trials],
+                "decisions": self.decisions, "loaders": self.loaders, "device_type": self.device_type,
+                "trainer": self.trainer, "lightning": self.lightning, "optimizer": self.optimizer,
+                "paired": self.paired is None, "not_paired_because": self.paired,
+                "confirmation": None if self.confirmation is None else self.confirmation.to_dict(),
+                "edits": edits(self)}
+
+
+
+def edits(tuning: ScriptTuning) -> list[str]:
+    """The tuned overrides as the edits a user would make in the script: a Transformers Trainer's
+    TrainingArguments when the script has one; else a Lightning Trainer's arguments, its DataLoader calls
+    (the training loader's batch_size with them), its optimizer's constructor and TF32 at start-up."""
+    over = tuning.best.overrides
+    if tuning.trainer:
+        fields = dict(over.trainer)
+        fields.update({TRAINER_TERMS[k]: v for k, v in over.loader.items() if k in TRAINER_TERMS})
+        if over.tf32:
+            fields["tf32"] = True
+        return [trainer_edit(fields, tuning.trainer)] if fields else []
+    lines = []
+    if over.lightning:
+        lightning = tuning.lightning or {}
+        site = f"{lightning['site']}: " if lightning.get("site") else ""
+        args = ", ".join(f"{k}={v!r}" for k, v in over.lightning.items())
+        lines.append(f"{site}{lightning.get('class') or 'Trainer'}(..., {args})")
+    site = (tuning.loaders[0] if tuning.loaders else {}).get("site") or "your DataLoader"
+    calls: dict[str, dict[str, Any]] = {}  # DataLoader(...) call -> its arguments to change
+    if "batch_size" in (train := over.train_loader):
+        calls[train.get("site") or site] = {"batch_size": train["batch_size"]}
+    if over.loader:
+        calls[site] = {**calls.get(site, {}), **over.loader}
+    for at, changes in calls.items():
+        lines.append(f"{at}: DataLoader(..., {', '.join(f'{k}={v!r}' for k, v in changes.items())})")
+    if over.optimizer:
+        opt = tuning.optimizer or {}
+        at = f"{opt['site']}: " if opt.get("site") else ""
+        args = ", ".join(f"{k}={v!r}" for k, v in over.optimizer.items())
+        lines.append(f"{at}{opt.get('class') or 'your optimizer'}(..., {args})")
+    if over.tf32:
+        lines.append("at start-up: torch.backends.cuda.matmul.allow_tf32 = True; "
+                     "torch.backends.cudnn.allow_tf32 = True")
+    return lines
+
+
+def write(tuning: ScriptTuning, folder: Path) -> Path:
+    """overrides.json (what `saturate run --overrides` applies) and tune.json (every trial) in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    overrides = json.dumps(tuning.best.overrides.to_dict(), indent=2) + "\n"
+    atomic_write_bytes(folder / "overrides.json", overrides.encode())
+    atomic_write_bytes(folder / "tune.json", (json.dumps(tuning.to_dict(), indent=2, default=str) + "\n").encode())
+    return folder / "overrides.json"
+
+
+def render(tuning: ScriptTuning, console: Console, written: Path | None = None) -> None:
+    console.print(Text(f"saturate tune -- {shlex.join(tuning.command)}", style="bold"))
+    if tuning.trainer:
+        tr = tuning.trainer
+        console.print(Text(f"Transformers {tr['class']} at {tr.get('site') or '?'}; its "
+                           f"{tr.get('args_class') or 'TrainingArguments'} at {tr.get('args_site') or '?'}"))
+    elif tuning.lightning:
+        console.print(Text(f"Lightning {tuning.lightning['class']} at {tuning.lightning.get('site') or '?'}"))
+    t = Table(box=None, padding=(0, 1))
+    for col, justify in (("trial", "left"), ("s/step", "right"), ("samples/s (median ±)", "right"),
+                         ("data", "right"), ("windows", "right")):
+        t.add_column(col, justify=justify)
+    for trial in tuning.trials:
+        if not trial.ok:
+            t.add_row(trial.name, "failed", "-", "-", "-")
+            continue
+        spread = trial.spread if trial.windows > 1 else None
+        rate = rate_text(trial.samples_per_s, spread, unit="") if trial.samples_per_s else (
+            f"±{100 * spread:.1f} %" if spread is not None else "-")
+        t.add_row(trial.name, f"{trial.step_s:.4g}", rate, f"{100 * trial.data_share:.0f} %",
+                  str(trial.windows or "-") + (" busy" if trial.busy else ""))
+    console.print(t)
+    for trial in tuning.trials[1:]:
+        console.print(Text(f"  {trial.name}: {trial.outcome}"))
+    for d in tuning.decisions:
+        console.print(Text(f"  {d}"))
+    gain = tuning.gain()
+    if gain is None:
+        console.print(Text("best: the script as written (no setting was faster beyond the noise and by "
+                           f"{100 * MIN_GAIN:.0f} %; medians of each trial's timed windows)", style="bold"))
+    else:
+        console.print(Text(f"best: {tuning.best.name}, {tuning.speedup:.2f}× the script as written ({gain.text()}; "
+                           "medians of each trial's timed windows)", style="bold"))
+    lines = edits(tuning)
+    if lines:
+        console.print("the edit to make in your script:")
+        for line in lines:
+            console.print(Text(f"  {line}"))
+    else:
+        console.print("no setting measured faster than the script as written beyond the noise; nothing to change")
+    if written is not None:
+        console.print(f"overrides written to {written} (`saturate run --overrides {written} -- CMD` applies them "
+                      "without an edit)")
