@@ -1,0 +1,223 @@
+"""Two runs of a script timed in alternating windows (script/gated.py): the gate between parent and child, the pairs
+and what they decide, and no run left behind when saturate dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import cli_env, saturate_cmd
+from saturate.script.boundary import GATE_GO, GATE_READY, GATE_STOP
+from saturate.script.child.trial_windows import StepWindows
+from saturate.script.gated import UNEVEN_CORES, Window, can_gate, time_pairs
+from saturate.script.overrides import NONE
+from saturate.script.script_trial import ScriptTrial
+from saturate.stats.comparison import Verdict
+
+
+def test_only_one_process_on_a_cpu_is_gated():
+    assert can_gate(["python", "train.py"], "cpu", 1) is None
+    assert "memory" in can_gate(["python", "train.py"], "cuda", 1)
+    assert "several processes" in can_gate(["torchrun", "--nproc_per_node=2", "train.py"], "cpu", 1)
+    assert "several processes" in can_gate(["python", "train.py"], "cpu", 2)
+
+
+def _gate(tmp_path):
+    path = tmp_path / "gate.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+    server.settimeout(10)
+    return path, server
+
+
+def _drive(windows: StepWindows, out: dict) -> None:
+    steps = 0
+    while not windows.step():
+        steps += 1
+        time.sleep(0.001)
+    out["steps"] = steps
+
+
+def test_the_child_times_a_window_only_when_told_and_stops_on_stop(tmp_path):
+    path, server = _gate(tmp_path)
+    gated = StepWindows({"window_s": 0.02, "gate": str(path)})
+    reached = []
+    gated.on_gate = lambda: reached.append(True)
+    out: dict = {}
+    child = threading.Thread(target=_drive, args=(gated, out))
+    child.start()
+    conn, _ = server.accept()
+    f = conn.makefile("rw")
+    assert f.readline().strip() == GATE_READY and reached == [True]  # the Profiler's report is written first
+    time.sleep(0.3)  # parked: no steps are taken while the parent does not say go
+    assert gated.steps == 0
+    lines = []
+    for _ in range(2):
+        f.write(GATE_GO + "\n")
+        f.flush()
+        lines.append(f.readline().split())
+    f.write(GATE_STOP + "\n")
+    f.flush()
+    child.join(timeout=10)
+    assert not child.is_alive()
+    assert [float(rate) for rate, _ in lines] == gated.rates and len(gated.rates) == 2
+    assert all(int(k) >= 1 for _, k in lines)
+    assert gated.record()["rates"] == gated.rates
+    server.close()
+
+
+def test_the_child_stops_when_the_parent_is_gone(tmp_path):
+    path, server = _gate(tmp_path)
+    gated = StepWindows({"window_s": 0.02, "gate": str(path)})
+    out: dict = {}
+    child = threading.Thread(target=_drive, args=(gated, out))
+    child.start()
+    conn, _ = server.accept()
+    conn.makefile("rw").readline()
+    conn.close()
+    server.close()
+    child.join(timeout=10)
+    assert not child.is_alive() and gated.rates == []
+
+
+@dataclass
+class _Run:
+    """A parked run as time_pairs reads it: scripted windows."""
+
+    rates: list[float]
+    loads: list[float]
+
+    def __post_init__(self):
+        self.i = 0
+
+    def window(self):
+        if self.i >= len(self.rates):
+            return None
+        w = Window(self.rates[self.i], 10, self.loads[self.i])
+        self.i += 1
+        return w
+
+    def trial(self, windows):
+        return ScriptTrial("run", NONE, 1 / windows[0].rate if windows else 1.0, None, 0.0, 0)
+
+
+def test_pairs_decide_on_the_ratio_of_windows_side_by_side():
+    # A drifting machine: both runs slow down together; B is 20 % faster in every pair.
+    a = [100 / (1 + i) for i in range(24)]
+    b = [1.2 * r for r in a]
+    quiet = [0.0] * 24
+    p = time_pairs(_Run(a, quiet), _Run(b, quiet), 0.03)
+    assert p.comparison.verdict is Verdict.FASTER
+    assert p.comparison.gain == pytest.approx(0.2)
+    assert len(p.ratios) == 6  # decisive at the first check
+
+
+def test_pairs_whose_load_changed_between_their_windows_are_left_out():
+    # B is as fast as A; in a few pairs a burst (2 cores busy) hit A's window only: A read half its speed there.
+    n = 24
+    burst = {1, 4, 7, 10}
+    load_a = [2.0 if i in burst else 0.0 for i in range(n)]
+    rate_a = [50.0 if i in burst else 100.0 for i in range(n)]
+    p = time_pairs(_Run(rate_a, load_a), _Run([100.0] * n, [0.0] * n), 0.03)
+    assert p.uneven and all(r == pytest.approx(2.0) for r in p.uneven)
+    assert all(abs(la - lb) >= UNEVEN_CORES for la, lb in p.loads if la != lb)
+    assert p.comparison.verdict is not Verdict.FASTER  # the burst did not pass for a 2× gain
+    assert "left out" in p.comparison.text()
+
+
+def test_a_run_that_ends_leaves_no_comparison():
+    p = time_pairs(_Run([100.0], [0.0]), _Run([100.0] * 5, [0.0] * 5), 0.03)
+    assert p.comparison is None and len(p.ratios) <= 1
+
+
+REAPED = """
+import os, signal, sys, time
+from pathlib import Path
+from saturate.script.boundary import ChildSettings
+from saturate.script.command import Child
+folder = Path(sys.argv[1])
+child = Child([sys.executable, "-c", "import os, time; open(%r, 'w').write(str(os.getpid())); time.sleep(120)"
+               % str(folder / "script.pid")], ChildSettings(), folder).start()
+while not (folder / "script.pid").exists():
+    time.sleep(0.05)
+if sys.argv[2] == "parked":
+    child.signal(signal.SIGSTOP)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+@pytest.mark.parametrize("state", ["running", "parked"])
+def test_a_run_dies_with_saturate_even_when_saturate_is_killed(tmp_path, state):
+    parent = subprocess.Popen([sys.executable, "-c", REAPED, str(tmp_path), state], stdout=subprocess.PIPE,
+                              env=cli_env(), text=True)
+    try:
+        assert parent.stdout.readline().strip() == "ready"
+        pid = int((tmp_path / "script.pid").read_text())
+        assert _alive(pid)
+        parent.send_signal(signal.SIGKILL)  # nothing of saturate's own runs: the reaper must see it
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pid), f"the script ({state}) outlived saturate"
+    finally:
+        parent.kill()
+
+
+# A plain loop whose speed changes by itself every 1.5 s (a neighbour's bursts, played by the script): the fused
+# AdamW it is offered changes nothing measurable on a model this small; trials one after another could read the
+# bursts as a gain of several times, alternating windows must not.
+BURSTY = """
+import sys, time, torch, torch.nn as nn
+torch.set_num_threads(1)
+model = nn.Linear(8, 1)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x, y = torch.randn(16, 8), torch.randn(16, 1)
+for step in range(int(sys.argv[1])):
+    time.sleep(0.012 if int(time.time() / 1.5) % 2 else 0.002)
+    loss = nn.functional.mse_loss(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+@pytest.mark.slow
+def test_tune_pairs_its_comparisons_and_a_burst_is_not_a_gain(tmp_path):
+    before = set(Path(tempfile.gettempdir()).glob("saturate-gated-*"))
+    (tmp_path / "bursty.py").write_text(textwrap.dedent(BURSTY))
+    out = subprocess.run(saturate_cmd("tune", "--trial-steps", "4", "--trial-seconds", "4", "--json", "--out",
+                                      str(tmp_path / "t"), "--", sys.executable, "bursty.py", "1000000"),
+                         env={**cli_env(), "OMP_NUM_THREADS": "1"}, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    d = json.loads(out.stdout)
+    assert d["paired"] is True, d["not_paired_because"]
+    fused = next(t for t in d["trials"] if "fused=True" in t["name"])
+    assert fused["pair"]["with"] == "as written" and len(fused["pair"]["ratios"]) >= 6
+    # whatever was decided, no ratio of the bursts' size (5-6×) was read as the fused optimizer's
+    assert 0.6 < 1 + fused["pair"]["gain"] < 1.6, fused["pair"]
+    if d["overrides"]:
+        assert d["confirmation"]["verdict"] == "faster", d["confirmation"]
+    assert set(Path(tempfile.gettempdir()).glob("saturate-gated-*")) <= before  # each run's folder removed
