@@ -221,3 +221,33 @@ def test_tune_pairs_its_comparisons_and_a_burst_is_not_a_gain(tmp_path):
     if d["overrides"]:
         assert d["confirmation"]["verdict"] == "faster", d["confirmation"]
     assert set(Path(tempfile.gettempdir()).glob("saturate-gated-*")) <= before  # each run's folder removed
+
+
+def test_the_full_run_waits_for_a_paired_side_by_side_to_confirm():
+    from saturate.script.run_script import confirmed
+    from saturate.stats.pairs import paired_comparison
+
+    assert confirmed(paired_comparison([1.3, 1.25, 1.31, 1.28, 1.3, 1.27], 0.03), given=False) == (True, None)
+    applied, why = confirmed(paired_comparison([1.9, 0.7, 1.1, 1.0, 0.9, 1.2], 0.03), given=False)
+    assert not applied and "not faster beyond the noise in alternating windows" in why and "within noise" in why
+    applied, why = confirmed(paired_comparison([0.8] * 6, 0.03), given=True, source="over.json")
+    assert applied and why.startswith("warning: over.json")
+
+
+@pytest.mark.slow
+def test_run_tunes_and_confirms_in_alternating_windows_then_applies(tmp_path):
+    from test_script_tune import SLOW_DATA
+
+    (tmp_path / "slow.py").write_text(SLOW_DATA)
+    out = subprocess.run(saturate_cmd("run", "--trial-steps", "4", "--trial-seconds", "3", "--json", "--",
+                                      sys.executable, "slow.py", "300"),
+                         env={**cli_env(), "OMP_NUM_THREADS": "1"}, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    d = json.loads(out.stdout)
+    side = d["side_by_side"]
+    assert side["paired"] is True and side["pairs"] >= 6 and side["verdict"] == "faster", side
+    assert d["overrides"]["loader"]["num_workers"] >= 2 and d["applied"] is True
+    assert len(d["as_written"]) == len(d["tuned"]) == 1 and d["tuned"][0]["windows"] >= 6
+    assert d["full_run"]["optimizer_steps"] == 300 and "trained 300 steps" in out.stderr
+    assert side["text"].startswith("+") and "alternating pairs" in side["text"]

@@ -1,18 +1,22 @@
 """`saturate run -- CMD`: the script as written and with the tuned settings side by side, then the whole
 run with those settings applied from outside (no edit), and the before/after table.
 
-The side-by-side rounds alternate (as written, tuned | tuned, as written | …; stats/rounds.py) so that a
-burst of load on the machine hits both; the ratio reported is the median of the per-round ratios, with
-its range, and "within noise" when the range includes 1.0.
+Where the tuning's comparisons were paired (a CPU, a command of one process: `gated.py`), the side-by-side is too:
+the script as written and tuned, both alive, timed in alternating windows; the ratio is the median of the per-pair
+ratios with its interval (stats/pairs.py), and the tuned settings are faster when the whole interval is above 1
+and the median gains `MIN_GAIN`. Elsewhere (a GPU, a launcher, `--overrides` given) the side-by-side is rounds of
+whole trials that alternate (as written, tuned | tuned, as written | …; stats/rounds.py) so that a burst of load
+on the machine hits both; the ratio reported is the median of the per-round ratios, with its range, and "within
+noise" when the range includes 1.0.
 
 When there is nothing to apply (tuning kept no setting: none was faster beyond the noise), there is no
 side-by-side — it would time the same command twice — and the script runs as written (`NOTHING_FOUND`).
 
 Decide, then confirm, then act: settings tuned in this run are applied to the full run only when the side-by-side
-measured them faster in every round (`Ratio.faster`); otherwise the full run is the script as written and the
-report says why (`withheld`) — trials seconds apart can read a neighbour's burst as a gain, the alternating rounds
-cannot. Settings the user gave (`--overrides FILE`) are the user's decision: applied, with a warning when the
-side-by-side did not confirm them.
+measured them faster (paired: beyond the interval; rounds: in every round, `Ratio.faster`); otherwise the full run
+is the script as written and the report says why (`withheld`) — trials minutes apart can read a neighbour's burst
+as a gain, alternating windows or rounds cannot. Settings the user gave (`--overrides FILE`) are the user's
+decision: applied, with a warning when the side-by-side did not confirm them.
 
     run_script(command, options, console)   the whole flow: tune (or --overrides), side by side, full run
 """
@@ -32,10 +36,12 @@ from rich.text import Text
 from saturate.errors import ConfigError
 from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
+from saturate.script.gated import Gated, PairedTrials, time_pairs
 from saturate.script.overrides import NONE, Overrides
-from saturate.script.script_trial import ScriptTrial, TrialOptions, window_rule
+from saturate.script.script_trial import MIN_GAIN, ScriptTrial, TrialOptions, window_rule
 from saturate.script.tune_script import trial_settings, tune_with_progress
 from saturate.script.tuning import render as render_tuning
+from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule
 from saturate.stats.rounds import Ratio, interleaved, per_round
 
@@ -54,11 +60,20 @@ class ScriptRunReport:
     reason: str | None = None  # why there was no side-by-side
     applied: bool = True  # the full run had the overrides (False: withheld, or nothing to apply)
     withheld: str | None = None  # why the full run is as written although overrides were found, or a warning
+    pairs: PairedTrials | None = None  # the side-by-side in alternating windows (then one trial each above)
 
     @property
     def ratios(self) -> list[float]:
-        """Per round, the speed-up of tuned over as written (step time as written ÷ tuned)."""
+        """Per round (or per pair of windows), the speed-up of tuned over as written."""
+        if self.pairs is not None:
+            return self.pairs.ratios
         return per_round([a.step_s for a in self.as_written], [t.step_s for t in self.tuned])
+
+    def verdict(self) -> Ratio | Comparison | None:
+        """What the side-by-side found: the pairs' comparison, else the rounds' ratio (None: no ratio)."""
+        if self.pairs is not None:
+            return self.pairs.comparison
+        return Ratio.of(self.ratios)
 
     def full_rate(self, skip: int = 2) -> tuple[float | None, int]:
         """Optimizer steps per second over the whole run, its first `skip` steps (start-up) left out."""
@@ -70,11 +85,15 @@ class ScriptRunReport:
     def to_dict(self) -> dict[str, Any]:
         rate, n = self.full_rate()
         ratio = Ratio.of(self.ratios)
+        side: dict[str, Any] | None = None
+        if self.pairs is not None:
+            side = {"paired": True, "pairs": len(self.pairs.ratios), **self.pairs.to_dict()}
+        elif not self.reason:
+            side = {"paired": False, "rounds": len(self.as_written),
+                    "verdict": ratio.to_dict()["verdict"] if ratio else None}
         return {"command": self.command, "overrides": self.overrides.to_dict(), "ratios": self.ratios,
                 "applied": self.applied and bool(self.overrides), "withheld": self.withheld,
-                "speedup": ratio.to_dict() if ratio else None, "reason": self.reason,
-                "side_by_side": None if self.reason else {"rounds": len(self.as_written),
-                                                          "verdict": ratio.to_dict()["verdict"] if ratio else None},
+                "speedup": ratio.to_dict() if ratio else None, "reason": self.reason, "side_by_side": side,
                 "as_written": [t.to_dict() for t in self.as_written], "tuned": [t.to_dict() for t in self.tuned],
                 "full_run": {"returncode": self.full.returncode, "optimizer_steps": self.full.optimizer_steps,
                              "steps_per_s": rate, "seconds": self.full.seconds,
@@ -106,6 +125,24 @@ def side_by_side(command: Sequence[str], overrides: Overrides, *, rounds: int = 
     return trials["as written"], trials["tuned"]
 
 
+def side_by_side_paired(command: Sequence[str], overrides: Overrides, options: TrialOptions) -> PairedTrials:
+    """The script as written and with `overrides`, both alive, timed in alternating windows (`gated.py`)."""
+    rule = options.rule
+    runs = [Gated(name, over, command, trial_settings(over, options.warmup, options.steps, rule), rule,
+                  first_step_timeout=options.first_step_timeout, quiet_stdout=options.quiet_stdout)
+            for name, over in (("as written", NONE), ("tuned", overrides))]
+    try:
+        for run in runs:
+            t = run.open()
+            if t.trainer_error and run.overrides.trainer:
+                raise ConfigError(f"the script's Trainer refused the overrides {run.overrides.trainer}: "
+                                  f"{t.trainer_error}")
+        return time_pairs(runs[0], runs[1], MIN_GAIN, cap_s=2 * rule.max_seconds)
+    finally:
+        for run in runs:
+            run.close()
+
+
 def full_run(command: Sequence[str], overrides: Overrides, *, first_step_timeout: float = 300.0,
              quiet_stdout: bool = False) -> ScriptRun:
     """The whole script with `overrides` applied from outside; only its step times and samples are recorded."""
@@ -118,6 +155,7 @@ def run_script(command: Sequence[str], options: TrialOptions, console: Console, 
                allow_micro_batch_change: bool = False) -> ScriptRunReport:
     """`saturate run -- CMD`: the tuned settings (tuned here, or `overrides` read from `overrides_file`), the
     script as written and tuned in `rounds` alternating rounds, then the whole script with them applied."""
+    paired = False
     if overrides is not None:
         reason = f"{overrides_file} sets nothing; the script runs as written (no side-by-side)"
     else:
@@ -125,11 +163,19 @@ def run_script(command: Sequence[str], options: TrialOptions, console: Console, 
                                     confirm=False)  # the side-by-side below confirms it
         render_tuning(tuning, console)
         overrides, reason = tuning.best.overrides, NOTHING_FOUND
+        paired = tuning.paired is None  # its comparisons were paired: so is the side-by-side
     given = overrides_file is not None
     written: list[ScriptTrial] = []
     tuned: list[ScriptTrial] = []
     applied, withheld = bool(overrides), None
-    if overrides:
+    pairs: PairedTrials | None = None
+    if overrides and paired:
+        reason = None
+        console.print("[dim]run: the script as written and tuned, both alive, in alternating windows …[/]")
+        pairs = side_by_side_paired(command, overrides, options)
+        written, tuned = [pairs.a], [pairs.b]
+        applied, withheld = confirmed(pairs.comparison, given, overrides_file)
+    elif overrides:
         reason = None
         console.print("[dim]run: the script as written and tuned, in alternating rounds …[/]")
 
@@ -148,20 +194,25 @@ def run_script(command: Sequence[str], options: TrialOptions, console: Console, 
         console.print("[dim]run: nothing to apply; the whole script as written …[/]")
     full = full_run(command, overrides if applied else NONE, first_step_timeout=options.first_step_timeout,
                     quiet_stdout=options.quiet_stdout)
-    return ScriptRunReport(list(full.command), overrides, written, tuned, full, reason, applied, withheld)
+    return ScriptRunReport(list(full.command), overrides, written, tuned, full, reason, applied, withheld, pairs)
 
 
-def confirmed(ratio: Ratio | None, given: bool, source: str | None = None) -> tuple[bool, str | None]:
-    """(whether the full run applies the overrides, why not or a warning) from the side-by-side's ratio of as
-    written ÷ tuned step times: tuned settings only when faster in every round; given ones (`--overrides`) always,
-    warned when not confirmed."""
-    if ratio is not None and ratio.faster:
+def confirmed(found: Ratio | Comparison | None, given: bool, source: str | None = None) -> tuple[bool, str | None]:
+    """(whether the full run applies the overrides, why not or a warning) from the side-by-side: rounds' ratio of
+    as written ÷ tuned step times (faster in every round), or paired windows' comparison (faster beyond the
+    interval and `MIN_GAIN`); tuned settings only when faster; given ones (`--overrides`) always, warned when not
+    confirmed."""
+    if found is not None and found.faster:
         return True, None
-    measured = f"tuned ÷ as written {ratio.verdict()}" if ratio is not None else "no round gave a ratio"
+    if isinstance(found, Comparison):
+        measured, how = f"tuned against as written {found.text()}", "faster beyond the noise in alternating windows"
+    else:
+        measured = f"tuned ÷ as written {found.verdict()}" if found is not None else "no round gave a ratio"
+        how = "faster in every round side by side"
     if given:
         return True, (f"warning: {source} was not measured faster side by side ({measured}); applied as you asked")
-    return False, (f"the tuned settings were not faster in every round side by side ({measured}); the full run is "
-                   "the script as written, nothing applied")
+    return False, (f"the tuned settings were not {how} ({measured}); the full run is the script as written, "
+                   "nothing applied")
 
 
 def render(report: ScriptRunReport, console: Console) -> None:
@@ -184,13 +235,19 @@ def render(report: ScriptRunReport, console: Console) -> None:
 
 def _render_side_by_side(report: ScriptRunReport, console: Console) -> None:
     t = Table(box=None, padding=(0, 1))
-    for col, justify in (("", "left"), ("s/step (median)", "right"), ("samples/s", "right"), ("rounds", "right")):
+    count = "windows" if report.pairs is not None else "rounds"
+    for col, justify in (("", "left"), ("s/step (median)", "right"), ("samples/s", "right"), (count, "right")):
         t.add_column(col, justify=justify)
     for name, trials in (("as written", report.as_written), ("tuned", report.tuned)):
         step = statistics.median(x.step_s for x in trials)
         rates = [x.samples_per_s for x in trials if x.samples_per_s]
-        t.add_row(name, f"{step:.4g}", f"{statistics.median(rates):.1f}" if rates else "-", str(len(trials)))
+        n = trials[0].windows if report.pairs is not None else len(trials)
+        t.add_row(name, f"{step:.4g}", f"{statistics.median(rates):.1f}" if rates else "-", str(n))
     console.print(t)
+    if report.pairs is not None:
+        c = report.pairs.comparison
+        console.print(f"tuned against as written: {c.text() if c else 'no pair of windows completed'}")
+        return
     ratio = Ratio.of(report.ratios)
     if ratio is None:
         return
