@@ -102,6 +102,30 @@ def test_a_small_gain_is_confirmed_in_pairs_not_by_measuring_again_and_pairs_can
     assert _tune(held).plan.micro_batch == 16
 
 
+class LoadedMachine(PairingMachine):
+    """A PairingMachine whose separate trials of micro-batch 8 ran while another process kept a core busy."""
+
+    def model_trial(self, plan: Plan, stage: str, **kw) -> Trial:
+        t = super().model_trial(plan, stage, **kw)
+        t.contended, t.busy_cores = plan.micro_batch == 8, 1.0 if plan.micro_batch == 8 else 0.0
+        return t
+
+
+def test_a_gain_read_while_the_machine_was_busy_is_timed_in_pairs_however_large():
+    # 8×4's trial ran in a burst: 16×2 read 2.5× alone, with tight windows — decisive by its figures; side by side
+    # the two are the same speed. On a busy machine the pairs decide, and find no gain.
+    true = {1: 40.0, 2: 60.0, 4: 75.0, 8: 80.0, 16: 80.0, 32: 78.0}
+    machine = LoadedMachine(solo=lambda p, n: 32.0 if p.micro_batch == 8 else true[p.micro_batch],
+                            side_by_side=_rates(true), jitter=0.02, spread=0.01)
+    result = _tune(machine)
+    assert machine.pairs[0] == (8, 16) and result.plan.micro_batch == 8
+    first = next(t for t in result.trials if t.plan.micro_batch == 16 and not t.paired)
+    assert "busy during one of them, timed again with it in alternating windows" in first.verdict
+    quiet = PairingMachine(solo=lambda p, n: 32.0 if p.micro_batch == 8 else true[p.micro_batch],
+                           side_by_side=_rates(true), jitter=0.02, spread=0.01)
+    assert _tune(quiet).plan.micro_batch != 8 and (8, 16) not in quiet.pairs  # quiet, the same figures decide alone
+
+
 @pytest.mark.slow
 def test_real_steps_in_alternating_windows(small_corpus, cpu, monkeypatch):
     monkeypatch.setenv(SHORT_TRIALS_ENV, "1")  # one step a window, three pairs at least, a 1-s cap

@@ -175,20 +175,24 @@ class SearchState:
     def beats(self, candidate: Trial, incumbent: Trial) -> tuple[bool, Comparison, Trial, Trial]:
         """Whether `candidate` is faster than `incumbent` beyond the noise and `min_gain`.
 
-        A comparison of two separate trials decides alone only when it is decisive: a gain of at least
-        `CONFIRM_BELOW` and twice the noise, or a loss that rules out a worthwhile gain even at twice the noise.
-        Otherwise, where the measurer can (a CPU, one process, eager plans: paired.py), both plans are timed
-        again in alternating windows and the pairs decide; elsewhere a small gain is confirmed by measuring the
+        A comparison of two separate trials decides alone only when it is decisive — a gain of at least
+        `CONFIRM_BELOW` and twice the noise, or a loss that rules out a worthwhile gain even at twice the noise — and
+        neither trial saw other processes keep the machine busy (`Trial.contended`). Otherwise, where the measurer
+        can (a CPU, one process, eager plans: paired.py), both plans are timed again in alternating windows and the
+        pairs decide; elsewhere a small gain is confirmed by measuring the
         incumbent again right after the candidate (the candidate must beat that too: a drift of the machine
         between the two trials moves the new one with it). A gain the budget has no room to confirm is not
         taken, and said so. Returns (taken, the comparison that decided, the incumbent's and the candidate's
         latest trials: what later candidates are compared with)."""
         c = compare(candidate, incumbent, self.s.min_gain)
-        if c.faster and c.gain >= max(CONFIRM_BELOW, 2 * c.noise):
+        # Two trials one after another decide alone only on a quiet machine: a burst that spanned one of them whole
+        # moves its figure without widening its spread (issue 28: "+1093 %" read for a setting worth +8 %).
+        loaded = bool(candidate.contended or incumbent.contended)
+        if c.faster and c.gain >= max(CONFIRM_BELOW, 2 * c.noise) and not loaded:
             return True, c, incumbent, candidate
         pairable = getattr(self.m, "can_pair", lambda a, b: False)(incumbent.plan, candidate.plan)
-        if pairable and (c.faster or c.gain + 2 * c.noise > c.min_gain):  # could still be a worthwhile gain
-            return self._pair(candidate, incumbent, c)
+        if pairable and (loaded or c.faster or c.gain + 2 * c.noise > c.min_gain):  # could be a worthwhile gain
+            return self._pair(candidate, incumbent, c, loaded)
         if not c.faster:
             return False, c, incumbent, candidate
         what = plan_text(incumbent.plan)
@@ -210,8 +214,10 @@ class SearchState:
         return False, c2.said(f"not confirmed: {first}, then this against {what} measured again right after"), \
             again, candidate
 
-    def _pair(self, candidate: Trial, incumbent: Trial, c: Comparison) -> tuple[bool, Comparison, Trial, Trial]:
-        """`beats` when the trials were not decisive: both plans timed in alternating windows (paired.py)."""
+    def _pair(self, candidate: Trial, incumbent: Trial, c: Comparison,
+              loaded: bool = False) -> tuple[bool, Comparison, Trial, Trial]:
+        """`beats` when the trials were not decisive, or the machine was busy during one of them: both plans timed
+        in alternating windows (paired.py)."""
         first = f"{100 * c.gain:+.1f} % in separate trials"
         other = plan_text(incumbent.plan)
         if not self.affordable(f"timing {plan_text(candidate.plan)} and {other} in alternating windows ({first})",
@@ -225,7 +231,8 @@ class SearchState:
         pairs = self.m.paired(incumbent, candidate, candidate.stage, cap_s=None if cap is None else 2 * cap,
                               min_gain=self.s.min_gain)
         pairs.a.loss_drift, pairs.b.loss_drift = incumbent.loss_drift, candidate.loss_drift
-        candidate.verdict = f"{c.text()} vs {other}: not decisive, timed again with it in alternating windows"
+        why = "other processes kept the machine busy during one of them" if loaded else "not decisive"
+        candidate.verdict = f"{c.text()} vs {other}: {why}, timed again with it in alternating windows"
         for t in (pairs.a, pairs.b):
             t.paired = True
             self.trials.append(t)
