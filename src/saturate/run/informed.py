@@ -51,7 +51,7 @@ def _guarded(workload: Workload, hw: Any, world_size: int, naive: Trial | None,
              measurer: Any) -> tuple[Plan, list[str]]:
     measured = naive is not None and naive.ok and measurer is not None
     cap, limit = None, None
-    if measured and naive.peak_memory_bytes and getattr(measurer, "memory_capacity", None):  # type: ignore[union-attr]
+    if measured and naive.peak_memory_bytes and getattr(measurer, "memory_capacity", None) is not None:  # type: ignore[union-attr]
         limit = int(measurer.memory_capacity * HEADROOM)
         m0, peak = naive.plan.micro_batch, naive.peak_memory_bytes  # type: ignore[union-attr]
         cap = (largest_proportional(peak, m0, limit),
