@@ -364,7 +364,7 @@ def _say_costs(console: Console, cmp: Comparison | None, tuning: Tuning, trained
         naive_step = tuning.naive.step_s if tuning.naive is not None and tuning.naive.ok else None
         step = measured_step(tuning.result.search.trials, tuning.plan) if tuning.result else tuning.step_s
         source = "naive's one measurement and the plan's " + ("tuning trial" if tuning.result else "cached speed")
-    cost = (f"tuning cost {tuning.seconds:.0f} s" + (" (a cached plan)" if tuning.result is None else "")
+    cost = (f"tuning cost {tuning.seconds:.0f} s" + (" (a cached plan)" if tuning.to_dict()["cached"] else "")
             + (f", measuring side by side {cmp.seconds:.0f} s" if cmp is not None else ", no side-by-side"))
     timing: dict[str, float | None] = {"tuning_s": tuning.seconds, "side_by_side_s": cmp.seconds if cmp else 0.0}
     trained_plan = cmp.row(trained).plan if cmp is not None and cmp.row(trained) else tuning.plan

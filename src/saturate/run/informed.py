@@ -8,11 +8,14 @@ where naive was measured once to size the tuning budget, that measurement adds t
   per sample, both ≥ 0), so the informed plan takes the largest divisor of the per-process batch within it;
 - the guard, one short measurement of the informed plan on the same samples from the same weights (the same
   measurer as naive's): a lower precision is kept only when its first losses are within `LOSS_TOLERANCE` of
-  fp32's (`search.loss_drift`, the tuner's check), and the larger micro-batch only when its first steps ran
-  within the memory limit. What the guard measured is said in the plan's provenance beside what was chosen
+  fp32's (`search.loss_drift`, the tuner's check), and a larger micro-batch with it only when its first steps
+  ran within the memory limit. What the guard measured is said in the plan's provenance beside what was chosen
   from the hardware; a plan that fails its guard entirely falls back to naive's settings.
 
-The guard runs only when it can check something (a lower precision or a larger micro-batch than naive's).
+The guard runs only for a lower precision (its losses need checking; its memory is checked on the way): a larger
+micro-batch alone is not measured, since the proportional bound is an upper bound on its memory — the tuner's
+memory stage runs no trial either when every candidate fits by it — and on a GPU an out-of-memory step halves the
+micro-batch while training. On a job this short a measurement costs a share of the training.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ def _guarded(workload: Workload, hw: Any, world_size: int, naive: Trial | None,
         return plan, []
     lower = plan.precision != "fp32"
     larger = plan.micro_batch > naive.plan.micro_batch  # type: ignore[union-attr]
-    if not (lower or larger):
+    if not lower:  # the micro-batch alone: the proportional bound is an upper bound, trusted as the tuner trusts it
         return plan, []
     guard = measurer.verify(plan)
     prov, lines = dict(plan.provenance), []
