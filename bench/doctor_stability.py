@@ -78,7 +78,7 @@ def cases(names: list[str], seed: int, hw: Any) -> dict[str, tuple[Any, Plan]]:
     for name in names:
         if name == "compute":
             workload = bench.bench_workload("gpt-tiny", seed)
-            out[name] = (workload, workload_default_plan(workload, hw.device_type, hw.supports)[0])
+            out[name] = (workload, workload_default_plan(workload, hw)[0])
         elif name == "input":
             out[name] = (mlp(Samples(delay=0.005), 8, 64), Plan(micro_batch=8))
         else:

@@ -285,9 +285,9 @@ def test_default_plan_micro_batch_is_the_largest_divisor_under_the_cap():
 
 
 def test_default_plan_uses_gpu_features_only_on_a_gpu():
-    cpu = default_plan(32, "cpu", _CPU)  # a CPU with native bf16 still trains in fp32
-    assert (cpu.precision, cpu.pin_memory, cpu.non_blocking, cpu.fused_optimizer, cpu.tf32) == (
-        "fp32", False, False, False, False)
+    cpu = default_plan(32, "cpu", _CPU)  # a CPU with native bf16 trains in bf16; copies and pinning are a GPU's
+    assert (cpu.precision, cpu.pin_memory, cpu.non_blocking, cpu.fused_optimizer, cpu.tf32, cpu.num_workers) == (
+        "bf16", False, False, False, False, 0)
     mps = default_plan(32, "mps", {"bf16": True, "fp16": True})
     assert (mps.precision, mps.pin_memory, mps.fused_optimizer) == ("fp32", False, False)
     for gpu in ("cuda", "rocm"):
@@ -296,6 +296,53 @@ def test_default_plan_uses_gpu_features_only_on_a_gpu():
             "bf16", True, True, True, True)
     turing = default_plan(32, "cuda", {"bf16": False, "fp16": True, "tf32": False})
     assert (turing.precision, turing.tf32, turing.pin_memory) == ("fp32", False, True)
+    assert "fp16 needs a GradScaler" in turing.provenance["precision"]
+
+
+def test_an_avx2_only_cpu_gets_fp32_and_an_amx_or_avx512_bf16_cpu_gets_bf16():
+    from saturate.hardware.cpu import cpu_supports
+
+    avx2 = default_plan(32, "cpu", cpu_supports({"sse2", "avx", "avx2", "fma"}), cores=2, fused_optimizer=True)
+    assert avx2.precision == "fp32" and "emulated" in avx2.provenance["precision"]
+    for flags in ({"avx2", "avx512f", "avx512_bf16"}, {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}):
+        plan = default_plan(32, "cpu", cpu_supports(flags), cores=2, fused_optimizer=True)
+        assert (plan.precision, plan.tf32, plan.fused_optimizer, plan.num_workers, plan.pin_memory) == (
+            "bf16", False, True, 0, False)
+
+
+def test_an_h100_like_gpu_gets_bf16_tf32_fused_pinned_and_workers_from_its_cores():
+    h100 = {"bf16": True, "fp16": True, "tf32": True}
+    plan = default_plan(32, "cuda", h100, cores=16, fused_optimizer=True)
+    assert (plan.precision, plan.tf32, plan.fused_optimizer, plan.pin_memory, plan.non_blocking) == (
+        "bf16", True, True, True, True)
+    assert (plan.num_workers, plan.micro_batch, plan.grad_accum) == (4, 16, 2)  # at most 4; the rule's cap of 16
+    assert default_plan(32, "cuda", h100, cores=2).num_workers == 1  # one core kept for the training process
+    assert default_plan(32, "cuda", h100, cores=1).num_workers == 0
+    assert default_plan(32, "cuda", h100, world_size=8, cores=16).num_workers == 1  # 2 cores per process
+    assert default_plan(32, "cuda", h100).num_workers == 0  # cores unknown
+    assert default_plan(32, "cuda", h100, fused_optimizer=False).fused_optimizer is False  # no kernel here
+
+
+def test_every_choice_of_the_default_plan_is_labelled_chosen_from_the_hardware():
+    from saturate.plan import INFORMED, INFORMED_KNOBS, informed_choices, informed_summary
+
+    plan = default_plan(32, "cuda", _AMPERE, cores=16, fused_optimizer=True)
+    assert plan.provenance["informed"] == INFORMED == "chosen from the hardware, not measured"
+    assert all(plan.provenance[k].endswith(f"({INFORMED})") for k in INFORMED_KNOBS)
+    lines = informed_choices(plan)
+    assert [line.split(":")[0] for line in lines] == list(INFORMED_KNOBS)
+    assert informed_summary(plan) == ("bf16 (TF32 for fp32 matmuls), fused AdamW, micro-batch 16 × 2, 4 loader "
+                                      "worker(s), pinned memory, non-blocking copies (chosen from the hardware, "
+                                      "not measured)")
+    assert informed_choices(reference_plan("naive")) == []  # naive is what it was: no such label
+
+
+def test_the_default_micro_batch_is_the_largest_within_a_memory_prediction():
+    plan = default_plan(32, "cpu", _CPU, memory_cap=(20, "a measured peak"))
+    assert (plan.micro_batch, plan.grad_accum) == (16, 2) and "a measured peak" in plan.provenance["micro_batch"]
+    assert default_plan(32, "cpu", _CPU, memory_cap=(1000, "x")).micro_batch == 32  # the whole batch: no accumulation
+    assert default_plan(32, "cpu", _CPU, memory_cap=(0, "x")).micro_batch == 1
+    assert "no memory was measured" in default_plan(32, "cpu", _CPU).provenance["micro_batch"]
 
 
 def test_default_plan_is_valid_toml(tmp_path):

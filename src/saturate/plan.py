@@ -203,29 +203,108 @@ def reference_plan(name: str) -> Plan:
         raise ConfigError(unknown_name("reference plan", name, REFERENCE_PLANS)) from None
 
 
-def default_plan(effective_batch: int, device_type: str, supports: dict[str, bool], world_size: int = 1) -> Plan:
-    """The untuned starting plan `train` uses when given none: sensible, not measured.
+# How every choice of the default plan is labelled (its provenance, the output, the JSON): an expert's pick from
+# the probed hardware, before any trial. A guard that measured it (run/flow.py) adds its own words after.
+INFORMED = "chosen from the hardware, not measured"
+# The knobs the default plan chooses, in the order its provenance and the output say them.
+INFORMED_KNOBS = ("precision", "tf32", "fused_optimizer", "micro_batch", "loader")
 
-    Keeps the workload's effective batch, global over `world_size` processes (DDP then; when the
-    batch does not divide among them, the nearest per-process share); bf16 where the device has it
-    natively; on CUDA, TF32, pinned memory with non-blocking copies and the fused optimizer.
+
+def default_plan(effective_batch: int, device_type: str, supports: dict[str, bool], world_size: int = 1, *,
+                 cores: int | None = None, fused_optimizer: bool | None = None,
+                 memory_cap: tuple[int, str] | None = None) -> Plan:
+    """The informed starting plan: what an expert would pick from the probed hardware alone, before any trial.
+
+    Where saturate does not measure (`train` without a plan, a job too short to tune, the doctor's seed
+    plan) it trains this, never naive (naive stays the "before"). Each choice is said, with why, in
+    `provenance` (`INFORMED_KNOBS`), labelled `INFORMED`:
+
+    - the effective batch is kept, global over `world_size` processes (DDP then; when the batch does not
+      divide among them, the nearest per-process share);
+    - precision: bf16 where the device runs it natively (`supports["bf16"]`: bf16 tensor cores on a GPU; on a
+      CPU, AMX, AVX-512 BF16 or Arm BF16 — hardware/cpu.py — and never on an AVX2-only CPU, where torch
+      emulates bf16 slower than fp32); fp32 elsewhere (fp16 needs a GradScaler and a loss check: the tuner's);
+      TF32 matmuls where the device has TF32 tensor cores (Ampere and later);
+    - the fused AdamW kernel where it exists (`fused_optimizer`: the caller's check on the device; None: on a
+      GPU only);
+    - the micro-batch: with `memory_cap` (the largest micro-batch a measured peak predicts to fit, and the line
+      that says how), the largest divisor of the per-process batch within it; else the largest divisor up to 8
+      on a CPU, 16 on a GPU (no memory model predicts without a measured peak; a GPU step that runs out of
+      memory halves it: engine/step.py);
+    - the loader: on a GPU, workers from the `cores` each process has, one kept for the training process (at
+      most 4), pinned memory and non-blocking copies; elsewhere none (the step uses every core).
+
     `saturate tune` replaces it with a measured plan.
     """
     per_rank = max(1, round(effective_batch / world_size))
-    cap = 8 if device_type == "cpu" else 16
-    micro = max(d for d in range(1, min(cap, per_rank) + 1) if per_rank % d == 0)
     gpu = device_type in ("cuda", "rocm")
+    why: dict[str, str] = {}
+    precision = "bf16" if supports.get("bf16") and device_type in ("cuda", "rocm", "cpu") else "fp32"
+    if precision == "bf16":
+        why["precision"] = ("bf16: the GPU has bf16 tensor cores" if gpu else
+                            "bf16: the CPU has native bf16 matmul instructions (AMX, AVX-512 BF16 or Arm BF16)")
+    elif device_type == "mps":
+        why["precision"] = "fp32: bf16 on an Apple GPU is not known to be faster (the tuner measures it)"
+    elif gpu and supports.get("fp16"):
+        why["precision"] = "fp32: no bf16 tensor cores; fp16 needs a GradScaler and a loss check (the tuner's)"
+    else:
+        why["precision"] = "fp32: no native bf16 here (a lower precision would be emulated, slower than fp32)"
+    tf32 = bool(supports.get("tf32"))
+    why["tf32"] = ("on: TF32 tensor cores (Ampere or later) for fp32 matmuls" if tf32 else
+                   "off: no TF32 tensor cores")
+    fused = gpu if fused_optimizer is None else fused_optimizer
+    why["fused_optimizer"] = ("on: a fused AdamW kernel exists on this device" if fused else
+                              "off: no fused AdamW kernel on this device")
+    if memory_cap is not None:
+        cap, how = max(1, memory_cap[0]), memory_cap[1]
+        rule = f"the largest that divides the per-process batch {per_rank} within the {cap} predicted to fit ({how})"
+    else:
+        cap = 8 if device_type == "cpu" else 16
+        rule = (f"the largest that divides the per-process batch {per_rank} up to {cap}: no memory was measured, "
+                "and the memory model predicts only from a measured peak"
+                + ("; a step that runs out of memory halves it" if gpu else ""))
+    micro = max(d for d in range(1, min(cap, per_rank) + 1) if per_rank % d == 0)
+    why["micro_batch"] = f"{micro} × {per_rank // micro} accumulation: {rule}"
+    if gpu:
+        workers = 0 if cores is None else min(4, max(0, cores // max(1, world_size) - 1))
+        why["loader"] = (f"{workers} worker(s) " + ("(the cores are unknown)" if cores is None else
+                         f"from {cores} usable cores over {world_size} process(es), one kept for training")
+                         + ", pinned memory, non-blocking copies")
+    else:
+        workers = 0
+        why["loader"] = "no workers: the step uses every core; no pinned memory (no copy to a GPU)"
     return Plan(
         name="default",
         micro_batch=micro,
         grad_accum=per_rank // micro,
         strategy="ddp" if world_size > 1 else "single",
-        precision="bf16" if supports.get("bf16") and gpu else "fp32",
-        tf32=bool(supports.get("tf32")),
+        precision=precision,
+        tf32=tf32,
+        num_workers=workers,
         pin_memory=gpu,
         non_blocking=gpu,
-        fused_optimizer=gpu,
+        fused_optimizer=fused,
+        provenance={"informed": INFORMED, **{k: f"{v} ({INFORMED})" for k, v in why.items()}},
     )
+
+
+def informed_summary(plan: Plan) -> str:
+    """The default plan's settings in one line, labelled: "fp32, fused AdamW, micro-batch 8 × 4, no loader
+    workers (chosen from the hardware, not measured)"."""
+    parts = ["fp32+tf32" if plan.precision == "fp32" and plan.tf32 else plan.precision
+             + (" (TF32 for fp32 matmuls)" if plan.precision != "fp32" and plan.tf32 else "")]
+    parts.append("fused AdamW" if plan.fused_optimizer else "AdamW (not fused)")
+    parts.append(f"micro-batch {plan.micro_batch} × {plan.grad_accum}")
+    parts.append(f"{plan.num_workers} loader worker(s)" if plan.num_workers else "no loader workers")
+    if plan.pin_memory:
+        parts.append("pinned memory, non-blocking copies" if plan.non_blocking else "pinned memory")
+    return f"{', '.join(parts)} ({INFORMED})"
+
+
+def informed_choices(plan: Plan) -> list[str]:
+    """The default plan's choices and why, one line each ("precision: bf16: …"); empty for any other plan."""
+    return [f"{k}: {plan.provenance[k]}" for k in INFORMED_KNOBS if plan.provenance.get("informed") and
+            isinstance(plan.provenance.get(k), str)]
 
 
 def fit_to_world(plan: Plan, effective_batch: int, world_size: int) -> Plan:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch.nn as nn
@@ -67,11 +68,31 @@ def test_bad_coupling_params_are_one_clear_line(params, message):
 
 
 def test_the_untuned_default_plan_keeps_a_coupled_models_micro_batch():
+    cpu = SimpleNamespace(device_type="cpu", torch_device="cpu", supports={}, cpu_cores=2)
     bn = _workload(lambda: nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)), effective=32)
-    plan, line = workload_default_plan(bn, "cpu", {})
+    plan, line = workload_default_plan(bn, cpu)
     assert (plan.micro_batch, plan.grad_accum) == (32, 1) and "BatchNorm2d" in line  # not the 8×4 split
-    plan, _ = workload_default_plan(dataclasses.replace(bn, micro_batch=4), "cpu", {})
+    assert "BatchNorm2d" in plan.provenance["micro_batch"]  # the label says why, not "from the hardware"
+    plan, _ = workload_default_plan(dataclasses.replace(bn, micro_batch=4), cpu)
     assert (plan.micro_batch, plan.grad_accum) == (4, 8)
     free = _workload(lambda: nn.Sequential(nn.Linear(4, 4)), effective=32)
-    plan, line = workload_default_plan(free, "cpu", {})
+    plan, line = workload_default_plan(free, cpu)
     assert (plan.micro_batch, plan.grad_accum) == (8, 4) and line is None
+
+
+@pytest.mark.parametrize(("flags", "precision"), [
+    ("fpu sse2 avx avx2 fma", "fp32"),  # AVX2 only (this machine's kind: an EPYC Zen 3): bf16 would be emulated
+    ("fpu sse2 avx avx2 fma avx512f avx512_bf16 amx_bf16 amx_tile", "bf16"),  # AMX (Sapphire Rapids and later)
+    ("fpu sse2 avx avx2 fma avx512f avx512_bf16", "bf16"),  # AVX-512 BF16 (Cooper Lake, Zen 4)
+])
+def test_the_default_plan_on_a_faked_cpu_probe_chooses_bf16_only_where_native(monkeypatch, flags, precision):
+    from saturate.hardware import cpu as cpu_module
+    from saturate.hardware import probe
+
+    monkeypatch.setattr(cpu_module, "read_cpuinfo", lambda: f"model name\t: Faked CPU\nflags\t\t: {flags}\n")
+    hw = probe(measure_peaks=False, device="cpu")
+    assert hw.cpu_name == "Faked CPU"
+    plan, _ = workload_default_plan(_workload(lambda: nn.Linear(4, 4)), hw)
+    assert plan.precision == precision and plan.tf32 is False
+    assert plan.provenance["precision"].startswith(precision) and "chosen from the hardware" in \
+        plan.provenance["precision"]

@@ -68,7 +68,7 @@ def diagnose(workload: Workload, plan: Plan | None = None, config: DoctorConfig 
     dev = torch.device(hw.torch_device)
     optim = workload.optim
     if plan is None:
-        plan, _ = workload_default_plan(workload, hw.device_type, hw.supports)
+        plan, _ = workload_default_plan(workload, hw)
     if plan.strategy != "single":
         raise ConfigError(f"the doctor runs one process; plan.strategy {plan.strategy!r} is not supported here")
     effective = plan.samples_per_step()

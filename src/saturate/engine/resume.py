@@ -18,7 +18,7 @@ from saturate.engine.precision import Precision
 from saturate.engine.schedule import WarmupCosine
 from saturate.engine.step import Stepper, rng_state, set_rng_state
 from saturate.errors import CheckpointError, ConfigError
-from saturate.plan import Plan, fit_to_world
+from saturate.plan import Plan, fit_to_world, informed_summary
 from saturate.workloads.base import Workload
 from saturate.workloads.coupling import workload_default_plan
 
@@ -252,9 +252,10 @@ def choose_plan(plan: Plan | None, state: dict[str, Any] | None, workload: Workl
                              f"({cached.provenance.get('threads', 'set in the plan')}); on a quieter machine, tune "
                              "again or use --no-tuned")
             return cached
-    plan, coupled = workload_default_plan(workload, hw.device_type, hw.supports, world)
+    plan, coupled = workload_default_plan(workload, hw, world)
     if coupled:
         notes.append(coupled)
+    notes.append(f"the seed plan: {informed_summary(plan)}; `saturate tune` measures one")
     return plan
 
 

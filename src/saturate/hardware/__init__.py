@@ -7,6 +7,7 @@
     gpu_sensors   NVML and AMD SMI: live GPU sources, and what probe() reads through NVML
     host_sensors  RAM, swap, CPU, a process tree's memory, the memory a job may use
     contention    what other processes use of our CPU cores and GPUs while we measure
+    kernels       which fused kernels (AdamW) this torch has for a device
 """
 
 from saturate.hardware.cpu import usable_cores

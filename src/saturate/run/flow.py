@@ -38,7 +38,8 @@ from saturate.atomic import atomic_write_bytes
 from saturate.engine.distributed import DistInfo, broadcast_object, init_distributed, teardown_distributed
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import ConfigError
-from saturate.plan import Plan, reference_plan
+from saturate.plan import Plan, informed_choices, reference_plan
+from saturate.run.informed import informed_plan
 from saturate.run.side_by_side import (  # noqa: F401 - Row, comparison_table: the table's API, kept importable here
     ROUNDS,
     Comparison,
@@ -70,7 +71,6 @@ from saturate.tune.api import TuneResult, no_empty_folders, tune
 from saturate.tune.measure import RealMeasurer
 from saturate.tune.trial import BudgetTooSmall, Trial
 from saturate.workloads.base import Workload
-from saturate.workloads.coupling import workload_default_plan
 
 # The guide whose "after" plan applies, by device kind (shared/GUIDES.md): the A6000 guide for one
 # NVIDIA GPU, the ROCm guide for AMD. On a CPU no guide applies.
@@ -98,7 +98,8 @@ class Tuning:
     def to_dict(self) -> dict[str, Any]:
         return {"seconds": round(self.seconds, 1), "budget_s": self.budget_s, "why": self.why, "label": self.label,
                 "cached": self.result is None and self.label == "tuned",
-                "predicted_training_s": self.predicted_training_s}
+                "predicted_training_s": self.predicted_training_s,
+                "chosen_from_hardware": informed_choices(self.plan) if self.label == "default" else None}
 
 
 
@@ -235,7 +236,7 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
             predicted = minutes * 60 if minutes else steps * step if step else None
             return Tuning(cached, None, 0.0, None, why, predicted_training_s=predicted, step_s=step)
     started = time.monotonic()
-    predicted, naive, naive_s = None, None, 0.0
+    predicted, naive, naive_s, measurer = None, None, 0.0, None
     why = f"--budget {budget_s:g} s" if budget_s is not None else ""
     if budget_s is None:
         if minutes:
@@ -244,17 +245,16 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
             # One window (a step or a few) after the warm-up, no validation pass: a rough figure sizes the budget.
             # NAIVE_WARMUP steps: the process's first steps are cold (one warm-up step read 0.97 s/step for gpt-tiny
             # naive where the same plan trained at 0.86 — 13 % on the budget and the predictions made from it).
-            naive = RealMeasurer(dataclasses.replace(workload, val_data=None), hw, seed=seed, min_steps=1,
-                                 warmup=NAIVE_WARMUP,
-                                 min_seconds=0.0, rule=WindowRule(min_windows=1), dist=dist).verify(
-                dict(refs)["naive"])
+            measurer = RealMeasurer(dataclasses.replace(workload, val_data=None), hw, seed=seed, min_steps=1,
+                                    warmup=NAIVE_WARMUP, min_seconds=0.0, rule=WindowRule(min_windows=1), dist=dist)
+            naive = measurer.verify(dict(refs)["naive"])
             naive_s = time.monotonic() - started
             predicted = steps * naive.step_s if naive.ok and naive.step_s else None
             source = (f"{steps} steps at naive's {naive.step_s:.3g} s/step, measured once" if predicted
                       else f"naive could not be measured ({naive.error})")
         budgets = tuning_budget(predicted) if predicted else (BUDGET_CEILING_S, BUDGET_CEILING_S)
         if budgets is None:
-            return _untuned(workload, hw, dist, started, predicted, naive, naive_s, console, (
+            return _untuned(workload, hw, dist, started, predicted, naive, naive_s, measurer, console, (
                 f"not tuned: the untuned training is predicted at {predicted:.0f} s ({source}); "
                 f"{TUNING_SHARE:.0%} of it is under the {BUDGET_FLOOR_S:.0f} s a search needs to pay for itself, so "
                 "the default plan is compared and trained (--budget tunes anyway)"))
@@ -279,7 +279,7 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
     except BudgetTooSmall as e:
         if not predicted:  # the user's --budget: their request fails, in one line
             raise
-        return _untuned(workload, hw, dist, started, predicted, naive, naive_s, console, (
+        return _untuned(workload, hw, dist, started, predicted, naive, naive_s, measurer, console, (
             f"not tuned: the {budget_s:.0f} s this job can pay for does not hold one trial ({e}); the default "
             "plan is compared and trained instead (--budget tunes anyway)"), budget_s)
     seconds, earned = time.monotonic() - started, 0.0
@@ -291,10 +291,12 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
 
 
 def _untuned(workload: Workload, hw: Any, dist: DistInfo, started: float, predicted: float | None,
-             naive: Trial | None, naive_s: float, console: Console, why: str, budget_s: float | None = None) -> Tuning:
-    """The default plan, untuned, and the line that says why."""
-    plan, _ = workload_default_plan(workload, hw.device_type, hw.supports, dist.world_size)
+             naive: Trial | None, naive_s: float, measurer: Any, console: Console, why: str,
+             budget_s: float | None = None) -> Tuning:
+    """The default plan (chosen from the hardware, sized and guarded by naive's measurement: informed.py), untuned,
+    and the lines that say why and what it chose."""
     console.print(f"[yellow]{why}[/yellow]", highlight=False)
+    plan = informed_plan(workload, hw, dist.world_size, naive, measurer, console)
     return Tuning(plan.replace(name="default"), None, time.monotonic() - started, budget_s, why, predicted,
                   label="default", naive=naive, naive_s=naive_s)
 
@@ -362,7 +364,7 @@ def _say_costs(console: Console, cmp: Comparison | None, tuning: Tuning, trained
         naive_step = tuning.naive.step_s if tuning.naive is not None and tuning.naive.ok else None
         step = measured_step(tuning.result.search.trials, tuning.plan) if tuning.result else tuning.step_s
         source = "naive's one measurement and the plan's " + ("tuning trial" if tuning.result else "cached speed")
-    cost = (f"tuning cost {tuning.seconds:.0f} s" + (" (a cached plan)" if tuning.result is None else "")
+    cost = (f"tuning cost {tuning.seconds:.0f} s" + (" (a cached plan)" if tuning.to_dict()["cached"] else "")
             + (f", measuring side by side {cmp.seconds:.0f} s" if cmp is not None else ", no side-by-side"))
     timing: dict[str, float | None] = {"tuning_s": tuning.seconds, "side_by_side_s": cmp.seconds if cmp else 0.0}
     trained_plan = cmp.row(trained).plan if cmp is not None and cmp.row(trained) else tuning.plan

@@ -19,6 +19,7 @@ from saturate.atomic import atomic_write_bytes
 from saturate.engine.distributed import barrier, broadcast_object, init_distributed, teardown_distributed
 from saturate.errors import ConfigError
 from saturate.hardware.contention import ContentionMeter, measure_contention
+from saturate.hardware.kernels import fused_adamw_available
 from saturate.plan import Plan
 from saturate.tune.evidence import plot, print_report, result_dict, trial_line
 from saturate.tune.measure import RealMeasurer
@@ -39,14 +40,6 @@ class TuneResult:
     plots: list[Path] = field(default_factory=list)
     cached_path: Path | None = None
     notes: list[str] = field(default_factory=list)
-
-
-def fused_adamw_available(device: torch.device) -> bool:
-    try:
-        torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1, device=device))], fused=True)
-        return True
-    except (RuntimeError, TypeError):
-        return False
 
 
 @contextlib.contextmanager

@@ -17,6 +17,14 @@ from saturate.tune.state import SearchState, gib, rate
 from saturate.tune.trial import Trial
 
 
+def largest_proportional(peak: int, micro: int, limit: int) -> int:
+    """The largest micro-batch whose memory, in proportion to the micro-batch from `peak` bytes measured at
+    `micro`, stays within `limit`: an upper bound on the memory (peak = fixed + per sample, both ≥ 0), so what
+    it allows fits (a prediction); 0 when not even one sample does. The informed plan (run/informed.py) is
+    sized by it too."""
+    return limit * micro // peak if peak > 0 else 2**31
+
+
 def proportional_bound(st: SearchState, best: Trial, top: int) -> str | None:
     """The decision line when micro-batch `top` fits even with peak memory proportional to the micro-batch from
     `best`'s measured peak (no fit needed); None when that bound does not fit or nothing was measured."""
@@ -25,7 +33,7 @@ def proportional_bound(st: SearchState, best: Trial, top: int) -> str | None:
     if peak is None or peak <= 0:
         return None
     bound = peak * max(top, m0) / m0
-    if bound > limit:
+    if max(top, m0) > largest_proportional(peak, m0, limit):
         return None
     return (f"memory: {gib(peak)} peak {st.m.memory_kind} at micro-batch {m0}; even in proportion to the "
             f"micro-batch, {max(top, m0)} would use at most {gib(bound)} ≤ limit {gib(limit)} "

@@ -16,12 +16,15 @@ searches it anyway.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
 from saturate.errors import ConfigError
+from saturate.hardware.kernels import fused_adamw_available
 from saturate.plan import Plan, default_plan
 from saturate.workloads.base import Workload
 
@@ -75,11 +78,15 @@ def kept_micro_batch(workload: Workload, world_size: int, allow_change: bool,
                    "--allow-micro-batch-change to search it anyway")
 
 
-def workload_default_plan(workload: Workload, device_type: str, supports: dict[str, bool],
-                          world_size: int = 1) -> tuple[Plan, str | None]:
-    """`plan.default_plan` for this workload: with batch-coupled layers its micro-batch is the kept one
-    (the user's `micro_batch`, else the whole effective batch per process) and the line says so."""
-    plan = default_plan(workload.optim.effective_batch, device_type, supports, world_size)
+def workload_default_plan(workload: Workload, hardware: Any, world_size: int = 1, *,
+                          memory_cap: tuple[int, str] | None = None) -> tuple[Plan, str | None]:
+    """`plan.default_plan` for this workload on `hardware` (a `Hardware`, or anything with its `device_type`,
+    `torch_device`, `supports` and `cpu_cores`): the informed starting plan, the fused AdamW kernel asked of
+    torch on the device. With batch-coupled layers its micro-batch is the kept one (the user's `micro_batch`,
+    else the whole effective batch per process) and the line says so. `memory_cap`: see `default_plan`."""
+    fused = fused_adamw_available(torch.device(hardware.torch_device))
+    plan = default_plan(workload.optim.effective_batch, hardware.device_type, dict(hardware.supports), world_size,
+                        cores=getattr(hardware, "cpu_cores", None), fused_optimizer=fused, memory_cap=memory_cap)
     if plan.grad_accum == 1 and workload.micro_batch is None:
         return plan, None  # the whole batch per process in one micro-batch: nothing split
     # Only a meta-device look: a default plan must not load a large model's weights twice to decide this.
@@ -87,4 +94,5 @@ def workload_default_plan(workload: Workload, device_type: str, supports: dict[s
     if micro is None or micro == plan.micro_batch:
         return plan, None
     local = plan.micro_batch * plan.grad_accum
-    return plan.replace(micro_batch=micro, grad_accum=max(1, local // micro)), line
+    provenance = {**plan.provenance, "micro_batch": f"{micro}: {line}"}
+    return plan.replace(micro_batch=micro, grad_accum=max(1, local // micro), provenance=provenance), line
