@@ -96,6 +96,29 @@ def test_a_quiet_machine_keeps_torchs_threads_without_a_trial():
     assert not any(d.startswith("threads") for d in _tune(gpu).decisions)
 
 
+class LoadLater(BusyCPU):
+    """Quiet for the first trial, then other processes keep `busy` cores busy (the load came back)."""
+
+    def model_trial(self, plan: Plan, stage: str, **kw) -> Trial:
+        t = super().model_trial(plan, stage, **kw)
+        if len(self.tried) == 1:
+            t.busy_cores, t.contended = 0.0, False
+        return t
+
+
+@pytest.mark.skipif(DEFAULT_THREADS < 2, reason="one intra-op thread by default: nothing to lower")
+def test_threads_are_tried_again_when_the_load_comes_after_the_first_trial():
+    later = LoadLater(busy=1.0, speedup=2.5, cores=DEFAULT_THREADS)
+    result = _tune(later)
+    assert result.plan.threads == DEFAULT_THREADS - 1
+    lines = [d for d in result.decisions if d.startswith("threads")]
+    assert "the machine was quiet" in lines[0] and lines[1].startswith("threads, again")
+    still_quiet = _tune(BusyCPU(busy=0.0, speedup=2.5, cores=DEFAULT_THREADS))
+    assert not any(d.startswith("threads, again") for d in still_quiet.decisions)
+    no_gain = _tune(LoadLater(busy=1.0, speedup=0.9, cores=DEFAULT_THREADS))
+    assert no_gain.plan.threads is None  # tried again, measured no faster: torch's count stays
+
+
 def test_training_with_a_cached_plan_of_fewer_threads_says_why(small_corpus, cpu):
     workload = build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=8)
     tuned = Plan(micro_batch=8, threads=1, name="tuned",

@@ -51,6 +51,7 @@ class _Search(SearchState):
         best = self.earn(self.strategy(best))
         best = self.earn(self.fused(best))
         best = self.earn(self.compile(best))
+        best = self.threads_again(best)
         plan = loader(self, best)
         if self.s.verify:
             chosen = self.consistent(self.verify(plan), best)
@@ -156,7 +157,22 @@ class _Search(SearchState):
                 f"); its first {checked} losses are within {100 * drift:.2f} % of fp32's")
         return best
 
-    def threads(self, ref: Trial) -> Trial:
+    def threads_again(self, best: Trial) -> Trial:
+        """The threads stage once more, at the end, when the first trial saw a quiet machine and a later one did not:
+        a count kept in a quiet moment must not stay when the load returns and it collapses (issue 28). The load
+        read is the latest busy trial's; the comparison is the stage's own (paired on a CPU)."""
+        if self.m.device_type != "cpu" or self.s.world_size > 1 or best.plan.threads is not None:
+            return best
+        if any(t.stage == "threads" for t in self.trials) or not self.trials or self.trials[0].contended:
+            return best  # the stage measured already, or it was busy from the first trial (the stage saw it)
+        busy = next((t for t in reversed(self.trials) if t.ok and t.contended and t.busy_cores), None)
+        if busy is None:
+            return best
+        seen = dataclasses.replace(best, contended=True, busy_cores=busy.busy_cores)
+        kept = self.threads(seen, again=True)
+        return best if kept is seen else kept
+
+    def threads(self, ref: Trial, again: bool = False) -> Trial:
         """On a CPU that other processes keep busy, fewer intra-op threads than cores: torch's threads wait for each
         other at every parallel region, so one preempted by another process stalls them all (gpt-tiny on 2 cores
         with a busy loop on one: 15-23 samples/s with 2 threads, 38 with 1; bench/trust.py, 2026-11-23). Tried at
@@ -168,9 +184,10 @@ class _Search(SearchState):
         if not (ref.contended and ref.busy_cores):
             self.decisions.append(f"threads: torch's {using} (the machine was quiet during the first trial)")
             return ref
+        head = "threads, again (the load came after the first trial)" if again else "threads"
         free = max(1, self.m.cores - math.ceil(ref.busy_cores - 0.25))  # the cores other processes left
         if free >= using:
-            self.decisions.append(f"threads: torch's {using} (other processes kept {ref.busy_cores:.1f} cores busy, "
+            self.decisions.append(f"{head}: torch's {using} (other processes kept {ref.busy_cores:.1f} cores busy, "
                                   f"leaving {free})")
             return ref
         if not self.affordable(f"{free} thread{'s' if free > 1 else ''}"):
@@ -180,12 +197,12 @@ class _Search(SearchState):
         busy = f"other processes kept {ref.busy_cores or t.busy_cores or 0:.1f} of {self.m.cores} cores busy"
         if taken:
             ref.verdict = f"{free} thread{'s' if free > 1 else ''}: {c.text()}"
-            self.decisions.append(f"threads: {free} of {using} ({busy}; {c.text()}); a plan for a machine this "
+            self.decisions.append(f"{head}: {free} of {using} ({busy}; {c.text()}); a plan for a machine this "
                                   "busy — on a quiet one, tune again")
             t.plan.provenance["threads"] = f"chosen while {busy}"
             return t
         t.verdict = f"{t.status}: {t.error}" if c is None else f"{c.text()} vs {using} threads"
-        self.decisions.append(f"threads: torch's {using} ({busy}; {free} measured {t.verdict})")
+        self.decisions.append(f"{head}: torch's {using} ({busy}; {free} measured {t.verdict})")
         return ref
 
     def strategy(self, best: Trial) -> Trial:
