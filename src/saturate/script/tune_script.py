@@ -237,7 +237,11 @@ class _Search:
             t = self._failed(name, overrides, e)
             result.trials.append(t)
             return t
-        pairs = time_pairs(self.incumbent, candidate, MIN_GAIN, cap_s=2 * self.rule.max_seconds)
+        try:
+            pairs = time_pairs(self.incumbent, candidate, MIN_GAIN, cap_s=2 * self.rule.max_seconds)
+        except BaseException:  # Ctrl-C, or a failure: neither run is left behind (the incumbent: `close`)
+            candidate.close()
+            raise
         if pairs.comparison is None:  # a run ended before two pairs: compared as trials one after another
             candidate.close()
             if not self.incumbent.parked:
