@@ -6,6 +6,8 @@ test_profiler.py (CPU) and test_doctor_gpu.py (GPU only).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from saturate.doctor.findings import Measurements, ScalingProbe
@@ -446,3 +448,26 @@ def test_on_a_busy_machine_only_the_standing_findings_lend_their_fixes():
     assert busy.verdict == "input-bound"
     overhead = next(f for f in busy.findings if f.verdict == "overhead-bound")
     assert not {f.title for f in overhead.fixes} & {f.title for f in busy.fixes}  # listed, its fixes withheld
+
+
+def test_a_fixed_share_from_back_to_back_rounds_stands_on_a_busy_machine_and_a_burst_round_is_left_out():
+    # Five rounds of micro-batch 1 and 4 back to back; the fourth ran in a burst that hit only its large timing.
+    rounds = (1.143, 1.140, 1.145, 2.3, 1.142)
+    probe = ScalingProbe((1, 4), (0.0105, 0.0105 * 1.143), ratios=rounds)
+    low, high = probe.fixed_share_range(1)
+    assert high - low < 0.01 and low > 0.9  # the burst's round is left out of the range
+    alone = ScalingProbe((1, 4), (0.0105, 0.0105 * 1.143), spread=(0.05, 1.0))  # the same, from the fastest of each
+    assert alone.fixed_share_range(1)[0] < low - 0.2
+    overhead = dict(micro_batch=1, grad_accum=32, step_s=32 * 0.012 + 0.004, scaling=probe,
+                    phases={"data": 0.001, "forward": 0.13, "backward": 0.25, "optimizer": 0.003, "other": 0.002})
+    quiet = decide(measured(**overhead))
+    busy = decide(measured(**overhead, contention=_busy()))
+    assert quiet.verdict == busy.verdict == "overhead-bound"
+    assert [f.title for f in busy.fixes] == [f.title for f in quiet.fixes] and busy.fixes
+    assert "two micro-batch sizes timed back to back" in busy.evidence[0]
+    # two rounds only: the fastest of each stands for the probe, which a neighbour could have made: withheld
+    few = decide(measured(**{**overhead, "scaling": ScalingProbe((1, 4), (0.0105, 0.012), ratios=(1.14, 1.15))},
+                          contention=_busy()))
+    assert few.verdict == "contended" and few.fixes == []
+    back = Measurements.from_dict(json.loads(json.dumps(measured(scaling=probe).to_dict())))
+    assert back.scaling.ratios == rounds

@@ -4,9 +4,10 @@
 while we measured (`hardware.contention`), so the timings are partly theirs. `decide()` (rules.py) then keeps
 the fixes only of the findings `stands_under_load` says the load cannot cause — the memory risks (what was
 allocated), a wait for data inside the training process's own loader (no workers: a neighbour slows loading and
-computing alike, so the share is the workload's), host syncs on an accelerator (counted, not timed) — each
-labelled by `under_load` with how busy the machine was. A fixed-cost share, a predicted micro-batch gain or
-workers racing the step could be the neighbours' doing: listed, with no fix. Our own loader workers and torch
+computing alike, so the share is the workload's), host syncs on an accelerator (counted, not timed), a fixed-cost
+share from the batch-scaling probe's back-to-back rounds (a ratio of two sizes under the same load) — each
+labelled by `under_load` with how busy the machine was. A fixed-cost share read from the device's idle time, or
+workers racing the step, could be the neighbours' doing: listed, with no fix. Our own loader workers and torch
 threads oversubscribing a CPU run's cores is a note.
 """
 
@@ -50,6 +51,9 @@ def stands_under_load(f: Finding, m: Measurements) -> str | None:
                 "loading and computing alike, so the share is the workload's")
     if f.verdict == "sync-bound":
         return "host-device syncs are counted, not timed"
+    if f.verdict == "overhead-bound" and m.scaling is not None and len(m.scaling.ratios) >= 3:
+        return ("the fixed part rests on the ratio of two micro-batch sizes timed back to back, round after round: "
+                "a neighbour's load slows both alike")
     return None
 
 

@@ -10,6 +10,7 @@ memory and micro-batch predictions come from that fit. Nothing is written to dis
 from __future__ import annotations
 
 import gc
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,8 +133,11 @@ def diagnose(workload: Workload, plan: Plan | None = None, config: DoctorConfig 
 
 
 def scaling_probe(stepper: Stepper, workload: Workload, plan: Plan, device: torch.device,
-                  notes: list[str], reps: int = 3) -> ScalingProbe | None:
-    """Forward+backward seconds (fastest of `reps`) and device memory at two micro-batch sizes."""
+                  notes: list[str], reps: int = 5) -> ScalingProbe | None:
+    """Forward+backward seconds and device memory at two micro-batch sizes, timed back to back in `reps` rounds:
+    the small size at its fastest, the large one at that times the median of the rounds' large ÷ small ratios (a
+    burst of load spanning a round moves both of its timings alike; the fastest of each alone could come from
+    different moments), and the ratios themselves (`ScalingProbe.ratios`)."""
     small = plan.micro_batch
     large = max(2 * small, 4)
     try:
@@ -172,10 +176,11 @@ def scaling_probe(stepper: Stepper, workload: Workload, plan: Plan, device: torc
             torch.cuda.empty_cache()
         notes.append(f"batch-scaling probe: micro-batch {large} does not fit in device memory")
         return None
-    seconds = [min(times[b]) for b in sizes]
+    ratios = tuple(t2 / t1 for t1, t2 in zip(times[small], times[large], strict=True) if t1 > 0)
+    fastest = min(times[small])
+    seconds = (fastest, fastest * statistics.median(ratios) if ratios else min(times[large]))
     spread = [(max(times[b]) - min(times[b])) / min(times[b]) if min(times[b]) > 0 else 0.0 for b in sizes]
-    return ScalingProbe((small, large), (seconds[0], seconds[1]), (memory[small], memory[large]),
-                        (spread[0], spread[1]))
+    return ScalingProbe((small, large), seconds, (memory[small], memory[large]), (spread[0], spread[1]), ratios)
 
 
 def time_items(workload: Workload, plan: Plan, step: int, k: int = 16, reps: int = 3) -> float | None:

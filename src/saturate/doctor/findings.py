@@ -48,6 +48,10 @@ class ScalingProbe:
     peak_memory: tuple[int | None, int | None] = (None, None)  # device bytes; None on the CPU
     # Relative spread of each timing over its repeats ((slowest - fastest) / fastest); `seconds` are the fastest.
     spread: tuple[float, float] = (0.0, 0.0)
+    # Per round, the large size's time ÷ the small one's, the two timed back to back (the same load on both): the
+    # fixed share rests on these when there are 3 or more (`fixed_share_range`), since a burst of load that spans a
+    # round moves both of its timings alike.
+    ratios: tuple[float, ...] = ()
 
     @property
     def per_sample_s(self) -> float:
@@ -67,11 +71,16 @@ class ScalingProbe:
         return self.fixed_s / t if t > 0 else 0.0
 
     def fixed_share_range(self, b: int) -> tuple[float, float]:
-        """The lowest and highest fixed share the two timings allow within their spreads.
+        """The lowest and highest fixed share the timings allow: over the rounds' ratios (the single highest and
+        lowest left out from five rounds on) when there are 3 or more, else within the two timings' spreads.
 
         A slower small micro-batch (or a faster large one) means a larger fixed part, and the other
         way round; a verdict is only called when the whole range is on one side of its threshold.
         """
+        if len(self.ratios) >= 3:
+            kept = sorted(self.ratios)[1:-1] if len(self.ratios) >= 5 else sorted(self.ratios)
+            shares = [ScalingProbe(self.micro_batches, (1.0, r)).fixed_share(b) for r in (kept[0], kept[-1])]
+            return min(shares + [self.fixed_share(b)]), max(shares + [self.fixed_share(b)])
         (t1, t2), (s1, s2) = self.seconds, self.spread
         shares = [ScalingProbe(self.micro_batches, times).fixed_share(b)
                   for times in ((t1, t2 * (1 + s2)), (t1 * (1 + s1), t2))]
@@ -183,7 +192,7 @@ class Measurements:
         if isinstance(d.get("scaling"), dict):
             s = d["scaling"]
             d["scaling"] = ScalingProbe(tuple(s["micro_batches"]), tuple(s["seconds"]), tuple(s["peak_memory"]),
-                                        tuple(s.get("spread", (0.0, 0.0))))
+                                        tuple(s.get("spread", (0.0, 0.0))), tuple(s.get("ratios", ())))
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
