@@ -110,8 +110,27 @@ class _Run:
         self.i += 1
         return w
 
+    def settle(self, cap_s):
+        return []
+
     def trial(self, windows):
         return ScriptTrial("run", NONE, 1 / windows[0].rate if windows else 1.0, None, 0.0, 0)
+
+
+def test_a_fresh_run_times_windows_alone_until_its_speed_settles_once(tmp_path):
+    from saturate.script.gated import Gated
+    from saturate.script.script_trial import window_rule
+    from saturate.script.tune_script import trial_settings
+
+    rule = window_rule()
+    run = Gated("fresh", NONE, [sys.executable, "x.py"], trial_settings(NONE, 2, 4, rule), rule)
+    speeds = iter([25.0, 31.0, 38.0, 43.0, 44.0, 44.2, 43.9, 44.1] + [44.0] * 20)
+    run.profile = ScriptTrial("fresh", NONE, 0.05, None, 0.0, 4)
+    run.window = lambda: Window(next(speeds), 20, 0.0)
+    warm = run.settle(cap_s=60.0)
+    assert [w.rate for w in warm] == [25.0, 31.0, 38.0, 43.0, 44.0, 44.2]  # until the last three agree (±2 %)
+    assert run.settle(cap_s=60.0) == []  # once per run
+    run.close()
 
 
 def test_pairs_decide_on_the_ratio_of_windows_side_by_side():

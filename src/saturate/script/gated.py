@@ -8,6 +8,9 @@ of the command are started, each runs its warm-up and the doctor's Profiler wind
 pair giving the ratio B ÷ A of two windows a second apart, under the same load. The decision rests on the median of
 those ratios and its distribution-free interval (stats/pairs.py), exactly as for a preset.
 
+A fresh run is let run alone until its windows agree before its first pair (`Gated.settle`): a run's first seconds
+are often slower (the allocator, caches, a Trainer's own warm-up), and a live incumbent is already past them.
+
 Why two live runs rather than short runs repeated A B A B: a run's start-up (importing torch, building the model
 and the data, the warm-up and the Profiler's steps) costs seconds to minutes and is paid once per run here, against
 once per repetition; and a live incumbent is reused for the next comparison (`Arena`), so a tuning of n settings
@@ -86,6 +89,7 @@ class Gated:
         self.profile: ScriptTrial | None = None  # the Profiler's trial, read at the gate
         self.windows: list[Window] = []  # every window this run was timed in
         self.ended = False  # the script ended (or failed) while parked or timed
+        self.settled = False  # its speed has settled (`settle`)
         self._server: socket.socket | None = None
         self._conn: socket.socket | None = None
         self._file = None
@@ -161,6 +165,23 @@ class Gated:
         self.windows.append(w)
         return w
 
+    def settle(self, cap_s: float) -> list[Window]:
+        """Time windows alone until the run's speed has settled — its last windows agree (`rule.agreed`) — or
+        `rule.max_windows` or `cap_s` timed seconds: a fresh run is often slower for its first seconds (a Transformers
+        `Trainer` read 25 then 44 steps/s), and paired with a run already warm it would read slower than it is. Done
+        once per run; the windows are not part of any pair."""
+        if self.settled or not self.parked:
+            return []
+        timed, own = 0.0, []
+        while not self.rule.agreed([w.rate for w in own]) and len(own) < self.rule.max_windows and timed < cap_s:
+            w = self.window()
+            if w is None:
+                break
+            own.append(w)
+            timed += w.steps / w.rate
+        self.settled = True
+        return own
+
     def trial(self, windows: Sequence[Window]) -> ScriptTrial:
         """This run's trial over `windows` (the Profiler's phases and losses, the windows' steps per second)."""
         assert self.profile is not None
@@ -224,8 +245,11 @@ class PairedTrials:
 def time_pairs(a: Gated, b: Gated, min_gain: float, *, min_pairs: int = MIN_PAIRS,
                cap_s: float | None = None) -> PairedTrials:
     """Time two parked runs in alternating windows until the pairs are settled (stats/pairs.py: decisive at one of
-    its checks, or `cap_s` timed seconds; `min_pairs` at least; `MAX_PAIRS` at most) or a run ends."""
+    its checks, or `cap_s` timed seconds; `min_pairs` at least; `MAX_PAIRS` at most) or a run ends. A run not yet
+    timed is first let run alone until its speed settles (`Gated.settle`)."""
     started = time.monotonic()
+    for side in (a, b):  # each at its steady speed before the first pair
+        side.settle(cap_s if cap_s is not None else WINDOW_TIMEOUT_S)
     mine: dict[int, list[Window]] = {id(a): [], id(b): []}
     all_ratios: list[float] = []
     even: list[float] = []
