@@ -142,12 +142,17 @@ def render(tuning: ScriptTuning, console: Console, written: Path | None = None) 
     for d in tuning.decisions:
         console.print(Text(f"  {d}"))
     gain = tuning.gain()
+    how = ("each setting timed with the best so far in alternating windows" if tuning.paired is None
+           else "medians of each trial's timed windows")
     if gain is None:
         console.print(Text("best: the script as written (no setting was faster beyond the noise and by "
-                           f"{100 * MIN_GAIN:.0f} %; medians of each trial's timed windows)", style="bold"))
+                           f"{100 * MIN_GAIN:.0f} %; {how})", style="bold"))
+    elif tuning.confirmation is not None:
+        console.print(Text(f"best: {tuning.best.name}, {tuning.speedup:.2f}× the script as written, paired with it "
+                           f"at the end ({gain.text()})", style="bold"))
     else:
         console.print(Text(f"best: {tuning.best.name}, {tuning.speedup:.2f}× the script as written ({gain.text()}; "
-                           "medians of each trial's timed windows)", style="bold"))
+                           f"{how})", style="bold"))
     lines = edits(tuning)
     if lines:
         console.print("the edit to make in your script:")
