@@ -17,16 +17,21 @@ falls inside it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
 import math
+import os
 import platform
 import shutil
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -278,3 +283,24 @@ def tuning_footer(tuned: Any) -> list[str]:
 
 def tuning_json(tuned: Any) -> dict[str, Any]:
     return {"tuning_seconds": tuned.search.seconds, "decisions": tuned.search.decisions}
+
+
+NEIGHBOUR = Path(__file__).resolve().parents[2] / "shared" / "tools" / "neighbour.py"
+
+
+@contextlib.contextmanager
+def neighbour(profile: str, seed: int, duration: float = 1800.0) -> Iterator[None]:
+    """The shared seeded neighbour for the duration, stopped after. Started through a shell that exits at once, so
+    it is not our descendant (saturate counts its own process tree as its own use: a neighbour that is our child
+    would be measured as the workload)."""
+    if not NEIGHBOUR.exists():
+        raise SystemExit(f"{NEIGHBOUR} not found: the neighbour lives in the shared folder beside the repository")
+    cmd = (f"{sys.executable} {NEIGHBOUR} --profile {profile} --seed {seed} --duration {duration} "
+           ">/dev/null 2>&1 & echo $!")
+    pid = int(subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, check=True).stdout.strip())
+    try:
+        time.sleep(1.0)
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)  # it takes its workers with it

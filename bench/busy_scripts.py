@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import _harness as bench
-from doctor_stability import neighbour
+from _harness import neighbour
 from saturate.hardware import probe
 from saturate.script.overrides import Overrides
 from saturate.script.run_script import side_by_side

@@ -29,14 +29,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
-import os
-import signal
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,27 +44,6 @@ from saturate.workloads.coupling import workload_default_plan
 from trust import condition
 
 CASES = ("compute", "input", "overhead")
-
-
-NEIGHBOUR = Path(__file__).resolve().parents[2] / "shared" / "tools" / "neighbour.py"
-
-
-@contextlib.contextmanager
-def neighbour(profile: str, seed: int, duration: float = 1800.0) -> Iterator[None]:
-    """The shared seeded neighbour for the duration, stopped after. Started through a shell that exits at once, so
-    it is not our descendant (saturate counts its own process tree as its own use: a neighbour that is our child
-    would be measured as the workload)."""
-    if not NEIGHBOUR.exists():
-        raise SystemExit(f"{NEIGHBOUR} not found: the neighbour lives in the shared folder beside the repository")
-    cmd = (f"{sys.executable} {NEIGHBOUR} --profile {profile} --seed {seed} --duration {duration} "
-           ">/dev/null 2>&1 & echo $!")
-    pid = int(subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, check=True).stdout.strip())
-    try:
-        time.sleep(1.0)
-        yield
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)  # it takes its workers with it
 
 
 def cases(names: list[str], seed: int, hw: Any) -> dict[str, tuple[Any, Plan]]:
@@ -129,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     started = time.monotonic()
     for c in conditions:
-        with (neighbour(c, args.seed) if c in ("bursty", "steady") else condition(c)):
+        with condition(c, args.seed):
             for name, (workload, plan) in cases(names, args.seed, hw).items():
                 runs = []
                 for i in range(args.runs):

@@ -64,10 +64,15 @@ QUIET = Console(file=open(os.devnull, "w"))  # noqa: SIM115 - the tuner's own ou
 
 
 @contextlib.contextmanager
-def condition(name: str) -> Iterator[None]:
-    """Quiet, or a second process keeping one core busy for the duration (ended by its pid)."""
+def condition(name: str, seed: int = 0) -> Iterator[None]:
+    """Quiet; "loaded", a second process keeping one core busy for the duration (ended by its pid); or a profile of
+    the shared seeded neighbour (`bursty`, `steady`, `spiky`: bench/_harness.neighbour)."""
     if name == "quiet":
         yield
+        return
+    if name != "loaded":
+        with bench.neighbour(name, seed):
+            yield
         return
     # Started through a shell that exits at once, so the loop is not our descendant: saturate counts its own
     # process tree (loader workers, compiler workers) as its own use, and another job on a shared machine is not
@@ -203,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=45.0, help="each tune's budget in seconds (default 45)")
     ap.add_argument("--run-steps", type=int, default=150,
                     help="steps of the saturate run / untuned train job (default 150)")
-    ap.add_argument("--conditions", default="quiet,loaded", help="quiet, loaded or both (default)")
+    ap.add_argument("--conditions", default="quiet,loaded",
+                    help="quiet, loaded (a busy loop on one core), bursty, steady or spiky (the shared neighbour)")
     ap.add_argument("--no-grid", action="store_true", help="skip the exhaustive grid")
     ap.add_argument("--grid-best", metavar="PLAN",
                     help="the grid's best from an earlier run, as its JSON says it (\"32×1 bf16 w0\"): not measured "
@@ -217,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.require_positive(ap, tunes=args.tunes, run_steps=args.run_steps, rounds=args.rounds, steps=args.steps,
                            warmup=args.warmup)
     conditions = [c for c in args.conditions.split(",") if c]
-    if not set(conditions) <= {"quiet", "loaded"}:
-        ap.error(f"--conditions takes quiet and/or loaded, got {args.conditions!r}")
+    if not set(conditions) <= {"quiet", "loaded", "bursty", "steady", "spiky"}:
+        ap.error(f"--conditions takes quiet, loaded, bursty, steady or spiky, got {args.conditions!r}")
 
     hw = probe(measure_peaks=True, device="cpu")
     workload = bench.bench_workload(args.preset, args.seed) if not args.effective_batch else dataclasses.replace(
