@@ -3,6 +3,7 @@ and what they decide, and no run left behind when saturate dies."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -270,3 +271,15 @@ def test_run_tunes_and_confirms_in_alternating_windows_then_applies(tmp_path):
     assert len(d["as_written"]) == len(d["tuned"]) == 1 and d["tuned"][0]["windows"] >= 6
     assert d["full_run"]["optimizer_steps"] == 300 and "trained 300 steps" in out.stderr
     assert side["text"].startswith("+") and "alternating pairs" in side["text"]
+
+
+def test_a_progress_line_cut_off_without_its_newline_gets_one(capsys):
+    import io
+
+    from saturate.script.command import _echo
+
+    tail: collections.deque = collections.deque(maxlen=5)
+    _echo(io.BytesIO(b"epoch 1\n 10%|#   | 1/10\r 20%|##  | 2/10"), tail)
+    assert capsys.readouterr().err == "epoch 1\n 10%|#   | 1/10\r 20%|##  | 2/10\n"
+    _echo(io.BytesIO(b"done\n"), tail)
+    assert capsys.readouterr().err == "done\n"
