@@ -160,6 +160,9 @@ def test_fused_adamw_is_tried_for_a_plain_script_and_said_at_its_line():
     assert any(d.startswith("fused optimizer: AdamW(fused=True) kept: +30.0 %") for d in tuning.decisions)
     assert "train.py:20: AdamW(..., fused=True)" in edits(tuning)
     assert not any("fused optimizer: need" in d for d in tuning.decisions)
+    console = Console(width=200, record=True)
+    render(tuning, console)
+    assert console.export_text().count("kept: +30.0 %") == 1  # the trial's outcome is said once, not twice
 
 
 def test_fused_is_not_tried_where_it_cannot_be():

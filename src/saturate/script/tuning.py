@@ -137,8 +137,9 @@ def render(tuning: ScriptTuning, console: Console, written: Path | None = None) 
         t.add_row(trial.name, f"{trial.step_s:.4g}", rate, f"{100 * trial.data_share:.0f} %",
                   str(trial.windows or "-") + (" busy" if trial.busy else ""))
     console.print(t)
-    for trial in tuning.trials[1:]:
-        console.print(Text(f"  {trial.name}: {trial.outcome}"))
+    for trial in tuning.trials[1:]:  # each trial's outcome once: a stage's decision line may already say it
+        if not any(trial.outcome and trial.outcome in d for d in tuning.decisions):
+            console.print(Text(f"  {trial.name}: {trial.outcome}"))
     for d in tuning.decisions:
         console.print(Text(f"  {d}"))
     gain = tuning.gain()
