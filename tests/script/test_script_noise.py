@@ -204,3 +204,42 @@ def test_the_child_says_when_the_script_ended_during_its_windows():
         clock.tick()
     assert w.record()["script_ended"] is False
     assert w.cut_short() and w.record()["script_ended"] is True
+
+
+class IOBoundMachine(NoisyMachine):
+    """A dataset that waits on I/O (no core): each worker adds a loader, up to `saturates` workers; the wait for data
+    is what the workers cannot yet hide. `peak` is the training process's host memory."""
+
+    def __init__(self, saturates: int, peak: int = 2**30) -> None:
+        super().__init__(gain=0.0, noise=0.01)
+        self.saturates, self.peak = saturates, peak
+
+    def __call__(self, command: list[str], settings: ChildSettings, **kw: Any) -> ScriptRun:
+        run = super().__call__(command, settings, **kw)
+        workers = settings.overrides.loader.get("num_workers", 0)
+        rate = 10.0 * min(max(workers, 1), self.saturates)
+        m = run.report["measurements"]
+        data = max(0.0, 1 - min(max(workers, 1), self.saturates) / self.saturates) * 0.9
+        m.update(step_s=1 / rate, phases={"data": data / rate}, main_peak=self.peak)
+        run.report["windows"]["rates"] = [rate * 0.99, rate * 1.01, rate]
+        return run
+
+
+def test_workers_climb_past_the_cores_while_the_data_wait_remains():
+    tuning = tune_command(["python", "train.py"], runner=IOBoundMachine(saturates=8), cores=2)
+    assert tuning.best.overrides.loader["num_workers"] == 8  # 4 per core, on 2 cores
+    line = next(d for d in tuning.decisions if d.startswith("loader workers"))
+    assert line == "loader workers: 8 (as written 0; tried 1, 2, 4, 8)"
+    early = tune_command(["python", "train.py"], runner=IOBoundMachine(saturates=2), cores=2)
+    assert early.best.overrides.loader["num_workers"] == 2 and "not 4: the best so far waits for data 0 %" in next(
+        d for d in early.decisions if d.startswith("loader workers"))
+
+
+def test_workers_past_the_cores_stop_where_host_memory_would_run_short(monkeypatch):
+    import saturate.script.tune_script as tune_script
+
+    monkeypatch.setattr(tune_script, "_host_memory_available", lambda: 10 * 2**30)
+    tuning = tune_command(["python", "train.py"], runner=IOBoundMachine(saturates=8, peak=2 * 2**30), cores=2)
+    assert tuning.best.overrides.loader["num_workers"] == 2
+    assert "not 4: 4 workers at up to 2.0 GiB each would use more than half of the 10.0 GiB" in next(
+        d for d in tuning.decisions if d.startswith("loader workers"))

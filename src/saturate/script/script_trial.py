@@ -70,6 +70,7 @@ class ScriptTrial:
     ran_to_end: bool = False  # the script finished during the trial's windows (its own end-of-run code ran)
     out_of_memory: bool = False  # it failed with torch's out-of-memory error (`command.ScriptFailed`)
     trainer_error: str | None = None  # the script's Trainer refused the overrides' arguments (its message)
+    host_peak: int | None = None  # the training process's host memory at its peak (bytes), from the Profiler
     pair: dict[str, Any] | None = None  # timed in alternating windows with the best so far (`gated.py`): how
 
     @classmethod
@@ -83,7 +84,7 @@ class ScriptTrial:
         losses = (report.get("trainer") or report.get("lightning") or {}).get("losses") or []
         t = cls(name, overrides, profiled, None, data, m["steps"], losses=losses,
                 first_step_s=report.get("first_step_s"), samples_per_step=per_step,
-                trainer_error=(report.get("trainer") or {}).get("error"))
+                trainer_error=(report.get("trainer") or {}).get("error"), host_peak=m.get("main_peak"))
         windows = report.get("windows") or {}
         if rates := windows.get("rates"):
             summary = (rule or window_rule()).result(rates)

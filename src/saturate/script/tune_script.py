@@ -24,9 +24,10 @@ For a plain script (no Trainer): the fused optimizer, when the optimizer the scr
 `Adam`/`AdamW`, not fused, and torch has the fused kernel on the script's device (`fused=True` given at
 its constructor from outside; the edit said at that line).
 For every script:
-6. loader workers (only when the as-written run waits for data): 1, 2, 4, … up to the usable cores,
-   with persistent workers; growth stops at the first count from 2 on that does not gain (one worker
-   only overlaps loading with the step, so it may not gain where two do);
+6. loader workers (only when the as-written run waits for data): 1, 2, 4, … up to the usable cores, and on to
+   4 per core while the best run still waits for data and host memory allows (a dataset waiting on I/O needs
+   no core), with persistent workers; growth stops at the first count from 2 on that does not gain (one
+   worker only overlaps loading with the step, so it may not gain where two do);
 7. a deeper prefetch (4) where workers are kept;
 8. pinned memory, on a GPU;
 9. TF32 matmuls, on a GPU that has them.
@@ -53,6 +54,7 @@ from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule
 
 INPUT_SHARE_MIN = 0.05  # below this share of the step waiting for data, loader settings cannot gain much
+WORKERS_PER_CORE = 4  # loader workers are tried up to this many per usable core (past the cores: `_past_the_cores`)
 
 Runner = Callable[..., ScriptRun]  # run_instrumented's signature; tests pass a fake machine
 
@@ -168,6 +170,7 @@ class _Search:
         self.rule = rule  # when a trial's windows are enough, in the child (`windows.StepWindows`) and here
         self.window_s = window_s
         self.incumbent: Gated | None = None  # the best so far, alive and parked at its gate (paired comparisons)
+        self.memory_available: Callable[[], int] = _host_memory_available  # tests give a fake
 
     def gated(self, name: str, overrides: Overrides) -> Gated:
         """A run of the command with `overrides` that will wait at its gate (`gated.py`), not yet started."""
@@ -316,6 +319,22 @@ class _Search:
 
     # --- every script's DataLoaders ----------------------------------------------------------
 
+    def _past_the_cores(self, workers: int, cores: int) -> str | None:
+        """Why not try `workers` loader workers, more than the `cores` usable cores, or None: past the cores only
+        while the best run still waits for data (a dataset that waits on I/O, not on a core: 4 ms of sleep per
+        sample ran 4× at 8 workers on 2 cores, issue 29) and each worker could hold as much host memory as the
+        training process at its peak without using more than half of what is available."""
+        best = self.result.best
+        if best.data_share < INPUT_SHARE_MIN:
+            return (f"the best so far waits for data {100 * best.data_share:.0f} % of its step, under "
+                    f"{100 * INPUT_SHARE_MIN:.0f} %")
+        peak = best.host_peak or 0
+        available = self.memory_available()
+        if peak and workers * peak > available / 2:
+            return (f"{workers} workers at up to {peak / 2**30:.1f} GiB each would use more than half of the "
+                    f"{available / 2**30:.1f} GiB of host memory available")
+        return None
+
     def loader_stages(self, cores: int) -> None:
         result = self.result
         base = result.baseline
@@ -328,15 +347,21 @@ class _Search:
                                     f"step as written; more workers cannot gain more than that; not tried")
             return
         written = loader.get("num_workers") or 0
-        counts = [w for w in _powers_of_two(max(1, cores)) if w != written]
+        counts = [w for w in _powers_of_two(max(1, cores) * WORKERS_PER_CORE) if w != written]
+        tried: list[int] = []
+        stopped = ""
         for w in counts:
+            if w > cores and (why := self._past_the_cores(w, cores)):
+                stopped = f"; not {w}: {why}"
+                break
+            tried.append(w)
             t = self.consider(f"{w} workers", self.with_overrides(Overrides(loader={
                 "num_workers": w, "persistent_workers": True})))
             if not self.kept(t) and w >= 2:  # one worker only overlaps loading with the step: 2 is the first test
                 break
         workers = result.best.overrides.loader.get("num_workers", written)
         result.decisions.append(f"loader workers: {workers} (as written {written}; tried "
-                                f"{', '.join(map(str, counts))})")
+                                f"{', '.join(map(str, tried))}{stopped})")
         if workers:
             self.consider("prefetch 4", self.with_overrides(Overrides(loader={"prefetch_factor": 4})))
         if result.device_type == "cuda" and not loader.get("pin_memory"):
@@ -353,6 +378,12 @@ def _figures(t: ScriptTrial) -> dict[str, Any]:
     """A paired trial's figures, for the JSON of the trial it was paired with."""
     return {"name": t.name, "step_s": t.step_s, "spread": t.spread, "windows": t.windows,
             "steps_per_s": t.window_steps_per_s}
+
+
+def _host_memory_available() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
 
 
 def trial_settings(overrides: Overrides, warmup: int, steps: int, rule: WindowRule,
