@@ -283,3 +283,26 @@ def test_a_progress_line_cut_off_without_its_newline_gets_one(capsys):
     assert capsys.readouterr().err == "epoch 1\n 10%|#   | 1/10\r 20%|##  | 2/10\n"
     _echo(io.BytesIO(b"done\n"), tail)
     assert capsys.readouterr().err == "done\n"
+
+
+THREADS = """
+import torch
+torch.set_num_threads(2)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(200):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def test_a_threads_override_holds_whatever_the_script_sets(tmp_path):
+    from saturate.script.command import run_instrumented
+    from saturate.script.overrides import Overrides
+    from saturate.script.script_trial import window_rule
+    from saturate.script.tune_script import trial_settings
+
+    (tmp_path / "threads.py").write_text(THREADS)
+    settings = trial_settings(Overrides(threads=1), 1, 3, window_rule(0.5))
+    run = run_instrumented([sys.executable, str(tmp_path / "threads.py")], settings)
+    assert run.report["threads"] == {"in_force": 1, "asked_by_script": 2}

@@ -236,10 +236,42 @@ def test_workers_climb_past_the_cores_while_the_data_wait_remains():
 
 
 def test_workers_past_the_cores_stop_where_host_memory_would_run_short(monkeypatch):
-    import saturate.script.tune_script as tune_script
+    import saturate.script.host_stages as host_stages
 
-    monkeypatch.setattr(tune_script, "_host_memory_available", lambda: 10 * 2**30)
+    monkeypatch.setattr(host_stages, "_host_memory_available", lambda: 10 * 2**30)
     tuning = tune_command(["python", "train.py"], runner=IOBoundMachine(saturates=8, peak=2 * 2**30), cores=2)
     assert tuning.best.overrides.loader["num_workers"] == 2
     assert "not 4: 4 workers at up to 2.0 GiB each would use more than half of the 10.0 GiB" in next(
         d for d in tuning.decisions if d.startswith("loader workers"))
+
+
+class BusyThreads(NoisyMachine):
+    """A plain script on 2 cores with 2 threads; other processes keep `busy` cores busy during every trial; with
+    `fewer` threads it runs `speedup`× as fast."""
+
+    def __init__(self, busy: float, speedup: float) -> None:
+        super().__init__(gain=0.0, noise=0.01)
+        self.busy, self.speedup = busy, speedup
+
+    def __call__(self, command: list[str], settings: ChildSettings, **kw: Any) -> ScriptRun:
+        run = super().__call__(command, settings, **kw)
+        threads = settings.overrides.threads or 2
+        rate = 10.0 * (self.speedup if threads < 2 else 1.0)
+        run.report["measurements"].update(step_s=1 / rate, phases={"data": 0.0})
+        run.report["windows"].update(rates=[rate * 0.99, rate * 1.01, rate], busy=self.busy >= 0.5,
+                                     other_cores=self.busy)
+        run.report["threads"] = {"in_force": threads, "asked_by_script": None}
+        return run
+
+
+def test_a_busy_cpu_tries_fewer_threads_for_a_script_and_says_the_edit():
+    tuning = tune_command(["python", "train.py"], runner=BusyThreads(busy=1.0, speedup=2.0), cores=2)
+    assert tuning.best.overrides.threads == 1
+    line = next(d for d in tuning.decisions if d.startswith("threads"))
+    assert line.startswith("threads: 1 of 2 kept") and "1.0 of 2 cores busy" in line
+    assert "at start-up: torch.set_num_threads(1)" in edits(tuning)
+    quiet = tune_command(["python", "train.py"], runner=BusyThreads(busy=0.0, speedup=2.0), cores=2)
+    assert quiet.best.overrides.threads is None and "threads: the script's 2" in next(
+        d for d in quiet.decisions if d.startswith("threads"))
+    slower = tune_command(["python", "train.py"], runner=BusyThreads(busy=1.0, speedup=0.8), cores=2)
+    assert slower.best.overrides.threads is None

@@ -46,15 +46,13 @@ from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
 from saturate.script.frameworks import framework_of, fused_option
 from saturate.script.gated import Gated, can_gate, time_pairs
+from saturate.script.host_stages import loader_stages, threads_stage
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.script_trial import MIN_GAIN, WINDOW_S, ScriptTrial, TrialOptions, window_rule
 from saturate.script.trainer_stages import Option, stage, trainer_stages
 from saturate.script.tuning import ScriptTuning
 from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule
-
-INPUT_SHARE_MIN = 0.05  # below this share of the step waiting for data, loader settings cannot gain much
-WORKERS_PER_CORE = 4  # loader workers are tried up to this many per usable core (past the cores: `_past_the_cores`)
 
 Runner = Callable[..., ScriptRun]  # run_instrumented's signature; tests pass a fake machine
 
@@ -111,7 +109,8 @@ def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[
         trainer_stages(search, framework, supports, report.get("model"), allow_micro_batch_change)
     else:
         stage(search, "fused optimizer", _plain_fused(result.optimizer or {}, device))
-    search.loader_stages(cores)
+    loader_stages(search, cores)
+    threads_stage(search, cores)
     if device == "cuda":
         search.consider("TF32", search.with_overrides(Overrides(tf32=True)))
     else:
@@ -170,7 +169,6 @@ class _Search:
         self.rule = rule  # when a trial's windows are enough, in the child (`windows.StepWindows`) and here
         self.window_s = window_s
         self.incumbent: Gated | None = None  # the best so far, alive and parked at its gate (paired comparisons)
-        self.memory_available: Callable[[], int] = _host_memory_available  # tests give a fake
 
     def gated(self, name: str, overrides: Overrides) -> Gated:
         """A run of the command with `overrides` that will wait at its gate (`gated.py`), not yet started."""
@@ -317,57 +315,6 @@ class _Search:
         """The best overrides so far with these added."""
         return self.result.best.overrides.merged(overrides)
 
-    # --- every script's DataLoaders ----------------------------------------------------------
-
-    def _past_the_cores(self, workers: int, cores: int) -> str | None:
-        """Why not try `workers` loader workers, more than the `cores` usable cores, or None: past the cores only
-        while the best run still waits for data (a dataset that waits on I/O, not on a core: 4 ms of sleep per
-        sample ran 4× at 8 workers on 2 cores, issue 29) and each worker could hold as much host memory as the
-        training process at its peak without using more than half of what is available."""
-        best = self.result.best
-        if best.data_share < INPUT_SHARE_MIN:
-            return (f"the best so far waits for data {100 * best.data_share:.0f} % of its step, under "
-                    f"{100 * INPUT_SHARE_MIN:.0f} %")
-        peak = best.host_peak or 0
-        available = self.memory_available()
-        if peak and workers * peak > available / 2:
-            return (f"{workers} workers at up to {peak / 2**30:.1f} GiB each would use more than half of the "
-                    f"{available / 2**30:.1f} GiB of host memory available")
-        return None
-
-    def loader_stages(self, cores: int) -> None:
-        result = self.result
-        base = result.baseline
-        loader = result.loaders[0] if result.loaders else None
-        if loader is None:
-            result.decisions.append("loader settings: no DataLoader in the timed steps; not tried")
-            return
-        if base.data_share < INPUT_SHARE_MIN:
-            result.decisions.append(f"loader settings: waiting for data is {100 * base.data_share:.0f} % of the "
-                                    f"step as written; more workers cannot gain more than that; not tried")
-            return
-        written = loader.get("num_workers") or 0
-        counts = [w for w in _powers_of_two(max(1, cores) * WORKERS_PER_CORE) if w != written]
-        tried: list[int] = []
-        stopped = ""
-        for w in counts:
-            if w > cores and (why := self._past_the_cores(w, cores)):
-                stopped = f"; not {w}: {why}"
-                break
-            tried.append(w)
-            t = self.consider(f"{w} workers", self.with_overrides(Overrides(loader={
-                "num_workers": w, "persistent_workers": True})))
-            if not self.kept(t) and w >= 2:  # one worker only overlaps loading with the step: 2 is the first test
-                break
-        workers = result.best.overrides.loader.get("num_workers", written)
-        result.decisions.append(f"loader workers: {workers} (as written {written}; tried "
-                                f"{', '.join(map(str, tried))}{stopped})")
-        if workers:
-            self.consider("prefetch 4", self.with_overrides(Overrides(loader={"prefetch_factor": 4})))
-        if result.device_type == "cuda" and not loader.get("pin_memory"):
-            self.consider("pinned memory", self.with_overrides(Overrides(loader={"pin_memory": True})))
-
-
 def _refused(t: ScriptTrial, overrides: Overrides) -> str | None:
     """Why the script's Trainer refused the overrides' arguments (from the trial's report), or None."""
     error = t.trainer_error
@@ -378,12 +325,6 @@ def _figures(t: ScriptTrial) -> dict[str, Any]:
     """A paired trial's figures, for the JSON of the trial it was paired with."""
     return {"name": t.name, "step_s": t.step_s, "spread": t.spread, "windows": t.windows,
             "steps_per_s": t.window_steps_per_s}
-
-
-def _host_memory_available() -> int:
-    import psutil
-
-    return int(psutil.virtual_memory().available)
 
 
 def trial_settings(overrides: Overrides, warmup: int, steps: int, rule: WindowRule,
@@ -400,13 +341,3 @@ def drained(warmup: int, overrides: Overrides) -> int:
     loader = overrides.loader
     workers = loader.get("num_workers") or 0
     return warmup + workers * (loader.get("prefetch_factor") or 2)
-
-
-def _powers_of_two(limit: int) -> list[int]:
-    out, w = [], 1
-    while w <= limit:
-        out.append(w)
-        w *= 2
-    return out
-
-

@@ -39,7 +39,6 @@ import os
 import random
 import sys
 import time
-import traceback
 import weakref
 from pathlib import Path
 from typing import Any
@@ -56,6 +55,7 @@ from saturate.script.boundary import (
     ChildSettings,
 )
 from saturate.script.child import found, lightning_hooks
+from saturate.script.child.found import caller_site
 from saturate.script.child.patches import Patches
 from saturate.script.child.trainer_hooks import TrainerWatch
 from saturate.script.child.trial_windows import StepWindows
@@ -87,24 +87,6 @@ def imported(name: str, module: Any) -> None:
         _script.patch(name, module)
 
 
-def caller_site() -> str | None:
-    """`file.py:line` of the innermost frame that is the user's code (not torch's, a library's or ours)."""
-    skip = ("site-packages", "dist-packages", f"{os.sep}torch{os.sep}", f"{os.sep}saturate{os.sep}")
-    for frame in reversed(traceback.extract_stack()[:-1]):
-        name = frame.filename
-        if name.startswith("<") or any(s in name for s in skip) or name.startswith(sys.prefix + os.sep + "lib"):
-            continue
-        return f"{shown_path(name)}:{frame.lineno}"
-    return None
-
-
-def shown_path(name: str) -> str:
-    """A script's path as reports show it: relative to the working folder when under it, else absolute."""
-    path = os.path.abspath(name)
-    cwd = os.getcwd()
-    return os.path.relpath(path, cwd) if path.startswith(cwd.rstrip(os.sep) + os.sep) else path
-
-
 class Script:
     """The hooks and what they saw in one process."""
 
@@ -124,6 +106,7 @@ class Script:
         self._followed: weakref.ref | None = None  # without the Profiler: the optimizer whose steps are counted
         self.optimizer_steps = 0
         self.backwards = 0  # backward passes, counted until the first optimizer step (`_count_backward`)
+        self.threads_asked: int | None = None  # what the script gave torch.set_num_threads under a threads override
         self.roots: list[weakref.ref] = []  # modules whose forward ran at the top level before the first step
         self._depth = 0
         self._forward_hooks: list[Any] = []
@@ -169,6 +152,13 @@ class Script:
         if self.overrides.tf32:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
+        if self.overrides.threads is not None:  # kept whatever the script sets: its own call is noted, not done
+            torch.set_num_threads(self.overrides.threads)
+
+            def asked_threads(n: int) -> None:
+                script.threads_asked = n
+
+            self.patches.replace(torch, "set_num_threads", asked_threads)
         self._fuse_optimizers()
         signature = inspect.signature(loader_init)
         changing = bool(self.overrides.loader or self.overrides.train_loader)
@@ -355,6 +345,7 @@ class Script:
                           "fused": defaults.get("fused"), "foreach": defaults.get("foreach")},
             "model": self.model_info, "optimizer_steps": self.optimizer_steps,
             "first_step_s": self.first_step_s, "windows": self.windows.record(),
+            "threads": {"in_force": torch_threads(), "asked_by_script": self.threads_asked},
             "trainer": self.trainer.report(),
             "lightning": self.lightning.report(),
             "instrumentation": self.profiler.instrumentation,
@@ -392,3 +383,8 @@ class Script:
         elif self.rank == 0:
             self._write(STATUS.format(pid=os.getpid()), json.dumps({"optimizer_steps": self.optimizer_steps}))
 
+
+def torch_threads() -> int | None:
+    """torch's intra-op threads in this process now."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None
