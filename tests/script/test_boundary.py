@@ -110,3 +110,12 @@ def test_settings_the_child_cannot_read_stop_the_command_with_one_line(monkeypat
     with pytest.raises(ConfigError) as e:
         run_instrumented([sys.executable, "-c", "import torch; print('trained')"], ChildSettings(), quiet_stdout=True)
     assert "saturate's hooks could not start" in str(e.value) and "mode 'bogus' is not one of" in str(e.value)
+
+
+def test_threads_travel_as_a_positive_integer_and_the_later_wins():
+    over = Overrides.from_dict({"loader": {"num_workers": 2}, "threads": 1})
+    assert over.threads == 1 and over.to_dict() == {"loader": {"num_workers": 2}, "threads": 1}
+    assert over.merged(Overrides(threads=3)).threads == 3 and over.merged(NONE).threads == 1
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ConfigError, match="\"threads\" must be a positive integer"):
+            Overrides.from_dict({"threads": bad})

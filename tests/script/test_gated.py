@@ -3,6 +3,7 @@ and what they decide, and no run left behind when saturate dies."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -270,3 +271,38 @@ def test_run_tunes_and_confirms_in_alternating_windows_then_applies(tmp_path):
     assert len(d["as_written"]) == len(d["tuned"]) == 1 and d["tuned"][0]["windows"] >= 6
     assert d["full_run"]["optimizer_steps"] == 300 and "trained 300 steps" in out.stderr
     assert side["text"].startswith("+") and "alternating pairs" in side["text"]
+
+
+def test_a_progress_line_cut_off_without_its_newline_gets_one(capsys):
+    import io
+
+    from saturate.script.command import _echo
+
+    tail: collections.deque = collections.deque(maxlen=5)
+    _echo(io.BytesIO(b"epoch 1\n 10%|#   | 1/10\r 20%|##  | 2/10"), tail)
+    assert capsys.readouterr().err == "epoch 1\n 10%|#   | 1/10\r 20%|##  | 2/10\n"
+    _echo(io.BytesIO(b"done\n"), tail)
+    assert capsys.readouterr().err == "done\n"
+
+
+THREADS = """
+import torch
+torch.set_num_threads(2)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(200):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def test_a_threads_override_holds_whatever_the_script_sets(tmp_path):
+    from saturate.script.command import run_instrumented
+    from saturate.script.overrides import Overrides
+    from saturate.script.script_trial import window_rule
+    from saturate.script.tune_script import trial_settings
+
+    (tmp_path / "threads.py").write_text(THREADS)
+    settings = trial_settings(Overrides(threads=1), 1, 3, window_rule(0.5))
+    run = run_instrumented([sys.executable, str(tmp_path / "threads.py")], settings)
+    assert run.report["threads"] == {"in_force": 1, "asked_by_script": 2}

@@ -276,3 +276,27 @@ def test_the_shim_waits_for_torch_and_then_installs_the_hooks(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["True", "True"], out.stderr
+
+
+HAND_UPDATED = """
+import torch
+torch.manual_seed(0)
+w = torch.randn(64, requires_grad=True)
+x = torch.randn(256, 64)
+for step in range(10**7):
+    loss = (x @ w).pow(2).mean()
+    loss.backward()
+    with torch.no_grad():
+        w -= 1e-3 * w.grad
+        w.grad = None
+open("finished.txt", "w").write(str(step))
+"""
+
+
+def test_a_script_without_an_optimizer_is_stopped_in_one_line_not_run_to_its_end(tmp_path):
+    (tmp_path / "hand.py").write_text(HAND_UPDATED)
+    started = time.monotonic()
+    out = doctor("--", sys.executable, "hand.py", cwd=tmp_path)
+    assert out.returncode != 0
+    assert "backward passes without a torch.optim optimizer step" in out.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "finished.txt").exists() and time.monotonic() - started < 120

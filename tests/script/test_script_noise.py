@@ -160,6 +160,9 @@ def test_fused_adamw_is_tried_for_a_plain_script_and_said_at_its_line():
     assert any(d.startswith("fused optimizer: AdamW(fused=True) kept: +30.0 %") for d in tuning.decisions)
     assert "train.py:20: AdamW(..., fused=True)" in edits(tuning)
     assert not any("fused optimizer: need" in d for d in tuning.decisions)
+    console = Console(width=200, record=True)
+    render(tuning, console)
+    assert console.export_text().count("kept: +30.0 %") == 1  # the trial's outcome is said once, not twice
 
 
 def test_fused_is_not_tried_where_it_cannot_be():
@@ -201,3 +204,74 @@ def test_the_child_says_when_the_script_ended_during_its_windows():
         clock.tick()
     assert w.record()["script_ended"] is False
     assert w.cut_short() and w.record()["script_ended"] is True
+
+
+class IOBoundMachine(NoisyMachine):
+    """A dataset that waits on I/O (no core): each worker adds a loader, up to `saturates` workers; the wait for data
+    is what the workers cannot yet hide. `peak` is the training process's host memory."""
+
+    def __init__(self, saturates: int, peak: int = 2**30) -> None:
+        super().__init__(gain=0.0, noise=0.01)
+        self.saturates, self.peak = saturates, peak
+
+    def __call__(self, command: list[str], settings: ChildSettings, **kw: Any) -> ScriptRun:
+        run = super().__call__(command, settings, **kw)
+        workers = settings.overrides.loader.get("num_workers", 0)
+        rate = 10.0 * min(max(workers, 1), self.saturates)
+        m = run.report["measurements"]
+        data = max(0.0, 1 - min(max(workers, 1), self.saturates) / self.saturates) * 0.9
+        m.update(step_s=1 / rate, phases={"data": data / rate}, main_peak=self.peak)
+        run.report["windows"]["rates"] = [rate * 0.99, rate * 1.01, rate]
+        return run
+
+
+def test_workers_climb_past_the_cores_while_the_data_wait_remains():
+    tuning = tune_command(["python", "train.py"], runner=IOBoundMachine(saturates=8), cores=2)
+    assert tuning.best.overrides.loader["num_workers"] == 8  # 4 per core, on 2 cores
+    line = next(d for d in tuning.decisions if d.startswith("loader workers"))
+    assert line == "loader workers: 8 (as written 0; tried 1, 2, 4, 8)"
+    early = tune_command(["python", "train.py"], runner=IOBoundMachine(saturates=2), cores=2)
+    assert early.best.overrides.loader["num_workers"] == 2 and "not 4: the best so far waits for data 0 %" in next(
+        d for d in early.decisions if d.startswith("loader workers"))
+
+
+def test_workers_past_the_cores_stop_where_host_memory_would_run_short(monkeypatch):
+    import saturate.script.host_stages as host_stages
+
+    monkeypatch.setattr(host_stages, "_host_memory_available", lambda: 10 * 2**30)
+    tuning = tune_command(["python", "train.py"], runner=IOBoundMachine(saturates=8, peak=2 * 2**30), cores=2)
+    assert tuning.best.overrides.loader["num_workers"] == 2
+    assert "not 4: 4 workers at up to 2.0 GiB each would use more than half of the 10.0 GiB" in next(
+        d for d in tuning.decisions if d.startswith("loader workers"))
+
+
+class BusyThreads(NoisyMachine):
+    """A plain script on 2 cores with 2 threads; other processes keep `busy` cores busy during every trial; with
+    `fewer` threads it runs `speedup`× as fast."""
+
+    def __init__(self, busy: float, speedup: float) -> None:
+        super().__init__(gain=0.0, noise=0.01)
+        self.busy, self.speedup = busy, speedup
+
+    def __call__(self, command: list[str], settings: ChildSettings, **kw: Any) -> ScriptRun:
+        run = super().__call__(command, settings, **kw)
+        threads = settings.overrides.threads or 2
+        rate = 10.0 * (self.speedup if threads < 2 else 1.0)
+        run.report["measurements"].update(step_s=1 / rate, phases={"data": 0.0})
+        run.report["windows"].update(rates=[rate * 0.99, rate * 1.01, rate], busy=self.busy >= 0.5,
+                                     other_cores=self.busy)
+        run.report["threads"] = {"in_force": threads, "asked_by_script": None}
+        return run
+
+
+def test_a_busy_cpu_tries_fewer_threads_for_a_script_and_says_the_edit():
+    tuning = tune_command(["python", "train.py"], runner=BusyThreads(busy=1.0, speedup=2.0), cores=2)
+    assert tuning.best.overrides.threads == 1
+    line = next(d for d in tuning.decisions if d.startswith("threads"))
+    assert line.startswith("threads: 1 of 2 kept") and "1.0 of 2 cores busy" in line
+    assert "at start-up: torch.set_num_threads(1)" in edits(tuning)
+    quiet = tune_command(["python", "train.py"], runner=BusyThreads(busy=0.0, speedup=2.0), cores=2)
+    assert quiet.best.overrides.threads is None and "threads: the script's 2" in next(
+        d for d in quiet.decisions if d.startswith("threads"))
+    slower = tune_command(["python", "train.py"], runner=BusyThreads(busy=1.0, speedup=0.8), cores=2)
+    assert slower.best.overrides.threads is None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from saturate.doctor.profiler import batch_len
-from saturate.script.child.hooks import shown_path
+from saturate.script.child.found import shown_path
 
 
 def test_a_script_path_is_relative_only_under_the_working_folder(tmp_path, monkeypatch):

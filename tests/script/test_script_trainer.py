@@ -204,3 +204,40 @@ def test_run_stops_in_one_line_when_the_trainer_refuses_an_override(tmp_path):
     assert "saturate: error: the script's Trainer refused the overrides {'fp16': True, 'bf16': True}: " \
            "ValueError: " in last
     assert not (tmp_path / "user-out").exists()  # stopped before the full run
+
+
+def test_arguments_parsed_from_the_command_line_are_said_as_flags():
+    parsed = {**TRAINER, "args_site": "run_clm.py:249", "args_from_command_line": True}
+    fix = Fix("bf16", {"precision": "bf16", "micro_batch": 4, "grad_accum": 2},
+              Prediction("step_s", 1.0, 0.5, "test"), "")
+    assert in_your_script(fix, {"loaders": [], "trainer": parsed}, "cuda") == [
+        "on the command line: --per_device_train_batch_size 4 --gradient_accumulation_steps 2 --bf16 (the script "
+        "parses its TrainingArguments from the command line at run_clm.py:249)"]
+
+
+HF_ARGS = """
+import torch
+from torch.utils.data import Dataset
+from transformers import GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer, TrainingArguments
+class Tokens(Dataset):
+    def __len__(self):
+        return 4096
+    def __getitem__(self, i):
+        ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids}
+(args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses()
+model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+Trainer(model=model, args=args, train_dataset=Tokens()).train()
+"""
+
+
+@pytest.mark.slow
+def test_the_doctor_sees_training_arguments_that_came_from_the_command_line(tmp_path):
+    (tmp_path / "hf.py").write_text(HF_ARGS)
+    out = saturate("doctor", "--warmup", "1", "--steps", "2", "--json", "--", sys.executable, "hf.py", "--output_dir",
+                   "user-out", "--max_steps", "40", "--per_device_train_batch_size", "4", "--report_to", "none",
+                   "--use_cpu", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    trainer = json.loads(out.stdout)["script"]["trainer"]
+    assert trainer["args_from_command_line"] is True
+    assert trainer["args_site"].endswith(line_of(tmp_path / "hf.py", "parse_args_into_dataclasses"))

@@ -22,7 +22,8 @@ Out, as files in `ENV_DIR`, read by the parent once the command has ended or bee
 - `STATUS` (`status-<pid>.json`): each process's optimizer steps so far;
 - `GATE` (`gate.sock`): a gated trial's socket, the parent's; the child connects to say each window's figure and
   to wait for the next (`GATE_*`: `gated.py`);
-- `ERRORS` (`error-*.txt`): one line the parent prints as the error (the child could not import saturate, …).
+- `ERRORS` (`error-*.txt`): one line the parent prints as the error (the child could not import saturate, it ran
+  backward passes but never a torch.optim step, …).
 
 Both sides import this module and `overrides.py`; this imports nothing of either side.
 """
@@ -47,6 +48,7 @@ REPORT = "report.json"
 SUMMARY = "summary.json"
 STATUS = "status-{pid}.json"
 ERRORS = "error-*.txt"
+ERROR = "error-{pid}.txt"  # one process's error line (matches ERRORS)
 # A gated trial's socket (`gated.py`, `child/trial_windows.py`): the child says GATE_READY (then, after each window,
 # "<steps/s> <steps>") and waits for GATE_GO (one more window) or GATE_STOP.
 GATE = "gate.sock"

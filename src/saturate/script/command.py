@@ -254,12 +254,19 @@ def _why_no_report(run: ScriptRun, needed: int) -> str:
 
 
 def _echo(stream: Any, tail: collections.deque[str]) -> None:
-    """Copy the script's stderr to ours as it comes, keeping its last lines for an error message."""
+    """Copy the script's stderr to ours as it comes, keeping its last lines for an error message. A last line
+    without its newline (a progress bar's `\r` updates, cut off when the script was stopped) gets one, so what
+    saturate prints next starts on a line of its own."""
+    line = ""
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace")
         tail.append(line)
         with contextlib.suppress(OSError, ValueError):
             sys.stderr.write(line)
+            sys.stderr.flush()
+    if line and not line.endswith("\n"):
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write("\n")
             sys.stderr.flush()
 
 

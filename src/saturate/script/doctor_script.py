@@ -134,10 +134,23 @@ def in_your_terms(fix: Fix, report: dict[str, Any] | None, device_type: str) -> 
 
 
 def trainer_edit(fields: dict[str, Any], trainer: dict[str, Any]) -> str:
-    """`train.py:LINE: TrainingArguments(..., field=value)`: the edit at the script's own arguments."""
-    args = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+    """`train.py:LINE: TrainingArguments(..., field=value)`: the edit at the script's own arguments; for arguments
+    its `HfArgumentParser` read from the command line, the flags to give (`--bf16 --per_device_train_batch_size 8`)."""
     site = trainer.get("args_site") or trainer.get("site")
+    if trainer.get("args_from_command_line"):
+        flags = " ".join(command_line_flag(k, v) for k, v in fields.items())
+        parsed = f" (the script parses its {trainer.get('args_class') or 'TrainingArguments'} from the command line" \
+                 f"{' at ' + site if site else ''})"
+        return f"on the command line: {flags}{parsed}"
+    args = ", ".join(f"{k}={v!r}" for k, v in fields.items())
     return f"{site + ': ' if site else ''}{trainer.get('args_class') or 'TrainingArguments'}(..., {args})"
+
+
+def command_line_flag(name: str, value: Any) -> str:
+    """A TrainingArguments field as HfArgumentParser reads it: `--bf16` for True, `--bf16 False`, `--optim adamw`."""
+    if value is True:
+        return f"--{name}"
+    return f"--{name} {value}"
 
 
 def in_your_script(fix: Fix, report: dict[str, Any], device_type: str) -> list[str]:

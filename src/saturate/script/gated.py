@@ -34,6 +34,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -196,6 +197,7 @@ class Gated:
         t.samples_per_s = t.samples_per_step / t.step_s if t.samples_per_step else None
         loads = [w.other_cores for w in windows if w.other_cores is not None]
         t.busy = bool(loads) and max(loads) >= UNEVEN_CORES
+        t.other_cores = statistics.median(loads) if loads else None
         return t
 
     def close(self) -> None:

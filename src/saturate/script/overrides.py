@@ -10,7 +10,8 @@ Each section is optional; together they are `overrides.json`:
 - `trainer`: a Transformers `Trainer`'s `TrainingArguments` fields (`TRAINER_TUNABLE`);
 - `lightning`: a Lightning `Trainer`'s arguments (`LIGHTNING_TUNABLE`);
 - `optimizer`: `{"fused": true}`, for the script's `Adam`/`AdamW` (a keyword their constructors take);
-- `tf32`: TF32 matmuls at start-up.
+- `tf32`: TF32 matmuls at start-up;
+- `threads`: torch's intra-op threads (`torch.set_num_threads`), kept whatever the script sets itself.
 
 Only the knobs saturate tunes are accepted, so the training stays the same: anything else is one
 `ConfigError` naming the key. Both sides import this module; it imports nothing of either.
@@ -50,6 +51,7 @@ class Overrides:
     lightning: Mapping[str, Any] = field(default_factory=dict)
     optimizer: Mapping[str, Any] = field(default_factory=dict)
     tf32: bool = False
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in SECTIONS.items():
@@ -66,6 +68,9 @@ class Overrides:
             raise ConfigError("\"train_loader\" needs \"site\" (file.py:LINE) and a positive integer \"batch_size\"")
         if not isinstance(self.tf32, bool):
             raise ConfigError(f"\"tf32\" must be true or false, got {self.tf32!r}")
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            raise ConfigError(f"\"threads\" must be a positive integer, got {self.threads!r}")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None, where: str = "") -> Overrides:
@@ -78,7 +83,7 @@ class Overrides:
         known = [f.name for f in fields(cls)]
         if unknown := sorted(set(data) - set(known)):
             raise ConfigError(f"{prefix}unknown setting(s) {', '.join(unknown)} (saturate applies "
-                              f"{', '.join((*SECTIONS, 'tf32'))})")
+                              f"{', '.join((*SECTIONS, 'tf32', 'threads'))})")
         try:
             return cls(**{k: v for k, v in data.items() if v is not None})
         except ConfigError as e:
@@ -99,7 +104,10 @@ class Overrides:
         out: dict[str, Any] = {name: dict(getattr(self, name)) for name in SECTIONS if getattr(self, name)}
         if self.tf32:
             out["tf32"] = True
-        return {k: out[k] for k in ("loader", "train_loader", "trainer", "lightning", "optimizer", "tf32") if k in out}
+        if self.threads is not None:
+            out["threads"] = self.threads
+        order = ("loader", "train_loader", "trainer", "lightning", "optimizer", "tf32", "threads")
+        return {k: out[k] for k in order if k in out}
 
     def __bool__(self) -> bool:
         return bool(self.to_dict())
@@ -107,7 +115,8 @@ class Overrides:
     def merged(self, other: Overrides) -> Overrides:
         """These settings with `other`'s added (each section's fields merged; `other` wins)."""
         return Overrides(**{name: {**getattr(self, name), **getattr(other, name)} for name in SECTIONS},
-                         tf32=self.tf32 or other.tf32)
+                         tf32=self.tf32 or other.tf32,
+                         threads=other.threads if other.threads is not None else self.threads)
 
     def loader_changes(self, bound: Any, resized: bool) -> dict[str, Any]:
         """The DataLoader arguments to change in one `DataLoader(...)` call (`bound`: its bound arguments): the

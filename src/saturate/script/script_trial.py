@@ -70,6 +70,9 @@ class ScriptTrial:
     ran_to_end: bool = False  # the script finished during the trial's windows (its own end-of-run code ran)
     out_of_memory: bool = False  # it failed with torch's out-of-memory error (`command.ScriptFailed`)
     trainer_error: str | None = None  # the script's Trainer refused the overrides' arguments (its message)
+    host_peak: int | None = None  # the training process's host memory at its peak (bytes), from the Profiler
+    other_cores: float | None = None  # cores other processes kept busy while it was timed (when read)
+    threads: int | None = None  # torch's intra-op threads in the run
     pair: dict[str, Any] | None = None  # timed in alternating windows with the best so far (`gated.py`): how
 
     @classmethod
@@ -83,13 +86,15 @@ class ScriptTrial:
         losses = (report.get("trainer") or report.get("lightning") or {}).get("losses") or []
         t = cls(name, overrides, profiled, None, data, m["steps"], losses=losses,
                 first_step_s=report.get("first_step_s"), samples_per_step=per_step,
-                trainer_error=(report.get("trainer") or {}).get("error"))
+                trainer_error=(report.get("trainer") or {}).get("error"), host_peak=m.get("main_peak"),
+                threads=(report.get("threads") or {}).get("in_force"))
         windows = report.get("windows") or {}
         if rates := windows.get("rates"):
             summary = (rule or window_rule()).result(rates)
             t.step_s, t.steps, t.windows, t.window_steps_per_s = 1 / summary.median, windows["steps"], len(rates), rates
             t.spread = summary.spread if len(rates) > 1 else None
             t.busy = windows.get("busy")
+            t.other_cores = windows.get("other_cores")
         t.ran_to_end = bool(windows.get("script_ended"))
         t.samples_per_s = per_step / t.step_s if per_step and t.step_s > 0 else None
         return t

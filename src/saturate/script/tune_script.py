@@ -24,9 +24,10 @@ For a plain script (no Trainer): the fused optimizer, when the optimizer the scr
 `Adam`/`AdamW`, not fused, and torch has the fused kernel on the script's device (`fused=True` given at
 its constructor from outside; the edit said at that line).
 For every script:
-6. loader workers (only when the as-written run waits for data): 1, 2, 4, … up to the usable cores,
-   with persistent workers; growth stops at the first count from 2 on that does not gain (one worker
-   only overlaps loading with the step, so it may not gain where two do);
+6. loader workers (only when the as-written run waits for data): 1, 2, 4, … up to the usable cores, and on to
+   4 per core while the best run still waits for data and host memory allows (a dataset waiting on I/O needs
+   no core), with persistent workers; growth stops at the first count from 2 on that does not gain (one
+   worker only overlaps loading with the step, so it may not gain where two do);
 7. a deeper prefetch (4) where workers are kept;
 8. pinned memory, on a GPU;
 9. TF32 matmuls, on a GPU that has them.
@@ -45,14 +46,13 @@ from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
 from saturate.script.frameworks import framework_of, fused_option
 from saturate.script.gated import Gated, can_gate, time_pairs
+from saturate.script.host_stages import loader_stages, threads_stage
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.script_trial import MIN_GAIN, WINDOW_S, ScriptTrial, TrialOptions, window_rule
 from saturate.script.trainer_stages import Option, stage, trainer_stages
 from saturate.script.tuning import ScriptTuning
 from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule
-
-INPUT_SHARE_MIN = 0.05  # below this share of the step waiting for data, loader settings cannot gain much
 
 Runner = Callable[..., ScriptRun]  # run_instrumented's signature; tests pass a fake machine
 
@@ -109,7 +109,8 @@ def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[
         trainer_stages(search, framework, supports, report.get("model"), allow_micro_batch_change)
     else:
         stage(search, "fused optimizer", _plain_fused(result.optimizer or {}, device))
-    search.loader_stages(cores)
+    loader_stages(search, cores)
+    threads_stage(search, cores)
     if device == "cuda":
         search.consider("TF32", search.with_overrides(Overrides(tf32=True)))
     else:
@@ -314,35 +315,6 @@ class _Search:
         """The best overrides so far with these added."""
         return self.result.best.overrides.merged(overrides)
 
-    # --- every script's DataLoaders ----------------------------------------------------------
-
-    def loader_stages(self, cores: int) -> None:
-        result = self.result
-        base = result.baseline
-        loader = result.loaders[0] if result.loaders else None
-        if loader is None:
-            result.decisions.append("loader settings: no DataLoader in the timed steps; not tried")
-            return
-        if base.data_share < INPUT_SHARE_MIN:
-            result.decisions.append(f"loader settings: waiting for data is {100 * base.data_share:.0f} % of the "
-                                    f"step as written; more workers cannot gain more than that; not tried")
-            return
-        written = loader.get("num_workers") or 0
-        counts = [w for w in _powers_of_two(max(1, cores)) if w != written]
-        for w in counts:
-            t = self.consider(f"{w} workers", self.with_overrides(Overrides(loader={
-                "num_workers": w, "persistent_workers": True})))
-            if not self.kept(t) and w >= 2:  # one worker only overlaps loading with the step: 2 is the first test
-                break
-        workers = result.best.overrides.loader.get("num_workers", written)
-        result.decisions.append(f"loader workers: {workers} (as written {written}; tried "
-                                f"{', '.join(map(str, counts))})")
-        if workers:
-            self.consider("prefetch 4", self.with_overrides(Overrides(loader={"prefetch_factor": 4})))
-        if result.device_type == "cuda" and not loader.get("pin_memory"):
-            self.consider("pinned memory", self.with_overrides(Overrides(loader={"pin_memory": True})))
-
-
 def _refused(t: ScriptTrial, overrides: Overrides) -> str | None:
     """Why the script's Trainer refused the overrides' arguments (from the trial's report), or None."""
     error = t.trainer_error
@@ -369,13 +341,3 @@ def drained(warmup: int, overrides: Overrides) -> int:
     loader = overrides.loader
     workers = loader.get("num_workers") or 0
     return warmup + workers * (loader.get("prefetch_factor") or 2)
-
-
-def _powers_of_two(limit: int) -> list[int]:
-    out, w = [], 1
-    while w <= limit:
-        out.append(w)
-        w *= 2
-    return out
-
-

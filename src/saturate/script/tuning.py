@@ -80,7 +80,8 @@ def edits(tuning: ScriptTuning) -> list[str]:
         fields.update({TRAINER_TERMS[k]: v for k, v in over.loader.items() if k in TRAINER_TERMS})
         if over.tf32:
             fields["tf32"] = True
-        return [trainer_edit(fields, tuning.trainer)] if fields else []
+        threads = [f"at start-up: torch.set_num_threads({over.threads})"] if over.threads else []
+        return ([trainer_edit(fields, tuning.trainer)] if fields else []) + threads
     lines = []
     if over.lightning:
         lightning = tuning.lightning or {}
@@ -103,6 +104,8 @@ def edits(tuning: ScriptTuning) -> list[str]:
     if over.tf32:
         lines.append("at start-up: torch.backends.cuda.matmul.allow_tf32 = True; "
                      "torch.backends.cudnn.allow_tf32 = True")
+    if over.threads:
+        lines.append(f"at start-up: torch.set_num_threads({over.threads})")
     return lines
 
 
@@ -137,8 +140,9 @@ def render(tuning: ScriptTuning, console: Console, written: Path | None = None) 
         t.add_row(trial.name, f"{trial.step_s:.4g}", rate, f"{100 * trial.data_share:.0f} %",
                   str(trial.windows or "-") + (" busy" if trial.busy else ""))
     console.print(t)
-    for trial in tuning.trials[1:]:
-        console.print(Text(f"  {trial.name}: {trial.outcome}"))
+    for trial in tuning.trials[1:]:  # each trial's outcome once: a stage's decision line may already say it
+        if not any(trial.outcome and trial.outcome in d for d in tuning.decisions):
+            console.print(Text(f"  {trial.name}: {trial.outcome}"))
     for d in tuning.decisions:
         console.print(Text(f"  {d}"))
     gain = tuning.gain()

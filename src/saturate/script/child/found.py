@@ -3,6 +3,9 @@ the DataLoaders it made with their settings (`hooks.Script` records them; this r
 
 from __future__ import annotations
 
+import os
+import sys
+import traceback
 import weakref
 from typing import Any
 
@@ -56,3 +59,21 @@ def loader_settings(loader: Any) -> dict[str, Any]:
             "prefetch_factor": loader.prefetch_factor, "pin_memory": loader.pin_memory,
             "persistent_workers": loader.persistent_workers, "class": type(loader).__name__,
             "sets_batch_size": loader.batch_size is not None}  # False: batches from a batch_sampler of its own
+
+
+def caller_site() -> str | None:
+    """`file.py:line` of the innermost frame that is the user's code (not torch's, a library's or ours)."""
+    skip = ("site-packages", "dist-packages", f"{os.sep}torch{os.sep}", f"{os.sep}saturate{os.sep}")
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        name = frame.filename
+        if name.startswith("<") or any(s in name for s in skip) or name.startswith(sys.prefix + os.sep + "lib"):
+            continue
+        return f"{shown_path(name)}:{frame.lineno}"
+    return None
+
+
+def shown_path(name: str) -> str:
+    """A script's path as reports show it: relative to the working folder when under it, else absolute."""
+    path = os.path.abspath(name)
+    cwd = os.getcwd()
+    return os.path.relpath(path, cwd) if path.startswith(cwd.rstrip(os.sep) + os.sep) else path

@@ -14,6 +14,9 @@ in the user's files is touched.
 - DataLoaders record where they were made (`train.py:123`; for a library's copy of the script's own
   loader, such as Accelerate's `prepare`, where the script made the original) and their settings;
   waiting for a batch is timed by wrapping the DataLoader iterator's `__next__`.
+- Backward passes are counted until the first optimizer step: a script that updates its weights by hand (no
+  torch.optim step) is stopped at `BACKWARDS_WITHOUT_STEP` with one line for the parent, in a doctor run or a
+  trial, instead of running to its end.
 - From the first optimizer step on, the doctor's `Profiler` times phases, counts syncs and samples
   telemetry over warm-up, counted and timed steps, exactly as for a loop that calls it by hand.
   When its window is complete the measurements are written (rank 0) and, in doctor mode, the
@@ -36,18 +39,31 @@ import os
 import random
 import sys
 import time
-import traceback
 import weakref
 from pathlib import Path
 from typing import Any
 
 from saturate.doctor import selftime
-from saturate.script.boundary import ENV_DIR, ENV_SETTINGS, FIRST_STEP, REPORT, STATUS, SUMMARY, ChildSettings
+from saturate.script.boundary import (
+    ENV_DIR,
+    ENV_SETTINGS,
+    ERROR,
+    FIRST_STEP,
+    REPORT,
+    STATUS,
+    SUMMARY,
+    ChildSettings,
+)
 from saturate.script.child import found, lightning_hooks
+from saturate.script.child.found import caller_site
 from saturate.script.child.patches import Patches
 from saturate.script.child.trainer_hooks import TrainerWatch
 from saturate.script.child.trial_windows import StepWindows
 from saturate.script.overrides import FUSED_OPTIMIZERS
+
+# Backward passes before the first optimizer step at which a doctor run or a trial stops the script: more than any
+# gradient accumulation in practice, a few seconds of a small model's steps.
+BACKWARDS_WITHOUT_STEP = 256
 
 # handed to `imported` by the shim once they have run
 WATCHED = ("transformers.training_args", "transformers.trainer", *lightning_hooks.WATCHED)
@@ -71,24 +87,6 @@ def imported(name: str, module: Any) -> None:
         _script.patch(name, module)
 
 
-def caller_site() -> str | None:
-    """`file.py:line` of the innermost frame that is the user's code (not torch's, a library's or ours)."""
-    skip = ("site-packages", "dist-packages", f"{os.sep}torch{os.sep}", f"{os.sep}saturate{os.sep}")
-    for frame in reversed(traceback.extract_stack()[:-1]):
-        name = frame.filename
-        if name.startswith("<") or any(s in name for s in skip) or name.startswith(sys.prefix + os.sep + "lib"):
-            continue
-        return f"{shown_path(name)}:{frame.lineno}"
-    return None
-
-
-def shown_path(name: str) -> str:
-    """A script's path as reports show it: relative to the working folder when under it, else absolute."""
-    path = os.path.abspath(name)
-    cwd = os.getcwd()
-    return os.path.relpath(path, cwd) if path.startswith(cwd.rstrip(os.sep) + os.sep) else path
-
-
 class Script:
     """The hooks and what they saw in one process."""
 
@@ -107,6 +105,8 @@ class Script:
         self.optimizer: Any = None  # the optimizer the Profiler follows
         self._followed: weakref.ref | None = None  # without the Profiler: the optimizer whose steps are counted
         self.optimizer_steps = 0
+        self.backwards = 0  # backward passes, counted until the first optimizer step (`_count_backward`)
+        self.threads_asked: int | None = None  # what the script gave torch.set_num_threads under a threads override
         self.roots: list[weakref.ref] = []  # modules whose forward ran at the top level before the first step
         self._depth = 0
         self._forward_hooks: list[Any] = []
@@ -152,6 +152,13 @@ class Script:
         if self.overrides.tf32:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
+        if self.overrides.threads is not None:  # kept whatever the script sets: its own call is noted, not done
+            torch.set_num_threads(self.overrides.threads)
+
+            def asked_threads(n: int) -> None:
+                script.threads_asked = n
+
+            self.patches.replace(torch, "set_num_threads", asked_threads)
         self._fuse_optimizers()
         signature = inspect.signature(loader_init)
         changing = bool(self.overrides.loader or self.overrides.train_loader)
@@ -200,9 +207,17 @@ class Script:
             if not hasattr(opt, "_saturate_site"):
                 opt._saturate_site = caller_site()
 
+        autograd_backward = torch.autograd.backward
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if script.optimizer_steps == 0 and script.mode != "apply":
+                script._count_backward()
+            return autograd_backward(*args, **kwargs)
+
         for owner, name, value in ((dl.DataLoader, "__init__", init), (dl.DataLoader, "__iter__", make_iter),
                                    (dl._BaseDataLoaderIter, "__next__", selftime.own(next_batch)),
-                                   (torch.optim.Optimizer, "__init__", optimizer_created)):
+                                   (torch.optim.Optimizer, "__init__", optimizer_created),
+                                   (torch.autograd, "backward", backward)):  # Tensor.backward calls it
             self.patches.replace(owner, name, value)
         atexit.register(self._at_exit)
 
@@ -271,6 +286,19 @@ class Script:
             self._report()
             self._exit() if self.stop else self.patches.detach(self.profiler.model)  # nothing of saturate stays
 
+    def _count_backward(self) -> None:
+        """One more backward pass before any optimizer step: at `BACKWARDS_WITHOUT_STEP` the script is stopped with
+        one line for the parent — it updates its weights some other way (by hand, `p.data.add_(…)`), and a doctor
+        run or a trial would otherwise run the whole job waiting for a step that never comes."""
+        self.backwards += 1
+        if self.backwards < BACKWARDS_WITHOUT_STEP:
+            return
+        self._write(ERROR.format(pid=os.getpid()),
+                    f"the script ran {self.backwards} backward passes without a torch.optim optimizer step (does it "
+                    "update its weights by hand, such as p.data.add_(...)?); saturate times the steps of a "
+                    "torch.optim optimizer, so it stopped the script rather than run the whole job")
+        self._exit()
+
     def _follows(self, optimizer: Any) -> bool:
         """Whether `optimizer`'s step is the script's step: the first optimizer to step is followed; in a whole run
         (no Profiler) a later one is, once the one followed before was freed (a grid search's next point)."""
@@ -317,6 +345,7 @@ class Script:
                           "fused": defaults.get("fused"), "foreach": defaults.get("foreach")},
             "model": self.model_info, "optimizer_steps": self.optimizer_steps,
             "first_step_s": self.first_step_s, "windows": self.windows.record(),
+            "threads": {"in_force": torch_threads(), "asked_by_script": self.threads_asked},
             "trainer": self.trainer.report(),
             "lightning": self.lightning.report(),
             "instrumentation": self.profiler.instrumentation,
@@ -354,3 +383,8 @@ class Script:
         elif self.rank == 0:
             self._write(STATUS.format(pid=os.getpid()), json.dumps({"optimizer_steps": self.optimizer_steps}))
 
+
+def torch_threads() -> int | None:
+    """torch's intra-op threads in this process now."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None

@@ -100,6 +100,8 @@ class TrainerWatch:
             post_init(args)
             if "_saturate_site" not in vars(args):
                 args._saturate_site = watch.site()
+                if from_command_line():  # HfArgumentParser made it: the user edits flags, not a call
+                    args._saturate_from_command_line = True
 
         cls.__post_init__ = wrapped  # type: ignore[method-assign]
 
@@ -153,6 +155,7 @@ class TrainerWatch:
         self.trainer = weakref.ref(trainer)
         self.info = {"class": type(trainer).__name__, "site": self.site(),
                      "args_class": type(args).__name__, "args_site": getattr(args, "_saturate_site", None),
+                     "args_from_command_line": bool(getattr(args, "_saturate_from_command_line", False)),
                      "args": written, "in_force": field_values(args), "overrides": changes,
                      "redirected": redirected, "error": error}
 
@@ -171,3 +174,14 @@ class TrainerWatch:
         if self.info is None:
             return None
         return {**self.info, "losses": self.losses.read()}
+
+
+def from_command_line() -> bool:
+    """Whether the TrainingArguments being made come from Transformers' `HfArgumentParser` (the script's command line
+    or a JSON/YAML file it parses), judged by the calling frames."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code.co_filename.endswith("hf_argparser.py"):
+            return True
+        frame = frame.f_back
+    return False
