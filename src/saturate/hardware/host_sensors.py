@@ -10,35 +10,22 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 import psutil
 
 from saturate.hardware.readings import HostReading, ProcessReading, reason
 
-MIN_CPU_INTERVAL_S = 0.1  # CPU time counters tick every 10 ms: over a shorter interval a share reads 0 or 100 %
-_last_cpu_read: float | None = None
-
 
 def read_host(prime_cpu: bool = False) -> HostReading:
-    """System RAM, swap and CPU. `cpu_pct` covers the time since the previous psutil CPU read (unmeasured when that
-    was under `MIN_CPU_INTERVAL_S` ago: the doctor's short windows once printed "0 % mean (1 samples)")."""
-    global _last_cpu_read
+    """System RAM, swap and CPU. `cpu_pct` covers the time since the previous psutil CPU read."""
     missing: dict[str, str] = {}
     vm = psutil.virtual_memory()
     cpu: float | None = None
     try:
-        now = time.monotonic()
-        since = None if _last_cpu_read is None else now - _last_cpu_read
         cpu = psutil.cpu_percent(interval=None)
-        _last_cpu_read = now
         if prime_cpu:
             cpu = None
             missing["cpu_pct"] = "first reading (CPU use is measured between two readings)"
-        elif since is not None and since < MIN_CPU_INTERVAL_S:
-            cpu = None
-            missing["cpu_pct"] = (f"{1000 * since:.0f} ms since the previous reading, under the "
-                                  f"{1000 * MIN_CPU_INTERVAL_S:.0f} ms the CPU time counters resolve")
     except (OSError, psutil.Error) as e:
         missing["cpu_pct"] = reason(e)
     swap_total = swap_used = 0
