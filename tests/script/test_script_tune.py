@@ -62,7 +62,7 @@ def saturate(*args: str, cwd, timeout: float = 400) -> subprocess.CompletedProce
 def test_tune_finds_loader_workers_for_an_input_bound_script(tmp_path):
     (tmp_path / "slow.py").write_text(SLOW_DATA)
     out = saturate("tune", "--trial-steps", "4", "--trial-seconds", "3", "--json", "--out", str(tmp_path / "t"), "--",
-                   sys.executable, "slow.py", "1000", cwd=tmp_path)
+                   sys.executable, "slow.py", "100000", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["baseline"]["data_share"] > 0.5, d  # as written, the step waits for its samples

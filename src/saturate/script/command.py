@@ -297,7 +297,7 @@ def _group_alive(pgid: int) -> bool:
     import psutil
 
     for p in psutil.process_iter(["pid"]):
-        with contextlib.suppress(psutil.Error):
+        with contextlib.suppress(psutil.Error, OSError):  # a process that ended since the listing (os.getpgid)
             if os.getpgid(p.info["pid"]) == pgid and p.status() != psutil.STATUS_ZOMBIE:
                 return True
     return False

@@ -240,6 +240,12 @@ class _Search:
             return t
         try:
             pairs = time_pairs(self.incumbent, candidate, MIN_GAIN, cap_s=2 * self.rule.max_seconds)
+            if pairs.comparison is None and not self.incumbent.parked and candidate.parked:
+                # the best run reached its script's end (a short job timed many windows): a fresh one, once
+                self.incumbent.close()
+                self.incumbent = self.gated(best.name, best.overrides)
+                self.incumbent.open()
+                pairs = time_pairs(self.incumbent, candidate, MIN_GAIN, cap_s=2 * self.rule.max_seconds)
         except BaseException:  # Ctrl-C, or a failure: neither run is left behind (the incumbent: `close`)
             candidate.close()
             raise
