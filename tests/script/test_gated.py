@@ -161,6 +161,8 @@ def test_pairs_whose_load_changed_between_their_windows_are_left_out():
 def test_a_run_that_ends_leaves_no_comparison():
     p = time_pairs(_Run([100.0], [0.0]), _Run([100.0] * 5, [0.0] * 5), 0.03)
     assert p.comparison is None and len(p.ratios) <= 1
+    few = time_pairs(_Run([100.0] * 3, [0.0] * 3), _Run([150.0] * 5, [0.0] * 5), 0.03)
+    assert len(few.ratios) == 3 and few.comparison is None  # three pairs decide nothing (six at least)
 
 
 REAPED = """
@@ -236,8 +238,8 @@ def test_tune_pairs_its_comparisons_and_a_burst_is_not_a_gain(tmp_path):
     assert d["paired"] is True, d["not_paired_because"]
     fused = next(t for t in d["trials"] if "fused=True" in t["name"])
     assert fused["pair"]["with"] == "as written" and len(fused["pair"]["ratios"]) >= 6
-    # whatever was decided, no ratio of the bursts' size (5-6×) was read as the fused optimizer's
-    assert 0.6 < 1 + fused["pair"]["gain"] < 1.6, fused["pair"]
+    # whatever the pairs read, no ratio of the bursts' size (5-6×) was taken as the fused optimizer's gain
+    assert not (fused["pair"]["verdict"] == "faster" and 1 + fused["pair"]["gain"] > 1.6), fused["pair"]
     if d["overrides"]:
         assert d["confirmation"]["verdict"] == "faster", d["confirmation"]
     assert set(Path(tempfile.gettempdir()).glob("saturate-gated-*")) <= before  # each run's folder removed
@@ -260,9 +262,10 @@ def test_run_tunes_and_confirms_in_alternating_windows_then_applies(tmp_path):
 
     (tmp_path / "slow.py").write_text(SLOW_DATA)
     # long enough that neither run of the side-by-side ends while it settles and times its pairs, even when the
-    # windows do not agree at once (a busy machine: up to 8 windows alone, then the pairs)
+    # windows do not agree at once (a busy machine: up to 8 windows alone, then the pairs) and the tuned run has
+    # 8 workers (this dataset sleeps: ~8× as written, ~250 steps/s)
     out = subprocess.run(saturate_cmd("run", "--trial-steps", "4", "--trial-seconds", "3", "--json", "--",
-                                      sys.executable, "slow.py", "1000"),
+                                      sys.executable, "slow.py", "6000"),
                          env={**cli_env(), "OMP_NUM_THREADS": "1"}, cwd=tmp_path, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -271,7 +274,7 @@ def test_run_tunes_and_confirms_in_alternating_windows_then_applies(tmp_path):
     assert side["paired"] is True and side["pairs"] >= 6 and side["verdict"] == "faster", side
     assert d["overrides"]["loader"]["num_workers"] >= 2 and d["applied"] is True
     assert len(d["as_written"]) == len(d["tuned"]) == 1 and d["tuned"][0]["windows"] >= 6
-    assert d["full_run"]["optimizer_steps"] == 1000 and "trained 1000 steps" in out.stderr
+    assert d["full_run"]["optimizer_steps"] == 6000 and "trained 6000 steps" in out.stderr
     assert side["text"].startswith("+") and "alternating pairs" in side["text"]
 
 

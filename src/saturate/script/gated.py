@@ -234,7 +234,7 @@ class PairedTrials:
     ratios: list[float] = field(default_factory=list)
     uneven: list[float] = field(default_factory=list)  # ratios of pairs the load changed within, left out
     loads: list[tuple[float | None, float | None]] = field(default_factory=list)  # each pair's (A, B) neighbour cores
-    comparison: Comparison | None = None  # None: fewer than two pairs (a run ended)
+    comparison: Comparison | None = None  # None: fewer pairs than a decision rests on (a run ended first)
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, object]:
@@ -285,7 +285,7 @@ def time_pairs(a: Gated, b: Gated, min_gain: float, *, min_pairs: int = MIN_PAIR
     left_out = uneven if deciding is even else []
     out = PairedTrials(a.trial(mine[id(a)]), b.trial(mine[id(b)]), deciding, left_out, loads,
                        seconds=time.monotonic() - started)
-    if len(deciding) >= 2:
+    if len(deciding) >= min_pairs:  # fewer pairs decide nothing (stats/pairs.py: MIN_PAIRS)
         c = paired_comparison(deciding, min_gain)
         if left_out:
             c = c.said(f"{c.note}; {len(left_out)} pair(s) left out: the load from other processes changed by "

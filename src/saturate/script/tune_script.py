@@ -249,7 +249,7 @@ class _Search:
         except BaseException:  # Ctrl-C, or a failure: neither run is left behind (the incumbent: `close`)
             candidate.close()
             raise
-        if pairs.comparison is None:  # a run ended before two pairs: compared as trials one after another
+        if pairs.comparison is None:  # a run ended before enough pairs: compared as trials one after another
             candidate.close()
             if not self.incumbent.parked:
                 self.close()
@@ -294,7 +294,7 @@ class _Search:
         if c is not None and c.faster:
             result.decisions.append(f"confirmed against the script as written, paired: {c.text()}")
             return
-        why = "a run ended before two pairs of windows" if c is None else c.text()
+        why = "a run ended before enough pairs of windows" if c is None else c.text()
         result.decisions.append(f"not confirmed against the script as written, paired ({why}): {result.best.name} "
                                 "is not kept; the script as written is the best measured")
         result.best = result.baseline
