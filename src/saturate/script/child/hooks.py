@@ -210,14 +210,16 @@ class Script:
         autograd_backward = torch.autograd.backward
 
         def backward(*args: Any, **kwargs: Any) -> Any:
-            if script.optimizer_steps == 0 and script.mode != "apply":
+            if script.optimizer_steps == 0:
                 script._count_backward()
             return autograd_backward(*args, **kwargs)
 
-        for owner, name, value in ((dl.DataLoader, "__init__", init), (dl.DataLoader, "__iter__", make_iter),
-                                   (dl._BaseDataLoaderIter, "__next__", selftime.own(next_batch)),
-                                   (torch.optim.Optimizer, "__init__", optimizer_created),
-                                   (torch.autograd, "backward", backward)):  # Tensor.backward calls it
+        patched = [(dl.DataLoader, "__init__", init), (dl.DataLoader, "__iter__", make_iter),
+                   (dl._BaseDataLoaderIter, "__next__", selftime.own(next_batch)),
+                   (torch.optim.Optimizer, "__init__", optimizer_created)]
+        if self.mode != "apply":  # a doctor run or a trial: nothing on a full run's backward pass
+            patched.append((torch.autograd, "backward", backward))  # Tensor.backward calls it
+        for owner, name, value in patched:
             self.patches.replace(owner, name, value)
         atexit.register(self._at_exit)
 
