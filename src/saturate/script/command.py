@@ -19,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -38,6 +37,7 @@ from saturate.script.boundary import (
     read_json,
     steps_reported,
 )
+from saturate.script.isolation import Layers, remove, run_folder
 
 SOURCE = Path(__file__).resolve().parents[2]  # the folder holding this saturate package: first for the child too
 # how torch's out-of-memory errors read in a script's stderr (CUDA's, the CPU allocator's, ROCm's): the one place
@@ -72,6 +72,9 @@ class ScriptRun:
     optimizer_steps: int  # the most any process reported (a status or the report)
     seconds: float
     stderr_tail: list[str] = field(default_factory=list)
+    # where its writes went: the files it created or changed in the user's folders, kept in a scratch layer
+    # (isolation.py) and removed; None when the run was not covered (the full run, or isolation unavailable)
+    written: list[str] | None = None
 
 
 def check_command(command: Sequence[str]) -> list[str]:
@@ -105,11 +108,11 @@ def run_instrumented(command: Sequence[str], settings: ChildSettings, *, first_s
     seconds, or when the script failed or ended before its first optimizer step.
     """
     cmd = check_command(command)
-    folder = Path(tempfile.mkdtemp(prefix="saturate-script-"))
+    folder = run_folder("saturate-script-", cmd)
     try:
         return _run(cmd, settings, folder, first_step_timeout, timeout, quiet_stdout)
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        remove(folder)
 
 
 def _env(folder: Path, settings: ChildSettings) -> dict[str, str]:
@@ -151,6 +154,7 @@ class Child:
         self.tail: collections.deque[str] = collections.deque(maxlen=40)
         self.proc: subprocess.Popen | None = None
         self._reaper: subprocess.Popen | None = None
+        self.layers: Layers | None = None
         self._echo: threading.Thread | None = None
         self.started = 0.0
         self.seconds = 0.0
@@ -158,7 +162,11 @@ class Child:
     def start(self) -> Child:
         self.started = time.monotonic()
         sys.stdout.flush()
-        self.proc = subprocess.Popen(self.cmd, env=_env(self.folder, self.settings), stderr=subprocess.PIPE,
+        # a doctor run, a trial or a round writes to scratch layers over the user's folders (isolation.py); the
+        # full run of `run --` ("apply") is the user's own run
+        self.layers = Layers.of(self.cmd, self.folder) if self.settings.mode != "apply" else None
+        cmd = self.layers.wrap(self.cmd) if self.layers is not None else self.cmd
+        self.proc = subprocess.Popen(cmd, env=_env(self.folder, self.settings), stderr=subprocess.PIPE,
                                      start_new_session=True,
                                      stdout=sys.stderr.fileno() if self.quiet_stdout else None)
         self._reaper = subprocess.Popen([sys.executable, "-S", "-c", REAPER, str(os.getpid()), str(self.proc.pid)],
@@ -227,7 +235,11 @@ class Child:
         folder, settings = self.folder, self.settings
         report, summary = read_json(folder, REPORT), read_json(folder, SUMMARY)
         steps = max([r["optimizer_steps"] for r in (report, summary) if r] + [steps_reported(folder)])
-        run = ScriptRun(self.cmd, self.proc.returncode, report, summary, steps, self.seconds, list(self.tail))
+        written = None
+        if self.layers is not None:
+            written = [os.path.relpath(p) if p.is_relative_to(Path.cwd()) else str(p) for p in self.layers.written()]
+        run = ScriptRun(self.cmd, self.proc.returncode, report, summary, steps, self.seconds, list(self.tail),
+                        written)
         if (settings.profile and report is None) or (not settings.profile and summary is None):
             raise ScriptFailed(_why_no_report(run, settings.needed_steps if settings.profile else 2),
                                out_of_memory=bool(run.returncode) and ran_out_of_memory(run.stderr_tail))

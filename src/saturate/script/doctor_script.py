@@ -22,6 +22,7 @@ from saturate.doctor.report import render
 from saturate.doctor.rules import decide
 from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
+from saturate.script.isolation import notice
 
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
 # a fix's knob -> the TrainingArguments field of a Transformers Trainer (the rest: `trainer_arguments`)
@@ -202,6 +203,16 @@ def in_your_script(fix: Fix, report: dict[str, Any], device_type: str) -> list[s
     return lines
 
 
+def writes_line(run: ScriptRun) -> str:
+    """Where a doctor run's or a trial's writes went, in one line."""
+    if run.written is None:
+        return notice(run.command)
+    if not run.written:
+        return "none to your folders"
+    names = ", ".join(run.written[:3]) + (f" and {len(run.written) - 3} more" if len(run.written) > 3 else "")
+    return f"{names} — kept in a scratch layer and removed: your folders are as they were"
+
+
 def render_script(d: Diagnosis, run: ScriptRun, console: Console | None = None) -> None:
     """The doctor's report, then what the hooks found in the script and each fix in its terms."""
     console = console or Console(highlight=False)
@@ -239,6 +250,7 @@ def render_script(d: Diagnosis, run: ScriptRun, console: Console | None = None) 
                       + (f", {loader['batches']} batches in the timed steps" if loader.get("batches") else ""))
     if report.get("world_size", 1) > 1:
         console.print(f"  {report['world_size']} processes; rank 0 measured")
+    console.print(Text(f"  its writes: {writes_line(run)}"))
     own = report.get("instrumentation") or {}
     if own.get("per_step_s") is not None and own.get("share_of_step") is not None:
         console.print(f"  saturate's hooks: {1e3 * own['per_step_s']:.3f} ms per timed step inside their own code "

@@ -31,20 +31,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import shutil
 import signal
 import socket
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from saturate.errors import SaturateError
 from saturate.hardware.contention import ContentionMeter
 from saturate.script.boundary import GATE, GATE_GO, GATE_READY, GATE_STOP, REPORT, ChildSettings, read_json
 from saturate.script.command import LAUNCHERS, Child, ScriptRun, check_command
+from saturate.script.isolation import remove, run_folder
 from saturate.script.overrides import Overrides
 from saturate.script.script_trial import ScriptTrial
 from saturate.stats.comparison import Comparison
@@ -81,7 +79,7 @@ class Gated:
                  rule: WindowRule, *, first_step_timeout: float = 300.0, quiet_stdout: bool = False) -> None:
         self.name, self.overrides, self.rule = name, overrides, rule
         self.first_step_timeout = first_step_timeout
-        self.folder = Path(tempfile.mkdtemp(prefix="saturate-gated-"))
+        self.folder = run_folder("saturate-gated-", command)
         self.path = self.folder / GATE
         windows = dict(settings.windows or {})
         windows["gate"] = str(self.path)
@@ -215,7 +213,7 @@ class Gated:
             with contextlib.suppress(OSError):
                 if f is not None:
                     f.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        remove(self.folder)
 
     def __enter__(self) -> Gated:
         return self
