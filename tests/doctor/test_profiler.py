@@ -90,6 +90,30 @@ def test_a_loop_that_keeps_the_loss_on_the_device_has_no_sync():
     assert prof.diagnosis.measurements.syncs_per_step == 0.0
 
 
+def test_only_reads_of_the_models_tensors_count_not_a_get_batchs_index_tensors():
+    """nanoGPT's get_batch indexes its data with CPU index tensors (`__index__`: no device on a GPU run); its
+    `loss.item()` and an accuracy read from the logits under no_grad would each wait for a GPU."""
+    model, opt = small_model()
+    data = torch.randn(1000, 17)
+    prof = Profiler(model, opt, warmup=1, count_steps=2, steps=3, report=False)
+    reads = []
+    for _ in range(6):
+        ix = torch.randint(len(data), (8,))
+        batch = torch.stack([data[i] for i in ix])  # 8 host reads of index values
+        x, y = batch[:, :16], batch[:, 16:]
+        out = model(x)
+        loss = torch.nn.functional.mse_loss(out, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            close = ((out - y).abs() < 0.5).float().mean()  # made from the model's output, outside autograd
+        reads.append((loss.item(), close.item(), int(ix[0])))
+        prof.step()
+    m = prof.diagnosis.measurements
+    assert len(reads) == 6 and m.syncs_per_step == 2.0, m.syncs_by_phase
+
+
 def test_phases_are_split_and_the_hooks_go_away_after_the_window(capsys):
     model, opt = small_model()
     prof = Profiler(model, opt, warmup=1, count_steps=0, steps=4)

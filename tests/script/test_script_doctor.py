@@ -45,6 +45,7 @@ for step in range(200):
         loss.backward()
     opt.step()
     opt.zero_grad()
+    lossf = loss.item()  # the one read that would wait for a GPU; get_batch's index reads would not
 open("finished.txt", "w").write("the script ran to its end")
 """
 
@@ -67,7 +68,8 @@ def test_doctor_a_guide_script_unchanged(tmp_path):
     assert loader["num_workers"] == 0
     assert loader["batches"] == 2 * 2  # 2 timed steps × accumulation 2
     assert script_view["optimizer"]["site"].endswith(line_of(script, "torch.optim.AdamW("))
-    assert not (tmp_path / "out").exists()  # stopped after its measured steps: the script never saved
+    # stopped after its measured steps: the script never saved (into its scratch layer: the folder is never written)
+    assert not any(w.startswith("out") for w in d["script"]["written"]) and not (tmp_path / "out").exists()
     assert script.read_bytes() == before  # nothing of the user's is changed
 
 
@@ -106,7 +108,10 @@ def test_a_loop_without_dataloader_gets_the_host_share_named(tmp_path):
     assert d["script"]["loaders"] == []
     assert any("no DataLoader" in n and "get_batch" in n for n in d["measurements"]["notes"])
     assert d["measurements"]["phases"]["other"] > 0  # get_batch() lands in "everything else", the host's share
-    assert not (tmp_path / "finished.txt").exists()
+    assert d["measurements"]["syncs_per_step"] == 1
+    assert d["measurements"]["syncs_by_site"] == {line_of(tmp_path / "loop.py", "lossf = loss.item()"): 1}
+    # stopped after its measured steps: the script never reached its last line (its writes kept from the folder)
+    assert d["script"]["written"] == [] and not (tmp_path / "finished.txt").exists()
 
 
 DDP_SCRIPT = """
@@ -290,6 +295,7 @@ for step in range(10**7):
         w -= 1e-3 * w.grad
         w.grad = None
 open("finished.txt", "w").write(str(step))
+print("FINISHED", step)
 """
 
 
@@ -299,4 +305,4 @@ def test_a_script_without_an_optimizer_is_stopped_in_one_line_not_run_to_its_end
     out = doctor("--", sys.executable, "hand.py", cwd=tmp_path)
     assert out.returncode != 0
     assert "backward passes without a torch.optim optimizer step" in out.stderr.strip().splitlines()[-1]
-    assert not (tmp_path / "finished.txt").exists() and time.monotonic() - started < 120
+    assert "FINISHED" not in out.stdout and time.monotonic() - started < 120

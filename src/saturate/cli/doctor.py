@@ -129,7 +129,8 @@ def _doctor_script(args: argparse.Namespace) -> int:
     diagnosis, run = doctor_command(args.script, warmup=args.warmup, steps=args.steps,
                                     first_step_timeout=args.first_step_timeout, quiet_stdout=args.json)
     if args.json:
-        print(json.dumps({**diagnosis.to_dict(), "script": run.report, "command": run.command}, indent=2,
+        print(json.dumps({**diagnosis.to_dict(), "script": {**(run.report or {}), "written": run.written},
+                          "command": run.command}, indent=2,
                          default=str))
     else:
         render_script(diagnosis, run, console)

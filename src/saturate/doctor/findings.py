@@ -124,6 +124,7 @@ class Measurements:
     syncs_per_step: float | None = None
     syncs_each_step: list[float] = field(default_factory=list)  # the count of every counted step
     syncs_by_phase: dict[str, float] = field(default_factory=dict)
+    syncs_by_site: dict[str, float] = field(default_factory=dict)  # `file.py:line` in a script → syncs per step
     sync_method: str = ""
     sync_missing: str | None = None
     device_util: Stat = field(default_factory=lambda: Stat(missing="not sampled"))  # percent
@@ -249,3 +250,9 @@ class Diagnosis:
             p = fix["prediction"]
             p["gain"] = None if p["after"] in (None, 0) else p["before"] / p["after"]
         return out
+
+
+def sites_line(sites: dict[str, float], most: int = 3) -> str:
+    """`train.py:323 (1 per step), …` — the lines that synchronise, most first."""
+    shown = [f"{k} ({v:g} per step)" for k, v in list(sites.items())[:most]]
+    return ", ".join(shown) + (f" and {len(sites) - most} more lines" if len(sites) > most else "")

@@ -180,6 +180,8 @@ class Instrument:
         elif self.counted_steps > 0:
             m.syncs_per_step = self.counter.total() / self.counted_steps
             m.syncs_by_phase = {k: v / self.counted_steps for k, v in self.counter.counts.items()}
+            m.syncs_by_site = {k: v / self.counted_steps
+                               for k, v in sorted(self.counter.sites.items(), key=lambda kv: -kv[1])}
             m.syncs_each_step = [float(b - a) for a, b in zip([0, *self.count_totals], self.count_totals, strict=False)]
         else:
             m.sync_missing = "no counted steps"

@@ -8,9 +8,16 @@ host inside that phase (waiting for data, a sync, slow kernel launches). On the 
 Synchronisations: on CUDA, PyTorch's sync debug mode warns at every synchronising call and the
 warnings are counted. The CPU has no such thing (nothing is asynchronous), so there the counter
 intercepts the calls that read a tensor's value into Python (``item``, ``float``, ``bool``,
-``tolist``, ``numpy``, …): exactly the calls that synchronise a GPU. Reads inside
-``optimizer.step`` are not counted there, because optimizers read their own CPU-resident step
-counters, which are no sync on a GPU either.
+``tolist``, ``numpy``, …): exactly the calls that synchronise a GPU — when the tensor would be on the
+GPU. On the CPU every tensor is, so the counter tells them apart the way the GPU run would: a tensor
+that requires grad (the parameters, the activations) or came out of an op on one (a loss, a logged
+``loss.detach()``, an accuracy from the logits) is the model's, on the device; one that did not (the
+index tensors of a ``get_batch``, a dataset's own values) stays on the host there too, and reading
+it waits for nothing. Reads inside ``optimizer.step`` are not counted there, because optimizers read
+their own CPU-resident step counters, which are no sync on a GPU either.
+
+Each counted sync is put to its place in the user's code (`SyncCounter.site`, set by a script's
+hooks: ``train.py:323``), so a fix can name the line.
 """
 
 from __future__ import annotations
@@ -18,11 +25,12 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 
 PHASES = ("data", "h2d", "forward", "backward", "optimizer", "other")
 SYNC_WARNING = "called a synchronizing CUDA operation"
@@ -87,15 +95,31 @@ class PhaseClock:
         return out
 
 
+_ON_DEVICE = "_saturate_on_device"  # set on a tensor made from the model's tensors (see the module's docstring)
+
+
+def _on_device(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and (t.requires_grad or t.grad_fn is not None or hasattr(t, _ON_DEVICE))
+
+
 class _HostReadCounter(TorchFunctionMode):
     def __init__(self, owner: SyncCounter) -> None:
         super().__init__()
         self.owner = owner
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
         if getattr(func, "__name__", "") in _HOST_READS:
-            self.owner._count()
-        return func(*args, **(kwargs or {}))
+            if args and _on_device(args[0]):
+                self.owner._count()
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if any(_on_device(a) for a in tree_leaves((args, kwargs))):
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and not hasattr(t, _ON_DEVICE):
+                    with contextlib.suppress(AttributeError, RuntimeError):
+                        setattr(t, _ON_DEVICE, True)
+        return out
 
 
 class SyncCounter:
@@ -107,8 +131,12 @@ class SyncCounter:
     the CPU (the function mode would interpose on compiled code); `available` says so.
     """
 
+    # `file.py:line` of the user's code that made a counted read (None: not placed); a script's hooks set it
+    site: Callable[[], str | None] | None = None
+
     def __init__(self, device: torch.device, compiled: bool = False, optimizer_phase: bool = False) -> None:
         self.device = device
+        self.sites: dict[str, int] = {}
         # True when the step's optimizer phase is marked (the Stepper, a Profiler given the optimizer): reads
         # inside it are paused by the phase. Otherwise global optimizer-step hooks pause counting, added at
         # start() and removed at stop(), which must then not run inside an optimizer hook (it would change
@@ -139,6 +167,8 @@ class SyncCounter:
     def _count(self) -> None:
         if self._active and not self._paused and not (not self.cuda and self.phase in ("data", "optimizer")):
             self.counts[self.phase] = self.counts.get(self.phase, 0) + 1
+            if SyncCounter.site is not None and (where := SyncCounter.site()):
+                self.sites[where] = self.sites.get(where, 0) + 1
 
     def start(self) -> None:
         if not self.available or self._stack is not None:

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from saturate.doctor.findings import Diagnosis, Fix, Measurements, Prediction
+from saturate.doctor.findings import Diagnosis, Fix, Measurements, Prediction, sites_line
 from saturate.doctor.phases import PHASES
 from saturate.telemetry import Stat
 
@@ -95,6 +95,8 @@ def render(d: Diagnosis, console: Console | None = None, title: str = "saturate 
         where = ", ".join(f"{v:g} in {k}" for k, v in m.syncs_by_phase.items() if v)
         console.print(f"synchronisations per step: {m.syncs_per_step:g}" + (f" ({where})" if where else "")
                       + f" — {m.sync_method}")
+        if m.syncs_by_site:
+            console.print("  at " + sites_line(m.syncs_by_site))
     else:
         console.print(f"synchronisations per step: unmeasured ({m.sync_missing})")
     console.print(f"device utilisation: {_stat(m.device_util, ' %')}")

@@ -73,6 +73,7 @@ from saturate.doctor.findings import (
     Fix,
     Measurements,
     Prediction,
+    sites_line,
 )
 from saturate.doctor.fixes import divisors, gib, knob, micro_batch_fix, micro_cost, ms, pct, step_at, worker_fix
 
@@ -207,9 +208,10 @@ def _check_sync(m: Measurements) -> Finding | None:
     if syncs is None or syncs[1] < 1:
         return None
     where = _sync_where(m)
+    at = f" at {sites_line(m.syncs_by_site)}" if m.syncs_by_site else ""
     if not m.accelerator:
         return Finding("note", [
-            f"{m.syncs_per_step:g} host read(s) of a tensor value per step ({where}): free on a CPU, but each "
+            f"{m.syncs_per_step:g} host read(s) of a tensor value per step ({where}){at}: free on a CPU, but each "
             "would make a GPU wait (read losses every N steps instead, as saturate's trainer does)"])
     idle_range = m.idle_range()
     if syncs[0] < 1:  # some counted steps read nothing: the count per step straddles one
@@ -240,7 +242,8 @@ def _check_sync(m: Measurements) -> Finding | None:
     if other >= 1:
         fixes.append(Fix("keep losses and metrics on the device; read them every N steps", {},
                          Prediction("step_s", m.step_s, after, basis),
-                         "each .item()/float()/print of a device tensor stops the host until the device catches up"))
+                         "each .item()/float()/print of a device tensor stops the host until the device catches up"
+                         + (f"; the reads are at {sites_line(m.syncs_by_site)}" if m.syncs_by_site else "")))
     return Finding("sync-bound", evidence, fixes)
 
 

@@ -133,7 +133,10 @@ class Script:
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
+        from saturate.doctor.phases import SyncCounter
         from saturate.doctor.profiler import batch_len
+
+        SyncCounter.site = caller_site  # each counted sync placed at its line in the script
 
         self.patches.hook(register_optimizer_step_post_hook(selftime.own(self._after_step)))
         self._forward_hooks = [register_module_forward_pre_hook(selftime.own(self._forward_pre)),
