@@ -114,6 +114,27 @@ def test_only_reads_of_the_models_tensors_count_not_a_get_batchs_index_tensors()
     assert len(reads) == 6 and m.syncs_per_step == 2.0, m.syncs_by_phase
 
 
+@pytest.mark.parametrize("by_keyword", [False, True])
+def test_a_closure_step_has_its_forward_and_backward_timed_as_theirs(by_keyword):
+    """Lightning (and LBFGS) run the forward and backward inside `optimizer.step(closure)`: they are not the
+    optimizer's time, and a read inside the closure is counted."""
+    model, opt = small_model()
+    prof = Profiler(model, opt, warmup=1, count_steps=1, steps=4, report=False)
+    x, y = torch.randn(64, 16), torch.randn(64, 1)
+    for _ in range(8):
+        def closure():
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            loss.item()
+            return loss
+        opt.step(closure=closure) if by_keyword else opt.step(closure)
+        prof.step()
+    m = prof.diagnosis.measurements
+    assert m.phases["forward"] > 0 and m.phases["backward"] > 0  # inside the optimizer's step before
+    assert m.syncs_per_step == 1.0
+
+
 def test_phases_are_split_and_the_hooks_go_away_after_the_window(capsys):
     model, opt = small_model()
     prof = Profiler(model, opt, warmup=1, count_steps=0, steps=4)

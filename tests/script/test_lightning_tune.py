@@ -181,6 +181,22 @@ def test_the_overrides_are_applied_inside_a_lightning_script(tmp_path, monkeypat
     assert lightning["redirected"]["default_root_dir"] and not (tmp_path / "lightning_logs").exists()
 
 
+@pytest.mark.slow
+def test_the_doctor_times_lightnings_closure_as_forward_and_backward_and_names_its_default_precision(tmp_path):
+    pytest.importorskip("lightning")
+    (tmp_path / "train.py").write_text(SCRIPT.read_text())
+    out = saturate("doctor", "--warmup", "1", "--steps", "4", "--", sys.executable, "train.py", "--width", "32",
+                   cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    shares = {line.split()[0]: line for line in out.stdout.splitlines() if line.strip().startswith(
+        ("forward ", "backward ", "optimizer "))}
+    assert set(shares) == {"forward", "backward", "optimizer"}, out.stdout
+    share = {k: int(v.split("%")[0].split()[-1]) for k, v in shares.items()}  # "forward  2.7 ms  10 % …"
+    # training_step and backward run inside optimizer.step(closure): theirs, not the optimizer's
+    assert share["forward"] > 0 and share["backward"] > 0 and share["optimizer"] < 50  # 99–100 % before
+    assert "precision='32-true' (Lightning's default)" in out.stdout
+
+
 def saturate(*args: str, cwd: Path, timeout: float = 580) -> subprocess.CompletedProcess:
     env = cli_env()
     env.update(OMP_NUM_THREADS="1", PL_DISABLE_FORK="1")

@@ -203,6 +203,9 @@ class Instrument:
             m.device_util = Stat(missing=f"no utilisation counter for {dev.type}")
         if snaps:
             m.host_cpu = host_stat(snaps, "cpu_pct")
+            if m.host_cpu.samples == 1:  # a window too short for two readings: one reading is not a measurement
+                m.host_cpu = Stat(missing=f"one reading in a {self.window_s:.2g} s window: too short to measure "
+                                          "CPU use")
             m.host_ram_total = snaps[-1].host.ram_total
             m.host_ram_available_min = min(s.host.ram_available for s in snaps)
             m.swap_bytes, m.swap_missing = swap_traffic(snaps)

@@ -101,7 +101,7 @@ class Profiler:
             self._handles.append(model.register_forward_pre_hook(self._forward_begin))
             self._handles.append(model.register_forward_hook(self._forward_end))
         if optimizer is not None:
-            self._handles.append(optimizer.register_step_pre_hook(lambda *a: self._enter("optimizer")))
+            self._handles.append(optimizer.register_step_pre_hook(self._step_begin))
             self._handles.append(optimizer.register_step_post_hook(lambda *a: self._leave("optimizer")))
         self._stage_for(0)
 
@@ -211,6 +211,27 @@ class Profiler:
     def _enter(self, phase: str) -> None:
         if not self._done:
             self.instrument.enter(phase)
+
+    @selftime.own
+    def _step_begin(self, optimizer: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """The optimizer step begins — or, for `step(closure)` (Lightning runs `training_step` and `backward` that
+        way, LBFGS calls it several times), it begins once the closure has returned: the closure is handed on
+        wrapped so that its forward and backward are timed as theirs, not as the optimizer's."""
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0] is the optimizer
+        if self._done or not callable(closure):
+            self._enter("optimizer")
+            return None
+
+        def timed_closure() -> Any:
+            self._leave("optimizer")
+            try:
+                return closure()
+            finally:
+                self._enter("optimizer")
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": timed_closure}
+        return (args[0], timed_closure, *args[2:]), kwargs
 
     @selftime.own
     def _leave(self, phase: str) -> None:

@@ -238,8 +238,10 @@ def render_script(d: Diagnosis, run: ScriptRun, console: Console | None = None) 
     lightning = report.get("lightning")
     if lightning:
         made = f" at {lightning['site']}" if lightning.get("site") else ""
-        fields = ", ".join(f"{k}={v!r}" for k, v in (lightning.get("args") or {}).items() if v is not None)
-        console.print(Text(f"  Lightning {lightning['class']}{made}: {fields}"))
+        shown = [f"{k}={v!r}" for k, v in (lightning.get("args") or {}).items() if v is not None]
+        if (lightning.get("args") or {}).get("precision") is None and lightning.get("precision_in_force"):
+            shown.insert(0, f"precision={lightning['precision_in_force']!r} (Lightning's default)")
+        console.print(Text(f"  Lightning {lightning['class']}{made}: {', '.join(shown)}"))
         if lightning.get("redirected"):
             console.print(Text("  its default_root_dir was not written: saturate pointed it to a scratch folder "
                                "for this run"))

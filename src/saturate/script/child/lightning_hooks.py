@@ -12,6 +12,7 @@ micro-steps' losses, which Lightning already divides by the accumulation, summed
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import weakref
@@ -97,6 +98,8 @@ class LightningWatch:
         if self.info is None or trainer is None or "automatic_optimization" in self.info:
             return
         module = getattr(trainer, "lightning_module", None)
+        with contextlib.suppress(Exception):  # what the Trainer runs in ("32-true" when the script names none)
+            self.info["precision_in_force"] = str(trainer.precision)
         self.info["automatic_optimization"] = bool(getattr(module, "automatic_optimization", True))
         planned = getattr(trainer, "max_steps", -1)
         if not planned or planned < 0:
