@@ -189,3 +189,52 @@ def test_the_profiler_names_the_device_and_its_bf16_as_the_cli_doctor_does(cpu):
     m = prof.diagnosis.measurements
     assert m.device_name == cpu.cpu_name and m.device_name != "cpu"  # the CPU's model, not "cpu (cpu)"
     assert m.supports_bf16 == bool(cpu.supports.get("bf16")) and m.precision == "fp32"  # the bf16 rule's inputs
+
+
+class Scored(torch.nn.Module):
+    """A Transformers-like model: keyword inputs, a dict out with its own loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(16, 1)
+
+    def forward(self, inputs, labels=None):
+        out = self.net(inputs)
+        return {"logits": out, "loss": torch.nn.functional.mse_loss(out, labels)}
+
+
+@pytest.mark.parametrize("keywords", [False, True])
+def test_the_scaling_probe_replays_the_last_inputs_at_twice_the_micro_batch_and_restores_the_grads(keywords):
+    torch.manual_seed(0)
+    model = Scored() if keywords else small_model()[0]
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    prof = Profiler(model, opt, warmup=1, count_steps=0, steps=3, report=False, probe_scaling=True)
+    for _ in range(4):
+        x, y = torch.randn(4, 16), torch.randn(4, 1)
+        loss = model(x, labels=y)["loss"] if keywords else torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        if _ < 3:
+            opt.zero_grad()
+        prof.step()  # the fourth: the window ends, the probe runs with the last step's grads still held
+    m = prof.diagnosis.measurements
+    assert m.scaling is not None and m.scaling.micro_batches == (4, 8) and len(m.scaling.ratios) == 5
+    assert m.micro_batch == 4  # no DataLoader: the micro-batch is the inputs' first dimension
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())  # as the loop left them
+
+
+def test_the_scaling_probe_says_why_not_when_no_input_carries_the_micro_batch():
+    model, opt = small_model()
+    loader = DataLoader(Samples(), batch_size=8)
+    prof = Profiler(model, opt, warmup=1, count_steps=0, steps=2, report=False, probe_scaling=True)
+    for step, (x, y) in enumerate(prof.data(loader)):
+        # the model sees the batch reshaped: 2 rows of 4 samples' features (a packed sequence, say)
+        out = model(x.reshape(2, 4, 16)).mean(1)
+        torch.nn.functional.mse_loss(out, y[:2]).backward()
+        opt.step()
+        opt.zero_grad()
+        prof.step()
+        if step == 3:
+            break
+    m = prof.diagnosis.measurements
+    assert m.scaling is None and any("no input of the model has the micro-batch (8)" in n for n in m.notes)

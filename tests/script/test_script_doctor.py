@@ -306,3 +306,33 @@ def test_a_script_without_an_optimizer_is_stopped_in_one_line_not_run_to_its_end
     assert out.returncode != 0
     assert "backward passes without a torch.optim optimizer step" in out.stderr.strip().splitlines()[-1]
     assert "FINISHED" not in out.stdout and time.monotonic() - started < 120
+
+
+# micro-batch 1 × accumulation 4 through twelve tiny layers: a micro-step's fixed cost is nearly all of it
+SMALL_MICRO_BATCHES = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(20000, 32), torch.randn(20000, 1))
+model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(12)], torch.nn.Linear(32, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = DataLoader(data, batch_size=1, shuffle=True)
+for step, (x, y) in enumerate(loader):
+    (torch.nn.functional.mse_loss(model(x), y) / 4).backward()
+    if (step + 1) % 4 == 0:
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def test_a_script_at_a_small_micro_batch_is_found_overhead_bound_by_its_scaling_probe(tmp_path):
+    (tmp_path / "small.py").write_text(SMALL_MICRO_BATCHES)
+    out = subprocess.run(saturate_cmd("doctor", "--json", "--", sys.executable, "small.py"),
+                         env={**cli_env(), "OMP_NUM_THREADS": "1"}, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    d = json.loads(out.stdout)
+    probe = d["measurements"]["scaling"]
+    assert probe["micro_batches"] == [1, 2] and len(probe["ratios"]) == 5  # measured in the script's own process
+    assert d["verdict"] == "overhead-bound", (d["verdict"], probe)
+    assert d["fixes"][0]["title"].startswith("micro-batch 1 → ") and d["fixes"][0]["changes"]["grad_accum"] < 4

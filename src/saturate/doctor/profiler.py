@@ -22,14 +22,16 @@ The hooks' own time over the timed steps (`selftime`) is kept as `prof.instrumen
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch
 import torch.nn as nn
+from torch.utils._pytree import tree_flatten
 
 from saturate.doctor import selftime
-from saturate.doctor.findings import Diagnosis
+from saturate.doctor.findings import Diagnosis, Measurements
 from saturate.doctor.instrument import Instrument, device_facts, loader_worker_pids
 from saturate.doctor.rules import decide
 from saturate.errors import SaturateError
@@ -75,7 +77,8 @@ class Profiler:
 
     def __init__(self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
                  warmup: int = 3, count_steps: int = 2, steps: int = 20, device: str | torch.device | None = None,
-                 report: bool = True, host_memory_budget: int | None = None, interval: float = 0.25) -> None:
+                 report: bool = True, host_memory_budget: int | None = None, interval: float = 0.25,
+                 probe_scaling: bool = False) -> None:
         for name, v, low in (("warmup", warmup, 0), ("count_steps", count_steps, 0), ("steps", steps, 1)):
             if v < low:
                 raise SaturateError(f"Profiler: {name} must be >= {low}, got {v}")
@@ -97,6 +100,13 @@ class Profiler:
         self._batches = 0  # loader batches fetched in the timed window
         self._samples = 0
         self._done = False
+        # probe_scaling: after the window, the model's forward+backward at its micro-batch and twice it on the
+        # inputs last seen (loop_probe.py) — extra passes through the user's model, so only where the run stops
+        # right after (a script's doctor run)
+        self.probe_scaling = probe_scaling and model is not None
+        self._inputs: tuple[tuple, dict, torch.dtype | None] | None = None
+        if self.probe_scaling:
+            self._handles.append(model.register_forward_pre_hook(self._capture, with_kwargs=True))
         if model is not None:
             self._handles.append(model.register_forward_pre_hook(self._forward_begin))
             self._handles.append(model.register_forward_hook(self._forward_end))
@@ -198,7 +208,10 @@ class Profiler:
         if self._precision is not None:
             context["precision"] = self._precision
         context.update(device_facts(self.device))  # the name and native bf16 as probe() says, like `saturate doctor`
-        self.diagnosis = decide(inst.measurements(**context))
+        m = inst.measurements(**context)
+        if self.probe_scaling:
+            self._probe(m)
+        self.diagnosis = decide(m)
         if self.report:
             from saturate.doctor.report import render
 
@@ -211,6 +224,43 @@ class Profiler:
     def _enter(self, phase: str) -> None:
         if not self._done:
             self.instrument.enter(phase)
+
+    @selftime.own
+    def _capture(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if self.instrument.mode == "time" or self._inputs is None:  # the timed window's last forward, at the end
+            autocast = None
+            with contextlib.suppress(TypeError, RuntimeError):
+                if torch.is_autocast_enabled(self.device.type):
+                    autocast = torch.get_autocast_dtype(self.device.type)
+            self._inputs = (args, kwargs, autocast)
+
+    def _probe(self, m: Measurements) -> None:
+        """The batch-scaling probe on the last inputs seen (`m.scaling`), or a note saying why there is none."""
+        from saturate.doctor.loop_probe import probe_from_inputs
+
+        if self._inputs is None:
+            return
+        args, kwargs, autocast = self._inputs
+        self._inputs = None
+        model = self.model
+        assert model is not None
+        if torch.distributed.is_available() and torch.distributed.is_initialized() \
+                and torch.distributed.get_world_size() > 1:
+            m.notes.append("batch-scaling probe skipped: several processes (a replayed backward would wait for the "
+                           "others' gradients)")
+            return
+        if type(model).__name__ == "OptimizedModule":
+            m.notes.append("batch-scaling probe skipped: the model is compiled (a new batch size recompiles it)")
+            return
+        first = next((t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.dim()), None)
+        micro = m.micro_batch or (int(first.shape[0]) if first is not None else None)
+        if not micro:
+            return
+        probe, why = probe_from_inputs(model, args, kwargs, micro, self.device, autocast)
+        if probe is not None:
+            m.scaling, m.micro_batch = probe, micro
+        elif why:
+            m.notes.append(why)
 
     @selftime.own
     def _step_begin(self, optimizer: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
