@@ -112,6 +112,27 @@ def test_a_covered_run_creates_changes_and_deletes_only_in_its_scratch_layer(tmp
 
 
 @needs_overlay
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a file system inside the folder")
+def test_a_file_system_mounted_inside_a_covered_folder_is_seen_and_covered_too(tmp_path):
+    """A container's bind mount of the data inside the project: the folder's overlay alone would hide it."""
+    user = tmp_path / "user"
+    (user / "data").mkdir(parents=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(user / "data")], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        (user / "data" / "x.txt").write_text("on the inner mount")
+        layers = Layers([user], tmp_path / "run" / "layers")
+        code = "print(open('data/x.txt').read()); open('data/x.txt', 'w').write('changed'); open('data/new', 'w')"
+        out = subprocess.run(layers.wrap([sys.executable, "-S", "-c", code]), cwd=user, capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.strip() == "on the inner mount", out.stderr
+        assert (user / "data" / "x.txt").read_text() == "on the inner mount" and not (user / "data" / "new").exists()
+        assert layers.written() == [user / "data" / "new", user / "data" / "x.txt"]
+    finally:
+        subprocess.run(["umount", "-l", str(user / "data")], capture_output=True)
+
+
+@needs_overlay
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root to become another user")
 def test_an_unprivileged_user_is_covered_too_and_keeps_its_own_uid():
     tmp_path = Path(tempfile.mkdtemp())  # pytest's own folders are closed to other users

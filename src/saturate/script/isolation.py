@@ -152,9 +152,14 @@ class Layers:
 
     def written(self) -> list[Path]:
         """The paths the run created, changed or deleted in the covered folders, as they are named there."""
-        out = []
+        layers = []
         for i, folder in enumerate(self.covered):
-            upper = self.root / str(i) / "upper"
+            layers.append((folder, self.root / str(i) / "upper"))
+            with contextlib.suppress(OSError, ValueError):  # mounts inside the folder, each with its own layer
+                nested = json.loads((self.root / str(i) / "nested.json").read_text())
+                layers += [(Path(n["folder"]), Path(n["upper"])) for n in nested if n["upper"]]
+        out = []
+        for folder, upper in layers:
             for dirpath, _dirs, files in os.walk(upper):
                 out += [folder / Path(dirpath).relative_to(upper) / name for name in files]
         return sorted(out)
