@@ -143,3 +143,53 @@ def test_run_with_nothing_found_skips_the_side_by_side_and_runs_the_script_as_wr
     assert d["reason"].startswith("tuning found no setting faster than the script as written beyond the noise")
     assert "measuring side by side" not in out.stderr and "done 3000" in out.stderr  # the whole script ran
     assert d["full_run"]["returncode"] == 0 and d["full_run"]["optimizer_steps"] == 3000
+
+
+class _Planned:
+    def __init__(self, steps):
+        self.planned_steps = steps
+
+
+def test_a_job_is_too_short_to_tune_when_it_ends_in_its_first_trial_or_its_trainer_plans_too_few_steps():
+    from saturate.script.tune_script import too_short
+
+    base = ScriptTrial("as written", NONE, 0.1, None, 0.0, 10)
+    assert too_short(base, 10.0, None) is None  # a plain loop plans nothing saturate can read
+    base.ran_to_end = True
+    assert too_short(base, 10.0, None).startswith("the script ran to its end inside its first trial")
+    base.ran_to_end = False
+    # 100 steps × 0.1 s = 10 s against a tuning of about 8 trials × 10 s: could not pay for itself
+    assert "could not pay for itself" in too_short(base, 10.0, _Planned(100))
+    assert too_short(base, 10.0, _Planned(100_000)) is None  # 10 000 s: worth tuning
+
+
+@pytest.mark.parametrize(("device", "share", "expected"), [
+    ("cpu", 0.6, {"num_workers": 2, "persistent_workers": True}),  # it waited for data: workers, chosen
+    ("cpu", 0.05, {}),  # on a CPU workers would take cores from the step: none
+    ("cuda", 0.0, {"num_workers": 4, "persistent_workers": True, "pin_memory": True}),  # from the cores
+])
+def test_a_short_job_gets_only_the_loader_settings_that_change_nothing_in_the_training(device, share, expected):
+    from saturate.script.tune_script import prior_overrides
+
+    base = ScriptTrial("as written", NONE, 0.1, None, share, 10)
+    tuning = ScriptTuning(["python", "train.py"], base, base, [base], device_type=device,
+                          loaders=[{"site": "train.py:9", "num_workers": 0, "pin_memory": False}])
+    over, said = prior_overrides(tuning, cores=2 if device == "cpu" else 16)
+    assert over.loader == expected
+    assert said[-1].startswith("not applied without measuring: precision, micro-batch")
+    assert all("not measured" in line for line in said[:-1] if "→" in line)
+
+
+def test_run_on_a_short_job_does_not_tune_and_applies_the_risk_free_settings(tmp_path):
+    # the loader made inline in the loop, so nothing but its iterator holds it
+    (tmp_path / "short.py").write_text(SLOW_DATA.replace("loader = DataLoader(Slow(), batch_size=8, num_workers=0)\n",
+                                                         "").replace("enumerate(loader)",
+                                                                     "enumerate(DataLoader(Slow(), batch_size=8))"))
+    out = saturate("run", "--trial-steps", "4", "--trial-seconds", "2", "--json", "--", sys.executable, "short.py",
+                   "40", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    d = json.loads(out.stdout)
+    short = d["short_job"]
+    assert short["why"].startswith("the script ran to its end inside its first trial")
+    assert short["applied"] == {"loader": {"num_workers": 2, "persistent_workers": True}}
+    assert d["side_by_side"] is None and d["applied"] is True and d["full_run"]["optimizer_steps"] == 40

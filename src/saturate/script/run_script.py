@@ -61,6 +61,7 @@ class ScriptRunReport:
     applied: bool = True  # the full run had the overrides (False: withheld, or nothing to apply)
     withheld: str | None = None  # why the full run is as written although overrides were found, or a warning
     pairs: PairedTrials | None = None  # the side-by-side in alternating windows (then one trial each above)
+    short: dict[str, Any] | None = None  # a job too short to tune: why, and the settings chosen, not measured
 
     @property
     def ratios(self) -> list[float]:
@@ -94,6 +95,7 @@ class ScriptRunReport:
         return {"command": self.command, "overrides": self.overrides.to_dict(), "ratios": self.ratios,
                 "applied": self.applied and bool(self.overrides), "withheld": self.withheld,
                 "speedup": ratio.to_dict() if ratio else None, "reason": self.reason, "side_by_side": side,
+                "short_job": self.short,
                 "as_written": [t.to_dict() for t in self.as_written], "tuned": [t.to_dict() for t in self.tuned],
                 "full_run": {"returncode": self.full.returncode, "optimizer_steps": self.full.optimizer_steps,
                              "steps_per_s": rate, "seconds": self.full.seconds,
@@ -160,7 +162,15 @@ def run_script(command: Sequence[str], options: TrialOptions, console: Console, 
         reason = f"{overrides_file} sets nothing; the script runs as written (no side-by-side)"
     else:
         tuning = tune_with_progress(command, options, console, allow_micro_batch_change=allow_micro_batch_change,
-                                    confirm=False)  # the side-by-side below confirms it
+                                    confirm=False, short_jobs=True)  # the side-by-side below confirms it
+        if tuning.short is not None:  # no tuning, no side-by-side: the risk-free settings, said as not measured
+            said = "; ".join(tuning.prior_said)
+            console.print("[dim]run: a short job, not tuned; the whole script with the risk-free settings …[/]")
+            full = full_run(command, tuning.prior, first_step_timeout=options.first_step_timeout,
+                            quiet_stdout=options.quiet_stdout)
+            return ScriptRunReport(list(full.command), tuning.prior, [], [], full,
+                                   f"a short job: {tuning.short}; {said}", applied=bool(tuning.prior),
+                                   short=tuning.to_dict()["short_job"])
         render_tuning(tuning, console)
         overrides, reason = tuning.best.overrides, NOTHING_FOUND
         paired = tuning.paired is None  # its comparisons were paired: so is the side-by-side
@@ -231,6 +241,8 @@ def render(report: ScriptRunReport, console: Console) -> None:
     if report.withheld:
         console.print(Text(report.withheld))
     which = "with the tuned settings" if report.overrides and report.applied else "as written"
+    if report.short is not None:
+        which = "with the settings chosen above, not measured" if report.overrides else "as written"
     line = f"the full run {which}: {status} after {full.optimizer_steps} optimizer steps in {full.seconds:.1f} s"
     if rate is not None:
         line += f", {rate:.3g} steps/s after its first steps (measured)"

@@ -62,7 +62,7 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
                  on_trial: Callable[[ScriptTrial], None] | None = None, runner: Runner = run_instrumented,
                  supports: dict[str, bool] | None = None, rule: WindowRule | None = None,
                  window_s: float = WINDOW_S, allow_micro_batch_change: bool = False, paired: bool | None = None,
-                 confirm: bool = True) -> ScriptTuning:
+                 confirm: bool = True, short_jobs: bool = False) -> ScriptTuning:
     """Measure the script as written, then the settings above one family at a time; the fastest wins.
 
     `steps`: the Profiler's timed steps per trial (and with several processes, each window's steps); then
@@ -71,7 +71,9 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
     `allow_micro_batch_change`: search a trainer's micro-batch even when the model has batch-coupled layers.
     `paired`: compare in alternating windows where the command allows (default: when `runner` is the real one);
     `confirm`: end with the best against the script as written, paired (`run -- CMD` measures that side by side
-    itself)."""
+    itself). `short_jobs` (`run -- CMD`): a job too short to pay back its tuning (`too_short`) is not tuned past
+    its first trial; `result.short` says why and `result.prior` holds the risk-free settings `prior_overrides`
+    takes from the hardware and that trial."""
     rule = rule or window_rule()
     search = _Search(list(command), warmup, steps, first_step_timeout, quiet_stdout, on_trial, runner, rule, window_s)
     base, run = search.trial("as written", NONE)
@@ -85,6 +87,11 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
                           device_type=device, trainer=report.get("trainer"), lightning=report.get("lightning"),
                           optimizer=report.get("optimizer"), rule=rule, paired=why)
     search.result = result
+    if short_jobs and (why := too_short(base, run.seconds, framework_of(report))):
+        search.close()
+        result.short = why
+        result.prior, result.prior_said = prior_overrides(result, cores)
+        return result
     try:
         _stages(search, result, framework_of(report), report, supports, cores, allow_micro_batch_change)
         if confirm:
@@ -93,9 +100,63 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
         search.close()
     if ended := [t.name for t in result.trials if t.ran_to_end]:
         result.decisions.append(f"warning: the script ran to its end during {len(ended)} trial(s) ({ended[0]}, …): "
-                                "what it writes at its end was written, and the trials timed all of its steps; a "
-                                "trial needs a run longer than its windows (--trial-seconds shortens them)")
+                                "the trials timed all of its steps; a trial needs a run longer than its windows "
+                                "(--trial-seconds shortens them)")
     return result
+
+
+SHORT_FACTOR = 2.0  # a job shorter than this many times its tuning could not pay the tuning back even at 2× faster
+TRIALS_PLAIN, TRIALS_FRAMEWORK = 4, 8  # about how many trial-lengths a tuning takes (its side-by-side included)
+
+
+def too_short(base: ScriptTrial, trial_s: float, framework: Any) -> str | None:
+    """Why the job is too short to tune (one line; its figures predictions from the as-written trial), or None:
+    it ran to its end inside that trial, or the steps its Trainer plans take less than `SHORT_FACTOR` times the
+    trials a tuning would run. A plain loop plans nothing saturate can read: only the first holds for it."""
+    if base.ran_to_end:
+        return f"the script ran to its end inside its first trial ({trial_s:.0f} s)"
+    planned = getattr(framework, "planned_steps", None)
+    if not planned or base.step_s <= 0:
+        return None
+    job = planned * base.step_s
+    tuning = (TRIALS_FRAMEWORK if framework is not None else TRIALS_PLAIN) * trial_s
+    if job >= SHORT_FACTOR * tuning:
+        return None
+    return (f"{planned} planned steps take about {job:.0f} s at the as-written speed, a tuning about {tuning:.0f} s "
+            f"(predictions from the first trial): it could not pay for itself")
+
+
+def prior_overrides(result: ScriptTuning, cores: int) -> tuple[Overrides, list[str]]:
+    """What a short job gets without measuring: only settings that change nothing in the training — the first
+    DataLoader's workers (on a GPU from the cores, one kept for the training process, at most 4, as the informed
+    plan takes them; on a CPU, where workers take cores from the step, 2 only when the as-written trial waited
+    for data at least `INPUT_SHARE` of its step) and pinned memory on a GPU. Returns them and one line per
+    decision, each saying it was chosen, not measured."""
+    from saturate.doctor.findings import INPUT_SHARE
+
+    said = []
+    loader = result.loaders[0] if result.loaders else None
+    if loader is None:
+        return NONE, ["loader settings: no DataLoader in the first trial; nothing applied"]
+    changes: dict[str, Any] = {}
+    written = loader.get("num_workers") or 0
+    share = result.baseline.data_share
+    gpu = result.device_type == "cuda"
+    workers = min(4, max(0, cores - 1)) if gpu else (min(2, cores) if share >= INPUT_SHARE and cores > 1 else 0)
+    if workers > written:
+        changes.update(num_workers=workers, persistent_workers=True)
+        said.append(f"loader workers {written} → {workers}: chosen, not measured ("
+                    + (f"{cores} cores, one kept for the training process" if gpu else
+                       f"the first trial waited for data {100 * share:.0f} % of its step") + ")")
+    else:
+        said.append(f"loader workers: {written} as written (waiting for data {100 * share:.0f} % of the step"
+                    + ("" if gpu else f"; on a CPU workers take cores from the step below {100 * INPUT_SHARE:.0f} %")
+                    + ")")
+    if gpu and not loader.get("pin_memory"):
+        changes["pin_memory"] = True
+        said.append("pinned memory: chosen, not measured (copies to the GPU can overlap the step)")
+    said.append("not applied without measuring: precision, micro-batch, compile, the fused optimizer, TF32, threads")
+    return (Overrides(loader=changes) if changes else NONE), said
 
 
 def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[str, Any],
@@ -121,7 +182,8 @@ def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[
 
 
 def tune_with_progress(command: Sequence[str], options: TrialOptions, console: Console, *,
-                       allow_micro_batch_change: bool = False, confirm: bool = True) -> ScriptTuning:
+                       allow_micro_batch_change: bool = False, confirm: bool = True,
+                       short_jobs: bool = False) -> ScriptTuning:
     """`saturate tune -- CMD` (and `run -- CMD`'s tuning): `tune_command` on this machine's usable cores, each
     trial's step time printed as it ends."""
     from saturate.hardware import usable_cores
@@ -140,7 +202,7 @@ def tune_with_progress(command: Sequence[str], options: TrialOptions, console: C
     return tune_command(command, warmup=options.warmup, steps=options.steps, cores=usable_cores()[0],
                         first_step_timeout=options.first_step_timeout, quiet_stdout=options.quiet_stdout,
                         on_trial=show, allow_micro_batch_change=allow_micro_batch_change, rule=options.rule,
-                        confirm=confirm)
+                        confirm=confirm, short_jobs=short_jobs)
 
 
 def _plain_fused(optimizer: dict[str, Any], device: str) -> Option:

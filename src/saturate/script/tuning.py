@@ -16,6 +16,7 @@ from rich.text import Text
 from saturate.atomic import atomic_write_bytes
 from saturate.script.doctor_script import TRAINER_TERMS, trainer_edit
 from saturate.script.gated import PairedTrials
+from saturate.script.overrides import Overrides
 from saturate.script.script_trial import MIN_GAIN, ScriptTrial, window_rule
 from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule, rate_text
@@ -37,6 +38,9 @@ class ScriptTuning:
     rule: WindowRule = field(default_factory=window_rule)  # how each trial's windows were judged
     paired: str | None = None  # None: comparisons were paired (`gated.py`); else why they were not
     confirmation: PairedTrials | None = None  # the best against the script as written, paired, at the end
+    short: str | None = None  # why the job was too short to tune past its first trial (`run -- CMD` only)
+    prior: Overrides = field(default_factory=Overrides)  # then: the risk-free settings chosen, not measured
+    prior_said: list[str] = field(default_factory=list)  # one line per such decision
 
     @property
     def speedup(self) -> float:
@@ -66,6 +70,8 @@ class ScriptTuning:
                 "trainer": self.trainer, "lightning": self.lightning, "optimizer": self.optimizer,
                 "paired": self.paired is None, "not_paired_because": self.paired,
                 "confirmation": None if self.confirmation is None else self.confirmation.to_dict(),
+                "short_job": None if self.short is None else {"why": self.short, "applied": self.prior.to_dict(),
+                                                              "chosen_not_measured": self.prior_said},
                 "edits": edits(self)}
 
 

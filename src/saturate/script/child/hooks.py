@@ -185,12 +185,12 @@ class Script:
 
         def make_iter(loader: Any) -> Any:
             it = loader_iter(loader)
-            it._saturate_loader = weakref.ref(loader)
+            # held by its iterator: `for x in DataLoader(...)` keeps no other reference, and torch's iterator none
+            it._saturate_loader = loader
             return it
 
         def next_batch(it: Any) -> Any:
-            ref = getattr(it, "_saturate_loader", None)
-            loader = ref() if ref is not None else None
+            loader = getattr(it, "_saturate_loader", None)
             prof = script.profiler
             if not script.profile and loader is not None:
                 batch = selftime.foreign(iter_next, it)
@@ -345,7 +345,7 @@ class Script:
         self._write(REPORT, json.dumps({
             "world_size": self.world,
             "measurements": m,
-            "loaders": found.live_loaders(self.loaders),
+            "loaders": found.live_loaders(self.loaders) or found.iterated_loaders(self.loaders),
             "optimizer": {"class": type(opt).__name__, "site": getattr(opt, "_saturate_site", None),
                           "fused": defaults.get("fused"), "foreach": defaults.get("foreach")},
             "model": self.model_info, "optimizer_steps": self.optimizer_steps,
