@@ -15,7 +15,7 @@ from saturate.script.command import run_instrumented
 # A user's loop that looks, at its first and last step, at what is registered with torch, and counts saturate's
 # hook bodies (`selftime`) over its last five steps.
 SCRIPT = """
-import json, sys
+import json, os
 import torch
 import torch.utils.data.dataloader as dl
 from torch.nn.modules import module as mod
@@ -54,17 +54,20 @@ later = DataLoader(data, batch_size=16)  # a loader made after detaching is torc
 next(iter(later))
 seen["detached"] = hooks_seen(model, opt)
 seen["hook bodies in the last five steps"] = selftime.mark()[1] - before
-json.dump(seen, open(sys.argv[1], "w"))
+json.dump(seen, open(os.environ["SEEN_JSON"], "w"))
 """
 
 
 @pytest.mark.slow
-def test_after_the_window_no_hook_of_saturate_remains(tmp_path):
+def test_after_the_window_no_hook_of_saturate_remains(tmp_path, tmp_path_factory, monkeypatch):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    out = tmp_path / "seen.json"
+    out = tmp_path_factory.mktemp("seen") / "seen.json"
     settings = ChildSettings(mode="doctor", warmup=1, count_steps=1, steps=3, stop=False)  # window ends at step 6
-    run = run_instrumented([sys.executable, str(script), str(out)], settings, quiet_stdout=True)
+    # outside the script's folder and named in the environment, not on the command line: a folder named there is
+    # covered by the run's scratch layer (isolation.py)
+    monkeypatch.setenv("SEEN_JSON", str(out))
+    run = run_instrumented([sys.executable, str(script)], settings, quiet_stdout=True)
     assert run.returncode == 0, run.tail
     seen = json.loads(out.read_text())
     measuring = seen["measuring"]

@@ -326,7 +326,7 @@ class Script:
             h.remove()
         model, self.model_info = found.model_of(optimizer, self.roots)
         self.profiler = Profiler(model, optimizer, warmup=self.warmup, count_steps=self.count_steps,
-                                 steps=self.steps, report=False, probe_scaling=self.mode == "doctor")
+                                 steps=self.steps, report=False, probe_scaling=self.mode == "doctor" and self.stop)
         self._write(FIRST_STEP, "")
 
     # --- what is written ----------------------------------------------------------------------
