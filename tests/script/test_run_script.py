@@ -39,6 +39,7 @@ def test_the_full_run_is_as_written_when_the_side_by_side_does_not_confirm(monke
     class Tuning:
         best = ScriptTrial("2 workers", WORKERS, 0.5, None, 0.0, 3)
         paired = "not asked for"  # trials one after another: the side-by-side is in rounds
+        short = None  # long enough to tune
 
     def side_by_side(command: list[str], overrides: Overrides, **kw: Any) -> tuple[list, list]:
         return [_trial("as written", 1.0)] * 3, [_trial("tuned", s) for s in tuned_steps]

@@ -193,7 +193,7 @@ def test_a_script_that_ends_during_its_trials_is_warned_about():
     tuning = tune(NoisyMachine(gain=0.4, noise=0.1, ends=True))
     assert all(t.ran_to_end for t in tuning.trials)
     assert tuning.decisions[-1].startswith(f"warning: the script ran to its end during {len(tuning.trials)} "
-                                           "trial(s) (as written, …): what it writes at its end was written")
+                                           "trial(s) (as written, …): the trials timed all of its steps")
 
 
 def test_the_child_says_when_the_script_ended_during_its_windows():

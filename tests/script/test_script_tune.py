@@ -151,7 +151,7 @@ class _Planned:
 
 
 def test_a_job_is_too_short_to_tune_when_it_ends_in_its_first_trial_or_its_trainer_plans_too_few_steps():
-    from saturate.script.tune_script import too_short
+    from saturate.script.short_job import too_short
 
     base = ScriptTrial("as written", NONE, 0.1, None, 0.0, 10)
     assert too_short(base, 10.0, None) is None  # a plain loop plans nothing saturate can read
@@ -169,7 +169,7 @@ def test_a_job_is_too_short_to_tune_when_it_ends_in_its_first_trial_or_its_train
     ("cuda", 0.0, {"num_workers": 4, "persistent_workers": True, "pin_memory": True}),  # from the cores
 ])
 def test_a_short_job_gets_only_the_loader_settings_that_change_nothing_in_the_training(device, share, expected):
-    from saturate.script.tune_script import prior_overrides
+    from saturate.script.short_job import prior_overrides
 
     base = ScriptTrial("as written", NONE, 0.1, None, share, 10)
     tuning = ScriptTuning(["python", "train.py"], base, base, [base], device_type=device,

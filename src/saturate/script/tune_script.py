@@ -49,6 +49,7 @@ from saturate.script.gated import Gated, can_gate, time_pairs
 from saturate.script.host_stages import loader_stages, threads_stage
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.script_trial import MIN_GAIN, WINDOW_S, ScriptTrial, TrialOptions, window_rule
+from saturate.script.short_job import prior_overrides, too_short
 from saturate.script.trainer_stages import Option, stage, trainer_stages
 from saturate.script.tuning import ScriptTuning
 from saturate.stats.comparison import Comparison
@@ -103,60 +104,6 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
                                 "the trials timed all of its steps; a trial needs a run longer than its windows "
                                 "(--trial-seconds shortens them)")
     return result
-
-
-SHORT_FACTOR = 2.0  # a job shorter than this many times its tuning could not pay the tuning back even at 2× faster
-TRIALS_PLAIN, TRIALS_FRAMEWORK = 4, 8  # about how many trial-lengths a tuning takes (its side-by-side included)
-
-
-def too_short(base: ScriptTrial, trial_s: float, framework: Any) -> str | None:
-    """Why the job is too short to tune (one line; its figures predictions from the as-written trial), or None:
-    it ran to its end inside that trial, or the steps its Trainer plans take less than `SHORT_FACTOR` times the
-    trials a tuning would run. A plain loop plans nothing saturate can read: only the first holds for it."""
-    if base.ran_to_end:
-        return f"the script ran to its end inside its first trial ({trial_s:.0f} s)"
-    planned = getattr(framework, "planned_steps", None)
-    if not planned or base.step_s <= 0:
-        return None
-    job = planned * base.step_s
-    tuning = (TRIALS_FRAMEWORK if framework is not None else TRIALS_PLAIN) * trial_s
-    if job >= SHORT_FACTOR * tuning:
-        return None
-    return (f"{planned} planned steps take about {job:.0f} s at the as-written speed, a tuning about {tuning:.0f} s "
-            f"(predictions from the first trial): it could not pay for itself")
-
-
-def prior_overrides(result: ScriptTuning, cores: int) -> tuple[Overrides, list[str]]:
-    """What a short job gets without measuring: only settings that change nothing in the training — the first
-    DataLoader's workers (on a GPU from the cores, one kept for the training process, at most 4, as the informed
-    plan takes them; on a CPU, where workers take cores from the step, 2 only when the as-written trial waited
-    for data at least `INPUT_SHARE` of its step) and pinned memory on a GPU. Returns them and one line per
-    decision, each saying it was chosen, not measured."""
-    from saturate.doctor.findings import INPUT_SHARE
-
-    said = []
-    loader = result.loaders[0] if result.loaders else None
-    if loader is None:
-        return NONE, ["loader settings: no DataLoader in the first trial; nothing applied"]
-    changes: dict[str, Any] = {}
-    written = loader.get("num_workers") or 0
-    share = result.baseline.data_share
-    gpu = result.device_type == "cuda"
-    workers = min(4, max(0, cores - 1)) if gpu else (min(2, cores) if share >= INPUT_SHARE and cores > 1 else 0)
-    if workers > written:
-        changes.update(num_workers=workers, persistent_workers=True)
-        said.append(f"loader workers {written} → {workers}: chosen, not measured ("
-                    + (f"{cores} cores, one kept for the training process" if gpu else
-                       f"the first trial waited for data {100 * share:.0f} % of its step") + ")")
-    else:
-        said.append(f"loader workers: {written} as written (waiting for data {100 * share:.0f} % of the step"
-                    + ("" if gpu else f"; on a CPU workers take cores from the step below {100 * INPUT_SHARE:.0f} %")
-                    + ")")
-    if gpu and not loader.get("pin_memory"):
-        changes["pin_memory"] = True
-        said.append("pinned memory: chosen, not measured (copies to the GPU can overlap the step)")
-    said.append("not applied without measuring: precision, micro-batch, compile, the fused optimizer, TF32, threads")
-    return (Overrides(loader=changes) if changes else NONE), said
 
 
 def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[str, Any],
