@@ -58,6 +58,16 @@ def test_help_still_shows_the_usage(capsys):
     assert exit_.value.code == 0 and capsys.readouterr().out.startswith("usage: saturate train")
 
 
+def test_data_that_is_all_binary_is_named_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prog.txt").write_bytes(b"\x7fELF\x02\x01\x01\0\0\0" * 100)  # an executable named .txt
+    proc = run_main(capsys, "train", "--data", "prog.txt", "--steps", "1")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == ["saturate: error: no text to train on: data file prog.txt is not text "
+                                        "(binary: it holds NUL bytes), so it was skipped"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prog.txt"]
+
+
 SLOW_EXPORT = textwrap.dedent("""
     import pathlib, sys, time
     import safetensors.torch
