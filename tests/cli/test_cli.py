@@ -161,6 +161,14 @@ def test_bad_plan_file(work, text, keywords):
     assert (work / "plan.toml").read_text() == text  # the user's file is untouched
 
 
+def test_plan_tuned_for_another_workload(work):
+    text = 'name = "tuned"\nmicro_batch = 8\n\n[provenance]\nworkload = "ts-lstm"\nhardware = "0123456789abcdef"\n'
+    (work / "plan.toml").write_text(text)
+    _fails(work, "train", "--plan", "plan.toml", "--data", "small.txt", "--steps", "1",
+           keywords=("tuned for ts-lstm, not gpt-tiny", "[provenance]"))
+    assert (work / "plan.toml").read_text() == text
+
+
 def test_plan_that_is_neither_file_nor_name(work):
     _fails(work, "train", "--plan", "nonsense", "--data", "small.txt",
            keywords=("'nonsense'", "reference plan"))
