@@ -1,8 +1,9 @@
 """The one exception type the command line turns into a single line and a non-zero exit, and the wording of
-an unknown name ("did you mean …")."""
+an unknown name ("did you mean …") and of a file where a folder is wanted."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 
@@ -24,6 +25,14 @@ class DataError(SaturateError):
 
 class CheckpointError(SaturateError):
     """A checkpoint that cannot be written, read or resumed from."""
+
+
+def file_not_folder(path: str | os.PathLike[str], what: str, flag: str) -> str | None:
+    """One line when `path`, a folder a command is to write into, is an existing file (else None): said as such,
+    not as the "File exists" that mkdir would give."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{what} {path} is a file, not a folder; choose another {flag}"
+    return None
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -183,6 +183,19 @@ def test_unwritable_run_folder(work):
     assert (work / "blocker").read_text() == "a regular file, not a folder"
 
 
+@pytest.mark.parametrize("verb, flag, what", [
+    (("train",), "--run-dir", "run folder"),
+    (("train", "--resume"), "--run-dir", "run folder"),  # not "--resume: run folder afile does not exist"
+    (("run",), "--run-dir", "run folder"),
+    (("tune",), "--out", "output folder"),  # before the search, not after it
+])
+def test_run_folder_that_is_a_file(work, verb, flag, what):
+    (work / "afile").write_text("a regular file, not a folder")
+    _fails(work, *verb, flag, "afile", "--data", "small.txt", "--steps", "1",
+           keywords=(f"{what} afile is a file, not a folder; choose another {flag}",))
+    assert (work / "afile").read_text() == "a regular file, not a folder"
+
+
 def test_resume_with_no_checkpoint(work):
     (work / "r").mkdir()
     _fails(work, "train", "--data", "small.txt", "--steps", "1", "--run-dir", "r", "--resume",
