@@ -98,13 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="train for this long; sizes the schedule to fit")
     p.add_argument("--resume", action="store_true", help="continue the newest checkpoint in --run-dir")
     p.add_argument("--run-dir", type=Path, help="default: runs/<preset>-<time>; with --resume, the newest run")
-    p.add_argument("--log-every", type=positive(int, "--log-every"), default=10, metavar="N",
-                   help="steps between metric reads, each one host sync (default: 10)")
+    p.add_argument("--log-every", type=positive(int, "--log-every"), metavar="N",
+                   help="steps between metric reads, each one host sync (default: 10; with --resume, the run's)")
     p.add_argument("--eval-every", type=positive(int, "--eval-every"), metavar="N",
-                   help="steps between validations (default: the preset's)")
+                   help="steps between validations (default: the preset's; with --resume, the run's)")
     p.add_argument("--ckpt-every", type=positive(int, "--ckpt-every"), metavar="N",
-                   help="steps between checkpoints (default: --eval-every)")
-    p.add_argument("--keep", type=positive(int, "--keep"), default=3, metavar="K", help="checkpoints kept (default 3)")
+                   help="steps between checkpoints (default: --eval-every; with --resume, the run's)")
+    p.add_argument("--keep", type=positive(int, "--keep"), metavar="K",
+                   help="checkpoints kept (default: 3; with --resume, the run's)")
     p.add_argument("--no-progress", action="store_true",
                    help="no live progress while training (the start line and the summary are still printed; "
                         "-q leaves only the summary)")
