@@ -152,8 +152,10 @@ def test_corpus_shorter_than_one_sequence(work):
         ("micro_batch = 4\nmicro_bach = 8\n", ("micro_bach", "plan.toml")),
         ('micro_batch = "8"\n', ("plan.micro_batch", "str")),
         ("grad_accum = 0\n", ("plan.grad_accum", ">= 1")),
+        ("micro_batch = 4\ngrad_accum = 2\nmicro_batch = 8\n",
+         ("plan.toml is not valid TOML: key 'micro_batch' is given twice (again on line 3)",)),
     ],
-    ids=["unknown-key", "wrong-type", "out-of-range"],
+    ids=["unknown-key", "wrong-type", "out-of-range", "duplicate-key"],
 )
 def test_bad_plan_file(work, text, keywords):
     (work / "plan.toml").write_text(text)
