@@ -27,11 +27,13 @@ class CheckpointError(SaturateError):
     """A checkpoint that cannot be written, read or resumed from."""
 
 
-def file_not_folder(path: str | os.PathLike[str], what: str, flag: str) -> str | None:
-    """One line when `path`, a folder a command is to write into, is an existing file (else None): said as such,
-    not as the "File exists" that mkdir would give."""
+def file_not_folder(path: str | os.PathLike[str], what: str, flag: str, empty: bool = False) -> str | None:
+    """One line when `path`, a folder a command is to write into, is an existing file (said as such, not as the
+    "File exists" that mkdir would give), or with `empty` a folder holding anything; else None."""
     if os.path.exists(path) and not os.path.isdir(path):
         return f"{what} {path} is a file, not a folder; choose another {flag}"
+    if empty and os.path.isdir(path) and any(os.scandir(path)):
+        return f"{what} {path} is not empty; choose another {flag}"
     return None
 
 

@@ -393,10 +393,6 @@ def _say_costs(console: Console, cmp: Comparison | None, tuning: Tuning, trained
 def _choose_run_dir(run_dir: Path | None, workload: Workload) -> tuple[str, str | None]:
     """The run folder, and why it cannot be used (None when it can)."""
     path = Path(run_dir) if run_dir else Path("runs") / f"{workload.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if (why := file_not_folder(path, "run folder", "--run-dir")) is not None:
-        return str(path), why
-    if path.exists() and any(path.iterdir()):
-        return str(path), f"run folder {path} is not empty; choose another --run-dir"
-    return str(path), None
+    return str(path), file_not_folder(path, "run folder", "--run-dir", empty=True)
 
 
