@@ -168,6 +168,14 @@ def test_invalid_toml_is_a_config_error(tmp_path):
     assert "broken.toml" in str(err.value)
 
 
+def test_a_key_given_twice_is_named_with_its_line(tmp_path):
+    path = _toml(tmp_path / "twice.toml", "[plan]\nmicro_batch = 4  # first\ngrad_accum = 2\nmicro_batch = 8\n")
+    with pytest.raises(ConfigError) as err:
+        Plan.load(path)
+    assert str(err.value) == (f"plan file {path} is not valid TOML: key 'plan.micro_batch' is given twice "
+                              "(again on line 4)")
+
+
 def test_undecodable_file_is_a_config_error(tmp_path):
     path = tmp_path / "binary.toml"
     path.write_bytes(b"\xff\xfe\x00micro_batch = 4")

@@ -1,8 +1,9 @@
 """The one exception type the command line turns into a single line and a non-zero exit, and the wording of
-an unknown name ("did you mean …")."""
+an unknown name ("did you mean …") and of a file where a folder is wanted."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 
@@ -24,6 +25,16 @@ class DataError(SaturateError):
 
 class CheckpointError(SaturateError):
     """A checkpoint that cannot be written, read or resumed from."""
+
+
+def file_not_folder(path: str | os.PathLike[str], what: str, flag: str, empty: bool = False) -> str | None:
+    """One line when `path`, a folder a command is to write into, is an existing file (said as such, not as the
+    "File exists" that mkdir would give), or with `empty` a folder holding anything; else None."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{what} {path} is a file, not a folder; choose another {flag}"
+    if empty and os.path.isdir(path) and any(os.scandir(path)):
+        return f"{what} {path} is not empty; choose another {flag}"
+    return None
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -34,13 +34,37 @@ STRATEGIES = ("single", "ddp", "fsdp")
 def read_toml(path: Path, what: str, missing: str = "does not exist") -> dict[str, Any]:
     """A TOML file's tables; ConfigError naming `what` when it is missing (`what missing`), unreadable or not TOML."""
     try:
-        return tomllib.loads(Path(path).read_text())
+        text = Path(path).read_text()
+        return tomllib.loads(text)
     except FileNotFoundError:
         raise ConfigError(f"{what} {missing}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{what} cannot be read: {getattr(e, 'strerror', None) or e}") from None
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{what} is not valid TOML: {e}") from None
+        raise ConfigError(f"{what} is not valid TOML: {_duplicate_key(text, str(e)) or e}") from None
+
+
+def _duplicate_key(text: str, error: str) -> str | None:
+    """For tomllib's "Cannot overwrite a value (at line 3, column 16)" (a key given twice), a line naming the key
+    and where it is given again; None for any other error, or a line this cannot read a key from."""
+    import re
+
+    where = re.search(r"\(at line (\d+), column \d+\)", error)
+    if not where or not ("Cannot overwrite" in error or "twice" in error):
+        return None
+    lines = text.splitlines()
+    n = int(where.group(1))
+    if not 1 <= n <= len(lines):
+        return None
+    header = re.compile(r"\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+    if m := header.match(lines[n - 1]):
+        key = m.group(1)
+    elif m := re.match(r"\s*([^=#]+?)\s*=", lines[n - 1]):
+        table = next((h.group(1) for line in reversed(lines[:n - 1]) if (h := header.match(line))), None)
+        key = f"{table}.{m.group(1)}" if table else m.group(1)
+    else:
+        return None
+    return f"key {key!r} is given twice (again on line {n})"
 
 LOADER_FIELDS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "non_blocking")
 

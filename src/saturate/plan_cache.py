@@ -65,6 +65,20 @@ def lookup(workload: Workload, hardware_fingerprint: str, world_size: int = 1) -
     return plan, notes
 
 
+def workload_mismatch(plan: Plan, workload: Workload) -> str | None:
+    """Why `plan` may not train `workload`: it records (its provenance) that it was tuned for another one.
+
+    Its measured choices (micro-batch against memory, compile, precision) belong to that model, and its
+    effective batch would silently rescale this one's learning rate. A plan with no provenance (written by
+    hand, a reference plan) says nothing and is taken as it is.
+    """
+    tuned: Any = plan.provenance.get("workload") if plan.provenance else None
+    if tuned and tuned != workload.name:
+        return (f"the plan was tuned for {tuned}, not {workload.name}: tune {workload.name} (`saturate tune`), "
+                "or delete the plan's [provenance] table to train with its settings anyway")
+    return None
+
+
 def hardware_mismatch(plan: Plan, hardware_fingerprint: str) -> str | None:
     """A warning when `plan` says it was tuned on hardware other than this."""
     tuned: Any = plan.provenance.get("hardware") if plan.provenance else None

@@ -152,13 +152,23 @@ def test_corpus_shorter_than_one_sequence(work):
         ("micro_batch = 4\nmicro_bach = 8\n", ("micro_bach", "plan.toml")),
         ('micro_batch = "8"\n', ("plan.micro_batch", "str")),
         ("grad_accum = 0\n", ("plan.grad_accum", ">= 1")),
+        ("micro_batch = 4\ngrad_accum = 2\nmicro_batch = 8\n",
+         ("plan.toml is not valid TOML: key 'micro_batch' is given twice (again on line 3)",)),
     ],
-    ids=["unknown-key", "wrong-type", "out-of-range"],
+    ids=["unknown-key", "wrong-type", "out-of-range", "duplicate-key"],
 )
 def test_bad_plan_file(work, text, keywords):
     (work / "plan.toml").write_text(text)
     _fails(work, "train", "--plan", "plan.toml", "--data", "small.txt", "--steps", "1", keywords=keywords)
     assert (work / "plan.toml").read_text() == text  # the user's file is untouched
+
+
+def test_plan_tuned_for_another_workload(work):
+    text = 'name = "tuned"\nmicro_batch = 8\n\n[provenance]\nworkload = "ts-lstm"\nhardware = "0123456789abcdef"\n'
+    (work / "plan.toml").write_text(text)
+    _fails(work, "train", "--plan", "plan.toml", "--data", "small.txt", "--steps", "1",
+           keywords=("tuned for ts-lstm, not gpt-tiny", "[provenance]"))
+    assert (work / "plan.toml").read_text() == text
 
 
 def test_plan_that_is_neither_file_nor_name(work):
@@ -173,6 +183,19 @@ def test_unwritable_run_folder(work):
                   keywords=("blocker/run", "not writable"))
     assert "Not a directory" in line
     assert (work / "blocker").read_text() == "a regular file, not a folder"
+
+
+@pytest.mark.parametrize("verb, flag, what", [
+    (("train",), "--run-dir", "run folder"),
+    (("train", "--resume"), "--run-dir", "run folder"),  # not "--resume: run folder afile does not exist"
+    (("run",), "--run-dir", "run folder"),
+    (("tune",), "--out", "output folder"),  # before the search, not after it
+])
+def test_run_folder_that_is_a_file(work, verb, flag, what):
+    (work / "afile").write_text("a regular file, not a folder")
+    _fails(work, *verb, flag, "afile", "--data", "small.txt", "--steps", "1",
+           keywords=(f"{what} afile is a file, not a folder; choose another {flag}",))
+    assert (work / "afile").read_text() == "a regular file, not a folder"
 
 
 def test_resume_with_no_checkpoint(work):

@@ -66,4 +66,4 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, m
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1 and message in errors[0]  # argparse also prints its usage above it
+    assert len(errors) == 1 and message in errors[0]

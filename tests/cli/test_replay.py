@@ -74,6 +74,19 @@ def test_a_bad_run_toml_is_one_line(first, tmp_path, capsys, edit, message):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("text, message", [
+    ("steps = 5\n", "'steps' is not a section but a key of [run]: put it under [run]"),
+    ('preset = "gpt-tiny"\n[run]\nseed = 1\n', "'preset' is not a section but a key of [workload]: put it under "
+                                                "[workload]"),
+])
+def test_a_section_key_at_the_top_of_a_run_toml_says_where_it_goes(tmp_path, capsys, text, message):
+    config = tmp_path / "run.toml"
+    config.write_text(text)
+    assert main(["train", "--config", str(config), "--run-dir", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"saturate: error: {config}: {message}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.toml"]
+
+
 def test_a_missing_run_toml_is_one_line(tmp_path, capsys):
     assert main(["train", "--config", str(tmp_path / "nope.toml")]) == 2
     assert capsys.readouterr().err.strip() == f"saturate: error: --config {tmp_path / 'nope.toml'} does not exist"

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from saturate.cli import main
-from saturate.plan import Plan
+from saturate.engine.metrics import read_jsonl
+from saturate.plan import Plan, tomllib
 
 TINY = ("--param", "n_layer=1", "--param", "n_embd=32", "--param", "n_head=2", "--param", "seq_len=32")
 
@@ -31,6 +32,20 @@ def test_resume_run_dir_alone_reuses_the_runs_workload(run_dir, small_corpus, ca
     assert main(["train", "--resume", "--run-dir", str(run_dir), "--steps", "3", "--no-progress"]) == 0
     assert capsys.readouterr().err == ""  # the same model, data and optimisation: nothing refused
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 3
+
+
+def test_resume_keeps_the_runs_cadence_unless_given_again(tmp_path, small_corpus, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(small_corpus), *TINY, "--effective-batch", "4", "--steps", "2",
+                 "--log-every", "1", "--eval-every", "3", "--keep", "5", "--no-progress", "--run-dir", str(run)]) == 0
+    assert main(["train", "--resume", "--run-dir", str(run), "--steps", "4", "--no-progress"]) == 0
+    logged = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "train/loss" in r]
+    assert logged == [1, 2, 3, 4]  # not only the last step, as --log-every's default 10 would
+    recorded = tomllib.loads((run / "run.toml").read_text())["run"]
+    assert (recorded["log_every"], recorded["eval_every"], recorded["keep"]) == (1, 3, 5)
+    assert main(["train", "--resume", "--run-dir", str(run), "--steps", "6", "--log-every", "2", "--no-progress"]) == 0
+    assert tomllib.loads((run / "run.toml").read_text())["run"]["log_every"] == 2  # given again: it wins
+    capsys.readouterr()
 
 
 @pytest.mark.parametrize("change, differs", [

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import cli_env
+from conftest import cli_env, run_main
 from saturate.cli import main
 from saturate.data.token_cache import cache_root, prepare_corpus
 from saturate.errors import DataError
@@ -28,7 +28,44 @@ def test_refused_values(flag, value, message, capsys):
         main(["train", flag, value])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert f"saturate train: error: argument {flag}: {message}" in err and "Traceback" not in err
+    assert err == f"saturate: error: {message}\n"  # one line: no usage above it
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("run", "--effective-batch", "0"), "--effective-batch must be > 0, got 0"),
+    (("run", "--steps", "-1"), "--steps must be > 0, got -1"),  # not after tuning and sizing the side-by-side
+    (("run", "--minutes", "0"), "--minutes must be > 0, got 0"),
+    (("tune", "--steps", "-1"), "--steps must be > 0, got -1"),  # not after running trials
+    (("tune", "--budget", "-5"), "--budget must be > 0, got -5"),
+    (("train", "--steps", "2.5"), "--steps must be a whole number, got '2.5'"),
+    (("train", "--log-every", "0"), "--log-every must be > 0, got 0"),
+    (("train", "--keep", "0"), "--keep must be > 0, got 0"),
+    (("sweep", "--grid", "lr=1e-3", "--steps", "0"), "--steps must be > 0, got 0"),
+    (("doctor", "--stesp", "3"), "unrecognized arguments: --stesp 3 (did you mean '--steps'?)"),
+    (("probe", "--device"), "argument --device: expected one argument"),
+])
+def test_argument_errors_are_one_line_for_every_verb(argv, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    proc = run_main(capsys, *argv)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [f"saturate: error: {message}"] and proc.stdout == ""
+    assert list(tmp_path.iterdir()) == []  # no run folder, no plan
+
+
+def test_help_still_shows_the_usage(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--help"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("usage: saturate train")
+
+
+def test_data_that_is_all_binary_is_named_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "prog.txt").write_bytes(b"\x7fELF\x02\x01\x01\0\0\0" * 100)  # an executable named .txt
+    proc = run_main(capsys, "train", "--data", "prog.txt", "--steps", "1")
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == ["saturate: error: no text to train on: data file prog.txt is not text "
+                                        "(binary: it holds NUL bytes), so it was skipped"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prog.txt"]
 
 
 SLOW_EXPORT = textwrap.dedent("""

@@ -41,7 +41,8 @@ EXIT_OOM = 3
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with "did you mean" for a mistyped verb, choice or option."""
+    """argparse, its errors in saturate's one line (no usage above it; `--help` shows that), with "did you
+    mean" for a mistyped verb, choice or option."""
 
     def error(self, message: str) -> Any:  # type: ignore[override]
         import re
@@ -52,7 +53,10 @@ class _Parser(argparse.ArgumentParser):
             message += did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
         elif m := re.search(r"unrecognized arguments: (\S+)", message):
             message += did_you_mean(m.group(1), _option_strings(self))
-        return super().error(message)
+        # "argument --seed: --seed must be …" (our types name their flag): the flag once
+        if (m := re.match(r"argument (\S+): (.*)", message)) and m.group(2).startswith(m.group(1)):
+            message = m.group(2)
+        self.exit(EXIT_ERROR, f"saturate: error: {message}\n")
 
 
 def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
@@ -89,15 +93,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a plan.toml, or a reference plan (naive, a6000-after, …); default: the checkpoint's "
                         "plan when resuming, else a seed plan keeping the preset's effective batch")
     length = p.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=int, help="optimizer steps (default: the preset's)")
-    length.add_argument("--minutes", type=float, help="train for this long; sizes the schedule to fit")
+    length.add_argument("--steps", type=positive(int, "--steps"), help="optimizer steps (default: the preset's)")
+    length.add_argument("--minutes", type=positive(float, "--minutes"),
+                        help="train for this long; sizes the schedule to fit")
     p.add_argument("--resume", action="store_true", help="continue the newest checkpoint in --run-dir")
     p.add_argument("--run-dir", type=Path, help="default: runs/<preset>-<time>; with --resume, the newest run")
-    p.add_argument("--log-every", type=int, default=10, metavar="N",
-                   help="steps between metric reads, each one host sync (default: 10)")
-    p.add_argument("--eval-every", type=int, metavar="N", help="steps between validations (default: the preset's)")
-    p.add_argument("--ckpt-every", type=int, metavar="N", help="steps between checkpoints (default: --eval-every)")
-    p.add_argument("--keep", type=int, default=3, metavar="K", help="checkpoints kept (default 3)")
+    p.add_argument("--log-every", type=positive(int, "--log-every"), metavar="N",
+                   help="steps between metric reads, each one host sync (default: 10; with --resume, the run's)")
+    p.add_argument("--eval-every", type=positive(int, "--eval-every"), metavar="N",
+                   help="steps between validations (default: the preset's; with --resume, the run's)")
+    p.add_argument("--ckpt-every", type=positive(int, "--ckpt-every"), metavar="N",
+                   help="steps between checkpoints (default: --eval-every; with --resume, the run's)")
+    p.add_argument("--keep", type=positive(int, "--keep"), metavar="K",
+                   help="checkpoints kept (default: 3; with --resume, the run's)")
     p.add_argument("--no-progress", action="store_true",
                    help="no live progress while training (the start line and the summary are still printed; "
                         "-q leaves only the summary)")

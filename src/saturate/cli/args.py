@@ -107,7 +107,8 @@ def positive(kind: type, name: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+            what = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{name} must be {what}, got {text!r}") from None
         if not value > 0:
             raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
         return value

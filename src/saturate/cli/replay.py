@@ -54,6 +54,9 @@ def read_run_toml(path: Path) -> dict[str, Any]:
     known = {"workload": [*WORKLOAD_KEYS, "name", "python"], "run": list(RUN_KEYS), "plan": [*plan_keys, "provenance"]}
     for section, table in data.items():
         if section not in known:
+            if homes := [f"[{name}]" for name, keys in known.items() if section in keys]:  # `steps = 5` at the top
+                raise ConfigError(f"{path}: {section!r} is not a section but a key of {' or '.join(homes)}: "
+                                  f"put it under {homes[0]}")
             raise ConfigError(f"{path}: unknown section [{section}]{_did_you_mean(section, known)}")
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: {section} must be a table ([{section}])")

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from saturate.cli.args import add_workload_args, workload_from_args
+from saturate.cli.args import add_workload_args, positive, workload_from_args
 from saturate.cli.output import verbosity
 from saturate.errors import ConfigError
 from saturate.workloads.source import parse_params
@@ -20,8 +20,10 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--grid", nargs="+", required=True, metavar="KEY=V1,V2",
                    help="parameters and their values, e.g. --grid hidden=128,256 window=30,60,90 (every "
                         "combination is a point; KEY as for --param)")
-    p.add_argument("--steps", type=int, help="optimizer steps per point (default: the workload's)")
-    p.add_argument("--budget", type=float, metavar="SECONDS", help="tuning budget per point (default: none)")
+    p.add_argument("--steps", type=positive(int, "--steps"),
+                   help="optimizer steps per point (default: the workload's)")
+    p.add_argument("--budget", type=positive(float, "--budget"), metavar="SECONDS",
+                   help="tuning budget per point (default: none)")
     p.add_argument("--no-compile", action="store_true", help="do not try torch.compile when tuning")
     p.add_argument("--allow-batch-change", action="store_true",
                    help="let tuning grow the effective batch (learning rate rescaled linearly)")
@@ -39,8 +41,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from saturate.hardware import probe
     from saturate.run.grid_sweep import parse_grid, sweep
 
-    if args.steps is not None and args.steps < 1:
-        raise ConfigError(f"--steps must be >= 1, got {args.steps}")
     grid = parse_grid(args.grid)
     fixed = parse_params(args.param or [])
     if clash := sorted(set(grid) & set(fixed)):

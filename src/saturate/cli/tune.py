@@ -15,8 +15,8 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("tune", help="find the fastest plan by measurement; writes plan.toml, tune.json, plots")
     add_workload_args(p)
     _add_tuning_args(p)
-    p.add_argument("--steps", type=int, help="steps the plan will train for (compile must pay back within them; "
-                                             "default: the preset's)")
+    p.add_argument("--steps", type=positive(int, "--steps"),
+                   help="steps the plan will train for (compile must pay back within them; default: the preset's)")
     p.add_argument("--out", type=Path, help="folder for plan.toml, tune.json and plots (default: runs/tune-…); "
                                            "with -- CMD: overrides.json and tune.json")
     p.add_argument("--wide", action="store_true", help="tables with every figure, wider than 80 columns "
@@ -29,8 +29,9 @@ def add_parsers(sub: Any) -> None:
     add_workload_args(p)
     _add_tuning_args(p)
     length = p.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=int, help="optimizer steps to train (default: the preset's)")
-    length.add_argument("--minutes", type=float, help="train for this long after tuning")
+    length.add_argument("--steps", type=positive(int, "--steps"),
+                        help="optimizer steps to train (default: the preset's)")
+    length.add_argument("--minutes", type=positive(float, "--minutes"), help="train for this long after tuning")
     p.add_argument("--run-dir", type=Path, help="default: runs/<preset>-<time>")
     p.add_argument("--no-progress", action="store_true", help="no progress display while training")
     _add_script_args(p)
@@ -41,7 +42,8 @@ def add_parsers(sub: Any) -> None:
 
 
 def _add_tuning_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--budget", type=float, metavar="SECONDS", help="tuning time budget (default: none)")
+    p.add_argument("--budget", type=positive(float, "--budget"), metavar="SECONDS",
+                   help="tuning time budget (default: none)")
     p.add_argument("--allow-batch-change", action="store_true",
                    help="let the effective batch grow (learning rate rescaled linearly); default: kept exactly")
     p.add_argument("--allow-micro-batch-change", action="store_true",

@@ -42,18 +42,26 @@ def resolve_paths(specs: Sequence[str], skipped: list[str] | None = None) -> lis
 
     Files that cannot be training text are skipped with a warning naming each, and listed in `skipped`:
     special files (a FIFO would block the read for ever; sockets, devices) and binary files (NUL bytes
-    in their first 64 KiB: an executable named `.txt`).
+    in their first 64 KiB: an executable named `.txt`). When every file is skipped that is the error, in
+    one line naming the first and why (not a warning per file, then "corpus is empty").
     """
     found: dict[str, Path] = {}
+    left_out: list[tuple[Path, str]] = []
     for spec in specs:
         for path in _expand(str(spec)):
             if (why := _not_text(path)) is not None:
-                log.warning("saturate: warning: skipping data file %s: %s", path, why)
-                if skipped is not None:
-                    skipped.append(f"{path} ({why})")
+                left_out.append((path, why))
                 continue
             # abspath, not resolve: keep the names the user gave (symlinks stay symlinks) but drop dups.
             found.setdefault(os.path.abspath(path), path)
+    if left_out and not found:
+        (first, why), more = left_out[0], len(left_out) - 1
+        also = f" (and {more} more data file{'s' if more > 1 else ''}, all skipped)" if more else ""
+        raise DataError(f"no text to train on: data file {first} is not text ({why}), so it was skipped{also}")
+    for path, why in left_out:
+        log.warning("saturate: warning: skipping data file %s: %s", path, why)
+        if skipped is not None:
+            skipped.append(f"{path} ({why})")
     return [Path(p) for p in sorted(found)]
 
 

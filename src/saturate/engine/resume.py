@@ -17,7 +17,7 @@ from saturate.engine.distributed import DistInfo
 from saturate.engine.precision import Precision
 from saturate.engine.schedule import WarmupCosine
 from saturate.engine.step import Stepper, rng_state, set_rng_state
-from saturate.errors import CheckpointError, ConfigError
+from saturate.errors import CheckpointError, ConfigError, file_not_folder
 from saturate.plan import Plan, fit_to_world, informed_summary
 from saturate.workloads.base import Workload
 from saturate.workloads.coupling import workload_default_plan
@@ -39,6 +39,8 @@ def prepare_run_dir(run_dir: Path | None, resume: bool, workload: Workload) -> P
         else:
             run_dir = _new_default_dir(Path("runs") / f"{workload.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir = Path(run_dir)
+    if (why := file_not_folder(run_dir, "run folder", "--run-dir")) is not None:
+        raise ConfigError(why)
     if resume and not run_dir.is_dir():
         raise CheckpointError(f"--resume: run folder {run_dir} does not exist")
     try:

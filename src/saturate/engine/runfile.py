@@ -42,6 +42,22 @@ def run_settings(cfg: Any, workload_name: str, plan: dict[str, Any], device: str
     return _no_none({"workload": work, "run": run, "plan": {k: v for k, v in plan.items() if k != "provenance"}})
 
 
+def recorded_cadence(run_dir: Path) -> dict[str, int]:
+    """The cadence a run recorded in its run.toml ([run] log_every, eval_every, ckpt_every, keep), as RunConfig
+    fields, for a resume that does not set its own; {} when the file is missing or unreadable."""
+    from saturate.errors import ConfigError
+    from saturate.plan import read_toml
+
+    try:
+        run = read_toml(Path(run_dir) / "run.toml", "run.toml").get("run", {})
+    except ConfigError:  # missing or unreadable: the defaults
+        return {}
+    fields = {"log_every": "log_every", "eval_every": "eval_every", "ckpt_every": "ckpt_every",
+              "keep": "keep_checkpoints"}
+    return {field: run[key] for key, field in fields.items()
+            if isinstance(run, dict) and type(run.get(key)) is int and run[key] >= 1}
+
+
 def write_run_toml(path: Path, settings: dict[str, Any]) -> None:
     atomic_write_bytes(path, (HEADER + tomli_w.dumps(settings)).encode())
 

@@ -9,6 +9,7 @@ MFU denominator, the metric sinks and console, run.json and run.toml, and the lo
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import time
@@ -43,7 +44,7 @@ from saturate.engine.resume import (
     remove_stale_temporaries,
     restore,
 )
-from saturate.engine.runfile import run_settings, write_run_toml
+from saturate.engine.runfile import recorded_cadence, run_settings, write_run_toml
 from saturate.engine.schedule import WarmupCosine, scaled_lr
 from saturate.engine.signals import StopFlag
 from saturate.engine.step import Stepper
@@ -66,10 +67,11 @@ class RunConfig:
     resume: bool = False  # continue from the newest checkpoint in run_dir
     seed: int = 0
     device: str | None = None  # default: the best device probe() finds
-    log_every: int = 10  # optimizer steps between metric reads (each read is one host sync)
+    # The cadence; None: a resumed run's own (its run.toml), else the default given
+    log_every: int | None = None  # optimizer steps between metric reads (each read is one host sync); default 10
     eval_every: int | None = None  # default: the workload's
     ckpt_every: int | None = None  # default: eval_every
-    keep_checkpoints: int = 3
+    keep_checkpoints: int | None = None  # default 3
     progress: bool = True  # live progress (a bar on a terminal, a line per logged window otherwise)
     quiet: bool = False  # no start line and no notes: only the final summary (printed unless rank > 0)
     tensorboard: bool = True  # also write TensorBoard events (run_dir/tensorboard)
@@ -204,6 +206,10 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
         raise ConfigError(why)
     if not dist.is_main:  # rank 0 chose it (a default name has a timestamp); the others check they can write
         run_dir = prepare_run_dir(run_dir, cfg.resume, workload)
+    if cfg.resume:  # the run's cadence (--log-every …) where this session sets none, as for its workload flags
+        recorded = recorded_cadence(run_dir)
+        cfg = dataclasses.replace(cfg, **{k: v for k, v in recorded.items() if getattr(cfg, k) is None})
+    cfg = dataclasses.replace(cfg, log_every=cfg.log_every or 10, keep_checkpoints=cfg.keep_checkpoints or 3)
     ckpts = CheckpointManager(run_dir / "checkpoints", keep=cfg.keep_checkpoints)
     state = load_resume_state(ckpts, dist) if cfg.resume else None
     if state is None and ckpts.checkpoints():

@@ -40,7 +40,7 @@ from saturate.engine.resume import optimization_record, release_run_dirs, snapsh
 from saturate.engine.session import RunConfig, Training, now, prepare
 from saturate.engine.step import to_device
 from saturate.engine.summary import RunResult, export_weights, fill_summary, step_metrics, steps_for_budget
-from saturate.errors import SaturateError
+from saturate.errors import ConfigError, SaturateError
 from saturate.plan import Plan
 from saturate.workloads.base import Workload
 
@@ -63,8 +63,11 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     error, `saturate.engine.distributed.teardown_distributed()` does, once the error is handled).
     """
     from saturate.hardware import probe
+    from saturate.plan_cache import workload_mismatch
 
     cfg = config or RunConfig()
+    if plan is not None and (why := workload_mismatch(plan, workload)) is not None:
+        raise ConfigError(why)  # before anything is probed or written
     hw = hardware or probe(measure_peaks=False, device=cfg.device)
     device_type = torch.device(hw.torch_device).type
     made_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())

@@ -37,7 +37,7 @@ from saturate import plan_cache
 from saturate.atomic import atomic_write_bytes
 from saturate.engine.distributed import DistInfo, broadcast_object, init_distributed, teardown_distributed
 from saturate.engine.trainer import RunConfig, RunResult, train
-from saturate.errors import ConfigError
+from saturate.errors import ConfigError, file_not_folder
 from saturate.plan import Plan, informed_choices, reference_plan
 from saturate.run.informed import informed_plan
 from saturate.run.side_by_side import (  # noqa: F401 - Row, comparison_table: the table's API, kept importable here
@@ -393,8 +393,6 @@ def _say_costs(console: Console, cmp: Comparison | None, tuning: Tuning, trained
 def _choose_run_dir(run_dir: Path | None, workload: Workload) -> tuple[str, str | None]:
     """The run folder, and why it cannot be used (None when it can)."""
     path = Path(run_dir) if run_dir else Path("runs") / f"{workload.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if path.exists() and any(path.iterdir()):
-        return str(path), f"run folder {path} is not empty; choose another --run-dir"
-    return str(path), None
+    return str(path), file_not_folder(path, "run folder", "--run-dir", empty=True)
 
 

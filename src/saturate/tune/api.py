@@ -17,7 +17,7 @@ from rich.console import Console
 from saturate import plan_cache
 from saturate.atomic import atomic_write_bytes
 from saturate.engine.distributed import barrier, broadcast_object, init_distributed, teardown_distributed
-from saturate.errors import ConfigError
+from saturate.errors import ConfigError, file_not_folder
 from saturate.hardware.contention import ContentionMeter, measure_contention
 from saturate.hardware.kernels import fused_adamw_available
 from saturate.plan import Plan
@@ -79,6 +79,8 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
     started = time.monotonic()
     if budget_s is not None and budget_s <= 0:
         raise ConfigError(f"budget must be > 0 seconds, got {budget_s:g}")
+    if out_dir is not None and (why := file_not_folder(out_dir, "output folder", "--out")) is not None:
+        raise ConfigError(why)  # before the search, not after it
     hw = hardware or probe(measure_peaks=False, device=device)
     dev = torch.device(hw.torch_device)
     made_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
