@@ -275,3 +275,14 @@ def test_a_busy_cpu_tries_fewer_threads_for_a_script_and_says_the_edit():
         d for d in quiet.decisions if d.startswith("threads"))
     slower = tune_command(["python", "train.py"], runner=BusyThreads(busy=1.0, speedup=0.8), cores=2)
     assert slower.best.overrides.threads is None
+
+
+def test_without_samples_counted_the_spread_goes_with_the_step_time():
+    tuning = tune(NoisyMachine(gain=0.03, noise=0.10))
+    for trial in tuning.trials:
+        trial.samples_per_s = None  # a loop with no DataLoader: steps are timed, samples not counted
+    console = Console(width=80, record=True)
+    render(tuning, console)
+    text = console.export_text()
+    assert "- (no DataLoader)" in text and " ±10.0 %" in text
+    assert not any(line.split()[2:3] == ["±10.0"] for line in text.splitlines() if line.startswith("as written"))

@@ -141,9 +141,11 @@ def render(tuning: ScriptTuning, console: Console, written: Path | None = None) 
             t.add_row(trial.name, "failed", "-", "-", "-")
             continue
         spread = trial.spread if trial.windows > 1 else None
-        rate = rate_text(trial.samples_per_s, spread, unit="") if trial.samples_per_s else (
-            f"±{100 * spread:.1f} %" if spread is not None else "-")
-        t.add_row(trial.name, f"{trial.step_s:.4g}", rate, f"{100 * trial.data_share:.0f} %",
+        # no samples counted (no DataLoader in the timed steps): the spread goes with the step time
+        rate = rate_text(trial.samples_per_s, spread, unit="") if trial.samples_per_s else "- (no DataLoader)"
+        step = f"{trial.step_s:.4g}" + (f" ±{100 * spread:.1f} %" if spread is not None and not trial.samples_per_s
+                                         else "")
+        t.add_row(trial.name, step, rate, f"{100 * trial.data_share:.0f} %",
                   str(trial.windows or "-") + (" busy" if trial.busy else ""))
     console.print(t)
     for trial in tuning.trials[1:]:  # each trial's outcome once: a stage's decision line may already say it
