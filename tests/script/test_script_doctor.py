@@ -336,3 +336,29 @@ def test_a_script_at_a_small_micro_batch_is_found_overhead_bound_by_its_scaling_
     assert probe["micro_batches"] == [1, 2] and len(probe["ratios"]) == 5  # measured in the script's own process
     assert d["verdict"] == "overhead-bound", (d["verdict"], probe)
     assert d["fixes"][0]["title"].startswith("micro-batch 1 → ") and d["fixes"][0]["changes"]["grad_accum"] < 4
+
+
+# pytorch/examples' word_language_model: an nn.Module updated by hand (`p.data.add_`), slow steps
+HAND_UPDATED_MODULE = """
+import time, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+x = torch.randn(256, 64)
+for step in range(10**6):
+    print("STEP", step, flush=True)
+    model.zero_grad()
+    model(x).pow(2).mean().backward()
+    time.sleep(0.5)  # a step of half a second: 256 backward passes would take two minutes
+    for p in model.parameters():
+        p.data.add_(p.grad, alpha=-1e-3)
+"""
+
+
+def test_a_hand_updated_model_is_stopped_after_a_few_backward_passes_whatever_a_step_costs(tmp_path):
+    (tmp_path / "hand.py").write_text(HAND_UPDATED_MODULE)
+    out = doctor("--", sys.executable, "hand.py", cwd=tmp_path)
+    assert out.returncode == 2
+    last = out.stderr.strip().splitlines()[-1]
+    assert "changed its weights between backward passes 2 times without a torch.optim optimizer step" in last
+    steps = [int(line.split()[1]) for line in out.stdout.splitlines() if line.startswith("STEP")]
+    assert max(steps) <= 3, steps  # stopped at the third backward pass, seconds in
