@@ -362,3 +362,35 @@ def test_a_hand_updated_model_is_stopped_after_a_few_backward_passes_whatever_a_
     assert "changed its weights between backward passes 2 times without a torch.optim optimizer step" in last
     steps = [int(line.split()[1]) for line in out.stdout.splitlines() if line.startswith("STEP")]
     assert max(steps) <= 3, steps  # stopped at the third backward pass, seconds in
+
+
+LIBRARY = """
+def log_every_step(loss):
+    return loss.item()  # a framework's logging: the read is here, the call in the user's script
+"""
+
+CALLS_A_LIBRARY = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import fakelib
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(400):
+    loss = model(torch.randn(16, 8)).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    fakelib.log_every_step(loss)
+"""
+
+
+def test_a_read_inside_a_library_is_placed_at_the_librarys_line_and_the_users_call(tmp_path):
+    library = tmp_path / "lib" / "site-packages"
+    library.mkdir(parents=True)
+    (library / "fakelib.py").write_text(LIBRARY)
+    (tmp_path / "loop.py").write_text(CALLS_A_LIBRARY)
+    out = doctor("--json", "--", sys.executable, "loop.py", str(library), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    sites = json.loads(out.stdout)["measurements"]["syncs_by_site"]
+    where = f"fakelib.py:{line_of(library / 'fakelib.py', 'loss.item()').split(':')[1]}"
+    assert sites == {f"{where} (from {line_of(tmp_path / 'loop.py', 'fakelib.log_every_step(')})": 1}

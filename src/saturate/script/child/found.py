@@ -72,6 +72,29 @@ def caller_site() -> str | None:
     return None
 
 
+def read_site() -> str | None:
+    """Where a host read happened: `train.py:323` in the user's code; inside a library (a Trainer's logging),
+    the library's line and the user's call that led there — `transformers/trainer.py:2480 (from run_clm.py:652)`:
+    the line to change may be a library setting (`logging_steps`), not the call."""
+    libraries = ("site-packages", "dist-packages")
+    ours = (f"{os.sep}torch{os.sep}", f"{os.sep}saturate{os.sep}")
+    inner = None
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        name = frame.filename
+        library = any(s in name for s in libraries)
+        stdlib = name.startswith(sys.prefix + os.sep + "lib") and not library
+        if name.startswith("<") or stdlib or any(s in name for s in ours):
+            continue
+        if library:
+            if inner is None:
+                package = name.split("-packages" + os.sep, 1)[-1]
+                inner = f"{package}:{frame.lineno}"
+            continue
+        user = f"{shown_path(name)}:{frame.lineno}"
+        return f"{inner} (from {user})" if inner else user
+    return inner
+
+
 def shown_path(name: str) -> str:
     """A script's path as reports show it: relative to the working folder when under it, else absolute."""
     path = os.path.abspath(name)

@@ -140,7 +140,7 @@ class Script:
         from saturate.doctor.phases import SyncCounter
         from saturate.doctor.profiler import batch_len
 
-        SyncCounter.site = caller_site  # each counted sync placed at its line in the script
+        SyncCounter.site = found.read_site  # each counted sync placed at its line (a library's: with the user's call)
 
         self.patches.hook(register_optimizer_step_post_hook(selftime.own(self._after_step)))
         self._forward_hooks = [register_module_forward_pre_hook(selftime.own(self._forward_pre)),
