@@ -238,3 +238,33 @@ def test_the_scaling_probe_says_why_not_when_no_input_carries_the_micro_batch():
             break
     m = prof.diagnosis.measurements
     assert m.scaling is None and any("no input of the model has the micro-batch (8)" in n for n in m.notes)
+
+
+class Sleepy(torch.nn.Module):
+    """Sleeps in its forward while `slow`: the loop's steps are slow, the probe's replay (after `slow` is
+    cleared) is not — a replay that does not stand for the step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(16, 1)
+        self.slow = True
+
+    def forward(self, x):
+        if self.slow:
+            time.sleep(0.02)
+        return self.net(x)
+
+
+def test_a_scaling_probe_that_does_not_stand_for_the_step_is_left_out_with_a_note():
+    model = Sleepy()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    prof = Profiler(model, opt, warmup=1, count_steps=0, steps=3, report=False, probe_scaling=True)
+    for step in range(4):
+        torch.nn.functional.mse_loss(model(torch.randn(4, 16)), torch.randn(4, 1)).backward()
+        opt.step()
+        opt.zero_grad()
+        model.slow = step < 3  # the last prof.step() runs the probe: its replay is 20 ms faster per micro-step
+        prof.step()
+    m = prof.diagnosis.measurements
+    assert m.scaling is None
+    assert any(n.startswith("batch-scaling probe left out: its replayed forward+backward") for n in m.notes)

@@ -72,6 +72,9 @@ def _grad_nodes(value: Any, found: list[Any]) -> None:
             _grad_nodes(v, found)
 
 
+PROBE_AGREES = 2.5  # the scaling probe's replayed micro-step within this factor of the script's own, or left out
+
+
 class Profiler:
     """Phase split, syncs, telemetry and a verdict for a user's own training loop."""
 
@@ -257,6 +260,12 @@ class Profiler:
         if not micro:
             return
         probe, why = probe_from_inputs(model, args, kwargs, micro, self.device, autocast)
+        measured = (m.phases.get("forward", 0.0) + m.phases.get("backward", 0.0)) / max(1, m.grad_accum or 1)
+        if probe is not None and measured > 0 and not 1 / PROBE_AGREES <= probe.seconds[0] / measured <= PROBE_AGREES:
+            why = (f"batch-scaling probe left out: its replayed forward+backward at micro-batch {micro} took "
+                   f"{1e3 * probe.seconds[0]:.3g} ms, the script's own {1e3 * measured:.3g} ms per micro-step: the "
+                   "replay does not stand for the script's step (or the load moved one of them)")
+            probe = None
         if probe is not None:
             m.scaling, m.micro_batch = probe, micro
         elif why:
