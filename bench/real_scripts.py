@@ -394,18 +394,17 @@ def summarize(rec: dict[str, Any]) -> dict[str, str]:
     if not j:
         return {"outcome": f"{status}{tail}", "fix": "", "overrides": "", "ratio": ""}
     if v == "doctor":
-        verdict = j.get("verdict") or j.get("diagnosis", {}).get("verdict")
-        fixes = j.get("fixes") or j.get("fix") or []
-        fix = fixes[0] if isinstance(fixes, list) and fixes else fixes
-        if isinstance(fix, dict):
-            fix = fix.get("line") or fix.get("text") or fix.get("title") or json.dumps(fix)
         m = j.get("measurements") or {}
-        syncs = m.get("syncs_per_step", m.get("syncs"))
-        sites = m.get("syncs_by_site")
-        out = f"{status}{verdict}"
-        if syncs is not None or sites:
-            out += f"; syncs {syncs}, sites {json.dumps(sites)}"
-        return {"outcome": out, "fix": fix or "", "overrides": "", "ratio": ""}
+        fixes = j.get("fixes") or []
+        fix = fixes[0].get("title", "") if fixes else "(no fix)"
+        step = m.get("step_s") or 0
+        phases = ", ".join(f"{k} {100 * x / step:.0f}%" for k, x in (m.get("phases") or {}).items()
+                           if step and x / step >= 0.005)
+        written = (j.get("script") or {}).get("written")
+        out = (f"{status}{j.get('verdict')}; {m.get('steps')} steps of {1000 * step:.1f} ms: {phases}; "
+               f"syncs/step {m.get('syncs_per_step')}, sites {json.dumps(m.get('syncs_by_site'))}"
+               + (f"; its writes: {json.dumps(written)}" if written else ""))
+        return {"outcome": out, "fix": fix, "overrides": "", "ratio": ""}
     if v == "tune":
         return {"outcome": f"{status}{'kept' if j.get('overrides') else 'nothing kept'}",
                 "fix": "; ".join(j.get("edits") or []), "overrides": json.dumps(j.get("overrides")),
@@ -466,6 +465,7 @@ def main() -> int:
     ap.add_argument("--transformers-commit", default="0419ff881d",
                     help="an upstream commit (Remove `local_rank` arg from `TrainingArguments`, #41382)")
     a = ap.parse_args()
+    a.out = a.out.resolve()
     cases = [CASES[c] for c in a.cases.split(",") if c]
     a.out.mkdir(parents=True, exist_ok=True)
     if a.action == "prepare":
