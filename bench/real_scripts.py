@@ -358,13 +358,17 @@ def save(out: Path, data: dict[str, Any]) -> None:
 def fmt_ratio(d: dict[str, Any] | None) -> str:
     if not d:
         return "—"
-    r = d.get("ratio", d.get("speedup"))
-    lo, hi = d.get("low", d.get("lo")), d.get("high", d.get("hi"))
+    if isinstance(d.get("text"), str):
+        return d["text"]
+    r = next((d[k] for k in ("median", "ratio", "speedup") if isinstance(d.get(k), (int, float))), None)
+    lo = next((d[k] for k in ("min", "low", "lo") if isinstance(d.get(k), (int, float))), None)
+    hi = next((d[k] for k in ("max", "high", "hi") if isinstance(d.get(k), (int, float))), None)
     if isinstance(r, (int, float)):
         s = f"{r:.2f}×"
         if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
             s += f" [{lo:.2f}, {hi:.2f}]"
-        return s
+        extra = [f"{k} {d[k]}" for k in ("verdict", "rounds", "pairs") if k in d]
+        return s + (f" ({', '.join(extra)})" if extra else "")
     return json.dumps(d)[:80]
 
 
@@ -386,7 +390,8 @@ def files_left(rec: dict[str, Any], plain: dict[str, Any] | None) -> str:
 def summarize(rec: dict[str, Any]) -> dict[str, str]:
     """outcome, fix/edit, overrides, ratio for one record (verb-specific JSON fields)."""
     j = rec.get("json") or {}
-    tail = (rec.get("stderr_tail") or [""])[-1]
+    lines = [l for l in rec.get("stderr_tail") or [] if l.strip()]
+    tail = next((l for l in reversed(lines) if l.startswith("saturate")), lines[-1] if lines else "")
     status = "" if rec["returncode"] == 0 else f"rc={rec['returncode']}{' (timeout)' if rec['timed_out'] else ''}: "
     v = rec["verb"]
     if v == "plain":
@@ -406,12 +411,23 @@ def summarize(rec: dict[str, Any]) -> dict[str, str]:
                + (f"; its writes: {json.dumps(written)}" if written else ""))
         return {"outcome": out, "fix": fix, "overrides": "", "ratio": ""}
     if v == "tune":
-        return {"outcome": f"{status}{'kept' if j.get('overrides') else 'nothing kept'}",
-                "fix": "; ".join(j.get("edits") or []), "overrides": json.dumps(j.get("overrides")),
-                "ratio": fmt_ratio(j.get("confirmation") or ({"ratio": j["speedup"]} if j.get("speedup") else None))}
+        trials = j.get("trials") or []
+        conf = j.get("confirmation")
+        if conf:
+            ratio = "confirmation " + fmt_ratio(conf)
+        elif len(trials) > 1:
+            ratio = "best trial " + fmt_ratio({"ratio": j.get("speedup")}) + " (unconfirmed)"
+        else:
+            ratio = "— (only the script as written ran)"
+        return {"outcome": f"{status}{'kept' if j.get('overrides') else 'nothing kept'}; {len(trials)} trial(s)"
+                           + ("" if j.get("paired") else f"; not paired: {j.get('not_paired_because')}"),
+                "fix": "; ".join(j.get("edits") or []) or "(no edit)", "overrides": json.dumps(j.get("overrides")),
+                "ratio": ratio}
     full = j.get("full_run") or {}
+    secs = full.get("seconds")
     return {"outcome": f"{status}applied={j.get('applied')}; full run rc={full.get('returncode')}, "
-                       f"{full.get('optimizer_steps')} steps in {full.get('seconds')} s"
+                       f"{full.get('optimizer_steps')} optimizer steps in "
+                       f"{secs if not isinstance(secs, float) else round(secs, 1)} s"
                        + (f"; {j['reason']}" if j.get("reason") else ""),
             "fix": "", "overrides": json.dumps(j.get("overrides")), "ratio": fmt_ratio(j.get("speedup"))}
 
@@ -444,6 +460,9 @@ def table(out: Path) -> str:
             rec = runs.get(f"{name}/{verb}")
             if rec:
                 lines.append(f"* {name}/{verb}: `{rec['command']}` — rc {rec['returncode']}, {rec['wall_s']} s")
+    obs = out / "observations.md"  # written by hand after reading the logs
+    if obs.exists():
+        lines += ["", obs.read_text().rstrip()]
     return "\n".join(lines) + "\n"
 
 
