@@ -382,6 +382,9 @@ def files_left(rec: dict[str, Any], plain: dict[str, Any] | None) -> str:
     if rec["verb"] == "plain":
         return "; ".join(left) or "nothing"
     if rec["verb"] == "run" and plain is not None:
+        if rec["returncode"] != 0 and not rec.get("json"):
+            return (("nothing" if not left else "; ".join(left)) + " (stopped before any full run; the plain run left "
+                    + ("; ".join(plain.get("git_status_after") or []) or "nothing") + ")")
         same = sorted(left) == sorted(plain.get("git_status_after") or [])
         return ("same as plain: " if same else "DIFFERS from plain: ") + ("; ".join(left) or "nothing")
     return ("clean" if not left else "LEFT: " + "; ".join(left))
@@ -429,7 +432,9 @@ def summarize(rec: dict[str, Any]) -> dict[str, str]:
                        f"{full.get('optimizer_steps')} optimizer steps in "
                        f"{secs if not isinstance(secs, float) else round(secs, 1)} s"
                        + (f"; {j['reason']}" if j.get("reason") else ""),
-            "fix": "", "overrides": json.dumps(j.get("overrides")), "ratio": fmt_ratio(j.get("speedup"))}
+            "fix": "", "overrides": json.dumps(j.get("overrides")),
+            "ratio": "side by side " + fmt_ratio(j["side_by_side"]) if (j.get("side_by_side") or {}).get("text")
+            else fmt_ratio(j.get("speedup"))}
 
 
 def table(out: Path) -> str:
@@ -438,7 +443,12 @@ def table(out: Path) -> str:
     lines = [f"# `saturate doctor|tune|run -- CMD` on five public training scripts ({data.get('date', '?')})", "",
              f"Machine: {data.get('machine', {}).get('cpu')}, {data.get('machine', {}).get('vcpus')} vCPUs, "
              f"torch {data.get('machine', {}).get('torch')}, Python {data.get('machine', {}).get('python')}; no GPU. "
-             "Another engineer's jobs shared the machine, so timings are noisy.", "",
+             "Another engineer's jobs (a test suite, saturate runs) shared the machine throughout, so timings are noisy "
+             "and several verdicts say `contended`.", "",
+             f"saturate: {data.get('saturate', '?')}, run as `PYTHONPATH=<worktree>/src python -m saturate …` from "
+             "each script's folder; every command bounded at 900 s; the folder reset to its commit "
+             "(`git clean -fdx`, `git checkout .`) before and after each; 'files left' is `git status --porcelain "
+             "--ignored` right after the command.", "",
              "| script | verb | outcome/verdict | fix or edit line | overrides | measured ratio (interval) | "
              "files left vs plain run |", "|---|---|---|---|---|---|---|"]
     for name in CASES:
@@ -502,6 +512,11 @@ def main() -> int:
         data = load(a.out)
         data["date"] = time.strftime("%Y-%m-%d")
         data["machine"] = machine()
+        here = Path(__file__).resolve().parent.parent
+        try:
+            data["saturate"] = "commit " + sh(["git", "rev-parse", "--short", "HEAD"], cwd=here).strip() + f" ({here})"
+        except Exception:
+            pass
         for c in cases:
             for verb in a.verbs.split(","):
                 print(f"{time.strftime('%H:%M:%S')} {c.name} {verb} …", flush=True)
