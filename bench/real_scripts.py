@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import platform
@@ -38,9 +39,10 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 PY = sys.executable
 MIRRORS = Path("/work/.mirror")
@@ -241,21 +243,21 @@ CASES = {c.name: c for c in [
          prep_clm, env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
          notes="code unchanged (the newest upstream run_clm.py in the fetched history, transformers commit 0419ff881d "
                "of 2025-10-09, check_min_version 4.57.0.dev0; installed transformers is 5.24.0); model from scratch "
-               "from a local GPT2Config(n_layer=2, n_embd=64, n_head=2) and a 2000-token byte-level BPE trained locally "
+               "from a local GPT2Config(n_layer=2, n_embd=64, n_head=2) and a 2000-token byte-level BPE trained locally "  # noqa: E501
                "(tokenizers) saved with PreTrainedTokenizerFast; --train_file 400 kB of stdlib docstrings; "
                "HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1; datasets' cache is in ~/.cache (outside the folder)"),
     Case("word_lm", "pytorch/examples word_language_model/main.py (manual p.data.add_ update)",
          [PY, "main.py", "--emsize", "32", "--nhid", "32", "--epochs", "1"],
          prep_wlm,
          notes="unchanged, its bundled wikitext-2, except that the fetched snapshot lacks train.txt's 10 MB blob: "
-               "train.txt is its valid.txt followed by its test.txt; CPU is its default (no --accel); no --use-optimizer, so "
+               "train.txt is its valid.txt followed by its test.txt; CPU is its default (no --accel); no --use-optimizer, so "  # noqa: E501
                "weights are updated by hand (p.data.add_) with no torch.optim step"),
     Case("lightning", "Lightning-AI/pytorch-lightning examples/pytorch/basics/transformer.py",
          [PY, "transformer.py"],
          prep_lightning, env={"PL_DISABLE_FORK": "1"},
          notes="two edits: Transformer(..., ninp=64, nhid=64) and Trainer(max_epochs=1, limit_train_batches=300, "
                "limit_val_batches=10, limit_test_batches=10) in place of max_epochs=20; WikiText2's download "
-               "(pytorch/examples' wikitext-2 train.txt; absent from the fetched snapshot, so its valid.txt + test.txt) placed at ./data/wikitext-2.txt so it is skipped; "
+               "(pytorch/examples' wikitext-2 train.txt; absent from the fetched snapshot, so its valid.txt + test.txt) placed at ./data/wikitext-2.txt so it is skipped; "  # noqa: E501
                "PL_DISABLE_FORK=1"),
     Case("ddp", "pytorch/examples distributed/ddp-tutorial-series/multigpu_torchrun.py (torchrun, 2 processes)",
          [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "multigpu_torchrun.py", "100",
@@ -272,7 +274,7 @@ CASES = {c.name: c for c in [
 
 
 def git_status(folder: Path) -> list[str]:
-    return [l for l in sh(["git", "status", "--porcelain", "--ignored"], cwd=folder).splitlines() if l.strip()]
+    return [x for x in sh(["git", "status", "--porcelain", "--ignored"], cwd=folder).splitlines() if x.strip()]
 
 
 def reset(folder: Path) -> None:
@@ -333,10 +335,9 @@ def run_one(case: Case, verb: str, folder: Path, out: Path, timeout: float) -> d
 
 def machine() -> dict[str, Any]:
     cpu = ""
-    try:
-        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
-    except Exception:
-        pass
+    with contextlib.suppress(Exception):
+        cpu = next(x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
+                   if x.startswith("model name"))
     import torch
     return {"cpu": cpu, "vcpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
             "platform": platform.platform()}
@@ -393,8 +394,8 @@ def files_left(rec: dict[str, Any], plain: dict[str, Any] | None) -> str:
 def summarize(rec: dict[str, Any]) -> dict[str, str]:
     """outcome, fix/edit, overrides, ratio for one record (verb-specific JSON fields)."""
     j = rec.get("json") or {}
-    lines = [l for l in rec.get("stderr_tail") or [] if l.strip()]
-    tail = next((l for l in reversed(lines) if l.startswith("saturate")), lines[-1] if lines else "")
+    lines = [x for x in rec.get("stderr_tail") or [] if x.strip()]
+    tail = next((x for x in reversed(lines) if x.startswith("saturate")), lines[-1] if lines else "")
     status = "" if rec["returncode"] == 0 else f"rc={rec['returncode']}{' (timeout)' if rec['timed_out'] else ''}: "
     v = rec["verb"]
     if v == "plain":
@@ -443,7 +444,7 @@ def table(out: Path) -> str:
     lines = [f"# `saturate doctor|tune|run -- CMD` on five public training scripts ({data.get('date', '?')})", "",
              f"Machine: {data.get('machine', {}).get('cpu')}, {data.get('machine', {}).get('vcpus')} vCPUs, "
              f"torch {data.get('machine', {}).get('torch')}, Python {data.get('machine', {}).get('python')}; no GPU. "
-             "Another engineer's jobs (a test suite, saturate runs) shared the machine throughout, so timings are noisy "
+             "Another engineer's jobs (a test suite, saturate runs) shared the machine throughout, so timings are noisy "  # noqa: E501
              "and several verdicts say `contended`.", "",
              f"saturate: {data.get('saturate', '?')}, run as `PYTHONPATH=<worktree>/src python -m saturate …` from "
              "each script's folder; every command bounded at 900 s; the folder reset to its commit "
@@ -513,10 +514,8 @@ def main() -> int:
         data["date"] = time.strftime("%Y-%m-%d")
         data["machine"] = machine()
         here = Path(__file__).resolve().parent.parent
-        try:
+        with contextlib.suppress(Exception):
             data["saturate"] = "commit " + sh(["git", "rev-parse", "--short", "HEAD"], cwd=here).strip() + f" ({here})"
-        except Exception:
-            pass
         for c in cases:
             for verb in a.verbs.split(","):
                 print(f"{time.strftime('%H:%M:%S')} {c.name} {verb} …", flush=True)
