@@ -45,6 +45,10 @@ def test_doctor_recognises_the_trainer_and_leaves_its_output_dir_alone(tmp_path)
     assert script["loaders"][0]["batch_size"] == 8  # the Trainer's batch sampler's
     assert d["measurements"]["samples_per_step"] == 8
     assert not (tmp_path / "user-out").exists()  # neither the Trainer's start-up nor a save wrote it
+    # its nan/inf filter reads the loss twice a micro-step inside Transformers: placed there, and the flag named
+    sites = d["measurements"]["syncs_by_site"]
+    assert list(sites) and all(k.startswith("transformers/trainer.py:") and "train.py:" in k for k in sites)
+    assert "logging_nan_inf_filter=False" in script["trainer_syncs"]
 
 
 @pytest.mark.slow

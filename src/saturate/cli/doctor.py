@@ -129,9 +129,13 @@ def _doctor_script(args: argparse.Namespace) -> int:
     diagnosis, run = doctor_command(args.script, warmup=args.warmup, steps=args.steps,
                                     first_step_timeout=args.first_step_timeout, quiet_stdout=args.json)
     if args.json:
-        print(json.dumps({**diagnosis.to_dict(), "script": {**(run.report or {}), "written": run.written},
-                          "command": run.command}, indent=2,
-                         default=str))
+        from saturate.script.doctor_script import trainer_syncs
+
+        report = run.report or {}
+        print(json.dumps({**diagnosis.to_dict(), "script": {
+            **report, "written": run.written,
+            "trainer_syncs": trainer_syncs(diagnosis.measurements, report.get("trainer"))},
+            "command": run.command}, indent=2, default=str))
     else:
         render_script(diagnosis, run, console)
     return 0

@@ -10,6 +10,7 @@ autocast to add; a Transformers `Trainer`'s `TrainingArguments` fields, a Lightn
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Sequence
 from typing import Any
@@ -203,6 +204,39 @@ def in_your_script(fix: Fix, report: dict[str, Any], device_type: str) -> list[s
     return lines
 
 
+def trainer_syncs(m: Measurements, trainer: dict[str, Any] | None) -> str | None:
+    """For a Transformers Trainer whose host reads were counted inside its own training loop while it filters
+    non-finite losses (`logging_nan_inf_filter`, on by default: `torch.isnan(loss) or torch.isinf(loss)` on every
+    micro-step, two reads each), the flag that removes them — one line, or None."""
+    if not trainer or not (trainer.get("in_force") or trainer.get("args") or {}).get("logging_nan_inf_filter"):
+        return None
+    inside = {k: v for k, v in m.syncs_by_site.items() if _nan_inf_check(k)}
+    if not inside:
+        return None
+    reads = sum(inside.values())
+    return (f"its Trainer reads {reads:g} values per step inside its loop ({', '.join(inside)}), two per micro-step "
+            "to skip a nan/inf loss (logging_nan_inf_filter, on by default); each waits for a GPU: "
+            f"{trainer_edit({'logging_nan_inf_filter': False}, trainer)} removes them (a prediction)")
+
+
+def _nan_inf_check(site: str) -> bool:
+    """Whether `transformers/trainer.py:LINE (from …)` is the Trainer's nan/inf check (the lines around LINE, in the
+    Transformers installed here, test `isnan`/`isinf`)."""
+    import importlib.util
+    import linecache
+
+    where = site.split(" ", 1)[0]
+    if not where.startswith("transformers/trainer.py:"):
+        return False
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    path = os.path.join(list(spec.submodule_search_locations)[0], "trainer.py")
+    line = int(where.rsplit(":", 1)[1])
+    lines = (linecache.getline(path, n) for n in range(line, line + 5))
+    return any("isnan" in text or "isinf" in text for text in lines)
+
+
 def writes_line(run: ScriptRun) -> str:
     """Where a doctor run's or a trial's writes went, in one line."""
     if run.written is None:
@@ -252,6 +286,8 @@ def render_script(d: Diagnosis, run: ScriptRun, console: Console | None = None) 
                       + (f", {loader['batches']} batches in the timed steps" if loader.get("batches") else ""))
     if report.get("world_size", 1) > 1:
         console.print(f"  {report['world_size']} processes; rank 0 measured")
+    if (line := trainer_syncs(d.measurements, trainer)) is not None:
+        console.print(Text(f"  {line}"))
     console.print(Text(f"  its writes: {writes_line(run)}"))
     own = report.get("instrumentation") or {}
     if own.get("per_step_s") is not None and own.get("share_of_step") is not None:

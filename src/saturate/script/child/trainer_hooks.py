@@ -37,7 +37,7 @@ FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", 
           "dataloader_num_workers", "dataloader_pin_memory", "dataloader_prefetch_factor",
           "dataloader_persistent_workers", "torch_compile", "gradient_checkpointing", "optim", "output_dir",
           "logging_dir", "max_steps", "num_train_epochs", "learning_rate", "seed", "report_to", "push_to_hub",
-          "use_cpu")
+          "use_cpu", "logging_nan_inf_filter")
 
 
 def field_values(args: Any) -> dict[str, Any]:
