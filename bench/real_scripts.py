@@ -172,15 +172,19 @@ LIGHTNING_EDITS = [
 ]
 
 
+def apply_edits(path: Path, edits: list[tuple[str, str]]) -> None:
+    """The offline/CPU adaptations of a fetched script, each one replacing text that must be there."""
+    text = path.read_text()
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new)
+    path.write_text(text)
+
+
 def prep_lightning(dest: Path, a: argparse.Namespace) -> str:
     export(a.lightning_git, "HEAD", ["examples/pytorch/basics/transformer.py"], dest, strip="examples/pytorch/basics")
     commit_all(dest, f"Lightning {rev(a.lightning_git)} examples/pytorch/basics/transformer.py as is")
-    p = dest / "transformer.py"
-    s = p.read_text()
-    for old, new in LIGHTNING_EDITS:
-        assert old in s, old
-        s = s.replace(old, new)
-    p.write_text(s)
+    apply_edits(dest / "transformer.py", LIGHTNING_EDITS)
     # WikiText2() downloads pytorch/examples' word_language_model/data/wikitext-2/train.txt to ./data/wikitext-2.txt
     # unless the file is there
     (dest / "data").mkdir(exist_ok=True)
@@ -203,12 +207,7 @@ def prep_ddp(dest: Path, a: argparse.Namespace) -> str:
     base = "distributed/ddp-tutorial-series"
     export(a.examples_git, "HEAD", [f"{base}/multigpu_torchrun.py", f"{base}/datautils.py"], dest, strip=base)
     commit_all(dest, f"pytorch/examples {rev(a.examples_git)} ddp-tutorial-series as is")
-    p = dest / "multigpu_torchrun.py"
-    s = p.read_text()
-    for old, new in DDP_EDITS:
-        assert old in s, old
-        s = s.replace(old, new)
-    p.write_text(s)
+    apply_edits(dest / "multigpu_torchrun.py", DDP_EDITS)
     commit_all(dest, "CPU: gloo backend, no set_device/.to(gpu_id)/device_ids, snapshot mapped to cpu")
     return rev(a.examples_git)
 
