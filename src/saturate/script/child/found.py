@@ -100,3 +100,18 @@ def shown_path(name: str) -> str:
     path = os.path.abspath(name)
     cwd = os.getcwd()
     return os.path.relpath(path, cwd) if path.startswith(cwd.rstrip(os.sep) + os.sep) else path
+
+
+def weights_changed(roots: list[Any], last: tuple[int, Any] | None) -> tuple[bool, tuple[int, Any] | None]:
+    """Whether a few values of the first weight of the first module called at the top level (`roots`: weak
+    references) changed since `last` (this function's previous sample), and the new sample. Before any optimizer
+    step, gradient accumulation leaves them as they are: a change is a weight updated by hand."""
+    import torch
+
+    module = next((m for m in (r() for r in roots) if m is not None), None)
+    weight = next((p for p in module.parameters() if p.numel()), None) if module is not None else None
+    if weight is None:
+        return False, last
+    with torch.no_grad():
+        sample = (id(weight), weight.detach().reshape(-1)[:8].to("cpu", copy=True))
+    return last is not None and last[0] == sample[0] and not torch.equal(last[1], sample[1]), sample

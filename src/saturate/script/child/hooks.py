@@ -62,10 +62,9 @@ from saturate.script.child.trainer_hooks import TrainerWatch
 from saturate.script.child.trial_windows import StepWindows
 from saturate.script.overrides import FUSED_OPTIMIZERS
 
-# Backward passes before the first optimizer step at which a doctor run or a trial stops the script: more than any
-# gradient accumulation in practice, a few seconds of a small model's steps.
-BACKWARDS_WITHOUT_STEP = 256
-HAND_UPDATES = 2  # weight changes between backward passes, with no optimizer step, that stop a doctor run or trial
+# Before the first optimizer step, a doctor run or a trial stops the script at this many backward passes (more than
+# any accumulation in practice) or weight changes between them (an update by hand)
+BACKWARDS_WITHOUT_STEP, HAND_UPDATES = 256, 2
 
 # handed to `imported` by the shim once they have run
 WATCHED = ("transformers.training_args", "transformers.trainer", *lightning_hooks.WATCHED)
@@ -100,16 +99,14 @@ class Script:
         self.overrides = settings.overrides  # what `tune -- CMD` tries or found
         self.step_times: list[float] = []  # without the Profiler: when each optimizer step ended
         self.samples = 0  # without the Profiler: samples fetched from DataLoaders
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank, self.world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
         self.windows = StepWindows(settings.windows, self.world)  # a trial's timed windows, if asked
         self.windows.on_gate = lambda: self._report(final=False)  # gated: the parent reads it while the run waits
         self.optimizer: Any = None  # the optimizer the Profiler follows
         self._followed: weakref.ref | None = None  # without the Profiler: the optimizer whose steps are counted
         self.optimizer_steps = 0
-        self.backwards = 0  # backward passes, counted until the first optimizer step (`_count_backward`)
-        self.hand_updates = 0  # of these, how many found the model's weights changed since the one before
-        self._weight_sample: tuple[int, Any] | None = None
+        # backward passes until the first optimizer step; of these, how many found the model's weights changed
+        self.backwards, self.hand_updates, self._weight_sample = 0, 0, None  # (`_count_backward`)
         self.threads_asked: int | None = None  # what the script gave torch.set_num_threads under a threads override
         self.roots: list[weakref.ref] = []  # modules whose forward ran at the top level before the first step
         self._depth = 0
@@ -296,38 +293,21 @@ class Script:
             self._exit() if self.stop else self.patches.detach(self.profiler.model)  # nothing of saturate stays
 
     def _count_backward(self) -> None:
-        """One more backward pass before any optimizer step. The script is stopped with one line for the parent —
-        it updates its weights some other way (by hand, `p.data.add_(…)`), and a doctor run or a trial would
-        otherwise run the whole job waiting for a step that never comes — once the weights of the model it called
-        changed between backward passes `HAND_UPDATES` times with no optimizer step (seconds, whatever a step
-        costs), or at `BACKWARDS_WITHOUT_STEP` backward passes (weights it could not watch)."""
+        """One more backward pass before any optimizer step: the script (weights updated by hand, `p.data.add_`)
+        is stopped with one line once its model's weights changed between passes `HAND_UPDATES` times, or at
+        `BACKWARDS_WITHOUT_STEP` passes — not run whole waiting for a step that never comes."""
         self.backwards += 1
-        changed = self._weights_changed()
-        if changed:
-            self.hand_updates += 1
+        changed, self._weight_sample = found.weights_changed(self.roots, self._weight_sample)
+        self.hand_updates += changed
         if self.hand_updates < HAND_UPDATES and self.backwards < BACKWARDS_WITHOUT_STEP:
             return
-        how = (f"changed its weights between backward passes {self.hand_updates} times" if self.hand_updates
-               >= HAND_UPDATES else f"ran {self.backwards} backward passes")
+        how = (f"changed its weights between backward passes {self.hand_updates} times"
+               if self.hand_updates >= HAND_UPDATES else f"ran {self.backwards} backward passes")
         self._write(ERROR.format(pid=os.getpid()),
                     f"the script {how} without a torch.optim optimizer step (does it update its weights by hand, "
                     "such as p.data.add_(...)?); saturate times the steps of a torch.optim optimizer, so it "
                     "stopped the script rather than run the whole job")
         self._exit()
-
-    def _weights_changed(self) -> bool:
-        """Whether a few values of the first weight of the first module called at the top level changed since
-        the last backward pass (before any optimizer step: gradient accumulation leaves them as they are)."""
-        import torch
-
-        module = next((m for m in (r() for r in self.roots) if m is not None), None)
-        weight = next((p for p in module.parameters() if p.numel()), None) if module is not None else None
-        if weight is None:
-            return False
-        with torch.no_grad():
-            sample = weight.detach().reshape(-1)[:8].to("cpu", copy=True)
-        last, self._weight_sample = self._weight_sample, (id(weight), sample)
-        return last is not None and last[0] == id(weight) and not torch.equal(last[1], sample)
 
     def _follows(self, optimizer: Any) -> bool:
         """Whether `optimizer`'s step is the script's step: the first optimizer to step is followed; in a whole run
