@@ -209,3 +209,12 @@ def test_run_leaves_what_a_plain_run_leaves_and_its_full_run_starts_fresh(tmp_pa
     import torch
 
     assert torch.load(runs / "snap.pt")["step"] == int(steps)
+
+
+@needs_overlay
+def test_folders_an_overlay_cannot_cover_are_said_once_and_runs_go_uncovered(tmp_path):
+    """(A network file system may refuse to be an overlay's lower layer: then trials would fail, not run.)"""
+    missing = tmp_path / "gone"
+    why = isolation.uncoverable((missing,))
+    assert why is not None and why.endswith(f"an overlay on {missing}: No such file or directory")
+    assert isolation.uncoverable((tmp_path,)) is None

@@ -72,10 +72,11 @@ def folders(command: Sequence[str], cwd: Path | None = None) -> list[Path]:
     return sorted({f for f in found if not any(f != g and f.is_relative_to(g) for g in found)})
 
 
-def run_folder(prefix: str, command: Sequence[str] = ()) -> Path:
+def run_folder(prefix: str, command: Sequence[str] = (), covered: Sequence[Path] | None = None) -> Path:
     """A new temporary folder for one run's results and scratch layers, outside every folder the run is covered
-    in (a folder inside one would be hidden by the overlay); the system's temporary folder unless that is one."""
-    covered = folders(command) if command else []
+    in (`covered`, default those of `command`: a folder inside one would be hidden by the overlay); the system's
+    temporary folder unless that is one."""
+    covered = list(covered) if covered is not None else (folders(command) if command else [])
     bases = [Path(tempfile.gettempdir()), Path.home() / ".cache" / "saturate", Path("/dev/shm"), Path("/var/tmp")]
     for base in bases:
         with contextlib.suppress(OSError):
@@ -136,7 +137,9 @@ class Layers:
         if unavailable() is not None:
             return None
         covered = [f for f in folders(command) if not run_folder.resolve().is_relative_to(f)]
-        return cls(covered, run_folder / "layers") if covered else None
+        if not covered or uncoverable(tuple(covered)) is not None:
+            return None
+        return cls(covered, run_folder / "layers")
 
     def wrap(self, command: Sequence[str]) -> list[str]:
         """`command` started through `overlay_exec.py` with this run's overlays."""
@@ -165,9 +168,26 @@ class Layers:
         return sorted(out)
 
 
+@functools.lru_cache(maxsize=8)
+def uncoverable(covered: tuple[Path, ...]) -> str | None:
+    """Why these folders cannot be covered (an overlay refused over one of them: some network file systems), or
+    None: tried once per process and set of folders, so that a trial is never started only to fail there."""
+    probe = run_folder("saturate-probe-", covered=covered)
+    try:
+        done = subprocess.run(Layers(list(covered), probe / "layers").wrap([sys.executable, "-S", "-c", "pass"]),
+                              capture_output=True, text=True, timeout=30)
+        if done.returncode == 0:
+            return None
+        return (done.stderr.strip().splitlines() or [f"status {done.returncode}"])[-1].removeprefix("saturate: ")
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"trying an overlay: {e}"
+    finally:
+        remove(probe)
+
+
 def notice(command: Sequence[str]) -> str:
     """One line for the verbs' header: where the runs' writes go."""
-    reason = unavailable()
+    reason = unavailable() or uncoverable(tuple(folders(command)))
     if reason is not None:
         return (f"trials are not isolated here ({reason}): what the script writes during them lands in your folders")
     shown = ", ".join(str(f) for f in folders(command)[:3])
