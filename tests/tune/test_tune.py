@@ -115,11 +115,27 @@ def test_loader_stays_in_process_under_a_tiny_ram_budget(tmp_path, workload, cpu
     assert with_workers and all("RAM budget" in t.verdict for t in with_workers)
 
 
-def test_budget_too_small_writes_nothing(tmp_path, workload, cpu):
-    with pytest.raises(ConfigError, match="too small"):
-        tune(workload, cpu, out_dir=tmp_path / "tune", budget_s=0.001, measurer=quick(workload, cpu),
-             console=quiet(), use_cache=False)
-    assert not (tmp_path / "tune" / "plan.toml").exists()
+def test_a_budget_too_small_changes_nothing_and_keeps_the_plan_the_user_had(tmp_path, workload, cpu):
+    from saturate.workloads.coupling import workload_default_plan
+
+    result = tune(workload, cpu, out_dir=tmp_path / "tune", budget_s=0.001, measurer=quick(workload, cpu),
+                  console=quiet())
+    informed, _ = workload_default_plan(workload, cpu)
+    assert result.search is None and result.kept.startswith("no change measured: tuning budget 0.001 s is too small")
+    assert result.plan == informed and Plan.load(result.plan_path).knobs() == informed.knobs()
+    evidence = json.loads(result.json_path.read_text())
+    assert evidence["changed"] is False and len(evidence["trials"]) == 1  # the one trial it measured, kept
+    assert cache.lookup(workload, cpu.fingerprint())[0] is None  # nothing cached by a tune that changed nothing
+    bf16 = Plan(name="tuned", micro_batch=2, grad_accum=4, precision="bf16")
+    cache.store(bf16, workload, cpu.fingerprint())
+    again = tune(workload, cpu, out_dir=tmp_path / "t1", budget_s=0.001, measurer=quick(workload, cpu),
+                 console=quiet())
+    assert again.plan.knobs() == bf16.knobs() and "the plan cached for this job" in again.notes[0]
+    assert cache.lookup(workload, cpu.fingerprint())[0].knobs() == bf16.knobs()
+    with pytest.raises(ConfigError, match="too small"):  # a caller that handles it itself (`run`)
+        tune(workload, cpu, out_dir=tmp_path / "t3", budget_s=0.001, measurer=quick(workload, cpu),
+             console=quiet(), use_cache=False, keep=False)
+    assert not (tmp_path / "t3").exists()
     with pytest.raises(ConfigError, match="budget must be > 0"):
         tune(workload, cpu, out_dir=tmp_path / "t2", budget_s=0, console=quiet())
 
@@ -195,15 +211,17 @@ def test_saturate_run_end_to_end(tmp_path, small_corpus):
 
 
 @pytest.mark.slow
-def test_saturate_tune_refuses_a_budget_too_small(tmp_path, small_corpus):
+def test_saturate_tune_with_a_budget_too_small_says_no_change_and_keeps_the_plan(tmp_path, small_corpus):
     out = subprocess.run(
         saturate_cmd("tune", "--data", str(small_corpus), "--effective-batch", "8", "--budget", "0.001",
-                     "--out", str(tmp_path / "t")),
+                     "--out", str(tmp_path / "t"), "--json"),
         env=cli_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert out.returncode == 2
-    assert out.stderr.startswith("saturate: error: tuning budget 0.001 s is too small") and out.stderr[-1] == "\n"
-    assert out.stderr.count("\n") == 1
-    assert not (tmp_path / "t" / "plan.toml").exists()
+    assert out.returncode == 0, out.stderr
+    said = " ".join(out.stderr.split())
+    assert "no change measured: tuning budget 0.001 s is too small" in said and "kept the informed" in said
+    doc = json.loads(out.stdout)
+    assert doc["changed"] is False and doc["why"].startswith("no change measured")
+    assert Plan.load(tmp_path / "t" / "plan.toml").knobs() == Plan.from_dict(doc["plan"]).knobs()
 
 
 def test_a_real_trial_is_timed_in_windows_with_a_spread(workload, cpu):

@@ -96,7 +96,8 @@ def tune_result_dict(result: Any) -> dict[str, Any]:
     """A tuning's result for `--json`: the plan, the trials and decisions (as in tune.json), the files."""
     from saturate.tune.evidence import result_dict
 
-    return {**result_dict(result.search), "plan": result.plan.to_dict(), "plan_path": str(result.plan_path),
+    found = result_dict(result.search) if result.search is not None else {"changed": False, "why": result.kept}
+    return {**found, "plan": result.plan.to_dict(), "plan_path": str(result.plan_path),
             "json_path": str(result.json_path), "out_dir": str(result.out_dir),
             "plots": [str(p) for p in result.plots],
             "cached_path": str(result.cached_path) if result.cached_path else None, "notes": result.notes}

@@ -98,8 +98,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
                       try_compile=not args.no_compile, console=_quiet_console() if quiet else _console(args.wide),
                       wide=args.wide, allow_micro_batch_change=args.allow_micro_batch_change)
         if quiet:
-            print(f"tuned plan: {result.plan_path} {result.plan!r} (evidence: {result.json_path})")
-        show_plan(args, result.plan, "the tuned plan")
+            print(f"{'kept' if result.kept else 'tuned'} plan: {result.plan_path} {result.plan!r} "
+                  f"(evidence: {result.json_path})" + (f": {result.kept}" if result.kept else ""))
+        show_plan(args, result.plan, "the kept plan" if result.kept else "the tuned plan")
         emit(tune_result_dict(result))
     return 0
 

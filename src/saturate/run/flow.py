@@ -275,13 +275,12 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
         result = tune(workload, hw, budget_s=budget_s - naive_s, planned_steps=steps,
                       allow_batch_change=allow_batch_change, out_dir=run_dir / "tune", seed=seed, console=console,
                       try_compile=try_compile, allow_micro_batch_change=allow_micro_batch_change, verify=False,
-                      budget_cap_s=cap_s - naive_s if cap_s > budget_s else None, training_s=predicted)
-    except BudgetTooSmall as e:
-        if not predicted:  # the user's --budget: their request fails, in one line
-            raise
+                      budget_cap_s=cap_s - naive_s if cap_s > budget_s else None, training_s=predicted, keep=False)
+    except BudgetTooSmall as e:  # nothing compared: no change measured, the informed plan as when too short
         return _untuned(workload, hw, dist, started, predicted, naive, naive_s, measurer, console, (
             f"not tuned: the {budget_s:.0f} s this job can pay for does not hold one trial ({e}); the default "
-            "plan is compared and trained instead (--budget tunes anyway)"), budget_s)
+            "plan is compared and trained instead (--budget tunes anyway)" if predicted else
+            f"not tuned, no change measured: {e}; the default plan is compared and trained instead"), budget_s)
     seconds, earned = time.monotonic() - started, 0.0
     if cap_s > budget_s and result.search.budget_s is not None and result.search.budget_s > budget_s - naive_s:
         earned = max(0.0, seconds - budget_s)  # the side-by-side's allowance beyond its share comes after this

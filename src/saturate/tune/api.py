@@ -25,7 +25,7 @@ from saturate.tune.evidence import plot, print_report, result_dict, trial_line
 from saturate.tune.measure import RealMeasurer
 from saturate.tune.results import SearchResult, SearchSettings
 from saturate.tune.search import search
-from saturate.tune.trial import LoaderTrial, Measurer, Trial
+from saturate.tune.trial import BudgetTooSmall, LoaderTrial, Measurer, Trial
 from saturate.workloads.base import Workload
 from saturate.workloads.coupling import kept_micro_batch
 
@@ -33,13 +33,14 @@ from saturate.workloads.coupling import kept_micro_batch
 @dataclass
 class TuneResult:
     plan: Plan  # the verified plan (name "tuned"); where it came from in plan.provenance, its trials in `search`
-    search: SearchResult
+    search: SearchResult | None  # None: nothing to compare was measured, the plan the user had is kept (kept.py)
     out_dir: Path
     plan_path: Path
     json_path: Path
     plots: list[Path] = field(default_factory=list)
     cached_path: Path | None = None
     notes: list[str] = field(default_factory=list)
+    kept: str | None = None  # why nothing changed, when `search` is None
 
 
 @contextlib.contextmanager
@@ -60,7 +61,8 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
          planned_steps: int | None = None, allow_batch_change: bool = False, out_dir: Path | None = None,
          measurer: Measurer | None = None, seed: int = 0, try_compile: bool = True, device: str | None = None,
          console: Console | None = None, use_cache: bool = True, wide: bool = False,
-         allow_micro_batch_change: bool = False, verify: bool = True, **settings: Any) -> TuneResult:
+         allow_micro_batch_change: bool = False, verify: bool = True, keep: bool = True,
+         **settings: Any) -> TuneResult:
     """Find the fastest plan for `workload` on this machine by measurement, and prove it.
 
     The effective batch is kept exactly unless `allow_batch_change` (the learning rate is then
@@ -72,7 +74,8 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
     run`'s side-by-side), so the budget goes to the search; the plan then carries its model trial's figure
     (`measured_samples_per_s`), not a verified one. The budget counts from this call: the search stops where its
     next trial and the verification would not fit, and a budget smaller than one trial fails after that
-    trial's first step.
+    trial's first step: then nothing is changed (`keep`: the plan the user had — the cached one, else the informed
+    one — is written, with why, in `TuneResult.kept`; `keep=False`: `BudgetTooSmall` is raised).
     """
     from saturate.hardware import probe
 
@@ -118,7 +121,19 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
                   style="yellow" if before.significant() else "dim", highlight=False)
     base = Plan(name="base", strategy="ddp" if world > 1 else "single")
     meter = ContentionMeter().start()
-    result = search(measurer, base, s, progress, started)  # raises before anything is written
+    try:
+        result = search(measurer, base, s, progress, started)  # raises before anything is written
+    except BudgetTooSmall as e:
+        meter.stop()
+        if not keep:
+            raise
+        from saturate.tune.kept import keep as keep_what_the_user_had
+
+        kept = keep_what_the_user_had(e, workload, hw, world, out_dir, console, started, s.__dict__, dist.is_main)
+        barrier()
+        if made_group:
+            teardown_distributed()
+        return kept
     result.contention = meter.stop()
     if coupling:
         result.decisions.insert(0, coupling)

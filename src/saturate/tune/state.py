@@ -256,7 +256,9 @@ class SearchState:
                                             or (len(self.trials) == 1 and t.seconds > self.s.budget_s)):
             why = (f"{t.error}" + (", with the verification (about as long) still to come" if self.s.verify else "")
                    if t.status == OVER_BUDGET else f"alone took {t.seconds:.1f} s")
-            raise BudgetTooSmall(f"tuning budget {self.s.budget_s:g} s is too small: the first trial (micro-batch "
+            err = BudgetTooSmall(f"tuning budget {self.s.budget_s:g} s is too small: the first trial (micro-batch "
                                  f"{plan.micro_batch}, {plan.precision}) {why}; give --budget "
                                  f"{max(60, int(10 * t.seconds))} or more")
+            err.trials = list(self.trials)  # what was measured, for the tune that keeps what the user had
+            raise err
         return t

@@ -127,7 +127,9 @@ class OverBudget(Exception):
 
 
 class BudgetTooSmall(ConfigError):
-    """The tuning budget does not hold one trial."""
+    """The tuning budget does not hold one trial (`trials`: what was measured before that was known)."""
+
+    trials: list[Trial] = []  # noqa: RUF012 (set on the instance where raised)
 
 
 def is_oom(e: BaseException) -> bool:
