@@ -158,6 +158,18 @@ def test_pairs_whose_load_changed_between_their_windows_are_left_out():
     assert "left out" in p.comparison.text()
 
 
+def test_a_ratio_measured_under_load_says_it_is_the_loads():
+    # Both runs under the same steady load (1.2 cores): the pairs are even and decide, and the ratio is labelled.
+    a = [10.0] * 24
+    busy = time_pairs(_Run(a, [1.2] * 24), _Run([50.0] * 24, [1.2] * 24), 0.03)
+    assert busy.comparison.verdict is Verdict.FASTER and busy.busy() == pytest.approx(1.2)
+    note = busy.load_note(threads=True)
+    assert note.startswith("measured while other processes kept 1.2 of") and "fewer threads" in note
+    assert "fewer threads" not in busy.load_note() and busy.to_dict()["busy_cores"] == pytest.approx(1.2)
+    quiet = time_pairs(_Run(a, [0.1] * 24), _Run([50.0] * 24, [0.1] * 24), 0.03)
+    assert quiet.load_note(threads=True) is None and quiet.to_dict()["load_note"] is None
+
+
 def test_a_run_that_ends_leaves_no_comparison():
     p = time_pairs(_Run([100.0], [0.0]), _Run([100.0] * 5, [0.0] * 5), 0.03)
     assert p.comparison is None and len(p.ratios) <= 1

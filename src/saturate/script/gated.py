@@ -222,6 +222,9 @@ class Gated:
         self.close()
 
 
+BUSY_NOTE_CORES = 0.5  # other processes' median cores over the windows from which a ratio is labelled as the load's
+
+
 @dataclass
 class PairedTrials:
     """What alternating windows measured: each run's trial over them, the per-pair ratios B ÷ A (even pairs: their
@@ -235,9 +238,29 @@ class PairedTrials:
     comparison: Comparison | None = None  # None: fewer pairs than a decision rests on (a run ended first)
     seconds: float = 0.0
 
+    def busy(self) -> float | None:
+        """Other processes' median use of the cores over the pairs' windows (None: not read)."""
+        xs = [x for pair in self.loads for x in pair if x is not None]
+        return statistics.median(xs) if xs else None
+
+    def load_note(self, threads: bool = False) -> str | None:
+        """What the ratio holds for, when other processes kept the machine busy while it was measured: the two
+        runs shared the same load, so the decision stands, but its size is that load's — fewer torch threads
+        above all, which gain from not stalling behind a preempted thread (a quiet machine gains far less, or
+        loses: measured 5–6× under load for a small GPT-2 step on 2 cores, 2026-11-26)."""
+        busy = self.busy()
+        if busy is None or busy < BUSY_NOTE_CORES:
+            return None
+        cores = os.cpu_count() or 1
+        return (f"measured while other processes kept {busy:.1f} of {cores} cores busy: the ratio is this load's"
+                + ("; fewer threads gain mostly from it (a thread the neighbour preempts stalls the others), so "
+                   "on a quiet machine the gain is smaller and the script's own threads may be faster" if threads
+                   else ", and may be smaller on a quiet machine"))
+
     def to_dict(self) -> dict[str, object]:
         c = self.comparison
         return {"ratios": self.ratios, "uneven": self.uneven, "loads": self.loads, "seconds": self.seconds,
+                "busy_cores": self.busy(), "load_note": self.load_note(),
                 "gain": None if c is None else c.gain, "noise": None if c is None else c.noise,
                 "verdict": None if c is None else c.verdict.value, "text": None if c is None else c.text()}
 

@@ -263,6 +263,8 @@ def _render_side_by_side(report: ScriptRunReport, console: Console) -> None:
     if report.pairs is not None:
         c = report.pairs.comparison
         console.print(f"tuned against as written: {c.text() if c else 'no pair of windows completed'}")
+        if c is not None and (note := report.pairs.load_note(threads=report.overrides.threads is not None)):
+            console.print(Text(f"  {note}", style="yellow"))
         return
     ratio = Ratio.of(report.ratios)
     if ratio is None:

@@ -162,6 +162,8 @@ def render(tuning: ScriptTuning, console: Console, written: Path | None = None) 
     elif tuning.confirmation is not None:
         console.print(Text(f"best: {tuning.best.name}, {tuning.speedup:.2f}× the script as written, paired with it "
                            f"at the end ({gain.text()})", style="bold"))
+        if note := tuning.confirmation.load_note(threads=tuning.best.overrides.threads is not None):
+            console.print(Text(f"  {note}", style="yellow"))
     else:
         console.print(Text(f"best: {tuning.best.name}, {tuning.speedup:.2f}× the script as written ({gain.text()}; "
                            f"{how})", style="bold"))
