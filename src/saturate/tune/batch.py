@@ -129,7 +129,9 @@ def micro_batch(st: SearchState, best: Trial, fit: MemoryFit | None) -> Trial:
     st.decisions.append(f"micro-batch: {p.micro_batch} × {p.grad_accum} accumulation "
                         f"({rate(best)} measured; stopped because {stop})")
     if len(st.trials) > ran:  # a trial measured another micro-batch (else the starting one stands as it was)
-        st.measured("micro_batch", f"{p.micro_batch} × {p.grad_accum}: {rate(best)}; the search stopped because {stop}")
+        kept = p.micro_batch == st.base.micro_batch
+        st.measured("micro_batch", f"{'' if kept else f'{p.micro_batch} × {p.grad_accum}: '}{rate(best)}; the "
+                    f"micro-batch search stopped because {stop}", kept=kept)
     return best
 
 

@@ -112,7 +112,7 @@ def precision(st: SearchState, first: Trial, first_losses: list[float]) -> Trial
                 best.verdict = why
                 st.decisions.append(f"precision: {start_label} (chosen from the hardware) rejected, its first "
                                     f"{why.split(' first ', 1)[1]}")
-                st.measured("precision", f"{label}: {why}")
+                said.append(f"{start_label} rejected: {why}")
                 best = t
                 continue
             best.loss_drift = first.loss_drift = drift
@@ -150,7 +150,8 @@ def precision(st: SearchState, first: Trial, first_losses: list[float]) -> Trial
                  " (the starting plan's)" if label == start_label else "")
         st.decisions.append(f"precision: {label}{moved} at micro-batch {best.plan.micro_batch} "
                             f"({'; '.join(said)}){checked}")
-        st.measured("precision", f"{label}: {'; '.join(said)}{checked}")
+        kept = best.plan.precision == st.base.precision
+        st.measured("precision", f"{'' if kept else label + ': '}{'; '.join(said)}{checked}", kept=kept)
     else:
         native = "no lower precision is native here" if not _alternatives(st, first) else "the budget had no room"
         st.decisions.append(f"precision: {label} ({native}; {best.samples_per_s:.1f} samples/s at micro-batch "
@@ -177,7 +178,9 @@ def tf32(st: SearchState, best: Trial, said: list[str]) -> Trial:
         "" if c.slower else f", {was} is kept")
     said.append(f"{label} {t.verdict}")
     if c is not None:
-        st.measured("tf32", f"{'on' if best.plan.tf32 else 'off'}: {label} measured {c.text()}")
+        kept = best.plan.tf32 == st.base.tf32
+        st.measured("tf32", f"{'' if kept else ('on' if best.plan.tf32 else 'off') + ': '}{label} measured "
+                    f"{c.text()}", kept=kept)
     return best
 
 

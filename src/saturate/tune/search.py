@@ -186,7 +186,9 @@ class _Search(SearchState):
             t.verdict = f"{t.status}: {t.error}"
         else:
             t.verdict = f"{c.text()}; " + (f"{was} is kept" if on else "unfused is simpler")
-            self.measured("fused_optimizer", f"{'on' if on else 'off'}: {other} measured {c.text()}")
+            kept = on == self.base.fused_optimizer
+            self.measured("fused_optimizer", f"{'' if kept else ('on' if on else 'off') + ': '}{other} measured "
+                          f"{c.text()}", kept=kept)
         self.decisions.append(f"fused optimizer: {'on' if on else 'off'} ({other} measured {t.verdict})"
                               if on else f"fused optimizer: off ({t.verdict})")
         return best

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from saturate.errors import ConfigError
-from saturate.plan import INFORMED_KNOBS, LOADER_FIELDS, Plan
+from saturate.plan import INFORMED, INFORMED_KNOBS, LOADER_FIELDS, Plan
 from saturate.stats.comparison import Comparison, compare
 from saturate.stats.noise import rate_text
 from saturate.stats.pairs import paired_comparison
@@ -73,8 +73,13 @@ class SearchState:
         self.all_agree: Callable[[bool], bool] = getattr(measurer, "all_agree", lambda flag: flag)
         self.discard_compiled: Callable[[], None] = getattr(measurer, "discard_compiled", lambda: None)
 
-    def measured(self, knob: str, why: str) -> None:
-        """Record why `knob` (one of plan.INFORMED_KNOBS) has its value, from what the trials measured."""
+    def measured(self, knob: str, why: str, kept: bool = False) -> None:
+        """Record why `knob` (one of plan.INFORMED_KNOBS) has its value, from what the trials measured. `kept`: the
+        starting plan's value stayed (the alternative was slower, or within noise): its own reason is kept in front,
+        "chosen from the hardware", then what the trial measured."""
+        start = self.base.provenance.get(knob)
+        if kept and isinstance(start, str):
+            why = f"{start.replace(INFORMED, 'chosen from the hardware')}; then {why}"
         self.chose[knob] = f"{why} (measured)"
 
     def provenance(self, plan: Plan) -> dict[str, str]:
