@@ -1,6 +1,11 @@
 """The search: which plan is fastest, decided by measurement, one knob family at a time.
 
-Order: precision (with a loss check against fp32) -> memory fit -> micro-batch (hill climb over
+It starts from the plan it is given — `tune` gives it the informed plan (plan.default_plan: chosen from the
+hardware, not measured), measured as the first trial — and each stage measures the alternative to the choice the
+incumbent holds (start.py): within noise the incumbent's stays. Each knob the result sets says why, measured or
+still as chosen from the hardware (`SearchState.provenance`).
+
+Order: the starting plan -> precision (with a loss check against fp32) -> memory fit -> micro-batch (hill climb over
 the micro-batches that keep the effective batch exact) -> activation checkpointing (only when
 memory stopped the climb) -> DDP or FSDP2 (under torchrun) -> fused optimizer -> torch.compile
 (only when it pays back its compile time within the planned run) -> input pipeline (cheapest
@@ -10,7 +15,8 @@ real training and validation steps (left to the caller when it measures the plan
 
 Everything here talks to a `Measurer`, so the logic is tested with a deterministic fake. A plan is
 only ever reported with figures from a trial that ran it; predictions are labelled. The state the
-stages share and the budget are in state.py; the batch-sizing stages in batch.py, the loader's in
+stages share and the budget are in state.py; the start and precision in start.py, the batch-sizing stages in
+batch.py, the loader's in
 loader_stage.py; the settings and result types in results.py.
 """
 
@@ -25,7 +31,7 @@ import torch
 from saturate.errors import SaturateError
 from saturate.plan import INFORMED, Plan, informed_summary
 from saturate.stats.comparison import compare
-from saturate.tune import batch, precision
+from saturate.tune import batch, start
 from saturate.tune.decide import check_verification
 from saturate.tune.evidence import plan_text
 from saturate.tune.loader_stage import ladder, loader
@@ -52,11 +58,11 @@ class _Search(SearchState):
     def run(self) -> SearchResult:
         self.planned = self.expected_trials()
         self.loader_settings = len(ladder(self.m.cores))
-        first = precision.start(self)  # the starting plan (the informed one), measured: each stage measures around it
+        first = start.start(self)  # the starting plan (the informed one), measured: each stage measures around it
         self.decisions.append(f"start: {start_text(first.plan)}, measured first; each stage measures the "
                               "alternative to its choice, and within noise keeps it")
         losses = first.losses  # its own, from its first steps (a paired trial's start later; threads change no
-        best = self.earn(precision.precision(self, self.threads(first), losses))  # maths beyond the order of sums)
+        best = self.earn(start.precision(self, self.threads(first), losses))  # maths beyond the order of sums)
         fit = batch.memory(self, best)
         best = self.earn(batch.micro_batch(self, best, fit))
         best = self.earn(batch.activation_checkpointing(self, best, fit))
