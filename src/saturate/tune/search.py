@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 
 from saturate.errors import SaturateError
-from saturate.plan import INFORMED, Plan, informed_summary
+from saturate.plan import Plan, informed_summary
 from saturate.stats.comparison import compare
 from saturate.tune import batch, start
 from saturate.tune.decide import check_verification
@@ -77,10 +77,9 @@ class _Search(SearchState):
             best.verdict = "chosen (not verified here: measured again by the caller)"
             chosen = dataclasses.replace(best, plan=plan)
             self.decisions.append("verification: left to the caller, which measures the plan again")
-        said = self.provenance(chosen.plan)
+        kept = self.unmeasured(chosen.plan)
         chosen.plan.provenance.pop("informed", None)  # the plan is the search's now; each knob says whose it is
-        chosen.plan.provenance.update(said, start=start_text(first.plan))
-        kept = [k for k, v in said.items() if INFORMED in v and "(measured)" not in v]
+        chosen.plan.provenance.update(self.provenance(chosen.plan), start=start_text(first.plan))
         if kept:
             self.decisions.append(f"kept as chosen from the hardware, not measured: {', '.join(kept)}")
         effective = chosen.plan.samples_per_step(self.s.world_size)

@@ -107,11 +107,10 @@ def precision(st: SearchState, first: Trial, first_losses: list[float]) -> Trial
             ref_losses, unchecked = t.losses, ""
             drift = loss_drift(first_losses, ref_losses)
             if drift > s.loss_tolerance:  # the starting precision fails the check: fp32, whatever the speeds
-                why = (f"{start_label}'s first {len(first_losses)} losses differ from fp32's by up to "
-                       f"{100 * drift:.1f} % (> {100 * s.loss_tolerance:.0f} %)")
-                best.verdict = why
-                st.decisions.append(f"precision: {start_label} (chosen from the hardware) rejected, its first "
-                                    f"{why.split(' first ', 1)[1]}")
+                differ = (f"first {len(first_losses)} losses differ from fp32's by up to {100 * drift:.1f} % "
+                          f"(> {100 * s.loss_tolerance:.0f} %)")
+                why = best.verdict = f"{start_label}'s {differ}"
+                st.decisions.append(f"precision: {start_label} (chosen from the hardware) rejected, its {differ}")
                 said.append(f"{start_label} rejected: {why}")
                 best = t
                 continue

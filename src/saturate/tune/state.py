@@ -87,10 +87,7 @@ class SearchState:
         where the knob still has the starting plan's value ("chosen from the hardware, not measured"), else the
         search's decisions (a back-off the stages did not word)."""
         base, out = self.base, {}
-        same = {"precision": plan.precision == base.precision, "tf32": plan.tf32 == base.tf32,
-                "fused_optimizer": plan.fused_optimizer == base.fused_optimizer,
-                "micro_batch": (plan.micro_batch, plan.grad_accum) == (base.micro_batch, base.grad_accum),
-                "loader": all(getattr(plan, f) == getattr(base, f) for f in LOADER_FIELDS)}
+        same = self._as_started(plan)
         for knob in INFORMED_KNOBS:
             if knob in self.chose:
                 out[knob] = self.chose[knob]
@@ -99,6 +96,20 @@ class SearchState:
             elif not same[knob]:
                 out[knob] = "changed by the search: see its decisions (measured)"
         return out
+
+    def unmeasured(self, plan: Plan) -> list[str]:
+        """The knobs `plan` holds as the informed starting plan chose them, no trial having measured them."""
+        same = self._as_started(plan)
+        return [k for k in INFORMED_KNOBS if k not in self.chose and same[k] and self.base.provenance.get("informed")
+                and isinstance(self.base.provenance.get(k), str)]
+
+    def _as_started(self, plan: Plan) -> dict[str, bool]:
+        """Per knob of plan.INFORMED_KNOBS: whether `plan` holds the starting plan's value."""
+        base = self.base
+        return {"precision": plan.precision == base.precision, "tf32": plan.tf32 == base.tf32,
+                "fused_optimizer": plan.fused_optimizer == base.fused_optimizer,
+                "micro_batch": (plan.micro_batch, plan.grad_accum) == (base.micro_batch, base.grad_accum),
+                "loader": all(getattr(plan, f) == getattr(base, f) for f in LOADER_FIELDS)}
 
     @staticmethod
     def now() -> float:
