@@ -161,7 +161,12 @@ def test_tune_starts_from_the_informed_plan_and_naive_stays_the_before(tmp_path,
     saved = json.loads((tmp_path / "t" / "tune.json").read_text())
     assert saved["choices"]["start"].startswith("the informed plan") and set(saved["choices"]) >= {
         "precision", "tf32", "fused_optimizer", "micro_batch", "loader"}
-    assert Plan.load(result.plan_path).provenance["start"] == saved["choices"]["start"]
+    written = Plan.load(result.plan_path).provenance
+    assert written["start"] == saved["choices"]["start"]
+    for knob in ("precision", "tf32", "fused_optimizer", "micro_batch", "loader"):  # short: the evidence in tune.json
+        assert written[knob] == (saved["choices"][knob] if knob in saved["unmeasured"] else
+                                 "measured (tune.json: choices)")
+    assert "tf32" in saved["unmeasured"] and INFORMED in written["tf32"]  # a CPU: no trial measures TF32
     label, naive = reference_plans(w, cpu.device_type)[0]  # what `saturate run` compares with: naive, as it was
     assert label == "naive" and naive.knobs() == reference_plan("naive").replace(
         micro_batch=8, grad_accum=1).knobs()

@@ -142,9 +142,13 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
             "verified_peak_memory_bytes": result.chosen.peak_memory_bytes} if verify else {}),
         "memory_kind": measurer.memory_kind,
         "evidence": str(out_dir / "tune.json"),  # the trials and decisions; plan.toml keeps the settings short
-        # Where the search started, why fewer threads (a busy machine), and why each knob the informed plan sets has
-        # its value: measured, or still "chosen from the hardware, not measured" where no trial measured it.
-        **{k: v for k, v in result.plan.provenance.items() if k in ("start", "threads", *INFORMED_KNOBS)},
+        # Why fewer threads (a busy machine); where the search started and, for each knob the informed plan sets,
+        # its reason where no trial measured it ("chosen from the hardware, not measured"), else "measured" (the
+        # evidence stays in tune.json: plan.toml keeps the settings short).
+        **{k: v for k, v in result.plan.provenance.items() if k == "threads"},
+        **({"start": result.choices["start"]} if "start" in result.choices else {}),
+        **{k: result.choices[k] if k in result.unmeasured else "measured (tune.json: choices)"
+           for k in INFORMED_KNOBS if k in result.choices},
     })
     result.plan = plan
     json_path, plan_path = out_dir / "tune.json", out_dir / "plan.toml"

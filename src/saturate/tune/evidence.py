@@ -12,7 +12,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from saturate.plan import INFORMED_KNOBS, Plan
+from saturate.plan import Plan
 from saturate.stats.noise import rate_text
 from saturate.tune.results import MemoryFit, SearchResult
 from saturate.tune.trial import LoaderTrial, Trial
@@ -202,7 +202,7 @@ def result_dict(result: SearchResult) -> dict[str, Any]:
         "plan": result.plan.to_dict() | {"provenance": None},
         # Where the search started and why each knob the informed plan sets has its value (measured, or "chosen
         # from the hardware, not measured" where no trial measured it).
-        "choices": {k: v for k, v in result.plan.provenance.items() if k in ("start", *INFORMED_KNOBS)},
+        "choices": result.choices, "unmeasured": result.unmeasured,
         "trials": [t.to_dict() for t in result.trials],
         "loader_trials": [t.to_dict() for t in result.loader_trials],
         "memory_fit": result.fit.to_dict() if result.fit else None,

@@ -83,6 +83,10 @@ class SearchResult:
     warnings: list[str] = field(default_factory=list)  # what makes the result uncertain (said at the top)
     contention: Contention | None = None  # what other processes used of the machine during the search
     budget_s: float | None = None  # the budget at the end (`SearchSettings.budget_cap_s`: it may have grown)
+    # Where the search started ("start") and why each knob of plan.INFORMED_KNOBS has its value: what the trials
+    # measured, or the informed plan's own reason for a knob no trial measured (those named in `unmeasured`).
+    choices: dict[str, str] = field(default_factory=dict)
+    unmeasured: list[str] = field(default_factory=list)
 
 
 def fit_memory(points: list[tuple[int, int]], capacity: int, headroom: float, kind: str) -> MemoryFit:

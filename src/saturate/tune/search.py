@@ -78,8 +78,9 @@ class _Search(SearchState):
             chosen = dataclasses.replace(best, plan=plan)
             self.decisions.append("verification: left to the caller, which measures the plan again")
         kept = self.unmeasured(chosen.plan)
+        choices = {"start": start_text(first.plan), **self.provenance(chosen.plan)}
         chosen.plan.provenance.pop("informed", None)  # the plan is the search's now; each knob says whose it is
-        chosen.plan.provenance.update(self.provenance(chosen.plan), start=start_text(first.plan))
+        chosen.plan.provenance.update(choices)
         if kept:
             self.decisions.append(f"kept as chosen from the hardware, not measured: {', '.join(kept)}")
         effective = chosen.plan.samples_per_step(self.s.world_size)
@@ -88,7 +89,8 @@ class _Search(SearchState):
                                   "rescales the learning rate linearly")
         return SearchResult(plan=chosen.plan, trials=self.trials, loader_trials=self.loader_trials, fit=fit,
                             decisions=self.decisions, seconds=self.now() - self.started, chosen=chosen,
-                            skipped=self.skipped, warnings=self.warnings, budget_s=self.s.budget_s)
+                            skipped=self.skipped, warnings=self.warnings, budget_s=self.s.budget_s,
+                            choices=choices, unmeasured=kept)
 
     def expected_trials(self) -> int:
         """The model trials the stages are expected to run (the budget is shared out by it): the starting plan and
