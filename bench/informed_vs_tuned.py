@@ -30,6 +30,7 @@ from saturate.stats.pairs import paired_comparison
 from saturate.tune import tune
 from saturate.tune.evidence import plan_text
 from saturate.tune.results import SearchSettings
+from saturate.tune.trial import BudgetTooSmall
 from saturate.workloads.coupling import workload_default_plan
 
 GOAL = 1.15  # issue 30: the informed plan alone within 15 % of the tuned plan's tokens/s
@@ -50,9 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     informed, _ = workload_default_plan(workload, hw)
     informed = informed.replace(name="informed")
     print(f"{args.preset} on {bench.device_label(hw)}: the informed plan is {informed_summary(informed)}")
-    with tempfile.TemporaryDirectory(prefix="saturate-bench-tune-") as tmp:
-        tuned_result = tune(workload, hw, budget_s=args.budget, out_dir=Path(tmp) / "tune", seed=args.seed,
-                            try_compile=not args.no_compile, use_cache=False, console=Console(width=120))
+    try:
+        with tempfile.TemporaryDirectory(prefix="saturate-bench-tune-") as tmp:
+            tuned_result = tune(workload, hw, budget_s=args.budget, out_dir=Path(tmp) / "tune", seed=args.seed,
+                                try_compile=not args.no_compile, use_cache=False, console=Console(width=120))
+    except BudgetTooSmall as e:  # a loaded machine: the first trial alone overran the budget; said, nothing measured
+        print(f"not measured: {e}")
+        bench.write_json(args.json, {"benchmark": "informed_vs_tuned", "skipped": str(e),
+                                     "environment": bench.environment(hw)})
+        return 2
     tuned = tuned_result.plan.replace(name="tuned")
     same = tuned.knobs() == informed.knobs() and all(
         getattr(tuned, f) == getattr(informed, f) for f in ("num_workers", "pin_memory", "prefetch_factor"))
