@@ -193,3 +193,14 @@ def test_a_search_that_finds_a_saving_may_spend_half_of_it_and_one_that_finds_no
     kept = search(flat, Plan(), settings(budget_s=30, budget_cap_s=100, training_s=1000, try_compile=False,
                                          verify=False), started=0.0)
     assert kept.budget_s == 30 and flat.now <= 30 and not any(d.startswith("budget:") for d in kept.decisions)
+
+
+@pytest.mark.parametrize("budget", [30, 60, 120])
+def test_a_search_from_the_informed_plan_ends_within_a_tenth_of_its_budget(clocked, budget):
+    from saturate.plan import default_plan
+
+    informed = default_plan(64, "cuda", {"bf16": True, "fp16": True, "tf32": True}, cores=8, fused_optimizer=True)
+    machine = clocked(lambda p, stage: 8.0 if p.precision == "bf16" else 12.0)  # fp32, its alternative, is slower
+    result = search(machine, informed, settings(budget_s=budget, try_compile=True), started=0.0)
+    assert result.chosen.ok and machine.now <= 1.1 * budget, (machine.now, result.skipped)
+    assert machine.tried[0].knobs() == informed.knobs()

@@ -55,7 +55,7 @@ def _rates(true: dict[int, float]) -> Callable[[Plan], float]:
 
 
 def _tune(machine: FakeMachine):
-    return search(machine, Plan(), settings(effective_batch=32, probe_micro=8, try_compile=False, supports={},
+    return search(machine, Plan(), settings(effective_batch=32, try_compile=False, supports={},
                                             fused_available=False))
 
 

@@ -326,7 +326,7 @@ def test_tune_keeps_a_batchnorm_models_micro_batch_and_says_so(tmp_path, cpu):
 
 
 def test_loss_drift_measures_differences_against_the_loss_scale_not_a_loss_near_zero():
-    from saturate.tune.search import loss_drift
+    from saturate.tune.start import loss_drift
 
     fp32 = [2.30, 1.20, 0.40, 0.12, 0.10]
     resnet_bf16 = [2.31, 1.21, 0.41, 0.15, 0.14]  # 40 % of 0.1 apart at the end: the same learning

@@ -27,7 +27,7 @@ from rich.console import Console
 from saturate.plan import Plan, informed_summary
 from saturate.tune.batch import largest_proportional
 from saturate.tune.results import LOSS_TOLERANCE, SearchSettings
-from saturate.tune.search import loss_drift
+from saturate.tune.start import loss_drift
 from saturate.tune.state import gib
 from saturate.tune.trial import Trial
 from saturate.workloads.base import Workload

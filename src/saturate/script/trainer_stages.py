@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from saturate.script.overrides import Overrides
 from saturate.tune.results import LOSS_TOLERANCE
-from saturate.tune.search import loss_drift
+from saturate.tune.start import loss_drift
 
 Option = tuple[str, Overrides] | str  # a trial's name and overrides, or why the knob is not tried
 

@@ -20,14 +20,14 @@ from saturate.engine.distributed import barrier, broadcast_object, init_distribu
 from saturate.errors import ConfigError, file_not_folder
 from saturate.hardware.contention import ContentionMeter, measure_contention
 from saturate.hardware.kernels import fused_adamw_available
-from saturate.plan import Plan
+from saturate.plan import INFORMED_KNOBS, Plan
 from saturate.tune.evidence import plot, print_report, result_dict, trial_line
 from saturate.tune.measure import RealMeasurer
 from saturate.tune.results import SearchResult, SearchSettings
 from saturate.tune.search import search
 from saturate.tune.trial import BudgetTooSmall, LoaderTrial, Measurer, Trial
 from saturate.workloads.base import Workload
-from saturate.workloads.coupling import kept_micro_batch
+from saturate.workloads.coupling import kept_micro_batch, workload_default_plan
 
 
 @dataclass
@@ -119,7 +119,9 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
     console.print(before.line() + ("; trials are timed longer where their windows disagree"
                                    if before.significant() else ""),
                   style="yellow" if before.significant() else "dim", highlight=False)
-    base = Plan(name="base", strategy="ddp" if world > 1 else "single")
+    # The search starts from the informed plan (what an expert would pick from the hardware alone: plan.default_plan)
+    # and measures around it; naive stays what `run` compares with (its "before") and a plan a user can ask for.
+    base, _ = workload_default_plan(workload, hw, world)
     meter = ContentionMeter().start()
     try:
         result = search(measurer, base, s, progress, started)  # raises before anything is written
@@ -155,7 +157,13 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
             "verified_peak_memory_bytes": result.chosen.peak_memory_bytes} if verify else {}),
         "memory_kind": measurer.memory_kind,
         "evidence": str(out_dir / "tune.json"),  # the trials and decisions; plan.toml keeps the settings short
-        **{k: v for k, v in result.plan.provenance.items() if k == "threads"},  # why fewer threads (a busy machine)
+        # Why fewer threads (a busy machine); where the search started and, for each knob the informed plan sets,
+        # its reason where no trial measured it ("chosen from the hardware, not measured"), else "measured" (the
+        # evidence stays in tune.json: plan.toml keeps the settings short).
+        **{k: v for k, v in result.plan.provenance.items() if k == "threads"},
+        **({"start": result.choices["start"]} if "start" in result.choices else {}),
+        **{k: result.choices[k] if k in result.unmeasured else "measured (tune.json: choices)"
+           for k in INFORMED_KNOBS if k in result.choices},
     })
     result.plan = plan
     json_path, plan_path = out_dir / "tune.json", out_dir / "plan.toml"

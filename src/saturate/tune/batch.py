@@ -3,10 +3,11 @@
 Memory first: a line fitted to the peak memory at two or three micro-batches predicts which larger
 ones fit, unless even the largest candidate fits with memory growing in proportion to the
 micro-batch (peak = fixed + per-sample × micro-batch, both ≥ 0, so the proportional figure is an
-upper bound) — then no memory trial is spent. The micro-batch climbs from the precision stage's
-micro-batch while each step up is faster beyond the noise (a step up that is faster within the noise
-is passed over: the next one is compared with the best so far), then tries below; checkpointing is
-tried only when memory stopped a climb that was still gaining.
+upper bound) — then no memory trial is spent. The micro-batch climbs from the starting plan's
+(the informed one's, as its first trial ran) while each step up is faster beyond the noise (a step
+up that is faster within the noise is passed over: the next one is compared with the best so far),
+then tries below when nothing above helped — both directions around it; checkpointing is tried only
+when memory stopped a climb that was still gaining.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def micro_batch(st: SearchState, best: Trial, fit: MemoryFit | None) -> Trial:
                           f"limit {gib(fit.limit)}")
     fitting = [m for m in cands if m not in too_big]
     st.memory_capped = bool(too_big)
-    stop = ""
+    stop, ran = "", len(st.trials)
     for m in [c for c in fitting if c > m0]:
         if not st.affordable(f"micro-batch {m}"):
             stop = "the tuning budget ran out"
@@ -127,6 +128,10 @@ def micro_batch(st: SearchState, best: Trial, fit: MemoryFit | None) -> Trial:
     p = best.plan
     st.decisions.append(f"micro-batch: {p.micro_batch} × {p.grad_accum} accumulation "
                         f"({rate(best)} measured; stopped because {stop})")
+    if len(st.trials) > ran:  # a trial measured another micro-batch (else the starting one stands as it was)
+        kept = p.micro_batch == st.base.micro_batch
+        st.measured("micro_batch", f"{'' if kept else f'{p.micro_batch} × {p.grad_accum}: '}{rate(best)}; the "
+                    f"micro-batch search stopped because {stop}", kept=kept)
     return best
 
 
@@ -155,6 +160,9 @@ def activation_checkpointing(st: SearchState, best: Trial, fit: MemoryFit | None
         st.decisions.append("activation checkpointing: off (tried; larger micro-batches with recompute "
                             f"measured no faster: {outcome})")
     else:
+        vs = compare(best, without, st.s.min_gain).text()
+        st.measured("micro_batch", f"{best.plan.micro_batch} × {best.plan.grad_accum} with activation "
+                    f"checkpointing: {vs} vs {start.plan.micro_batch} without")
         st.decisions.append(f"activation checkpointing: on, micro-batch {best.plan.micro_batch} with recompute "
                             f"is {compare(best, without, st.s.min_gain).text()} vs {start.plan.micro_batch} "
                             "without")

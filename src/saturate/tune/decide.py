@@ -1,9 +1,13 @@
-"""The tuner's decisions between two plans: the faster beyond the noise, else the simpler.
+"""The tuner's decisions between two plans: the faster beyond the noise, else the incumbent.
 
 Whether a change is faster is stats/comparison.py's (`compare`: beyond both trials' spreads added
-and by more than `min_gain`). A change is taken only when it is faster; otherwise the simpler of
-the two plans is kept, and the decision says "within noise" when the difference is inside the
-combined noise. The verification of the chosen plan against its own model trial is checked here too.
+and by more than `min_gain`). A change is taken only when it is faster; otherwise the incumbent is
+kept, and the decision says "within noise" when the difference is inside the combined noise. The
+search starts from the informed plan (tune/start.py), so the incumbent is either what was chosen from
+the hardware for a reason, or what a measurement put there: changing it within the noise would be a
+change no measurement supports. (From a naive start the incumbent is also the simpler plan, as
+`complexity` weighs them.)
+The verification of the chosen plan against its own model trial is checked here too.
 
 Simplicity (`complexity`), the weight of a plan's changes from fp32 eager single-process training
 with the unfused optimizer, smallest first:
@@ -21,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from saturate.plan import Plan
-from saturate.stats.comparison import Comparison, compare
+from saturate.stats.comparison import compare
 from saturate.stats.noise import rate_text
 from saturate.tune.trial import Trial
 
@@ -32,16 +36,6 @@ def complexity(plan: Plan) -> int:
     return (precision + (1 if plan.fused_optimizer else 0) + (3 if plan.activation_checkpointing else 0)
             + (3 if plan.strategy == "fsdp" else 0) + (1 if plan.cpu_offload else 0)
             + (4 if plan.compile != "none" else 0))
-
-
-def keep_candidate(candidate: Trial, incumbent: Trial, min_gain: float) -> tuple[bool, Comparison]:
-    """Whether the candidate replaces the incumbent: faster beyond the noise, or as fast and simpler."""
-    c = compare(candidate, incumbent, min_gain)
-    if c.faster:
-        return True, c
-    if c.slower:
-        return False, c
-    return complexity(candidate.plan) < complexity(incumbent.plan), c
 
 
 def check_verification(chosen: Trial, model: Trial, tolerance: float,

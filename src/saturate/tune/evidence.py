@@ -200,6 +200,9 @@ def print_report(console: Console, result: SearchResult, tokens_per_sample: int,
 def result_dict(result: SearchResult) -> dict[str, Any]:
     return {
         "plan": result.plan.to_dict() | {"provenance": None},
+        # Where the search started and why each knob the informed plan sets has its value (measured, or "chosen
+        # from the hardware, not measured" where no trial measured it).
+        "choices": result.choices, "unmeasured": result.unmeasured,
         "trials": [t.to_dict() for t in result.trials],
         "loader_trials": [t.to_dict() for t in result.loader_trials],
         "memory_fit": result.fit.to_dict() if result.fit else None,

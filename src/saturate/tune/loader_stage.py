@@ -138,9 +138,11 @@ def loader(st: SearchState, best: Trial) -> Plan:
         chosen, ct = max(within, key=lambda pt: pt[1].samples_per_s or 0)
         why = (f"the fastest within the RAM budget, {rate_text(ct.samples_per_s, ct.spread)}, under the "
                f"{wanted}: this run will be input-bound")
-    elif not measured:
-        chosen, ct = setting(0, None, False), None
-        why = "not measured: the tuning budget ran out first; loading in the training process"
+    elif not measured:  # the starting plan's loader stays (chosen from the cores and the device, or none)
+        chosen, ct = best.plan, None
+        why = ("not measured: the tuning budget ran out first; " + (
+            "the starting plan's setting is kept" if best.plan.num_workers or best.plan.pin_memory
+            else "loading in the training process"))
     else:
         chosen, ct = setting(0, None, False), None
         why = "no loader setting could be measured within the RAM budget; loading in the training process"
@@ -155,6 +157,8 @@ def loader(st: SearchState, best: Trial) -> Plan:
             chosen = pinned_plan
         else:
             pt.verdict = refused(pt) or fit(pt, need).text
+    if measured:
+        st.measured("loader", f"{chosen.num_workers} worker(s), pinned {'yes' if chosen.pin_memory else 'no'}: {why}")
     st.decisions.append(f"loader: {chosen.num_workers} workers, prefetch {chosen.prefetch_factor or '-'}, "
                         f"pinned {'yes' if chosen.pin_memory else 'no'} ({why})")
     return chosen

@@ -35,17 +35,12 @@ class SearchSettings:
     loss_tolerance: float = LOSS_TOLERANCE  # largest per-step loss difference against fp32 (search.loss_drift)
     try_compile: bool = True
     compile_mode: str = "default"
-    probe_micro: int = 8  # micro-batch for the precision trials (the largest candidate up to this)
     compile_speedup_bound: float = 3.0  # the compile time limit assumes at most this speed-up
     # The only micro-batch tried (batch-coupled layers: it is part of the model's maths); None searches it.
     fixed_micro_batch: int | None = None
     # Verify the chosen plan here (real loader, a validation pass); False when the caller measures it again
     # anyway (saturate run's side-by-side): the budget then goes to the search's trials.
     verify: bool = True
-
-    def __post_init__(self) -> None:
-        if self.fixed_micro_batch:
-            self.probe_micro = self.fixed_micro_batch  # the precision trials run at it too
 
     def search_budget(self) -> float | None:
         """The budget less the time kept for writing the evidence at the end (plots, tune.json): 2 s + 3 %, at
@@ -88,6 +83,10 @@ class SearchResult:
     warnings: list[str] = field(default_factory=list)  # what makes the result uncertain (said at the top)
     contention: Contention | None = None  # what other processes used of the machine during the search
     budget_s: float | None = None  # the budget at the end (`SearchSettings.budget_cap_s`: it may have grown)
+    # Where the search started ("start") and why each knob of plan.INFORMED_KNOBS has its value: what the trials
+    # measured, or the informed plan's own reason for a knob no trial measured (those named in `unmeasured`).
+    choices: dict[str, str] = field(default_factory=dict)
+    unmeasured: list[str] = field(default_factory=list)
 
 
 def fit_memory(points: list[tuple[int, int]], capacity: int, headroom: float, kind: str) -> MemoryFit:

@@ -1,6 +1,11 @@
 """The search: which plan is fastest, decided by measurement, one knob family at a time.
 
-Order: precision (with a loss check against fp32) -> memory fit -> micro-batch (hill climb over
+It starts from the plan it is given — `tune` gives it the informed plan (plan.default_plan: chosen from the
+hardware, not measured), measured as the first trial — and each stage measures the alternative to the choice the
+incumbent holds (start.py): within noise the incumbent's stays. Each knob the result sets says why, measured or
+still as chosen from the hardware (`SearchState.provenance`).
+
+Order: the starting plan -> precision (with a loss check against fp32) -> memory fit -> micro-batch (hill climb over
 the micro-batches that keep the effective batch exact) -> activation checkpointing (only when
 memory stopped the climb) -> DDP or FSDP2 (under torchrun) -> fused optimizer -> torch.compile
 (only when it pays back its compile time within the planned run) -> input pipeline (cheapest
@@ -10,7 +15,8 @@ real training and validation steps (left to the caller when it measures the plan
 
 Everything here talks to a `Measurer`, so the logic is tested with a deterministic fake. A plan is
 only ever reported with figures from a trial that ran it; predictions are labelled. The state the
-stages share and the budget are in state.py; the batch-sizing stages in batch.py, the loader's in
+stages share and the budget are in state.py; the start and precision in start.py, the batch-sizing stages in
+batch.py, the loader's in
 loader_stage.py; the settings and result types in results.py.
 """
 
@@ -23,14 +29,22 @@ from collections.abc import Callable
 import torch
 
 from saturate.errors import SaturateError
-from saturate.plan import Plan
+from saturate.plan import Plan, informed_summary
 from saturate.stats.comparison import compare
-from saturate.tune import batch
-from saturate.tune.decide import check_verification, complexity, keep_candidate
+from saturate.tune import batch, start
+from saturate.tune.decide import check_verification
+from saturate.tune.evidence import plan_text
 from saturate.tune.loader_stage import ladder, loader
 from saturate.tune.results import SearchResult, SearchSettings
 from saturate.tune.state import SearchState
 from saturate.tune.trial import OVER_BUDGET, LoaderTrial, Measurer, Trial
+
+
+def start_text(plan: Plan) -> str:
+    """The first trial's plan, said: the informed one's settings labelled, or "the plan given"."""
+    if plan.provenance.get("informed"):
+        return f"the informed plan ({informed_summary(plan)})"
+    return f"the plan given ({plan_text(plan)})"
 
 
 def search(measurer: Measurer, base: Plan, s: SearchSettings,
@@ -44,7 +58,11 @@ class _Search(SearchState):
     def run(self) -> SearchResult:
         self.planned = self.expected_trials()
         self.loader_settings = len(ladder(self.m.cores))
-        best = self.earn(self.precision())
+        first = start.start(self)  # the starting plan (the informed one), measured: each stage measures around it
+        self.decisions.append(f"start: {start_text(first.plan)}, measured first; each stage measures the "
+                              "alternative to its choice, and within noise keeps it")
+        losses = first.losses  # its own, from its first steps (a paired trial's start later; threads change no
+        best = self.earn(start.precision(self, self.threads(first), losses))  # maths beyond the order of sums)
         fit = batch.memory(self, best)
         best = self.earn(batch.micro_batch(self, best, fit))
         best = self.earn(batch.activation_checkpointing(self, best, fit))
@@ -59,103 +77,31 @@ class _Search(SearchState):
             best.verdict = "chosen (not verified here: measured again by the caller)"
             chosen = dataclasses.replace(best, plan=plan)
             self.decisions.append("verification: left to the caller, which measures the plan again")
+        kept = self.unmeasured(chosen.plan)
+        choices = {"start": start_text(first.plan), **self.provenance(chosen.plan)}
+        chosen.plan.provenance.pop("informed", None)  # the plan is the search's now; each knob says whose it is
+        chosen.plan.provenance.update(choices)
+        if kept:
+            self.decisions.append(f"kept as chosen from the hardware, not measured: {', '.join(kept)}")
         effective = chosen.plan.samples_per_step(self.s.world_size)
         if effective != self.s.effective_batch:
             self.decisions.append(f"effective batch: {self.s.effective_batch} -> {effective} (allowed); training "
                                   "rescales the learning rate linearly")
         return SearchResult(plan=chosen.plan, trials=self.trials, loader_trials=self.loader_trials, fit=fit,
                             decisions=self.decisions, seconds=self.now() - self.started, chosen=chosen,
-                            skipped=self.skipped, warnings=self.warnings, budget_s=self.s.budget_s)
+                            skipped=self.skipped, warnings=self.warnings, budget_s=self.s.budget_s,
+                            choices=choices, unmeasured=kept)
 
     def expected_trials(self) -> int:
-        """The model trials the stages are expected to run (the budget is shared out by it): the precisions,
-        two steps of the micro-batch climb, FSDP, the fused optimizer and compile where they apply, and one
-        incumbent measured again to confirm a small gain (`SearchState.beats`)."""
+        """The model trials the stages are expected to run (the budget is shared out by it): the starting plan and
+        the precisions around it, two steps of the micro-batch climb, FSDP, the fused optimizer and compile where
+        they apply, and one incumbent measured again to confirm a small gain (`SearchState.beats`)."""
         s, cands = self.s, self.candidates()
-        probe = max(m for m in cands if m <= max(1, min(s.probe_micro, self.local)))
+        probe = max((m for m in cands if m <= max(1, min(self.base.micro_batch, self.local))), default=min(cands))
         precisions = 1 + bool(s.supports.get("bf16") or s.supports.get("fp16")) + bool(
             s.supports.get("tf32") and self.m.device_type == "cuda")
         return (precisions + min(2, len([m for m in cands if m > probe])) + (s.world_size > 1)
                 + s.fused_available + s.try_compile + 1)
-
-    def precision(self) -> Trial:
-        s = self.s
-        m0 = max(m for m in self.candidates() if m <= max(1, min(s.probe_micro, self.local)))
-        ref_plan = self.at(self.base, m0).replace(precision="fp32", tf32=False, compile="none",
-                                                   activation_checkpointing=False, fused_optimizer=False)
-        ref = self.trial(ref_plan, "precision")
-        smaller = [m for m in self.candidates() if m < m0]
-        while ref.status == "oom" and smaller:  # even the probe micro-batch does not fit: back off
-            ref.verdict = "out of memory"
-            ref = self.trial(self.at(ref_plan, smaller.pop()), "precision")
-        if ref.status == "oom":
-            ref.verdict = "out of memory"
-            ref = self.trial(ref.plan.replace(activation_checkpointing=True), "precision")
-            if ref.status == "oom":
-                ref.verdict = "out of memory"
-                fsdp = (" or shard it over the processes with strategy = \"fsdp\" (and cpu_offload) in the plan"
-                        if ref.plan.strategy == "ddp" else "")
-                raise SaturateError("the model does not fit at micro-batch 1, even with activation checkpointing "
-                                    f"(tried {len(self.trials)} trials; last error: {ref.error}); use a device with "
-                                    f"more memory or a smaller model{fsdp}")
-            self.decisions.append("activation checkpointing: on, because the model does not fit at micro-batch 1 "
-                                  "without it")
-        if not ref.ok:
-            raise SaturateError(f"the workload fails to train at fp32, micro-batch {ref.plan.micro_batch}: {ref.error}")
-        ref_losses = ref.losses  # fp32's own losses, from its first steps (a paired trial's start later; threads
-        ref = self.threads(ref)  # change no maths beyond the order of sums)
-
-        options = []
-        if s.supports.get("bf16"):
-            options.append(ref.plan.replace(precision="bf16", tf32=bool(s.supports.get("tf32"))))
-        elif s.supports.get("fp16") and self.m.device_type == "cuda":
-            options.append(ref.plan.replace(precision="fp16", tf32=bool(s.supports.get("tf32"))))
-        if s.supports.get("tf32") and self.m.device_type == "cuda":
-            options.append(ref.plan.replace(tf32=True))
-        best, tried = ref, []
-        checked, vs_ref = 0, None  # over how many steps the kept precision's losses were checked; its comparison
-        for plan in options:
-            label = _precision_label(plan)
-            if not self.affordable(f"precision {label}"):
-                break
-            t = self.trial(plan, "precision")
-            tried.append(t)
-            if not t.ok:
-                t.verdict = f"{t.status}: {t.error}"
-                continue
-            drift = loss_drift(t.losses, ref_losses)
-            if drift > s.loss_tolerance:
-                t.verdict = f"losses differ from fp32 by up to {100 * drift:.1f} % (> {100 * s.loss_tolerance:.0f} %)"
-                self.decisions.append(f"precision: {label} rejected, its first {len(t.losses)} losses differ from "
-                                      f"fp32 by up to {100 * drift:.1f} %")
-                continue
-            t.loss_drift, steps = drift, min(len(t.losses), len(ref_losses))
-            take, c = keep_candidate(t, best, s.min_gain)
-            if not c.slower:  # not decisive alone (beats): a small gain confirmed, or both timed in pairs
-                was = best
-                faster, c, best, t = self.beats(t, best)
-                take = faster or (not c.slower and complexity(t.plan) < complexity(best.plan))
-                ref = best if was is ref else ref  # the figures the decision line compares with: the latest
-                tried[-1] = t
-            if take:
-                best.verdict = f"{label}: {c.text()}" + ("" if c.faster else ", the simpler is kept")
-                vs_ref = c if best is ref else None
-                best, checked = t, steps
-            else:
-                t.verdict = f"{c.text()} vs {_precision_label(best.plan)}" + ("" if c.slower else
-                                                                              ", the simpler is kept")
-        if best is ref:
-            why = ("no lower precision is native here" if not options else
-                   "; ".join(f"{_precision_label(t.plan)} {t.verdict}" for t in tried if t.ok and t.samples_per_s))
-            self.decisions.append(f"precision: fp32 ({why or 'no lower precision could be used'}; "
-                                  f"{ref.samples_per_s:.1f} samples/s at micro-batch {ref.plan.micro_batch})")
-        else:
-            drift = best.loss_drift or 0.0
-            self.decisions.append(
-                f"precision: {_precision_label(best.plan)}, {best.samples_per_s / ref.samples_per_s:.2f}× fp32 "
-                f"samples/s at micro-batch {best.plan.micro_batch} ({(vs_ref or compare(best, ref, s.min_gain)).text()}"
-                f"); its first {checked} losses are within {100 * drift:.2f} % of fp32's")
-        return best
 
     def threads_again(self, best: Trial) -> Trial:
         """The threads stage once more, at the end, when the first trial saw a quiet machine and a later one did not:
@@ -227,19 +173,31 @@ class _Search(SearchState):
         return best
 
     def fused(self, best: Trial) -> Trial:
+        """The fused optimizer's other setting against the incumbent's: on where it starts off (naive), off where
+        the starting plan chose it on (it has the kernel); within noise the incumbent's stays."""
         if not self.s.fused_available:
             self.decisions.append(f"fused optimizer: off (no fused AdamW on {self.m.device_type})")
             return best
-        if not self.affordable("fused optimizer"):
+        on = best.plan.fused_optimizer
+        other, was = ("unfused", "fused") if on else ("fused", "unfused")
+        if not self.affordable(f"{other} optimizer"):
             return best
-        t = self.trial(best.plan.replace(fused_optimizer=True), "fused-optimizer")
+        t = self.trial(best.plan.replace(fused_optimizer=not on), "fused-optimizer")
         taken, c, best, t = self.beats(t, best) if t.ok else (False, None, best, t)
         if taken:
-            best.verdict = f"fused: {c.text()}"
-            self.decisions.append(f"fused optimizer: on ({c.text()} samples/s)")
+            best.verdict = f"{other}: {c.text()}"
+            self.decisions.append(f"fused optimizer: {'off' if on else 'on'} ({c.text()} samples/s vs {was})")
+            self.measured("fused_optimizer", f"{'off' if on else 'on'}: {other} {c.text()} vs {was}")
             return t
-        t.verdict = f"{t.status}: {t.error}" if c is None else f"{c.text()}; unfused is simpler"
-        self.decisions.append(f"fused optimizer: off ({t.verdict})")
+        if c is None:
+            t.verdict = f"{t.status}: {t.error}"
+        else:
+            t.verdict = f"{c.text()}; " + (f"{was} is kept" if on else "unfused is simpler")
+            kept = on == self.base.fused_optimizer
+            self.measured("fused_optimizer", f"{'' if kept else ('on' if on else 'off') + ': '}{other} measured "
+                          f"{c.text()}", kept=kept)
+        self.decisions.append(f"fused optimizer: {'on' if on else 'off'} ({other} measured {t.verdict})"
+                              if on else f"fused optimizer: off ({t.verdict})")
         return best
 
     def compile(self, best: Trial) -> Trial:
@@ -312,6 +270,7 @@ class _Search(SearchState):
             t.verdict = f"out of memory: {t.error}; backing off"
             self.decisions.append(f"verification: micro-batch {plan.micro_batch} ran out of memory with the real "
                                   f"loader and validation; backed off to {smaller[-1]}")
+            self.measured("micro_batch", f"{smaller[-1]}: {plan.micro_batch} ran out of memory in the verification")
             plan = self.at(plan, smaller.pop())
 
     def consistent(self, chosen: Trial, model: Trial) -> Trial:
@@ -326,27 +285,3 @@ class _Search(SearchState):
             self.decisions.append(f"verification: {warning}")
             self.warnings.append(warning)
         return chosen
-
-
-def _precision_label(plan: Plan) -> str:
-    if plan.precision == "fp32":
-        return "fp32+tf32" if plan.tf32 else "fp32"
-    return plan.precision
-
-
-def loss_drift(losses: list[float], reference: list[float]) -> float:
-    """Largest per-step difference between two loss curves, as a share of the loss's scale.
-
-    The scale at a step is the larger of the reference's loss there and its first loss: early on
-    this is the relative difference, and once the loss has fallen near zero (a ResNet at ~0.1 from
-    2.3) a difference of 0.04 counts as 0.04 / 2.3 = 1.7 %, not as 40 % of a tiny number — both
-    runs learned the same thing. A lower precision that diverges (its loss stops falling or grows)
-    differs by a large share of the first loss and is still caught; a non-finite loss is infinite.
-    """
-    n = min(len(losses), len(reference))
-    if n == 0:
-        return float("inf")
-    if not all(math.isfinite(x) for x in losses[:n]):
-        return float("inf")
-    first = abs(reference[0])
-    return max(abs(a - b) / max(abs(b), first, 1e-8) for a, b in zip(losses[:n], reference[:n], strict=True))

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from saturate.errors import ConfigError
-from saturate.plan import Plan
+from saturate.plan import INFORMED, INFORMED_KNOBS, LOADER_FIELDS, Plan
 from saturate.stats.comparison import Comparison, compare
 from saturate.stats.noise import rate_text
 from saturate.stats.pairs import paired_comparison
@@ -61,6 +61,9 @@ class SearchState:
         self.decisions: list[str] = []
         self.skipped: list[str] = []
         self.warnings: list[str] = []  # what the user must know about the result (an inconsistent verification)
+        # Why each knob a trial measured has its value (plan.INFORMED_KNOBS' keys), said as measured: the chosen
+        # plan's provenance (`SearchState.provenance`). A knob no trial measured keeps the starting plan's.
+        self.chose: dict[str, str] = {}
         self.started = self.now() if started is None else started
         self.first_budget = s.budget_s  # before `earn` grew it
         self.budget_spent = False  # a trial stopped after its first step: it would have ended past the budget
@@ -69,6 +72,44 @@ class SearchState:
         self.loader_settings = 0  # loader settings the loader stage expects to measure
         self.all_agree: Callable[[bool], bool] = getattr(measurer, "all_agree", lambda flag: flag)
         self.discard_compiled: Callable[[], None] = getattr(measurer, "discard_compiled", lambda: None)
+
+    def measured(self, knob: str, why: str, kept: bool = False) -> None:
+        """Record why `knob` (one of plan.INFORMED_KNOBS) has its value, from what the trials measured. `kept`: the
+        starting plan's value stayed (the alternative was slower, or within noise): its own reason is kept in front,
+        "chosen from the hardware", then what the trial measured."""
+        start = self.base.provenance.get(knob)
+        if kept and isinstance(start, str):
+            why = f"{start.replace(INFORMED, 'chosen from the hardware')}; then {why}"
+        self.chose[knob] = f"{why} (measured)"
+
+    def provenance(self, plan: Plan) -> dict[str, str]:
+        """Why each of `plan`'s knobs has its value: measured (`measured`), else the starting plan's own reason
+        where the knob still has the starting plan's value ("chosen from the hardware, not measured"), else the
+        search's decisions (a back-off the stages did not word)."""
+        base, out = self.base, {}
+        same = self._as_started(plan)
+        for knob in INFORMED_KNOBS:
+            if knob in self.chose:
+                out[knob] = self.chose[knob]
+            elif same[knob] and isinstance(base.provenance.get(knob), str):
+                out[knob] = base.provenance[knob]
+            elif not same[knob]:
+                out[knob] = "changed by the search: see its decisions (measured)"
+        return out
+
+    def unmeasured(self, plan: Plan) -> list[str]:
+        """The knobs `plan` holds as the informed starting plan chose them, no trial having measured them."""
+        same = self._as_started(plan)
+        return [k for k in INFORMED_KNOBS if k not in self.chose and same[k] and self.base.provenance.get("informed")
+                and isinstance(self.base.provenance.get(k), str)]
+
+    def _as_started(self, plan: Plan) -> dict[str, bool]:
+        """Per knob of plan.INFORMED_KNOBS: whether `plan` holds the starting plan's value."""
+        base = self.base
+        return {"precision": plan.precision == base.precision, "tf32": plan.tf32 == base.tf32,
+                "fused_optimizer": plan.fused_optimizer == base.fused_optimizer,
+                "micro_batch": (plan.micro_batch, plan.grad_accum) == (base.micro_batch, base.grad_accum),
+                "loader": all(getattr(plan, f) == getattr(base, f) for f in LOADER_FIELDS)}
 
     @staticmethod
     def now() -> float:
