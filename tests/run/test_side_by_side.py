@@ -191,17 +191,18 @@ def test_a_cached_plan_is_reused_with_no_tuning(tmp_path, cpu, monkeypatch):
     assert budgets[-1][0] == pytest.approx(240.0)  # no cache with a batch change: 60 s + 5 % of the hour
 
 
+@dataclasses.dataclass
+class Job:  # a workload's fields that matter to _tune (a dataclass: its validation data is left out to predict)
+    name: str = "w"
+    fingerprint: Any = lambda: {"m": 2}
+    optim: Any = dataclasses.field(default_factory=lambda: SimpleNamespace(effective_batch=8))
+    micro_batch: int | None = None
+    batch_coupled: Any = None
+    val_data: Any = "validation"
+
+
 def test_a_job_too_short_for_one_trial_trains_the_default_plan_untuned(tmp_path, cpu, monkeypatch):
     from saturate.tune.trial import BudgetTooSmall
-
-    @dataclasses.dataclass
-    class Job:  # a workload's fields that matter here (a dataclass: its validation data is left out to predict)
-        name: str = "w"
-        fingerprint: Any = lambda: {"m": 2}
-        optim: Any = dataclasses.field(default_factory=lambda: SimpleNamespace(effective_batch=8))
-        micro_batch: int | None = None
-        batch_coupled: Any = None
-        val_data: Any = "validation"
 
     workload = Job()
     naive = Plan(micro_batch=8, name="naive")
@@ -230,6 +231,35 @@ def test_a_job_too_short_for_one_trial_trains_the_default_plan_untuned(tmp_path,
     assert "does not hold one trial" in got.why
     got = run_module._tune(workload, cpu, dist, [("naive", naive)], budget_s=5.0, steps=20, **kw)
     assert got.label == "default" and "no change measured: tuning budget 5 s is too small" in got.why  # the user's
+
+
+def test_a_budget_spent_by_the_naive_measurement_that_sized_it_is_not_tuned(tmp_path, cpu, monkeypatch):
+    # Seen on a busy 2-core machine: naive at 25 s/step predicted 101 s for 4 steps, a 10 s budget, and its own
+    # measurement had taken 106 s — the search was handed -96 s and the run failed with "budget must be > 0".
+    clock = [0.0]
+
+    class SlowNaive:
+        def __init__(self, *a, **k) -> None:
+            pass
+
+        def verify(self, plan: Plan) -> Trial:
+            clock[0] += 106.0
+            return Trial(stage="verify", plan=plan, samples_per_s=32 / 25.3, step_s=25.3)
+
+    def no_tuning(*a, **k):
+        raise AssertionError("no search should start")
+
+    monkeypatch.setattr(run_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(run_module, "RealMeasurer", SlowNaive)
+    monkeypatch.setattr(run_module, "tune", no_tuning)
+    monkeypatch.setattr(run_module, "informed_plan", lambda *a, **k: Plan(micro_batch=8, grad_accum=4))
+    job = Job(optim=SimpleNamespace(effective_batch=32))
+    quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
+    got = run_module._tune(job, cpu, SimpleNamespace(world_size=1, is_main=True), [("naive", Plan(micro_batch=8))],
+                           budget_s=None, steps=4, minutes=None, allow_batch_change=False, run_dir=tmp_path, seed=0,
+                           console=quiet, try_compile=True)
+    assert got.label == "default" and got.result is None
+    assert "measuring naive to predict it took 106 s of the 10 s" in got.why
 
 
 def test_a_plan_with_the_same_settings_as_another_is_measured_once_and_not_called_a_gain(cpu, meter):

@@ -259,6 +259,12 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
                 f"{TUNING_SHARE:.0%} of it is under the {BUDGET_FLOOR_S:.0f} s a search needs to pay for itself, so "
                 "the default plan is compared and trained (--budget tunes anyway)"))
         budget_s, cap_s = budgets
+        if budget_s - naive_s < BUDGET_FLOOR_S:  # sizing the budget spent it (a slow first step, a busy machine)
+            return _untuned(workload, hw, dist, started, predicted, naive, naive_s, measurer, console, (
+                f"not tuned: the untuned training is predicted at {predicted:.0f} s ({source}); measuring naive "
+                f"to predict it took {naive_s:.0f} s of the {budget_s:.0f} s ({TUNING_SHARE:.0%}) tuning may cost, "
+                f"leaving under the {BUDGET_FLOOR_S:.0f} s a search needs, so the default plan is compared and "
+                "trained (--budget tunes anyway)"))
         grows = (f"; it grows by half of what the search saves, up to {cap_s:.0f} s ({GROWN_SHARE:.0%}, at most "
                  f"{LONG_BASE_S:.0f} s + {LONG_SHARE:.0%} and {BUDGET_CEILING_S:.0f} s)" if cap_s > budget_s
                  else f" (at most {LONG_BASE_S:.0f} s + {LONG_SHARE:.0%} of it and {BUDGET_CEILING_S:.0f} s)")
