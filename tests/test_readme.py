@@ -131,7 +131,8 @@ def commands(page: Path) -> list[str]:
                 continue
             if _COMMAND.match(line):
                 found.append(line)
-    found += [m.group(1) for m in _INLINE.finditer(prose(page).replace("\n", " "))]
+    text = re.sub(r"^#.*$", "", prose(page), flags=re.M)  # a heading names a verb: `saturate sweep`
+    found += [m.group(1) for m in _INLINE.finditer(text.replace("\n", " "))]
     return found
 
 
