@@ -6,8 +6,9 @@ here; every relative link leads to a file and heading that exist; and the README
 Python blocks run in a scratch folder with saturate's presets shrunk (one layer, a few steps), `probe()` not
 measuring peaks and the tuner's trials shortened. A block that is a fragment of the reader's own code gets the
 names it uses (`model`, `loader`, …) from a prelude below; a block that needs a whole Transformers script is
-listed as covered elsewhere. Commands are parsed, not run: those that train for minutes, need a GPU, torchrun or
-the reader's own script are run for real by the tests of their verbs (tests/cli, tests/script, tests/run, …).
+listed as covered elsewhere. Commands that answer in a second (`env`, `probe --no-peaks`, `monitor --once`,
+`--version`) are run for real; the rest are parsed: those that train for minutes, need a GPU, torchrun or the
+reader's own script are run for real by the tests of their verbs (tests/cli, tests/script, tests/run, …).
 benchmarks.md and architecture.md are records and a design note, not instructions, and are left out.
 """
 
@@ -183,6 +184,27 @@ def test_a_command_is_one_saturate_accepts(page, command, capsys):
     if plan is not None and "/" not in str(plan) and not str(plan).endswith(".toml"):
         assert plan in REFERENCE_PLANS, f"{page}: no reference plan {plan!r} (`{command}`)"
 
+
+def _quick(argv: list[str]) -> bool:
+    """A command that answers in about a second on any machine: run for real, not only parsed."""
+    return argv[:1] == ["env"] or argv[:1] == ["--version"] or (argv[:1] == ["probe"] and "--no-peaks" in argv) \
+        or (argv[:1] == ["monitor"] and "--once" in argv)
+
+
+QUICK = [(page, c) for page, c in COMMANDS if _quick(saturate_argv(c))]
+
+
+def test_some_commands_are_quick_enough_to_run():
+    assert QUICK
+
+
+@pytest.mark.parametrize(("page", "command"), QUICK, ids=[f"{p}: {c[:60]}" for p, c in QUICK])
+def test_a_quick_command_runs(page, command, capsys):
+    from conftest import run_main
+
+    done = run_main(capsys, *saturate_argv(command))
+    assert done.returncode == 0, f"{page}: `{command}` exited {done.returncode}: {done.stderr.strip()}"
+    assert done.stdout.strip()
 
 # --- links, length, layout ------------------------------------------------------------------------------------
 
