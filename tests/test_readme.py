@@ -125,13 +125,12 @@ def commands(page: Path) -> list[str]:
         for line in _logical_lines(body):
             line = line.strip()
             if lang in ("bash", "sh", "shell"):
-                line = re.sub(r"^(srun|\$)\s+", "", line)
+                parts = line.split(" && ")  # `bash scripts/setup.sh && python3 -m saturate run`
             elif line.startswith("$ "):
-                line = line[2:]
+                parts = [line[2:]]
             else:  # printed output: a line starting "saturate tune gpt-tiny on …" is not a command
                 continue
-            if _COMMAND.match(line):
-                found.append(line)
+            found += [part for part in (re.sub(r"^(srun|\$)\s+", "", p.strip()) for p in parts) if _COMMAND.match(part)]
     text = re.sub(r"^#.*$", "", prose(page), flags=re.M)  # a heading names a verb: `saturate sweep`
     found += [m.group(1) for m in _INLINE.finditer(text.replace("\n", " "))]
     return found
