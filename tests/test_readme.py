@@ -173,6 +173,11 @@ def test_a_command_is_one_saturate_accepts(page, command, capsys):
         if e.code == 0:  # --version, --help
             return
         pytest.fail(f"{page}: `{command}` is refused: {capsys.readouterr().err.strip()}")
+    from saturate.cli import _option_strings
+
+    options = set(_option_strings(build_parser()))
+    abbreviated = [w.split("=")[0] for w in argv if w.startswith("--") and w.split("=")[0] not in options]
+    assert not abbreviated, f"{page}: `{command}` abbreviates {abbreviated}: spell options out in the docs"
     if script is not None:
         assert hasattr(args, "script"), f"{page}: `saturate {args.command}` takes no command after `--`"
         assert script, f"{page}: nothing after `--` in `{command}`"
