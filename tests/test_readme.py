@@ -69,14 +69,16 @@ ELSEWHERE = {"SaturateCallback()": "tests/integrations/test_transformers_callbac
 
 @pytest.fixture
 def tiny(monkeypatch, tmp_path):
-    """A scratch folder holding what the pages' paths name, and saturate shrunk to seconds."""
+    """A scratch folder holding what the pages' paths name, and saturate shrunk to seconds (a tuning: 8 s)."""
     (tmp_path / "notes").mkdir()
     for name in ("textwrap.py", "difflib.py"):
         shutil.copy(Path(functools.__file__).with_name(name), tmp_path / "notes" / name)
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     monkeypatch.chdir(tmp_path)
     real_build, real_probe, real_custom = saturate.build_workload, saturate.probe, saturate.custom_workload
-    monkeypatch.setattr(saturate, "tune", functools.partial(saturate.tune, try_compile=False))
+    real_tune = saturate.tune
+    monkeypatch.setattr(saturate, "tune", lambda *a, **kw: real_tune(*a, **{**kw, "try_compile": False,
+                                                                         "budget_s": 8}))
     shape = {"n_layer": 1, "n_head": 2, "n_embd": 32, "seq_len": 32, "effective_batch": 4, "steps": 2}
     monkeypatch.setattr(saturate, "build_workload", lambda *a, **kw: real_build(*a, **{**kw, **shape}))
     monkeypatch.setattr(saturate, "probe", lambda *a, **kw: real_probe(measure_peaks=False, device="cpu"))
