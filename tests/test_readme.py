@@ -1,7 +1,7 @@
 """The README and the task pages under docs/ as a reader meets them: every ```python block runs as written, at
 tiny sizes; every `saturate …` command (in ```bash blocks, `$ `-prompted lines of ```text blocks, and inline
 `code`) is parsed by saturate's own parser, so a renamed or removed option, verb, preset or reference plan fails
-here; every relative link leads to a file and heading that exist; and the README stays short.
+here; every ```toml plan loads; every relative link leads to a file and heading that exist; and the README stays short.
 
 Python blocks run in a scratch folder with saturate's presets shrunk (one layer, a few steps), `probe()` not
 measuring peaks and the tuner's trials shortened. A block that is a fragment of the reader's own code gets the
@@ -107,6 +107,16 @@ def test_a_python_block_runs_as_written(page, index, code, tiny, capsys):
         result = train(w, None, RunConfig(run_dir=Path("runs/readme"), steps=1, progress=False, tensorboard=False))
         assert result.steps == 1
 
+
+TOML = [(rel(p), body) for p in PAGES for lang, body in fenced(p) if lang == "toml"]
+
+
+@pytest.mark.parametrize(("page", "text"), TOML, ids=[p for p, _ in TOML])
+def test_a_plan_file_shown_is_one_saturate_loads(page, text, tmp_path):
+    from saturate import Plan
+
+    (tmp_path / "plan.toml").write_text(text)
+    Plan.load(tmp_path / "plan.toml")
 
 # --- commands -------------------------------------------------------------------------------------------------
 
