@@ -235,7 +235,8 @@ def test_cli_train_with_a_module_function_and_a_bad_one(tmp_path):
 
 @pytest.mark.slow
 def test_the_readme_cnn_learns_in_the_steps_the_readme_shows(tmp_path, cpu):
-    """README: `saturate train --workload examples/cnn.py:workload --steps 50` leaves chance (ln 10) far behind."""
+    """README, docs/models.md: `saturate train --workload examples/cnn.py:workload --steps 50` leaves chance
+    (ln 10) far behind."""
     w = load_workload(f"{EXAMPLES / 'cnn.py'}:workload")
     result = train(w, None, RunConfig(run_dir=tmp_path / "run", steps=50, progress=False, tensorboard=False),
                    hardware=cpu)

@@ -11,7 +11,7 @@ scratch layer inside saturate's run folder, removed with it. So a script that re
 exists, or a Trainer's `get_last_checkpoint(output_dir)`, sees in every trial exactly what a plain run would see,
 and the full run of `run --` (not covered: it is the user's run) starts from the state the user left.
 
-Limits (README, "Your own script"): Linux only (user and mount namespaces; most distributions allow them to
+Limits (docs/scripts.md): Linux only (user and mount namespaces; most distributions allow them to
 unprivileged users, some containers do not — then saturate says so in one line and trials run in the user's
 folders); writes outside the covered folders (the home folder's caches, an absolute path built inside the script
 and named on no command line) are not covered; a file the run opens for writing is copied into the scratch layer
