@@ -152,9 +152,11 @@ class SearchState:
         # Several processes: each rank's clock decides, and all must take the same branch.
         if self.all_agree(not self.budget_spent and left >= need + self.verifying()):
             return True
-        verifying = f" and verifying the plan ~{self.verifying():.0f} s" if self.s.verify else ""
-        self.skipped.append(f"{what}: not tried, the budget had {max(left, 0):.0f} s left; a trial takes up to "
-                            f"{need:.0f} s{verifying} (predicted from the trials)")
+        costs = ([f"a trial takes up to {need:.0f} s (predicted from the trials)"] if need >= 0.5 else []) + (
+            [f"verifying the plan takes ~{self.verifying():.0f} s"] if self.s.verify else [])
+        why = ("the budget is spent (a trial was stopped at its deadline)" if self.budget_spent else
+               f"the budget had {max(left, 0):.0f} s left" + (f"; {' and '.join(costs)}" if costs else ""))
+        self.skipped.append(f"{what}: not tried, {why}")
         return False
 
     def earn(self, best: Trial) -> Trial:
