@@ -7,7 +7,7 @@ warm-up steps), the same text and the same locally trained 2000-token BPE — ru
   hf-bf16      the same with `bf16=True` (what a user who knows to turn it on does)
   hf-auto      `auto_find_batch_size=True` from 32 × 1, bf16, 2 loader workers
   lightning    a LightningModule around the same model: `Tuner.scale_batch_size` (power, from 2, up to the job's
-               32: max_trials 4), `precision="bf16-mixed"`
+               32: max_trials 5), `precision="bf16-mixed"`
   saturate     `python -m saturate run --hf DIR --data train.txt --param seq_len=128 --effective-batch 32 --steps N`
                (no cached plan: each run starts from an empty SATURATE_CACHE plans folder)
 
@@ -104,7 +104,7 @@ class Module(pl.LightningModule):
 m = Module()
 trainer = pl.Trainer(max_steps=STEPS, precision="bf16-mixed", accelerator="cpu", logger=False,
                      enable_checkpointing=False, enable_model_summary=False)
-Tuner(trainer).scale_batch_size(m, mode="power", init_val=2, max_trials=4)
+Tuner(trainer).scale_batch_size(m, mode="power", init_val=2, max_trials=5)
 t = time.perf_counter(); trainer.fit(m)
 print("RESULT", {"loss": float(trainer.callback_metrics["loss"]), "train_s": time.perf_counter() - t,
                  "batch_size": m.batch_size})

@@ -73,6 +73,24 @@ def test_low_utilisation_must_be_sustained_and_recovery_rearms_the_note():
     assert len(notes) == 2 and "likely host syncs or launch overhead" in notes[1]
 
 
+def test_a_low_stretch_while_other_processes_kept_the_cores_busy_names_them():
+    notes: list[str] = []
+    watch = TrainingWatch(torch.device("cpu"), notes.append, enabled=False, sustained_s=8)
+    watch.enabled, watch.cores = True, 2
+    for t in (0, 4, 8):
+        watch._history.append((t, t + 4, 30.0, 0.0, {"host/other_cores": 1.6, "host/cpu_pct": 80.0}))
+        watch._check()
+    assert len(notes) == 1 and "other processes (they kept 1.6 of 2 cores busy" in notes[0], notes
+    assert "host syncs" not in notes[0]
+
+
+def test_each_window_reads_the_other_processes_cores():
+    watch = TrainingWatch(torch.device("cpu"), lambda _: None, interval=0.05)
+    with watch:
+        time.sleep(0.3)
+        assert watch.window_metrics()["host/other_cores"] >= 0.0
+
+
 def test_training_records_telemetry_and_can_turn_it_off(tmp_path):
     hw = probe(measure_peaks=False, device="cpu")
     plan = Plan(micro_batch=4)

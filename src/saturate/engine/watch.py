@@ -7,7 +7,8 @@ daemon thread. At each metrics record the trainer asks for the means since the p
 `time/data_wait_share`, the share of wall time the loop waited for the DataLoader (host clock
 around `next()`, through the Stepper's timer hook, so no device sync), and on a CPU run
 `cpu/util_pct`, the training process's CPU time over the wall time and usable cores (the CPU is
-the device there). A figure not measured is left out, never written as 0.
+the device there), and `host/other_cores`, the cores other processes kept busy (hardware/contention.py: this
+job's own process tree not counted). A figure not measured is left out, never written as 0.
 
 When the device stays under 50 % busy for a sustained stretch (every record over the last 30 s
 by default), one note names the likeliest cause from these cheap signals, and another only after
@@ -23,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 
+from saturate.hardware.contention import SIGNIFICANT_SHARE, ContentionMeter
 from saturate.telemetry import Sampler, window_means
 
 LOW_UTIL_PCT = 50.0
@@ -49,6 +51,7 @@ class TrainingWatch:
         self.data_s = 0.0  # seconds spent waiting for the loader since the last record
         self._window_start = time.monotonic()
         self._cpu_start = time.process_time()
+        self._meter = ContentionMeter(gpu=False)  # other processes' cores per window (host/other_cores)
         self._history: deque[tuple[float, float, float | None, float, dict[str, float]]] = deque(maxlen=512)
         self._warned = False
         self._data_cm = _DataTimer(self)
@@ -75,6 +78,8 @@ class TrainingWatch:
         self.data_s = 0.0
         self._window_start = time.monotonic()
         self._cpu_start = time.process_time()
+        if self.enabled:
+            self._meter.start()
 
     # --- at each metrics record -------------------------------------------------------------------
 
@@ -87,6 +92,9 @@ class TrainingWatch:
         metrics: dict[str, float] = {}
         if wall > 0:
             metrics["time/data_wait_share"] = min(1.0, self.data_s / wall)
+        others = self._meter.stop().other_cores if self._meter._start is not None else None
+        if others is not None:
+            metrics["host/other_cores"] = others
         util: float | None = None
         if self.device.type == "cpu" and wall > 0:
             util = min(100.0, 100 * (time.process_time() - self._cpu_start) / wall / self.cores)
@@ -134,6 +142,14 @@ class TrainingWatch:
         if ram is not None and ram >= 90:
             return head + (f"likeliest cause: host memory ({ram:.0f} % of RAM used); lower plan.num_workers or "
                            "plan.prefetch_factor")
+        others = [h[4].get("host/other_cores") for h in stretch]
+        if all(o is not None for o in others):
+            busy = sum(others) / len(others)  # type: ignore[arg-type]
+            if busy >= max(SIGNIFICANT_SHARE * self.cores, 0.5):
+                return head + (f"likeliest cause: other processes (they kept {busy:.1f} of {self.cores} cores "
+                               "busy over the stretch, measured)" + (
+                                   "; fewer torch threads (torch.set_num_threads) stall less behind them"
+                                   if self.device.type == "cpu" else ": the host feeds the GPU slower"))
         host_cpu = last.get("host/cpu_pct")
         if self.device.type == "cpu" and host_cpu is not None and host_cpu >= 90:
             return head + f"likeliest cause: other processes using the CPU (host {host_cpu:.0f} % busy)"
