@@ -56,6 +56,23 @@ def test_slow_samples_are_input_bound_and_the_workers_fix_is_measured_faster(cpu
     assert after.measurements.workers_seen == new_plan.num_workers
 
 
+def test_apply_measures_a_speed_fix_side_by_side_not_from_two_diagnoses_minutes_apart(cpu):
+    from rich.console import Console
+
+    from saturate.doctor.apply import diagnose_and_apply, render_applied
+
+    workload = mlp_workload(Samples(delay=0.005), effective_batch=8)
+    applied = diagnose_and_apply(workload, Plan(micro_batch=8, grad_accum=1), QUICK, hardware=cpu)
+    side = applied.outcome.side_by_side
+    assert side is not None and side.rounds >= 3 and applied.outcome.measured_gain == side.median
+    assert side.median > 1.3  # two workers share 40 ms of sleep per step (~2×)
+    d = applied.to_dict()
+    assert d["side_by_side"]["rounds"] == side.rounds and d["diagnoses_gain"] == applied.outcome.diagnoses_gain
+    console = Console(record=True, width=120, file=open(os.devnull, "w"))  # noqa: SIM115
+    render_applied(applied, console)
+    assert f"measured side by side ({side.rounds} interleaved rounds): speed-up" in console.export_text()
+
+
 def test_the_timed_steps_are_windows_until_they_agree_and_each_share_has_its_range(cpu):
     workload = mlp_workload(Samples(delay=0.005), effective_batch=8)
     rule = WindowRule(max_windows=5, max_seconds=4.0)

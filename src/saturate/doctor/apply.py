@@ -4,8 +4,11 @@
     render_applied(applied, console)                                 the predicted gain against the measured one
 
 `plan_fix` picks the highest-ranked fix that changes only the plan and keeps the training the same; `apply_fix`
-makes the new plan; both runs are `diagnose()` with the same settings, so the measured gain is the ratio of the
-fix's own metric (`measured_figure`) between them.
+makes the new plan; both runs are `diagnose()` with the same settings. A speed fix's measured gain is then taken
+side by side — the plan before and after in interleaved rounds in this process (run/side_by_side.py, as `saturate
+run` compares plans), the median of the per-round ratios with their range — not from the two diagnoses, which
+are minutes apart and would read a neighbour's burst as the fix's gain or loss (issue 28). A memory fix's gain is
+the ratio of the fix's own metric (`measured_figure`) between the diagnoses: load does not move a peak.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ from saturate.doctor.findings import Diagnosis, Fix
 from saturate.doctor.report import prediction_text, render
 from saturate.errors import ConfigError, SaturateError
 from saturate.plan import Plan
+from saturate.stats.rounds import Ratio
 from saturate.workloads.base import Workload
+
+SPEED = ("step_s", "sample_s")  # the metrics a side-by-side measures (same effective batch: the same ratio)
 
 
 def plan_fix(diagnosis: Diagnosis) -> Fix | None:
@@ -50,10 +56,17 @@ class Outcome:
     after: Diagnosis
     measured_before: float
     measured_after: float
+    side_by_side: Ratio | None = None  # after ÷ before samples/s per interleaved round (a speed fix)
+
+    @property
+    def diagnoses_gain(self) -> float:
+        """The ratio of the two diagnoses' figures (minutes apart)."""
+        return self.measured_before / self.measured_after if self.measured_after > 0 else float("nan")
 
     @property
     def measured_gain(self) -> float:
-        return self.measured_before / self.measured_after if self.measured_after > 0 else float("nan")
+        """The side-by-side's median ratio where one was measured, else the diagnoses'."""
+        return self.side_by_side.median if self.side_by_side is not None else self.diagnoses_gain
 
     @property
     def predicted_gain(self) -> float | None:
@@ -73,12 +86,26 @@ def measured_figure(d: Diagnosis, metric: str) -> float | None:
     raise ValueError(f"unknown metric {metric!r}")
 
 
-def outcome(fix: Fix, before: Diagnosis, after: Diagnosis) -> Outcome:
+def outcome(fix: Fix, before: Diagnosis, after: Diagnosis, side_by_side: Ratio | None = None) -> Outcome:
     metric = fix.prediction.metric
     a, b = measured_figure(before, metric), measured_figure(after, metric)
     if a is None or b is None:
         raise SaturateError(f"the applied fix's {metric} was not measured in both runs")
-    return Outcome(fix, before, after, a, b)
+    return Outcome(fix, before, after, a, b, side_by_side if metric in SPEED else None)
+
+
+def side_by_side_gain(workload: Workload, hardware: Any, before: Plan, after: Plan, config: DoctorConfig) -> Ratio:
+    """After ÷ before samples/s, per round of the two plans measured in interleaved rounds in this process."""
+    from saturate.run.side_by_side import compare
+
+    cmp = compare(workload, hardware, [("before", before), ("after", after)], seed=config.seed,
+                  min_seconds=max(1.0, config.min_seconds))
+    ratio = cmp.ratio("after", "before")
+    if ratio is None:
+        notes = [r.note for r in cmp.rows if r.note]
+        raise SaturateError("the plans before and after the fix could not be measured side by side: "
+                            + (notes[0] if notes else "no round completed"))
+    return ratio
 
 
 
@@ -96,9 +123,12 @@ class Applied:
     def to_dict(self) -> dict[str, Any]:
         if self.fix is None or self.outcome is None or self.plan is None or self.after is None:
             return {"before": self.before.to_dict(), "applied": None}
+        side = self.outcome.side_by_side
         return {"before": self.before.to_dict(), "applied": {"title": self.fix.title, "changes": self.fix.changes},
                 "plan": self.plan.to_dict(), "after": self.after.to_dict(),
-                "predicted_gain": self.outcome.predicted_gain, "measured_gain": self.outcome.measured_gain}
+                "predicted_gain": self.outcome.predicted_gain, "measured_gain": self.outcome.measured_gain,
+                "side_by_side": None if side is None else side.to_dict(),
+                "diagnoses_gain": self.outcome.diagnoses_gain}
 
 
 def diagnose_and_apply(workload: Workload, plan: Plan, config: DoctorConfig, hardware: Any = None,
@@ -114,7 +144,9 @@ def diagnose_and_apply(workload: Workload, plan: Plan, config: DoctorConfig, har
     if on_apply is not None:
         on_apply(before, fix)
     after = diagnose(workload, new_plan, config, hardware=hardware)
-    return Applied(before, fix, new_plan, after, outcome(fix, before, after))
+    side = (side_by_side_gain(workload, hardware, plan, new_plan, config)
+            if hardware is not None and fix.prediction.metric in SPEED else None)
+    return Applied(before, fix, new_plan, after, outcome(fix, before, after, side))
 
 
 UNITS = {"step_s": "s/step", "sample_s": "s/sample", "host_bytes": "bytes", "device_bytes": "bytes"}
@@ -133,12 +165,20 @@ def render_applied(applied: Applied, console: Any, saved_to: Any = None) -> None
     console.print(f"[bold]{fix.title}[/]")
     console.print(f"  {prediction_text(fix.prediction)}")
     predicted = result.predicted_gain
-    measured_line = (f"  measured: {result.measured_before:.4g} → {result.measured_after:.4g} {UNITS[metric]}, "
-                     f"{what} {result.measured_gain:.2f}×")
+    side = result.side_by_side
+    if side is not None:
+        measured_line = (f"  measured side by side ({side.rounds} interleaved rounds): {what} {side.fmt()}"
+                         + ("" if side.faster or side.slower else ", within the noise between rounds"))
+    else:
+        measured_line = (f"  measured: {result.measured_before:.4g} → {result.measured_after:.4g} {UNITS[metric]}, "
+                         f"{what} {result.measured_gain:.2f}×")
     if predicted is not None:
         error = result.measured_gain / predicted - 1
         measured_line += f" against {predicted:.2f}× predicted ({100 * error:+.0f} %)"
     console.print(measured_line)
+    if side is not None:
+        console.print(f"  (the two diagnoses, one after the other: {result.measured_before:.4g} → "
+                      f"{result.measured_after:.4g} {UNITS[metric]})")
     if saved_to:
         console.print(f"  plan written to {saved_to}")
     else:
