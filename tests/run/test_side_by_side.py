@@ -83,7 +83,9 @@ def test_a_busy_machine_gets_one_more_round_and_is_said(cpu, meter):
     assert cmp.rounds == 4 and len(m.order) == 8 and len(cmp.row("naive").rounds) == 4
     assert cmp.contention.significant() and "machine busy" in cmp.contention.line()
     text = out.export_text()
-    assert "round 4/4: naive 100.0 · tuned 200.0 samples/s" in text
+    # Issue 31: the counter read 3/3 then 4/4; the total planned stays fixed and the added round says what it is.
+    assert "round 3/3: naive" in text and "4/4" not in text
+    assert "round 4 (extra: the machine was busy): naive 100.0 · tuned 200.0 samples/s" in text
 
 
 def test_a_tuned_plan_slower_than_naive_in_every_round_is_not_trained(cpu, meter):

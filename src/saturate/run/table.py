@@ -7,7 +7,7 @@
 - Rows that differ show it: what the columns leave out (the fused optimizer, compile, activation checkpointing,
   pinned and non-blocking copies, CPU offload, FSDP) is a letter in the `opts` column, with a legend line for the
   letters shown. A runner-up that differed from the tuned plan only by its fused optimizer read the same as it.
-- Within 80 columns (rich wraps the plan's label before anything else).
+- Within 80 columns: a long plan label ("guide: timeseries-after") wraps onto a second line, never cut.
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ if TYPE_CHECKING:
 # The settings no column shows, each a letter in `opts` (in this order) and its legend.
 OPTS: tuple[tuple[str, str, Any], ...] = (
     ("f", "fused AdamW", lambda p: p.fused_optimizer),
-    ("c", "torch.compile", lambda p: p.compile != "none"),
+    ("c", "torch.compile", lambda p: p.compile == "default"),
+    ("r", "compile reduce-overhead", lambda p: p.compile == "reduce-overhead"),
+    ("m", "compile max-autotune", lambda p: p.compile == "max-autotune"),
+    ("M", "compile max-autotune-no-cudagraphs", lambda p: p.compile == "max-autotune-no-cudagraphs"),
     ("a", "activation checkpointing", lambda p: p.activation_checkpointing),
     ("p", "pinned memory", lambda p: p.pin_memory),
     ("n", "non-blocking copies", lambda p: p.non_blocking),
@@ -40,11 +43,8 @@ COMMON = "the same for every row"  # the MFU line's words when one denominator w
 
 
 def opts(plan: Plan) -> str:
-    """The letters of `OPTS` a plan sets ("" for none); a compile mode other than the default is named after "c"."""
-    letters = "".join(letter for letter, _, on in OPTS if on(plan))
-    if plan.compile not in ("none", "default"):
-        letters = letters.replace("c", f"c:{plan.compile.split('-')[0]}")  # "c:max" (max-autotune), "c:reduce"
-    return letters
+    """The letters of `OPTS` a plan sets ("" for none): one per setting, each compile mode its own."""
+    return "".join(letter for letter, _, on in OPTS if on(plan))
 
 
 def same_peak(rows: list[Row], workload: Any, hw: Any, world_size: int) -> tuple[float | None, str]:
@@ -91,7 +91,8 @@ def comparison_table(rows: list[Row], workload: Any, memory_kind: str, side_by_s
     show_opts = any(letters.values())
     for col in ("plan", "batch", "precision", *(["opts"] if show_opts else []), "wkrs",
                 "tokens/s" if tokens else "samples/s", memory, "util", "MFU", "× naive"):
-        t.add_column(col, justify="left" if col in ("plan", "precision", "opts") else "right")
+        t.add_column(col, justify="left" if col in ("plan", "precision", "opts") else "right",
+                     overflow="fold" if col == "plan" else "ellipsis")  # a long label wraps, never cut to "…"
     base = next((r.samples_per_s for r in rows if r.label == "naive" and r.samples_per_s), None) \
         if side_by_side else None
     for r in rows:
@@ -110,7 +111,7 @@ def comparison_table(rows: list[Row], workload: Any, memory_kind: str, side_by_s
 
 
 def legend(plans: list[Plan]) -> str | None:
-    """The `opts` letters the plans set, spelled out; None when there are none."""
+    """The `opts` letters the plans set, spelled out ("opts: f fused AdamW, c torch.compile"); None when none."""
     used = [f"{letter} {what}" for letter, what, on in OPTS if any(on(p) for p in plans)]
     return "opts: " + ", ".join(used) if used else None
 
