@@ -36,6 +36,7 @@ from rich.text import Text
 from saturate import plan_cache
 from saturate.atomic import atomic_write_bytes
 from saturate.engine.distributed import DistInfo, broadcast_object, init_distributed, teardown_distributed
+from saturate.engine.live import stage
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import ConfigError, file_not_folder
 from saturate.plan import Plan, informed_choices, reference_plan
@@ -249,7 +250,8 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
             # naive where the same plan trained at 0.86 — 13 % on the budget and the predictions made from it).
             measurer = RealMeasurer(dataclasses.replace(workload, val_data=None), hw, seed=seed, min_steps=1,
                                     warmup=NAIVE_WARMUP, min_seconds=0.0, rule=WindowRule(min_windows=1), dist=dist)
-            naive = measurer.verify(dict(refs)["naive"])
+            with stage(console, f"measuring naive once, to size the tuning budget for {steps} steps"):
+                naive = measurer.verify(dict(refs)["naive"])
             naive_s = time.monotonic() - started
             predicted = steps * naive.step_s if naive.ok and naive.step_s else None
             source = (f"{steps} steps at naive's {naive.step_s:.3g} s/step, measured once" if predicted

@@ -21,6 +21,7 @@ import torch
 from rich.console import Console
 
 from saturate.engine.distributed import DistInfo, agree_any, all_reduce_scalar
+from saturate.engine.live import stage
 from saturate.engine.summary import mfu_peak
 from saturate.hardware.contention import Contention, ContentionMeter
 from saturate.hardware.mfu import Mfu, mfu
@@ -171,12 +172,13 @@ def _rounds(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], rounds: 
     meter = ContentionMeter().start()
     started = time.perf_counter()
     total, done = rounds, 0
-    with console.status("measuring side by side") as status:
+    with stage(console, "measuring side by side") as say:
         while done < total:
             for r, label in interleaved(labels, total):
                 if r < done:
                     continue
-                status.update(f"measuring side by side: {_round(r, rounds)} ({label})")
+                if console.is_terminal:  # off a terminal the line after each round says it
+                    say(f"measuring side by side: {_round(r, rounds)} ({label})")
                 with _Utilisation(hw, getattr(measurer, "cores", None)) as util:
                     t = measurer.verify(by_label[label])
                 value = util.value
