@@ -263,6 +263,11 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
                 f"{TUNING_SHARE:.0%} of it is under the {BUDGET_FLOOR_S:.0f} s a search needs to pay for itself, so "
                 "the default plan is compared and trained (--budget tunes anyway)"))
         budget_s, cap_s = budgets
+        if budget_s <= naive_s:  # a busy machine: naive's measurement took the whole budget (tune() refused it)
+            return _untuned(workload, hw, dist, started, predicted, naive, naive_s, measurer, console, (
+                f"not tuned: naive's measurement took {naive_s:.0f} s, all of the {budget_s:.0f} s tuning budget "
+                f"({TUNING_SHARE:.0%} of the untuned training, predicted at {predicted:.0f} s); the default plan is "
+                "compared and trained instead (--budget tunes anyway)"), budget_s)
         grows = (f"; it grows by half of what the search saves, up to {cap_s:.0f} s ({GROWN_SHARE:.0%}, at most "
                  f"{LONG_BASE_S:.0f} s + {LONG_SHARE:.0%} and {BUDGET_CEILING_S:.0f} s)" if cap_s > budget_s
                  else f" (at most {LONG_BASE_S:.0f} s + {LONG_SHARE:.0%} of it and {BUDGET_CEILING_S:.0f} s)")
