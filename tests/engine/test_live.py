@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from conftest import TINY, run_saturate
-from saturate.engine.live import _SHOWN, Announced, silenced, stage
+from saturate.engine.live import _SHOWN, Announced, _Line, silenced, stage
 
 
 def _plain() -> tuple[Console, io.StringIO]:
@@ -55,6 +55,8 @@ def test_on_a_terminal_the_live_line_shows_the_stage_and_its_seconds_and_nests()
         assert line.text == "tuning: compile trial, compiling"
     assert console not in _SHOWN  # the live line is gone
     assert "tuning: compile trial" in out.getvalue()
+    long = _text(_Line("tuning: micro-batch: 16×2 fp32 1 thread against 32×1 fp32 1 thread, in alternating windows"))
+    assert len(long) <= 80 and re.search(r"… \(\d+ s\)$", long), long  # the seconds stay when the text is cut
 
 
 def _text(line: object) -> str:

@@ -118,10 +118,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     with json_document(args) as emit, silenced(verbosity(args) < 0):  # -q: no live lines either
         console = _console(getattr(args, "wide", False))
-        with stage(console, "probing the machine (its devices; matmul peaks, measured once per machine)"):
+        with stage(console, "probing the machine (matmul peaks: measured once per machine)"):
             hw = probe(measure_peaks=True, device=args.device)
         show_machine(args, hw)
-        with stage(console, "preparing the workload (the model; the corpus and its token cache)"):
+        with stage(console, "preparing the workload (the corpus and its token cache)"):
             workload = workload_from_args(args)
         report = run(workload, hw, budget_s=args.budget, steps=args.steps, minutes=args.minutes,
                      run_dir=args.run_dir, allow_batch_change=args.allow_batch_change, seed=args.seed,

@@ -31,13 +31,17 @@ _SHOWN: weakref.WeakKeyDictionary[Console, _Line] = weakref.WeakKeyDictionary() 
 
 
 class _Line:
-    """The text a live status shows: the stage and its elapsed seconds, worked out each time rich redraws it."""
+    """The text a live status shows: the stage and its elapsed seconds, worked out each time rich redraws it. A text
+    too long for the terminal is cut, never the seconds."""
 
     def __init__(self, text: str) -> None:
         self.text, self.started = text, time.monotonic()
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield Text(f"{self.text} ({time.monotonic() - self.started:.0f} s)", no_wrap=True, overflow="ellipsis")
+        seconds = f" ({time.monotonic() - self.started:.0f} s)"
+        room = max(1, options.max_width - len(seconds))
+        text = self.text if len(self.text) <= room else self.text[:room - 1] + "…"
+        yield Text(text + seconds, no_wrap=True, overflow="ellipsis")
 
 
 @contextlib.contextmanager
