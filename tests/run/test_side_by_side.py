@@ -15,7 +15,8 @@ from saturate.hardware.mfu import mfu
 from saturate.plan import Plan
 from saturate.run import flow as run_module
 from saturate.run import side_by_side as compare_module
-from saturate.run.side_by_side import compare, comparison_table, runner_up
+from saturate.run.side_by_side import compare, runner_up
+from saturate.run.table import comparison_table
 from saturate.tune.trial import Trial
 
 WORKLOAD = SimpleNamespace(name="w", tokens_per_sample=1, flops_per_sample=None)

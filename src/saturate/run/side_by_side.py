@@ -298,4 +298,3 @@ class _GpuBusy:
         self._stop.set()
         self._thread.join(timeout=2)
         return sum(self.samples) / len(self.samples) / 100 if self.samples else None
-from saturate.run.table import comparison_table  # noqa: E402,F401 - the table, importable where it was
