@@ -37,6 +37,8 @@ def test_nothing_on_a_quiet_console_or_under_silenced():
         pass
     with silenced(False), stage(None, "no console at all"):
         pass
+    with stage(console, "said otherwise off a terminal", plain=False) as say:
+        say("nor this")
     assert out.getvalue() == ""
 
 

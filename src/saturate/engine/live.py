@@ -54,17 +54,17 @@ def silenced(silent: bool = True) -> Iterator[None]:
         _SILENT.reset(token)
 
 
-def _enabled(console: Console | None) -> bool:
-    return console is not None and not console.quiet and not _SILENT.get()
+def _enabled(console: Console) -> bool:
+    return not console.quiet and not _SILENT.get()
 
 
 @contextlib.contextmanager
-def stage(console: Console | None, text: str) -> Iterator[Callable[[str], None]]:
-    """A long stage of `text` on `console` (module docstring); yields `say(text)`, which says what it does now."""
-    if not _enabled(console):
+def stage(console: Console | None, text: str, plain: bool = True) -> Iterator[Callable[[str], None]]:
+    """A long stage of `text` on `console` (module docstring); yields `say(text)`, which says what it does now.
+    `plain=False`: nothing off a terminal (the caller prints lines of its own there)."""
+    if console is None or not _enabled(console) or not (plain or console.is_terminal):
         yield lambda _: None
         return
-    assert console is not None
     if not console.is_terminal:
         console.print(f"[dim]{text} …[/dim]", highlight=False)
 

@@ -172,13 +172,12 @@ def _rounds(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], rounds: 
     meter = ContentionMeter().start()
     started = time.perf_counter()
     total, done = rounds, 0
-    with stage(console, "measuring side by side") as say:
+    with stage(console, "measuring side by side", plain=False) as say:  # off a terminal: a line per round
         while done < total:
             for r, label in interleaved(labels, total):
                 if r < done:
                     continue
-                if console.is_terminal:  # off a terminal the line after each round says it
-                    say(f"measuring side by side: {_round(r, rounds)} ({label})")
+                say(f"measuring side by side: {_round(r, rounds)} ({label})")
                 with _Utilisation(hw, getattr(measurer, "cores", None)) as util:
                     t = measurer.verify(by_label[label])
                 value = util.value
