@@ -123,7 +123,7 @@ class Announced:
             return self._inner.model_trial(plan, stage_name, **kw)
 
     def loader_trial(self, plan: Any) -> Any:
-        with self._stage(f"loader trial, {plan.num_workers} workers"):
+        with self._stage(f"loader trial, {plan.num_workers} worker{'' if plan.num_workers == 1 else 's'}"):
             return self._inner.loader_trial(plan)
 
     def verify(self, plan: Any) -> Any:
