@@ -216,7 +216,8 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
             + "\n").encode())
     plots = ", ".join(str(p) for p in tuning.result.plots) if tuning.result else ""
     console.print(f"run folder: {run_dir}  (" + (f"tuned plan {tuning.result.plan_path}; plots: {plots or 'none'}; "
-                  if tuning.result else "cached plan; ") + f"comparison {run_dir / 'comparison.json'})")
+                  if tuning.result else "cached plan; " if tuning.label == "tuned" else "the default plan, untuned; ")
+                  + f"comparison {run_dir / 'comparison.json'})")
     if made_group:
         teardown_distributed()
     return report
