@@ -60,9 +60,11 @@ def test_apply_measures_a_speed_fix_side_by_side_not_from_two_diagnoses_minutes_
     from rich.console import Console
 
     from saturate.doctor.apply import diagnose_and_apply, render_applied
+    from saturate.run.side_by_side import gain_between
 
     workload = mlp_workload(Samples(delay=0.005), effective_batch=8)
-    applied = diagnose_and_apply(workload, Plan(micro_batch=8, grad_accum=1), QUICK, hardware=cpu)
+    applied = diagnose_and_apply(workload, Plan(micro_batch=8, grad_accum=1), QUICK, hardware=cpu,
+                                 side_by_side=lambda a, b: gain_between(workload, cpu, a, b))
     side = applied.outcome.side_by_side
     assert side is not None and side.rounds >= 3 and applied.outcome.measured_gain == side.median
     assert side.median > 1.3  # two workers share 40 ms of sleep per step (~2×)

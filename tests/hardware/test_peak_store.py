@@ -118,8 +118,8 @@ def test_flops_per_cycle_from_the_instruction_set(flags, dtype, per_cycle):
 
 def test_instruction_set_bound_is_cores_times_clock_times_flops_per_cycle(monkeypatch):
     monkeypatch.setattr(cpu, "physical_cores", lambda: 8)
-    value, how = cpu.instruction_set_bound({"avx2", "fma"}, 4, 3e9, "cpufreq maximum", "fp32")
-    assert value == 4 * 3e9 * 32 and "4 cores x 3.00 GHz" in how
+    value, how = cpu.instruction_set_bound({"avx2", "fma"}, 4, 3e9, "3.00 GHz (cpufreq maximum)", "fp32")
+    assert value == 4 * 3e9 * 32 and how.startswith("4 cores x 3.00 GHz (cpufreq maximum) x 32 FLOPs/cycle")
     # hyperthreads share a core's FMA units: usable logical CPUs are capped at the physical cores
     monkeypatch.setattr(cpu, "physical_cores", lambda: 2)
     assert cpu.instruction_set_bound({"avx2", "fma"}, 4, 3e9, "x", "fp32")[0] == 2 * 3e9 * 32
@@ -132,8 +132,14 @@ def test_max_clock_falls_back_to_cpuinfo_and_says_so(monkeypatch):
 
     monkeypatch.setattr(psutil, "cpu_freq", lambda: None)
     hz, source = cpu.max_clock_hz("processor: 0\ncpu MHz\t\t: 2400.5\nprocessor: 1\ncpu MHz\t\t: 2600.0\n")
-    assert hz == 2600.0e6 * cpu.BOOST_HEADROOM and "current clock" in source and "2600 x 2.5" in source
+    assert hz == 2600.0e6 * cpu.BOOST_HEADROOM and "current clock" in source
     assert cpu.max_clock_hz(None) == (None, "no clock readable")
+    # Issue 31: the ceiling read "6.50 GHz [/proc/cpuinfo cpu MHz 2600 x 2.5 …]", a clock no such CPU runs at. It says
+    # the clock read and the headroom assumed, and the product appears nowhere.
+    monkeypatch.setattr(cpu, "physical_cores", lambda: 2)
+    _, how = cpu.instruction_set_bound({"avx2", "fma"}, 2, hz, source, "fp32")
+    assert how.startswith("2 cores x 2.60 GHz x 2.5 (the current clock") and "boost headroom assumed" in how
+    assert "6.50" not in how and "x 32 FLOPs/cycle [AVX2" in how, how
 
 
 def test_mfu_above_the_peak_is_never_a_figure():

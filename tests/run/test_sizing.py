@@ -275,6 +275,31 @@ def test_naive_s_measurement_that_sized_the_budget_counts_against_it(tmp_path, c
     assert got.naive.step_s == 0.5 and got.naive_s == pytest.approx(3.0) and "measurement included" in got.why
 
 
+def test_a_budget_that_naive_s_measurement_used_up_trains_the_default_plan(tmp_path, cpu, monkeypatch):
+    # Issue 31's --steps 20 on a busy machine: naive took 38.8 s of a 17 s budget, and tune() was called with -21.9 s
+    # ("budget must be > 0 seconds"). The job is not tuned instead, and the line says why.
+    clock = [100.0]
+
+    class SlowNaive:
+        def __init__(self, *a, **k) -> None:
+            pass
+
+        def verify(self, plan: Plan) -> Trial:
+            clock[0] += 38.8
+            return Trial(stage="verify", plan=plan, samples_per_s=8 / 8.47, step_s=8.47, steps=1, seconds=38.8)
+
+    monkeypatch.setattr(run_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(run_module, "RealMeasurer", SlowNaive)
+    monkeypatch.setattr(run_module, "tune", lambda *a, **k: pytest.fail(f"tuned with {k['budget_s']:g} s"))
+    quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
+    got = run_module._tune(Job(), cpu, SimpleNamespace(world_size=1, is_main=True),
+                           [("naive", Plan(micro_batch=8, name="naive"))], budget_s=None, steps=20, minutes=None,
+                           allow_batch_change=True, run_dir=tmp_path, seed=0, console=quiet, try_compile=True)
+    assert got.label == "default" and got.result is None and got.budget_s == pytest.approx(16.94)
+    assert got.why.startswith("not tuned: the untuned training is predicted at 169 s")
+    assert "measuring naive to predict it took 39 s of the 17 s (10 %) tuning may" in " ".join(got.why.split())
+
+
 def test_without_a_side_by_side_a_run_of_naive_s_settings_is_not_called_a_gain():
     naive = Plan(micro_batch=8, name="naive")
     row = lambda label, plan, sps: sizing.Row(label, plan, sps, sps, 8 / sps, None, None, None)  # noqa: E731

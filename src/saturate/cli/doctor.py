@@ -101,7 +101,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if not args.json:
             console.print(f"\n[bold]applying:[/] {fix.title} — running the new plan the same way …")
 
-    applied = diagnose_and_apply(workload, plan, config, hw, before=before, on_apply=applying)
+    def side_by_side(a: Any, b: Any) -> Any:
+        from saturate.engine.live import stage
+        from saturate.run.side_by_side import gain_between
+
+        with stage(console, "measuring the plan before and after the fix side by side"):
+            return gain_between(workload, hw, a, b, seed=config.seed, min_seconds=max(1.0, config.min_seconds))
+
+    applied = diagnose_and_apply(workload, plan, config, hw, before=before, on_apply=applying,
+                                 side_by_side=side_by_side)
     if args.save_plan and applied.plan is not None:
         applied.plan.save(args.save_plan)
     if args.json:

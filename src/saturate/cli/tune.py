@@ -106,6 +106,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from saturate.engine.live import silenced, stage
     from saturate.engine.signals import stop_exit_code
     from saturate.hardware import probe
     from saturate.run.flow import run
@@ -115,13 +116,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.overrides:
         raise ConfigError("--overrides applies to a command after --")
 
-    with json_document(args) as emit:
-        hw = probe(measure_peaks=True, device=args.device)
+    with json_document(args) as emit, silenced(verbosity(args) < 0):  # -q: no live lines either
+        console = _console(getattr(args, "wide", False))
+        with stage(console, "probing the machine (matmul peaks: measured once per machine)"):
+            hw = probe(measure_peaks=True, device=args.device)
         show_machine(args, hw)
-        report = run(workload_from_args(args), hw, budget_s=args.budget, steps=args.steps, minutes=args.minutes,
+        with stage(console, "preparing the workload (the corpus and its token cache)"):
+            workload = workload_from_args(args)
+        report = run(workload, hw, budget_s=args.budget, steps=args.steps, minutes=args.minutes,
                      run_dir=args.run_dir, allow_batch_change=args.allow_batch_change, seed=args.seed,
                      progress=not args.no_progress and verbosity(args) >= 0, try_compile=not args.no_compile,
-                     console=_console(getattr(args, "wide", False)), source=source_record(source_from_args(args)),
+                     console=console, source=source_record(source_from_args(args)),
                      allow_micro_batch_change=args.allow_micro_batch_change)
         emit({"run_dir": str(report.run_dir), "rows": [r.to_dict() for r in report.rows],
               **(report.comparison.to_dict() if report.comparison else {}), "trained": report.trained,

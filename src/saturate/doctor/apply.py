@@ -13,6 +13,7 @@ the ratio of the fix's own metric (`measured_figure`) between the diagnoses: loa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,19 +95,6 @@ def outcome(fix: Fix, before: Diagnosis, after: Diagnosis, side_by_side: Ratio |
     return Outcome(fix, before, after, a, b, side_by_side if metric in SPEED else None)
 
 
-def side_by_side_gain(workload: Workload, hardware: Any, before: Plan, after: Plan, config: DoctorConfig) -> Ratio:
-    """After ÷ before samples/s, per round of the two plans measured in interleaved rounds in this process."""
-    from saturate.run.side_by_side import compare
-
-    cmp = compare(workload, hardware, [("before", before), ("after", after)], seed=config.seed,
-                  min_seconds=max(1.0, config.min_seconds))
-    ratio = cmp.ratio("after", "before")
-    if ratio is None:
-        notes = [r.note for r in cmp.rows if r.note]
-        raise SaturateError("the plans before and after the fix could not be measured side by side: "
-                            + (notes[0] if notes else "no round completed"))
-    return ratio
-
 
 
 @dataclass
@@ -132,10 +120,12 @@ class Applied:
 
 
 def diagnose_and_apply(workload: Workload, plan: Plan, config: DoctorConfig, hardware: Any = None,
-                       before: Diagnosis | None = None,
-                       on_apply: Any = None) -> Applied:
+                       before: Diagnosis | None = None, on_apply: Any = None,
+                       side_by_side: Callable[[Plan, Plan], Ratio] | None = None) -> Applied:
     """Diagnose `plan` (or take `before`), apply its top plan fix and diagnose the new plan the same way.
-    `on_apply(before, fix)` is called before the second run (to show the first diagnosis and what is applied)."""
+    `on_apply(before, fix)` is called before the second run (to show the first diagnosis and what is applied);
+    `side_by_side(before, after)` measures a speed fix's gain in interleaved rounds (the caller's: run/side_by_side.py
+    `gain_between`, a floor above the doctor)."""
     before = before or diagnose(workload, plan, config, hardware=hardware)
     fix = plan_fix(before)
     if fix is None:
@@ -144,8 +134,7 @@ def diagnose_and_apply(workload: Workload, plan: Plan, config: DoctorConfig, har
     if on_apply is not None:
         on_apply(before, fix)
     after = diagnose(workload, new_plan, config, hardware=hardware)
-    side = (side_by_side_gain(workload, hardware, plan, new_plan, config)
-            if hardware is not None and fix.prediction.metric in SPEED else None)
+    side = side_by_side(plan, new_plan) if side_by_side is not None and fix.prediction.metric in SPEED else None
     return Applied(before, fix, new_plan, after, outcome(fix, before, after, side))
 
 

@@ -50,13 +50,18 @@ class RunResult:
     metrics: dict[str, float] = field(default_factory=dict)  # the workload's own end-of-run metrics (evaluate)
 
 
+def peak_dtype(hw: Any, plan: Plan) -> str:
+    """The dtype whose peak is a plan's MFU denominator: its precision's ("tf32" for fp32 with TF32 matmuls, where the
+    device has them)."""
+    dtype = {"bf16": "bf16", "fp16": "fp16"}.get(plan.precision, "tf32" if plan.tf32 else "fp32")
+    return "fp32" if dtype == "tf32" and not hw.supports.get("tf32") else dtype
+
+
 def mfu_peak(hw: Any, plan: Plan) -> tuple[float | None, str]:
     """The MFU denominator for a plan's precision: the probe's peak, else the stored (or now measured) one."""
     from saturate.hardware.peak_store import matmul_peak
 
-    dtype = {"bf16": "bf16", "fp16": "fp16"}.get(plan.precision, "tf32" if plan.tf32 else "fp32")
-    if dtype == "tf32" and not hw.supports.get("tf32"):
-        dtype = "fp32"
+    dtype = peak_dtype(hw, plan)
     peak, label = hw.peak_flops(dtype)
     if peak is None:
         try:

@@ -141,26 +141,27 @@ BOOST_HEADROOM = 2.5
 
 
 def max_clock_hz(cpuinfo: str | None) -> tuple[float | None, str]:
-    """The highest clock a core may run at, and where it was read.
+    """The highest clock a core may run at, and what it is, said with its figures ("3.50 GHz (cpufreq maximum)").
 
     cpufreq's maximum (psutil.cpu_freq().max) when the system has one; else the largest "cpu MHz" in
     /proc/cpuinfo x `BOOST_HEADROOM`: that is the current clock (virtual machines report no maximum), which
-    a boosting core passes, said so.
+    a boosting core passes, said as the clock read times the headroom assumed ("2.60 GHz x 2.5 ..."), never as
+    the product alone (a "6.50 GHz" no such CPU runs at).
     """
     try:
         import psutil
 
         freq = psutil.cpu_freq()
         if freq is not None and freq.max and freq.max > 0:
-            return freq.max * 1e6, "cpufreq maximum (psutil.cpu_freq().max)"
+            return freq.max * 1e6, f"{freq.max / 1e3:.2f} GHz (cpufreq maximum)"
     except (OSError, NotImplementedError, AttributeError):
         pass
     mhz = [float(v) for k, _, v in (line.partition(":") for line in (cpuinfo or "").splitlines())
            if k.strip().lower() == "cpu mhz" and v.strip().replace(".", "", 1).isdigit()]
     if mhz:
         return (max(mhz) * 1e6 * BOOST_HEADROOM,
-                f"/proc/cpuinfo cpu MHz {max(mhz):.0f} x {BOOST_HEADROOM:g}: the current clock, which cores boost "
-                "past, and no cpufreq maximum here")
+                f"{max(mhz) / 1e3:.2f} GHz x {BOOST_HEADROOM:g} (the current clock, /proc/cpuinfo's cpu MHz, times "
+                "the boost headroom assumed: no cpufreq maximum here)")
     return None, "no clock readable"
 
 
@@ -174,9 +175,10 @@ def physical_cores() -> int | None:
         return None
 
 
-def instruction_set_bound(flags: set[str], cores: int, clock_hz: float | None, clock_source: str,
+def instruction_set_bound(flags: set[str], cores: int, clock_hz: float | None, clock: str,
                           dtype: str) -> tuple[float, str] | None:
-    """(FLOP/s, how it was computed): usable cores x max clock x FLOPs per cycle for the dtype.
+    """(FLOP/s, how it was computed): usable cores x max clock x FLOPs per cycle for the dtype; `clock` is the
+    clock as `max_clock_hz` says it, with its figures.
 
     A ceiling no measured matmul peak can exceed; None when the clock or the instructions are unknown.
     """
@@ -187,4 +189,4 @@ def instruction_set_bound(flags: set[str], cores: int, clock_hz: float | None, c
     used = min(cores, physical) if physical else cores
     flops, what = per_cycle
     return (used * clock_hz * flops,
-            f"{used} cores x {clock_hz / 1e9:.2f} GHz [{clock_source}] x {flops} FLOPs/cycle [{what}]")
+            f"{used} cores x {clock} x {flops} FLOPs/cycle [{what}]")

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 
-def _flops(value: float) -> str:
+def flops_text(value: float) -> str:
+    """FLOP/s for people: "1.23 TFLOP/s", "456 GFLOP/s"."""
     for scale, unit in ((1e12, "TFLOP/s"), (1e9, "GFLOP/s")):
         if value >= scale:
             return f"{value / scale:.3g} {unit}"
@@ -40,7 +41,7 @@ class Mfu:
         if self.value is None:
             return self.reason or "MFU unknown"
         assert self.peak is not None
-        return f"{100 * self.value:.1f} % of {_flops(self.peak)} ({self.source})"
+        return f"{100 * self.value:.1f} % of {flops_text(self.peak)} ({self.source})"
 
     def cell(self) -> str:
         """A table cell: "12.3 %", "n/a" above the peak, "-" when unknown."""
@@ -62,6 +63,6 @@ def mfu(achieved_flops: float | None, peak: float | None, source: str, processes
     per_process = achieved_flops / max(1, processes)
     if per_process > peak:
         return Mfu(None, per_process, peak, source,
-                   f"MFU n/a: measured throughput exceeds the peak estimate (peak {_flops(peak)}, achieved "
-                   f"{_flops(per_process)}; {source})")
+                   f"MFU n/a: measured throughput exceeds the peak estimate (peak {flops_text(peak)}, achieved "
+                   f"{flops_text(per_process)}; {source})")
     return Mfu(per_process / peak, per_process, peak, source)

@@ -36,17 +36,18 @@ from rich.text import Text
 from saturate import plan_cache
 from saturate.atomic import atomic_write_bytes
 from saturate.engine.distributed import DistInfo, broadcast_object, init_distributed, teardown_distributed
+from saturate.engine.live import stage
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import ConfigError, file_not_folder
 from saturate.plan import Plan, informed_choices, reference_plan
+from saturate.run.costs import say_costs, untuned_line
 from saturate.run.informed import informed_plan
-from saturate.run.side_by_side import (  # noqa: F401 - Row, comparison_table: the table's API, kept importable here
+from saturate.run.side_by_side import (  # noqa: F401 - Row, compare: the side-by-side's API, kept importable here
     ROUNDS,
     Comparison,
     Row,
     at_effective_batch,
     compare,
-    comparison_table,
     row_mfu,
     runner_up,
     same_settings,
@@ -66,6 +67,7 @@ from saturate.run.sizing import (  # noqa: F401 - the budget's constants, kept i
     side_by_side,
     tuning_budget,
 )
+from saturate.run.table import comparison_table, same_peak
 from saturate.stats.noise import WindowRule
 from saturate.tune.api import TuneResult, no_empty_folders, tune
 from saturate.tune.measure import RealMeasurer
@@ -167,7 +169,7 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
             notes.append(_recache(workload, hw, dist.world_size, tuning.plan, cmp.row(trained)))
         for n in notes:
             console.print(f"[yellow]note:[/yellow] {n}", highlight=False)
-        timing = _say_costs(console, cmp, tuning, trained, steps or workload.optim.steps, minutes)
+        timing = say_costs(console, cmp, tuning, trained, steps or workload.optim.steps, minutes)
         timing.update(setup_s=tuning_started - started, naive_measure_s=tuning.naive_s,
                       predicted_side_by_side_s=sizing.predicted_s, side_by_side_share_s=sizing.share_s)
         config = RunConfig(steps=steps, minutes=minutes, run_dir=run_dir, seed=seed, device=hw.torch_device,
@@ -187,6 +189,7 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
                            row_mfu(workload, hw, training.plan, training.samples_per_s, dist.world_size),
                            note=f"{report.trained}, {training.steps} steps, validation loss {training.val_loss:.3f}"
                            if training.val_loss is not None else f"{report.trained}, {training.steps} steps"))
+    same_peak(report.rows, workload, hw, dist.world_size)  # one MFU denominator for every row (table.py)
     if cmp is not None and cmp.contention is not None and cmp.contention.significant():  # the top of the output
         console.print(f"[yellow]{cmp.contention.line()}[/yellow] — absolute figures are low; the ratios, measured "
                       f"in {cmp.rounds} interleaved rounds, are fair", highlight=False)
@@ -200,8 +203,8 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
     t = report.timing
     console.print(f"measured total: {t['total_s']:.0f} s (tuning {tuning.seconds:.0f} s, side by side "
                   f"{t['side_by_side_s']:.0f} s, training {t['training_s']:.0f} s with validation and checkpoints)"
-                  + (f"; the untuned training was predicted at {t['predicted_untuned_s']:.0f} s (a prediction)"
-                     if t.get("predicted_untuned_s") else ""), highlight=False)
+                  + untuned_line(t, tuning.predicted_training_s if tuning.naive is not None else None, cmp is not None),
+                  highlight=False)
     if dist.is_main:
         atomic_write_bytes(run_dir / "comparison.json", (json.dumps(
             {"workload": workload.name, "hardware": hw.to_dict(), "processes": dist.world_size,
@@ -213,7 +216,8 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
             + "\n").encode())
     plots = ", ".join(str(p) for p in tuning.result.plots) if tuning.result else ""
     console.print(f"run folder: {run_dir}  (" + (f"tuned plan {tuning.result.plan_path}; plots: {plots or 'none'}; "
-                  if tuning.result else "cached plan; ") + f"comparison {run_dir / 'comparison.json'})")
+                  if tuning.result else "cached plan; " if tuning.label == "tuned" else "the default plan, untuned; ")
+                  + f"comparison {run_dir / 'comparison.json'})")
     if made_group:
         teardown_distributed()
     return report
@@ -247,7 +251,8 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
             # naive where the same plan trained at 0.86 — 13 % on the budget and the predictions made from it).
             measurer = RealMeasurer(dataclasses.replace(workload, val_data=None), hw, seed=seed, min_steps=1,
                                     warmup=NAIVE_WARMUP, min_seconds=0.0, rule=WindowRule(min_windows=1), dist=dist)
-            naive = measurer.verify(dict(refs)["naive"])
+            with stage(console, f"measuring naive once, to size the tuning budget for {steps} steps"):
+                naive = measurer.verify(dict(refs)["naive"])
             naive_s = time.monotonic() - started
             predicted = steps * naive.step_s if naive.ok and naive.step_s else None
             source = (f"{steps} steps at naive's {naive.step_s:.3g} s/step, measured once" if predicted
@@ -262,9 +267,10 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
         if budget_s - naive_s < BUDGET_FLOOR_S:  # sizing the budget spent it (a slow first step, a busy machine)
             return _untuned(workload, hw, dist, started, predicted, naive, naive_s, measurer, console, (
                 f"not tuned: the untuned training is predicted at {predicted:.0f} s ({source}); measuring naive "
-                f"to predict it took {naive_s:.0f} s of the {budget_s:.0f} s ({TUNING_SHARE:.0%}) tuning may cost, "
+                f"to predict it took {naive_s:.0f} s of the {budget_s:.0f} s ({100 * TUNING_SHARE:.0f} %) tuning "
+                "may cost, "
                 f"leaving under the {BUDGET_FLOOR_S:.0f} s a search needs, so the default plan is compared and "
-                "trained (--budget tunes anyway)"))
+                "trained (--budget tunes anyway)"), budget_s)
         grows = (f"; it grows by half of what the search saves, up to {cap_s:.0f} s ({GROWN_SHARE:.0%}, at most "
                  f"{LONG_BASE_S:.0f} s + {LONG_SHARE:.0%} and {BUDGET_CEILING_S:.0f} s)" if cap_s > budget_s
                  else f" (at most {LONG_BASE_S:.0f} s + {LONG_SHARE:.0%} of it and {BUDGET_CEILING_S:.0f} s)")
@@ -355,44 +361,6 @@ def _choose(cmp: Comparison, label: str = "tuned") -> tuple[str, list[str], list
         notes.append(f"the {label} plan was measured slower than {trained} in every round ({trained} "
                      f"{beaten[1].fmt()} of {label}, beyond the noise); training with {trained} instead")
     return trained, lines, notes
-
-
-def _say_costs(console: Console, cmp: Comparison | None, tuning: Tuning, trained: str, steps: int,
-               minutes: float | None) -> dict[str, float | None]:
-    """What tuning cost (measured) and what it is predicted to save (from the measured speeds: side by side, or
-    naive's one measurement and the plan's tuning trial when there was no side-by-side); the figures."""
-    if cmp is not None:
-        naive, row = cmp.row("naive"), cmp.row(trained)
-        naive_step, step = naive.step_s if naive else None, row.step_s if row else None
-        source = "the measured speeds"
-    else:
-        naive_step = tuning.naive.step_s if tuning.naive is not None and tuning.naive.ok else None
-        step = measured_step(tuning.result.search.trials, tuning.plan) if tuning.result else tuning.step_s
-        source = "naive's one measurement and the plan's " + ("tuning trial" if tuning.result else "cached speed")
-    cost = (f"tuning cost {tuning.seconds:.0f} s" + (" (a cached plan)" if tuning.to_dict()["cached"] else "")
-            + (f", measuring side by side {cmp.seconds:.0f} s" if cmp is not None else ", no side-by-side"))
-    timing: dict[str, float | None] = {"tuning_s": tuning.seconds, "side_by_side_s": cmp.seconds if cmp else 0.0}
-    trained_plan = cmp.row(trained).plan if cmp is not None and cmp.row(trained) else tuning.plan
-    naive_plan = cmp.row("naive").plan if cmp is not None and cmp.row("naive") else \
-        tuning.naive.plan if tuning.naive is not None else None
-    if naive_plan is not None and same_settings([("naive", naive_plan), (trained, trained_plan)]):
-        # Two measurements of the same settings differ by noise alone: that is no saving.
-        timing.update(predicted_saving_s=0.0)
-        console.print(f"{cost}; no saving: {trained} has naive's settings", highlight=False)
-    elif not (naive_step and step):
-        console.print(f"{cost}; no saving predicted (naive or the trained plan was not measured)", highlight=False)
-    elif minutes:
-        extra = minutes * 60 / step - minutes * 60 / naive_step
-        timing["predicted_extra_steps"] = extra
-        console.print(f"{cost}; predicted: {extra:,.0f} more steps in {minutes:g} min than untuned (a prediction "
-                      f"from {source})", highlight=False)
-    else:
-        untuned, tuned = steps * naive_step, steps * step
-        timing.update(predicted_untuned_s=untuned, predicted_saving_s=untuned - tuned)
-        console.print(f"{cost}; predicted saving over {steps} steps: {untuned - tuned:,.0f} s ({untuned:,.0f} s "
-                      f"untuned → {tuned:,.0f} s with {trained}; a prediction from {source})",
-                      highlight=False)
-    return timing
 
 
 def _choose_run_dir(run_dir: Path | None, workload: Workload) -> tuple[str, str | None]:

@@ -24,6 +24,7 @@ from typing import Any
 
 from rich.console import Console
 
+from saturate.engine.live import stage
 from saturate.plan import Plan, informed_summary
 from saturate.tune.batch import largest_proportional
 from saturate.tune.results import LOSS_TOLERANCE, SearchSettings
@@ -41,7 +42,7 @@ def informed_plan(workload: Workload, hw: Any, world_size: int, naive: Trial | N
     """The default plan for a job not tuned, sized and guarded by naive's one measurement where there is one
     (`measurer`: the one that measured it, a `RealMeasurer`); said on `console`: its settings, labelled, and what
     the guard found."""
-    plan, lines = _guarded(workload, hw, world_size, naive, measurer)
+    plan, lines = _guarded(workload, hw, world_size, naive, measurer, console)
     if console is not None:
         console.print(f"the default plan: {informed_summary(plan)}" if plan.provenance.get("informed") else
                       "the default plan: naive's settings", highlight=False)
@@ -51,7 +52,7 @@ def informed_plan(workload: Workload, hw: Any, world_size: int, naive: Trial | N
 
 
 def _guarded(workload: Workload, hw: Any, world_size: int, naive: Trial | None,
-             measurer: Any) -> tuple[Plan, list[str]]:
+             measurer: Any, console: Console | None = None) -> tuple[Plan, list[str]]:
     measured = naive is not None and naive.ok and measurer is not None
     cap, limit = None, None
     if measured and naive.peak_memory_bytes and getattr(measurer, "memory_capacity", None) is not None:  # type: ignore[union-attr]
@@ -67,7 +68,8 @@ def _guarded(workload: Workload, hw: Any, world_size: int, naive: Trial | None,
     larger = plan.micro_batch > naive.plan.micro_batch  # type: ignore[union-attr]
     if not lower:  # the micro-batch alone: the proportional bound is an upper bound, trusted as the tuner trusts it
         return plan, []
-    guard = measurer.verify(plan)
+    with stage(console, "measuring the default plan once (its losses and memory checked)"):
+        guard = measurer.verify(plan)
     prov, lines = dict(plan.provenance), []
     too_big = guard.status == "oom" or (larger and limit is not None and guard.peak_memory_bytes is not None
                                         and guard.peak_memory_bytes > limit)

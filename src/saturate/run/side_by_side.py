@@ -18,12 +18,12 @@ from typing import Any
 
 import psutil
 import torch
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
 from saturate.engine.distributed import DistInfo, agree_any, all_reduce_scalar
+from saturate.engine.live import stage
 from saturate.engine.summary import mfu_peak
+from saturate.errors import SaturateError
 from saturate.hardware.contention import Contention, ContentionMeter
 from saturate.hardware.mfu import Mfu, mfu
 from saturate.plan import LOADER_FIELDS, Plan
@@ -164,6 +164,19 @@ def compare(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], *, seed:
             measurer.close()
 
 
+def gain_between(workload: Workload, hw: Any, before: Plan, after: Plan, *, seed: int = 0,
+                 min_seconds: float = 1.0) -> Ratio:
+    """After ÷ before samples/s per round, the two plans measured in interleaved rounds in this process (`saturate
+    doctor --apply`'s measured gain)."""
+    cmp = compare(workload, hw, [("before", before), ("after", after)], seed=seed, min_seconds=min_seconds)
+    ratio = cmp.ratio("after", "before")
+    if ratio is None:
+        notes = [r.note for r in cmp.rows if r.note]
+        raise SaturateError("the plans before and after the fix could not be measured side by side: "
+                            + (notes[0] if notes else "no round completed"))
+    return ratio
+
+
 def _rounds(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], rounds: int, dist: DistInfo,
             console: Console, measurer: Any, busy_round: bool = True) -> Comparison:
     by_label = dict(plans)
@@ -173,12 +186,12 @@ def _rounds(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], rounds: 
     meter = ContentionMeter().start()
     started = time.perf_counter()
     total, done = rounds, 0
-    with console.status("measuring side by side") as status:
+    with stage(console, "measuring side by side", plain=False) as say:  # off a terminal: a line per round
         while done < total:
             for r, label in interleaved(labels, total):
                 if r < done:
                     continue
-                status.update(f"measuring side by side: round {r + 1}/{total} ({label})")
+                say(f"measuring side by side: {_round(r, rounds)} ({label})")
                 with _Utilisation(hw, getattr(measurer, "cores", None)) as util:
                     t = measurer.verify(by_label[label])
                 value = util.value
@@ -186,7 +199,7 @@ def _rounds(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], rounds: 
                     value = None if not all_reduce_scalar(value is not None, "min") else all_reduce_scalar(value or 0.0)
                 measured[label].append((t, value))
                 if label == (labels[0] if r % 2 else labels[-1]):  # the round's last measurement
-                    console.print(f"[dim]  round {r + 1}/{total}: " + " · ".join(
+                    console.print(f"[dim]  {_round(r, rounds)}: " + " · ".join(
                         f"{name} {_f(_sps(measured[name][r][0], dist.world_size), '{:,.1f}')}" for name in labels)
                         + " samples/s[/dim]", highlight=False)
             done = total
@@ -204,6 +217,12 @@ def _rounds(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], rounds: 
         twin_of_naive = same.get(r.label) == "naive"  # naive against itself would read as a measured 1.00×
         r.vs_naive = Ratio.between(r.rounds, naive.rounds) if naive is not None and not twin_of_naive else None
     return Comparison(rows, total, contention, time.perf_counter() - started)
+
+
+def _round(r: int, planned: int) -> str:
+    """Round `r` (from 0) of the `planned` ones, or the busy machine's extra round, said as such (not "4/4" after
+    "3/3")."""
+    return f"round {r + 1}/{planned}" if r < planned else f"round {r + 1} (extra: the machine was busy)"
 
 
 def _sps(t: Trial, world_size: int) -> float | None:
@@ -230,33 +249,6 @@ def row_mfu(workload: Workload, hw: Any, plan: Plan, samples_per_s: float | None
     """A row's MFU through hardware.mfu (never above 100 %); the peak is one device's, the job has world_size."""
     peak, source = mfu_peak(hw, plan)
     return mfu((samples_per_s or 0) * (workload.flops_per_sample or 0), peak, source, world_size)
-
-
-def comparison_table(rows: list[Row], workload: Any, memory_kind: str, side_by_side: bool = True) -> Table:
-    """The before/after table, within 80 columns: the ratio column is the median of the per-round ratios
-    (their ranges are said under the table); a row not in the rounds (the training run) is divided by naive's
-    median only when naive was measured side by side (`side_by_side`). A plan that sets torch's threads shows
-    them after its precision ("bf16 t1")."""
-    t = Table(title=f"{workload.name}: before and after, measured in this run",
-              box=box.SIMPLE_HEAVY, title_justify="left", show_edge=False, padding=(0, 0))
-    tokens = workload.tokens_per_sample > 1  # samples that are not tokens get tokens/s instead of samples/s
-    memory = "peak MiB" if memory_kind == "device" else "RSS MiB"
-    for col in ("plan", "batch", "precision", "wkrs", "tokens/s" if tokens else "samples/s", memory, "util",
-                "MFU", "× naive"):
-        t.add_column(col, justify="left" if col in ("plan", "precision") else "right")
-    base = next((r.samples_per_s for r in rows if r.label == "naive" and r.samples_per_s), None) \
-        if side_by_side else None
-    for r in rows:
-        p = r.plan
-        ratio = r.vs_naive.median if r.vs_naive else (r.samples_per_s / base if base and r.samples_per_s else None)
-        t.add_row(
-            r.label, f"{p.micro_batch}×{p.grad_accum}",
-            p.precision + ("+tf32" if p.tf32 else "") + (f" t{p.threads}" if p.threads else ""),
-            str(p.num_workers), _f(r.tokens_per_s if tokens else r.samples_per_s, "{:,.0f}" if tokens else "{:,.1f}"),
-            "-" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes / 2**20:,.0f}",
-            _f(r.utilisation, "{:.0%}"), r.mfu.cell() if r.mfu else "-",
-            _f(ratio, "{:.2f}×") if r.status == "ok" else r.status)
-    return t
 
 
 def _f(v: float | None, fmt: str) -> str:

@@ -278,9 +278,9 @@ def side_by_side(workload: Any, hw: Any, dist: DistInfo, tuning: Any, plans: lis
     if sizing.skipped:
         console.print(f"[yellow]{sizing.skipped}; no before/after ratio[/yellow]", highlight=False)
         return None, sizing
-    console.print("[bold]Before/after[/bold]: measuring each plan side by side in interleaved rounds (same "
-                  "method, this process" + (f"; {dist.world_size} processes" if dist.world_size > 1 else "")
-                  + ") …")
+    console.print(f"[bold]Before/after[/bold]: measuring each plan side by side in {sizing.rounds} interleaved "
+                  "rounds" + (", one more if the machine is busy" if sizing.busy_round else "") + " (same method, "
+                  "this process" + (f"; {dist.world_size} processes" if dist.world_size > 1 else "") + ") …")
     kept = [(label, plan) for label, plan in plans if label in sizing.labels]
     return compare(workload, hw, kept, seed=seed, dist=dist, console=console, min_seconds=sizing.measure_s,
                    rounds=sizing.rounds, busy_round=sizing.busy_round), sizing

@@ -17,11 +17,13 @@ from rich.console import Console
 from saturate import plan_cache
 from saturate.atomic import atomic_write_bytes
 from saturate.engine.distributed import barrier, broadcast_object, init_distributed, teardown_distributed
+from saturate.engine.live import Announced
 from saturate.errors import ConfigError, file_not_folder
 from saturate.hardware.contention import ContentionMeter, measure_contention
 from saturate.hardware.kernels import fused_adamw_available
 from saturate.plan import INFORMED_KNOBS, Plan
-from saturate.tune.evidence import plot, print_report, result_dict, trial_line
+from saturate.tune.evidence import plan_text, plot, print_report, result_dict, trial_line
+from saturate.tune.kept import keep as keep_what_the_user_had
 from saturate.tune.measure import RealMeasurer
 from saturate.tune.results import SearchResult, SearchSettings
 from saturate.tune.search import search
@@ -92,7 +94,8 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
     console = console or Console()
     if not dist.is_main:
         console = Console(quiet=True)  # rank 0 reports and writes
-    measurer = measurer or RealMeasurer(workload, hw, seed=seed, dist=dist)
+    # Every trial a live line (engine/live.py): what it measures, and for how long so far.
+    measurer = Announced(measurer or RealMeasurer(workload, hw, seed=seed, dist=dist), console, plan_text)
     steps = planned_steps or workload.optim.steps
     fixed_micro, coupling = kept_micro_batch(workload, world, allow_micro_batch_change)
     s = SearchSettings(fixed_micro_batch=fixed_micro,
@@ -129,13 +132,13 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
         meter.stop()
         if not keep:
             raise
-        from saturate.tune.kept import keep as keep_what_the_user_had
-
-        kept = keep_what_the_user_had(e, workload, hw, world, out_dir, console, started, s.__dict__, dist.is_main)
+        plan, why, what = keep_what_the_user_had(e, workload, hw, world, out_dir, console, started, s.__dict__,
+                                                 dist.is_main)
         barrier()
         if made_group:
             teardown_distributed()
-        return kept
+        return TuneResult(plan=plan, search=None, out_dir=out_dir, plan_path=out_dir / "plan.toml",
+                          json_path=out_dir / "tune.json", notes=[f"{why}; kept {what}"], kept=why)
     result.contention = meter.stop()
     if coupling:
         result.decisions.insert(0, coupling)

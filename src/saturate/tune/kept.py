@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 
@@ -23,9 +23,6 @@ from saturate.plan import Plan
 from saturate.tune.trial import BudgetTooSmall
 from saturate.workloads.base import Workload
 from saturate.workloads.coupling import workload_default_plan
-
-if TYPE_CHECKING:
-    from saturate.tune.api import TuneResult
 
 NO_CHANGE = "no change measured"
 
@@ -40,10 +37,9 @@ def plan_the_user_had(workload: Workload, hw: Any, world: int) -> tuple[Plan, st
 
 
 def keep(e: BudgetTooSmall, workload: Workload, hw: Any, world: int, out_dir: Path, console: Console,
-         started: float, settings: dict[str, Any], is_main: bool = True) -> TuneResult:
-    """The tune's result when `e` ended its search: the plan the user had, written with the trials measured."""
-    from saturate.tune.api import TuneResult
-
+         started: float, settings: dict[str, Any], is_main: bool = True) -> tuple[Plan, str, str]:
+    """When `e` ended the search: the plan the user had, written (rank 0) as `plan.toml` with the trials
+    measured in `tune.json`; (the plan, why nothing changed, what was kept)."""
     plan, what = plan_the_user_had(workload, hw, world)
     why = f"{NO_CHANGE}: {e}"
     trials = [t.to_dict() for t in e.trials]
@@ -58,5 +54,4 @@ def keep(e: BudgetTooSmall, workload: Workload, hw: Any, world: int, out_dir: Pa
         }, indent=2, default=str) + "\n").encode())
         plan.save(plan_path)
         console.print(f"kept plan: {plan_path} (evidence: {json_path})")
-    return TuneResult(plan=plan, search=None, out_dir=out_dir, plan_path=plan_path, json_path=json_path,
-                      notes=[f"{why}; kept {what}"], kept=why)
+    return plan, why, what
