@@ -124,3 +124,18 @@ def test_the_untuned_training_s_two_predictions_name_their_measurements():
     assert "2372" not in untuned_line({"predicted_untuned_s": 1047.0}, 1100.0, side_by_side=True)  # within 10 %
     assert "from naive's one measurement before tuning" in untuned_line({"predicted_untuned_s": 90.0}, 90.0, False)
     assert untuned_line({}, 2372.0, True) == ""
+
+
+def test_a_ratio_the_rounds_disagree_on_is_shown_as_its_range_not_a_median():
+    from saturate.stats.rounds import Ratio
+
+    rows = _rows()
+    same_peak(rows, WORKLOAD, HW, 1)
+    rows[1].vs_naive = Ratio.of([2.9, 3.0, 3.1])  # beyond the noise: the median
+    rows[2].vs_naive = Ratio.of([0.62, 3.81])  # the run that printed 2.22× beside "no measurable gain (0.62–3.81×)"
+    lines = _fits(rows)
+    runner, tuned = (next(line for line in lines if line.startswith(label)) for label in ("runner-up", "tuned"))
+    assert runner.endswith("3.00×") and tuned.endswith("0.62–3.81") and "2.22" not in tuned
+    assert any(line.startswith("× naive as a range") for line in lines)
+    rows[2].vs_naive = Ratio.of([2.4, 2.6])
+    assert not any(line.startswith("× naive as a range") for line in _fits(rows))

@@ -25,6 +25,7 @@ from saturate.plan import Plan
 
 if TYPE_CHECKING:
     from saturate.run.side_by_side import Row
+    from saturate.stats.rounds import Ratio
 
 # The settings no column shows, each a letter in `opts` (in this order) and its legend.
 OPTS: tuple[tuple[str, str, Any], ...] = (
@@ -78,6 +79,17 @@ def mfu_line(rows: list[Row]) -> str | None:
     return f"MFU: model FLOP/s against {flops_text(peak or 0.0)} ({source.removesuffix('; ' + COMMON)}), {COMMON}"
 
 
+NOISY = "× naive as a range (low–high): the rounds disagree on which is faster, so no ratio is a result"
+
+
+def ratio_cell(vs_naive: Ratio | None, ratio: float | None) -> str:
+    """The × naive cell: the median of the per-round ratios; their range where it holds 1 (the noise between rounds
+    could flip the comparison: a median such as 2.22× over rounds of 0.62× and 3.81× is not a result)."""
+    if vs_naive is not None and vs_naive.rounds > 1 and not (vs_naive.faster or vs_naive.slower):
+        return f"{vs_naive.low:.2f}–{vs_naive.high:.2f}"
+    return _f(ratio, "{:.2f}×")
+
+
 def comparison_table(rows: list[Row], workload: Any, memory_kind: str, side_by_side: bool = True) -> Group:
     """The before/after table, within 80 columns, and the lines under it (what MFU is divided by, the `opts`
     letters shown): the ratio column is the median of the per-round ratios (their ranges are said in the verdicts);
@@ -105,8 +117,11 @@ def comparison_table(rows: list[Row], workload: Any, memory_kind: str, side_by_s
             str(p.num_workers), _f(r.tokens_per_s if tokens else r.samples_per_s, "{:,.0f}" if tokens else "{:,.1f}"),
             "-" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes / 2**20:,.0f}",
             _f(r.utilisation, "{:.0%}"), r.mfu.cell() if r.mfu else "-",
-            _f(ratio, "{:.2f}×") if r.status == "ok" else r.status)
-    under = [line for line in (mfu_line(rows), legend([r.plan for r in rows])) if line]
+            ratio_cell(r.vs_naive, ratio) if r.status == "ok" else r.status)
+    noisy = any(r.vs_naive is not None and not (r.vs_naive.faster or r.vs_naive.slower) for r in rows
+                if r.label != "naive")
+    under = [line for line in (mfu_line(rows), legend([r.plan for r in rows]),
+                               NOISY if noisy else None) if line]
     return Group(t, *(Text(line) for line in under))  # Text: a peak's source may hold "[/proc/…]", not markup
 
 
