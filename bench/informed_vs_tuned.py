@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="saturate-bench-tune-") as tmp:
             tuned_result = tune(workload, hw, budget_s=args.budget, out_dir=Path(tmp) / "tune", seed=args.seed,
-                                try_compile=not args.no_compile, use_cache=False, console=Console(width=120))
+                                try_compile=not args.no_compile, use_cache=False, console=Console(width=120),
+                                keep=False)
     except BudgetTooSmall as e:  # a loaded machine: the first trial alone overran the budget; said, nothing measured
         print(f"not measured: {e}")
         bench.write_json(args.json, {"benchmark": "informed_vs_tuned", "skipped": str(e),

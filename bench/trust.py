@@ -140,21 +140,24 @@ def grid(workload: Any, hw: Any, loader_workers: int, seed: int) -> tuple[Plan, 
 
 def stable_choices(workload: Any, hw: Any, args: argparse.Namespace, tmp: Path,
                    grid_best: Plan | None) -> dict[str, Any]:
-    tuned = []
+    tuned, kept = [], []
     for i in range(args.tunes):
         started = time.monotonic()
         result = tune(workload, hw, budget_s=args.budget, planned_steps=args.run_steps, out_dir=tmp / f"tune{i}",
                       seed=args.seed, console=QUIET, use_cache=False)
         took = time.monotonic() - started
-        print(f"  tune {i + 1}: {describe(result.plan)} in {took:.0f} s (budget {args.budget:g} s)", flush=True)
+        print(f"  tune {i + 1}: {describe(result.plan)} in {took:.0f} s (budget {args.budget:g} s)"
+              + (f" — {result.kept}, kept the plan it had" if result.kept else ""), flush=True)
         tuned.append((result.plan.replace(name=f"tune {i + 1}"), took))
+        kept.append(result.kept)
     plans = [(p.name, p) for p, _ in tuned] + ([("grid best", grid_best)] if grid_best is not None else [])
     cmp = compare(workload, hw, plans, seed=args.seed, rounds=args.rounds, console=Console(highlight=False))
     medians = [r.samples_per_s for r in cmp.rows if r.label.startswith("tune") and r.samples_per_s]
     spread = max(medians) / min(medians) if medians else None
     vs_grid = {r.label: cmp.ratio(r.label, "grid best") for r in cmp.rows if r.label.startswith("tune")} \
         if grid_best is not None else {}
-    return {"tunes": [{"plan": describe(p), "seconds": s, "over_budget": s / args.budget} for p, s in tuned],
+    return {"tunes": [{"plan": describe(p), "seconds": s, "over_budget": s / args.budget, "kept": k}
+                      for (p, s), k in zip(tuned, kept, strict=True)],
             "rows": [r.to_dict() for r in cmp.rows], "rounds": cmp.rounds,
             "contention": cmp.contention.to_dict() if cmp.contention else None,
             "largest_over_smallest": spread, "within_5pct": spread is not None and spread <= 1.05,
