@@ -132,6 +132,9 @@ def test_a_budget_too_small_changes_nothing_and_keeps_the_plan_the_user_had(tmp_
                  console=quiet())
     assert again.plan.knobs() == bf16.knobs() and "the plan cached for this job" in again.notes[0]
     assert cache.lookup(workload, cpu.fingerprint())[0].knobs() == bf16.knobs()
+    apart = tune(workload, cpu, out_dir=tmp_path / "t2", budget_s=0.001, measurer=quick(workload, cpu),
+                 console=quiet(), use_cache=False)  # told to leave the cache alone: the informed plan
+    assert apart.plan.knobs() == informed.knobs() and "the informed starting plan" in apart.notes[0]
     with pytest.raises(ConfigError, match="too small"):  # a caller that handles it itself (`run`)
         tune(workload, cpu, out_dir=tmp_path / "t3", budget_s=0.001, measurer=quick(workload, cpu),
              console=quiet(), use_cache=False, keep=False)

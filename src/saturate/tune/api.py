@@ -133,7 +133,7 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
         if not keep:
             raise
         plan, why, what = keep_what_the_user_had(e, workload, hw, world, out_dir, console, started, s.__dict__,
-                                                 dist.is_main)
+                                                 dist.is_main, use_cache)
         barrier()
         if made_group:
             teardown_distributed()

@@ -27,9 +27,10 @@ from saturate.workloads.coupling import workload_default_plan
 NO_CHANGE = "no change measured"
 
 
-def plan_the_user_had(workload: Workload, hw: Any, world: int) -> tuple[Plan, str]:
-    """The plan `train` would use for this job now, and how to name it: the cached one, else the informed one."""
-    cached, _ = plan_cache.lookup(workload, hw.fingerprint(), world)
+def plan_the_user_had(workload: Workload, hw: Any, world: int, use_cache: bool = True) -> tuple[Plan, str]:
+    """The plan `train` would use for this job now, and how to name it: the cached one (unless `use_cache` is
+    False: a tune told to leave the cache alone), else the informed one."""
+    cached, _ = plan_cache.lookup(workload, hw.fingerprint(), world) if use_cache else (None, [])
     if cached is not None:
         return cached, f"the plan cached for this job ({cached!r}), which `train` and `run` use"
     plan, _ = workload_default_plan(workload, hw, world)
@@ -37,10 +38,11 @@ def plan_the_user_had(workload: Workload, hw: Any, world: int) -> tuple[Plan, st
 
 
 def keep(e: BudgetTooSmall, workload: Workload, hw: Any, world: int, out_dir: Path, console: Console,
-         started: float, settings: dict[str, Any], is_main: bool = True) -> tuple[Plan, str, str]:
+         started: float, settings: dict[str, Any], is_main: bool = True,
+         use_cache: bool = True) -> tuple[Plan, str, str]:
     """When `e` ended the search: the plan the user had, written (rank 0) as `plan.toml` with the trials
     measured in `tune.json`; (the plan, why nothing changed, what was kept)."""
-    plan, what = plan_the_user_had(workload, hw, world)
+    plan, what = plan_the_user_had(workload, hw, world, use_cache)
     why = f"{NO_CHANGE}: {e}"
     trials = [t.to_dict() for t in e.trials]
     plan_path, json_path = out_dir / "plan.toml", out_dir / "tune.json"
