@@ -96,6 +96,33 @@ def test_a_quiet_machine_keeps_torchs_threads_without_a_trial():
     assert not any(d.startswith("threads") for d in _tune(gpu).decisions)
 
 
+def _busy_start(machine: FakeMachine, busy: float | None):
+    return search(machine, Plan(), settings(effective_batch=8, try_compile=False, supports={}, fused_available=False,
+                                            busy_before=busy))
+
+
+@pytest.mark.skipif(DEFAULT_THREADS < 2, reason="one intra-op thread by default: nothing to lower")
+def test_a_cpu_busy_before_the_search_starts_it_at_the_threads_left_and_measures_torchs_count_after():
+    # Under the bursty neighbour gpt-tiny's first step took 5-7 s at torch's 2 threads (~1 s quiet): a 45 s budget
+    # held no trial. The first trial now runs at the cores the others left, and torch's count is measured against it.
+    free = DEFAULT_THREADS - 1
+    busy = BusyCPU(busy=1.0, speedup=2.5, cores=DEFAULT_THREADS)
+    result = _busy_start(busy, 1.0)
+    assert busy.tried[0].threads == free and busy.tried[1].threads is None  # the start, then torch's count
+    assert result.plan.threads == free and "chosen while other processes kept" in result.plan.provenance["threads"]
+    lines = [d for d in result.decisions if d.startswith("threads")]
+    assert lines[0].startswith(f"threads: the first trial at {free} of torch's {DEFAULT_THREADS}")
+    assert lines[1].startswith(f"threads: {free} of {DEFAULT_THREADS}") and "tune again" in lines[1]
+
+    slower = BusyCPU(busy=1.0, speedup=0.5, cores=DEFAULT_THREADS)  # fewer threads measured slower: torch's wins
+    back = _busy_start(slower, 1.0)
+    assert back.plan.threads is None and slower.tried[0].threads == free
+    assert any(d.startswith(f"threads: torch's {DEFAULT_THREADS}") for d in back.decisions)
+
+    quiet = BusyCPU(busy=0.0, speedup=2.5, cores=DEFAULT_THREADS)  # quiet before: the search starts as ever
+    assert _busy_start(quiet, None).plan.threads is None and quiet.tried[0].threads is None
+
+
 class LoadLater(BusyCPU):
     """Quiet for the first trial, then other processes keep `busy` cores busy (the load came back)."""
 

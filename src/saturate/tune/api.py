@@ -119,6 +119,7 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
     # Other processes' use of the machine, said before the first trial (under torchrun the ranks, children of
     # one agent, are not each other's neighbours: hardware.contention.job_root).
     before = measure_contention(0.5)
+    s.busy_before = before.other_cores if before.significant() else None  # the first trial's threads (start.py)
     console.print(before.line() + ("; trials are timed longer where their windows disagree"
                                    if before.significant() else ""),
                   style="yellow" if before.significant() else "dim", highlight=False)

@@ -41,6 +41,9 @@ class SearchSettings:
     # Verify the chosen plan here (real loader, a validation pass); False when the caller measures it again
     # anyway (saturate run's side-by-side): the budget then goes to the search's trials.
     verify: bool = True
+    # Cores other processes kept busy just before the search (hardware/contention.py), when that was significant:
+    # on a CPU the first trial then runs at the threads they left (start.py), and torch's count is measured after.
+    busy_before: float | None = None
 
     def search_budget(self) -> float | None:
         """The budget less the time kept for writing the evidence at the end (plots, tune.json): 2 s + 3 %, at

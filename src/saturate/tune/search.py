@@ -23,7 +23,6 @@ loader_stage.py; the settings and result types in results.py.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 
 import torch
@@ -124,6 +123,8 @@ class _Search(SearchState):
         with a busy loop on one: 15-23 samples/s with 2 threads, 38 with 1; bench/trust.py, 2026-11-23). Tried at
         the first trial's settings only when that trial saw the machine busy; the rest of the search keeps the
         count taken. In one process only (several ranks share the cores by another rule)."""
+        if str(ref.plan.provenance.get("threads", "")).startswith(start.BUSY_START):
+            return start.all_threads(self, ref)
         if self.m.device_type != "cpu" or self.s.world_size > 1 or ref.plan.threads is not None:
             return ref
         using = torch.get_num_threads()  # the process's count (the search's plans have none of their own)
@@ -131,7 +132,7 @@ class _Search(SearchState):
             self.decisions.append(f"threads: torch's {using} (the machine was quiet during the first trial)")
             return ref
         head = "threads, again (the load came after the first trial)" if again else "threads"
-        free = max(1, self.m.cores - math.ceil(ref.busy_cores - 0.25))  # the cores other processes left
+        free = self.free_threads(ref.busy_cores)  # the cores other processes left
         if free >= using:
             self.decisions.append(f"{head}: torch's {using} (other processes kept {ref.busy_cores:.1f} cores busy, "
                                   f"leaving {free})")

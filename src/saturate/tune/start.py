@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from saturate.errors import SaturateError
 from saturate.plan import Plan
 from saturate.tune.state import SearchState
@@ -30,6 +32,51 @@ def precision_label(plan: Plan) -> str:
     return plan.precision
 
 
+BUSY_START = "the first trial's"  # the start of a threads provenance set by `busy_threads`
+
+
+def busy_threads(st: SearchState, plan: Plan) -> Plan:
+    """`plan` at the threads other processes left, when they kept the CPU busy just before the search
+    (`SearchSettings.busy_before`): with torch's count, a thread the neighbour preempts stalls the rest at every
+    parallel region (gpt-tiny under the bursty neighbour: 5-7 s for a first step of ~1 s quiet, so a 45 s budget
+    held no trial, bench/trust.py 2026-11-26). torch's count is measured against it next (`all_threads`). On a CPU,
+    in one process, for a plan without a count of its own."""
+    busy = st.s.busy_before
+    if busy is None or st.m.device_type != "cpu" or st.s.world_size > 1 or plan.threads is not None:
+        return plan
+    free, using = st.free_threads(busy), torch.get_num_threads()
+    if free >= using:
+        return plan
+    said = f"other processes kept {busy:.1f} of {st.m.cores} cores busy just before it"
+    st.decisions.append(f"threads: the first trial at {free} of torch's {using} ({said}); torch's count is measured "
+                        "against it")
+    return plan.replace(threads=free, provenance={**plan.provenance, "threads": f"{BUSY_START} {free}: {said}"})
+
+
+def all_threads(st: SearchState, ref: Trial) -> Trial:
+    """torch's own thread count measured against a first trial that ran at fewer (`busy_threads`): kept only when
+    faster beyond the noise (within it, the incumbent stays, as in every stage)."""
+    using, fewer = torch.get_num_threads(), ref.plan.threads
+    plain = {k: v for k, v in ref.plan.provenance.items() if k != "threads"}
+    if not st.affordable(f"torch's {using} threads"):
+        ref.plan.provenance["threads"] = f"chosen while other processes kept the machine busy (torch's {using} " \
+                                         "not measured: the budget)"
+        return ref
+    t = st.trial(ref.plan.replace(threads=None, provenance=plain), "threads")
+    taken, c, ref, t = st.beats(t, ref) if t.ok else (False, None, ref, t)
+    busy = f"other processes kept {ref.busy_cores or t.busy_cores or st.s.busy_before or 0:.1f} of {st.m.cores} " \
+           "cores busy"
+    if taken:
+        t.verdict = f"torch's {using} threads: {c.text()}"
+        st.decisions.append(f"threads: torch's {using} ({busy}; {c.text()} against {fewer})")
+        return t
+    t.verdict = f"{t.status}: {t.error}" if c is None else f"{c.text()} vs {fewer} thread{'s' if fewer > 1 else ''}"
+    st.decisions.append(f"threads: {fewer} of {using} ({busy}; torch's {using} measured {t.verdict}); a plan for a "
+                        "machine this busy — on a quiet one, tune again")
+    ref.plan.provenance["threads"] = f"chosen while {busy}"
+    return ref
+
+
 def start(st: SearchState) -> Trial:
     """The first trial: the starting plan at its micro-batch (the largest candidate within it), eager, without
     recompute. Out of memory: smaller micro-batches, then activation checkpointing. Failing otherwise: the
@@ -37,8 +84,8 @@ def start(st: SearchState) -> Trial:
     s = st.s
     cands = st.candidates()
     m0 = max((m for m in cands if m <= max(1, min(st.base.micro_batch, st.local))), default=min(cands))
-    plan = st.at(st.base, m0).replace(compile="none", activation_checkpointing=False,
-                                      fused_optimizer=st.base.fused_optimizer and s.fused_available)
+    plan = busy_threads(st, st.at(st.base, m0).replace(compile="none", activation_checkpointing=False,
+                                                       fused_optimizer=st.base.fused_optimizer and s.fused_available))
     first = st.trial(plan, "precision")
     smaller = [m for m in cands if m < first.plan.micro_batch]
     while first.status == "oom" and smaller:  # even the starting micro-batch does not fit: back off
