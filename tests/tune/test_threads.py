@@ -122,6 +122,20 @@ def test_a_cpu_busy_before_the_search_starts_it_at_the_threads_left_and_measures
     quiet = BusyCPU(busy=0.0, speedup=2.5, cores=DEFAULT_THREADS)  # quiet before: the search starts as ever
     assert _busy_start(quiet, None).plan.threads is None and quiet.tried[0].threads is None
 
+    class SetsThreads(BusyCPU):  # as the real measurer's Stepper: a plan's count stays set after its trial
+        def model_trial(self, plan: Plan, stage: str, **kw) -> Trial:
+            use_threads(plan.threads)
+            return super().model_trial(plan, stage, **kw)
+
+    try:
+        real = SetsThreads(busy=1.0, speedup=2.5, cores=DEFAULT_THREADS)
+        said = _busy_start(real, 1.0).decisions
+        assert real.tried[1].threads is None  # torch's own count measured, not "torch's 1" skipped
+        assert any(d.startswith(f"threads: {free} of {DEFAULT_THREADS}") for d in said), said
+    finally:
+        use_threads(None)
+    assert torch.get_num_threads() == DEFAULT_THREADS
+
 
 class LoadLater(BusyCPU):
     """Quiet for the first trial, then other processes keep `busy` cores busy (the load came back)."""

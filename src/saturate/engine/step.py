@@ -95,6 +95,12 @@ def use_threads(n: int | None) -> None:
         _threads_before = None
 
 
+def own_threads() -> int:
+    """The process's own intra-op thread count: what it had before a plan set its own (a trial at fewer threads
+    leaves torch's count set until a plan without one runs), else torch's count now."""
+    return _threads_before if _threads_before is not None else torch.get_num_threads()
+
+
 class Stepper:
     """Model, optimizer and precision for one plan, and `step()` to run one optimizer step."""
 

@@ -25,8 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-import torch
-
+from saturate.engine.step import own_threads
 from saturate.errors import SaturateError
 from saturate.plan import Plan, informed_summary
 from saturate.stats.comparison import compare
@@ -127,7 +126,7 @@ class _Search(SearchState):
             return start.all_threads(self, ref)
         if self.m.device_type != "cpu" or self.s.world_size > 1 or ref.plan.threads is not None:
             return ref
-        using = torch.get_num_threads()  # the process's count (the search's plans have none of their own)
+        using = own_threads()  # the process's count (the search's plans have none of their own)
         if not (ref.contended and ref.busy_cores):
             self.decisions.append(f"threads: torch's {using} (the machine was quiet during the first trial)")
             return ref

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import math
 
-import torch
-
+from saturate.engine.step import own_threads
 from saturate.errors import SaturateError
 from saturate.plan import Plan
 from saturate.tune.state import SearchState
@@ -44,7 +43,7 @@ def busy_threads(st: SearchState, plan: Plan) -> Plan:
     busy = st.s.busy_before
     if busy is None or st.m.device_type != "cpu" or st.s.world_size > 1 or plan.threads is not None:
         return plan
-    free, using = st.free_threads(busy), torch.get_num_threads()
+    free, using = st.free_threads(busy), own_threads()
     if free >= using:
         return plan
     said = f"other processes kept {busy:.1f} of {st.m.cores} cores busy just before it"
@@ -56,7 +55,7 @@ def busy_threads(st: SearchState, plan: Plan) -> Plan:
 def all_threads(st: SearchState, ref: Trial) -> Trial:
     """torch's own thread count measured against a first trial that ran at fewer (`busy_threads`): kept only when
     faster beyond the noise (within it, the incumbent stays, as in every stage)."""
-    using, fewer = torch.get_num_threads(), ref.plan.threads
+    using, fewer = own_threads(), ref.plan.threads
     plain = {k: v for k, v in ref.plan.provenance.items() if k != "threads"}
     if not st.affordable(f"torch's {using} threads"):
         ref.plan.provenance["threads"] = f"chosen while other processes kept the machine busy (torch's {using} " \
