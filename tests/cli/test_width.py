@@ -131,3 +131,16 @@ def test_train_summary():
 
     text = fits(draw)
     assert "ckpt-2000.pt" in text
+
+
+def test_a_verb_s_wrapped_lines_never_end_in_a_space(capsys, tmp_path, monkeypatch):
+    # rich keeps the space a wrapped line broke at; the CLI's consoles (cli/output.py tidy_console) drop it.
+    from conftest import run_main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SATURATE_ISOLATION", "off")
+    out = run_main(capsys, "tune", "--", "python3", "no_such_script.py")
+    assert out.returncode == 2
+    lines = (out.stdout + out.stderr).splitlines()
+    assert any(line.startswith("tune: each trial runs your command") for line in lines), lines
+    assert len([line for line in lines if line.strip()]) > 3 and not [line for line in lines if line.endswith(" ")]

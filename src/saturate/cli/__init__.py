@@ -25,6 +25,7 @@ from saturate.cli.output import (
     run_result_dict,
     show_machine,
     show_plan,
+    tidy_console,
     verbosity,
 )
 from saturate.engine.signals import (
@@ -135,15 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from saturate.hardware import probe, render_hardware
 
     hw = probe(measure_peaks=not args.no_peaks, device=args.device)
     if args.json:
         print(json.dumps(hw.to_dict(), indent=2))
     else:
-        render_hardware(hw, Console())
+        render_hardware(hw, tidy_console())
     return 0
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from saturate.cli.args import add_workload_args, positive, workload_from_args
-from saturate.cli.output import say, show_machine, show_plan
+from saturate.cli.output import say, show_machine, show_plan, tidy_console
 from saturate.errors import ConfigError
 
 
@@ -53,7 +53,6 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from saturate.doctor.apply import diagnose_and_apply, render_applied
     from saturate.doctor.diagnose import DoctorConfig, diagnose
@@ -77,7 +76,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     notes: list[str] = []
     given = plan is not None
     plan = choose_plan(plan, None, workload, hw, use_tuned=not args.no_tuned, notes=notes)  # what train would run
-    console = Console(highlight=False, stderr=args.json)
+    console = tidy_console(args.json, highlight=False)
     which = (f"the plan {args.plan}" if given else "the tuned plan cached for it on this machine"
              if plan.name == "tuned" else "the seed plan (no tuned plan cached; `saturate tune` makes one)")
     for note in notes:
@@ -121,7 +120,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def _doctor_script(args: argparse.Namespace) -> int:
     """`saturate doctor -- CMD`: the user's own command, instrumented, stopped after its measured steps."""
-    from rich.console import Console
 
     from saturate.script.doctor_script import doctor_command, render_script
 
@@ -131,7 +129,7 @@ def _doctor_script(args: argparse.Namespace) -> int:
             raise ConfigError(f"{flag} applies to a preset or --workload, not to a command after --")
     if args.warmup < 0:
         raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
-    console = Console(highlight=False, stderr=args.json)
+    console = tidy_console(args.json, highlight=False)
     say(args, console, f"[dim]doctor: running your command with saturate's hooks: {args.warmup} warm-up steps, "
                        f"then {args.steps} measured steps; then it is stopped …[/]")
     diagnosis, run = doctor_command(args.script, warmup=args.warmup, steps=args.steps,

@@ -36,8 +36,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from rich.console import Console as RichConsole
-
+    from saturate.cli.output import tidy_console
     from saturate.hardware import probe
     from saturate.run.grid_sweep import parse_grid, sweep
 
@@ -50,7 +49,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               "data": args.data, "params": fixed, "effective_batch": args.effective_batch,
               "tokenizer": args.tokenizer, "text_field": args.text_field}
     hw = probe(measure_peaks=False, device=args.device)
-    console = RichConsole(highlight=False)  # the terminal's width (80 when not a terminal)
+    console = tidy_console(highlight=False)  # the terminal's width (80 when not a terminal)
     result = sweep(lambda params: workload_from_args(args, params), grid, hw, out_dir=out, steps=args.steps,
                    budget_s=args.budget, try_compile=not args.no_compile, allow_batch_change=args.allow_batch_change,
                    seed=args.seed, progress=not args.no_progress and verbosity(args) >= 0, console=console,

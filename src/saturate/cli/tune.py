@@ -7,7 +7,15 @@ from pathlib import Path
 from typing import Any
 
 from saturate.cli.args import add_workload_args, positive, source_from_args, source_record, workload_from_args
-from saturate.cli.output import json_document, run_result_dict, show_machine, show_plan, tune_result_dict, verbosity
+from saturate.cli.output import (
+    json_document,
+    run_result_dict,
+    show_machine,
+    show_plan,
+    tidy_console,
+    tune_result_dict,
+    verbosity,
+)
 from saturate.errors import ConfigError
 
 
@@ -70,9 +78,7 @@ def _console(wide: bool = False) -> Any:
     """The tables fit 80 columns, the width rich uses off a terminal; `--wide` ones get 160 there."""
     import sys
 
-    from rich.console import Console
-
-    return Console() if sys.stdout.isatty() or not wide else Console(width=160)
+    return tidy_console() if sys.stdout.isatty() or not wide else tidy_console(width=160)
 
 
 def _quiet_console() -> Any:
@@ -157,13 +163,11 @@ def _tune_script(args: argparse.Namespace) -> int:
     import json
     import time
 
-    from rich.console import Console
-
     from saturate.script.tune_script import tune_with_progress
     from saturate.script.tuning import render, write
 
     _refuse_preset_flags(args)
-    console = Console(highlight=False, stderr=args.json)
+    console = tidy_console(args.json, highlight=False)
     tuning = tune_with_progress(args.script, _trial_options(args), console,
                                 allow_micro_batch_change=args.allow_micro_batch_change)
     written = write(tuning, args.out or Path("runs") / f"tune-script-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -178,13 +182,11 @@ def _run_script(args: argparse.Namespace) -> int:
     """`saturate run -- CMD`: tune (or --overrides), as written vs tuned side by side, then the full run."""
     import json
 
-    from rich.console import Console
-
     from saturate.script.overrides import Overrides
     from saturate.script.run_script import render, run_script
 
     _refuse_preset_flags(args)
-    console = Console(highlight=False, stderr=args.json)
+    console = tidy_console(args.json, highlight=False)
     overrides = Overrides.read(args.overrides) if args.overrides else None
     report = run_script(args.script, _trial_options(args), console, overrides=overrides,
                         overrides_file=str(args.overrides) if args.overrides else None,
