@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import re
 import sys
 from collections.abc import Iterator
 from typing import Any, TextIO
@@ -35,42 +34,7 @@ def verbosity(args: argparse.Namespace) -> int:
     return -1 if getattr(args, "quiet", False) else 1 if getattr(args, "verbose", False) else 0
 
 
-_END_SPACES = re.compile(r"[ \t]+(?=\r?\n)")
-
-
-class _Tidy:
-    """A console's stream (stdout or stderr, looked up at each write: --json redirects stdout) that leaves no space
-    at the end of a line — rich keeps the space a wrapped line broke at."""
-
-    def __init__(self, stderr: bool) -> None:
-        self.stderr = stderr
-
-    @property
-    def stream(self) -> TextIO:
-        return sys.stderr if self.stderr else sys.stdout
-
-    def write(self, text: str) -> int:
-        return self.stream.write(_END_SPACES.sub("", text))
-
-    def flush(self) -> None:
-        self.stream.flush()
-
-    def isatty(self) -> bool:
-        return self.stream.isatty()
-
-    def fileno(self) -> int:
-        return self.stream.fileno()
-
-    @property
-    def encoding(self) -> str:
-        return getattr(self.stream, "encoding", None) or "utf-8"
-
-
-def tidy_console(stderr: bool = False, **kw: Any) -> Any:
-    """A rich Console on stdout (or stderr) whose lines never end in a space."""
-    from rich.console import Console
-
-    return Console(file=_Tidy(stderr), **kw)  # type: ignore[arg-type]
+from saturate.engine.console import tidy_console  # noqa: E402 - re-exported: the verbs' consoles
 
 
 def console(args: argparse.Namespace, **kw: Any) -> Any:

@@ -8,6 +8,7 @@ from rich.text import Text
 
 from saturate.doctor.findings import Diagnosis, Fix, Measurements, Prediction, sites_line
 from saturate.doctor.phases import PHASES
+from saturate.engine.console import tidy_console
 from saturate.telemetry import Stat
 
 _GIB = 1024**3
@@ -65,7 +66,7 @@ def _where(m: Measurements) -> str:
 
 
 def render(d: Diagnosis, console: Console | None = None, title: str = "saturate doctor") -> None:
-    console = console or Console(highlight=False)
+    console = console or tidy_console(highlight=False)
     m = d.measurements
     console.print(Text(f"{title}: {_where(m)}", style="bold"))
     if m.contention and m.contention.get("line"):  # what else ran meanwhile, first: it colours every figure below

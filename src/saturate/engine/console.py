@@ -4,8 +4,10 @@ notes, and the summary at the end. Without live progress the start line, notes a
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -24,6 +26,42 @@ def _fmt_rate(x: float) -> str:
     return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
 
 
+_END_SPACES = re.compile(r"[ \t]+(?=\r?\n)")
+
+
+class _Tidy:
+    """A console's stream (stdout or stderr, looked up at each write: --json redirects stdout) that leaves no space
+    at the end of a line — rich keeps the space a wrapped line broke at."""
+
+    def __init__(self, stderr: bool) -> None:
+        self.stderr = stderr
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr if self.stderr else sys.stdout
+
+    def write(self, text: str) -> int:
+        return self.stream.write(_END_SPACES.sub("", text))
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self.stream, "encoding", None) or "utf-8"
+
+
+def tidy_console(stderr: bool = False, **kw: Any) -> Any:
+    """A rich Console on stdout (or stderr) whose lines never end in a space."""
+    return Console(file=_Tidy(stderr), **kw)  # type: ignore[arg-type]
+
+
 class ConsoleSink:
     """A metrics sink that renders step, loss, tokens/s, MFU, memory and ETA."""
 
@@ -32,7 +70,7 @@ class ConsoleSink:
         self.enabled = enabled  # False: nothing at all (a rank other than 0)
         self.live = enabled and live  # the progress bar or per-window lines
         self.chatty = enabled and not quiet  # the start line and notes
-        self.console = console or Console(highlight=False)
+        self.console = console or tidy_console(highlight=False)
         self.total = total_steps
         self.start_step = start_step
         self.processes = 1

@@ -35,6 +35,7 @@ from rich.text import Text
 
 from saturate import plan_cache
 from saturate.atomic import atomic_write_bytes
+from saturate.engine.console import tidy_console
 from saturate.engine.distributed import DistInfo, broadcast_object, init_distributed, teardown_distributed
 from saturate.engine.live import stage
 from saturate.engine.trainer import RunConfig, RunResult, train
@@ -143,7 +144,7 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
     hw = hardware or probe(measure_peaks=True)
     made_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     dist = init_distributed(torch.device(hw.torch_device).type)  # under torchrun: every rank, together
-    console = console or Console()
+    console = console or tidy_console()
     if not dist.is_main:
         console = Console(quiet=True)  # rank 0 reports and writes
     chosen, problem = broadcast_object(_choose_run_dir(run_dir, workload) if dist.is_main else None)

@@ -29,6 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from saturate.atomic import atomic_path, atomic_write_bytes
+from saturate.engine.console import tidy_console
 from saturate.errors import ConfigError, SaturateError
 from saturate.plan import Plan
 from saturate.workloads.base import Workload
@@ -115,7 +116,7 @@ def sweep(make_workload: Callable[[dict[str, Any]], Workload], grid: Mapping[str
     from saturate.hardware import probe
     from saturate.tune import tune
 
-    console = console or Console()
+    console = console or tidy_console()
     hw = hardware or probe(measure_peaks=False)
     out_dir = Path(out_dir)
     state = Sweep(out_dir, {"grid": {k: list(v) for k, v in grid.items()}, "steps": steps, "budget_s": budget_s,

@@ -21,6 +21,7 @@ from rich.text import Text
 from saturate.doctor.findings import Diagnosis, Fix, Measurements
 from saturate.doctor.report import render
 from saturate.doctor.rules import decide
+from saturate.engine.console import tidy_console
 from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
 from saturate.script.isolation import notice
@@ -249,7 +250,7 @@ def writes_line(run: ScriptRun) -> str:
 
 def render_script(d: Diagnosis, run: ScriptRun, console: Console | None = None) -> None:
     """The doctor's report, then what the hooks found in the script and each fix in its terms."""
-    console = console or Console(highlight=False)
+    console = console or tidy_console(highlight=False)
     render(d, console, title=f"saturate doctor -- {shlex.join(run.command)}")
     report = run.report or {}
     console.print()

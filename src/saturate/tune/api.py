@@ -16,6 +16,7 @@ from rich.console import Console
 
 from saturate import plan_cache
 from saturate.atomic import atomic_write_bytes
+from saturate.engine.console import tidy_console
 from saturate.engine.distributed import barrier, broadcast_object, init_distributed, teardown_distributed
 from saturate.engine.live import Announced
 from saturate.errors import ConfigError, file_not_folder
@@ -91,7 +92,7 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
     made_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     dist = init_distributed(dev.type)  # under torchrun every rank measures every trial, together
     world = dist.world_size
-    console = console or Console()
+    console = console or tidy_console()
     if not dist.is_main:
         console = Console(quiet=True)  # rank 0 reports and writes
     # Every trial a live line (engine/live.py): what it measures, and for how long so far.
