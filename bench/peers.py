@@ -35,24 +35,11 @@ from pathlib import Path
 PY = sys.executable
 ROOT = Path(__file__).resolve().parents[1]
 
-MAKE_MODEL = r"""
-import sys, sysconfig
+STDLIB_TEXT = r"""
+import sysconfig
 from pathlib import Path
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
-from transformers import GPT2Config, PreTrainedTokenizerFast
 lib = Path(sysconfig.get_paths()["stdlib"])
-text = "\n".join(p.read_text(errors="ignore") for p in sorted(lib.glob("*.py"))[:120])
-Path("train.txt").write_text(text)
-tok = Tokenizer(models.BPE())
-tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-tok.decoder = decoders.ByteLevel()
-tok.train(["train.txt"], trainers.BpeTrainer(vocab_size=2000, special_tokens=["<|endoftext|>"],
-          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                               unk_token="<|endoftext|>", model_max_length=128)
-fast.save_pretrained("gpt-peer")
-GPT2Config(n_layer=4, n_head=4, n_embd=256, n_positions=128, vocab_size=len(fast), bos_token_id=fast.bos_token_id,
-           eos_token_id=fast.eos_token_id).save_pretrained("gpt-peer")
+Path("train.txt").write_text("\n".join(p.read_text(errors="ignore") for p in sorted(lib.glob("*.py"))[:120]))
 """
 
 COMMON = r"""
@@ -116,7 +103,10 @@ PEERS = CONTESTANTS[:-1]
 
 def prepare(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run([PY, "-c", MAKE_MODEL], cwd=folder, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    from real_scripts import gpt2_folder_code
+
+    code = STDLIB_TEXT + gpt2_folder_code("gpt-peer", 128, "n_layer=4, n_head=4, n_embd=256")
+    subprocess.run([PY, "-c", code], cwd=folder, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     (folder / "peer_hf.py").write_text(HF)
     (folder / "peer_lightning.py").write_text(LIGHTNING)
     print(f"prepared {folder}: gpt-peer/ (config + tokenizer), train.txt, peer_hf.py, peer_lightning.py")

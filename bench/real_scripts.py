@@ -112,16 +112,10 @@ def prep_nanogpt(dest: Path, a: argparse.Namespace) -> str:
     return rev(a.nanogpt_git)
 
 
-def prep_clm(dest: Path, a: argparse.Namespace) -> str:
-    dest.mkdir(parents=True, exist_ok=True)
-    src = sh(["git", "--git-dir", str(a.transformers_git), "show",
-              f"{a.transformers_commit}:examples/pytorch/language-modeling/run_clm.py"])
-    (dest / "run_clm.py").write_text(src)
-    text = english_text(400_000)
-    (dest / "train.txt").write_text(text)
-    code = r"""
-import sys
-from pathlib import Path
+def gpt2_folder_code(folder: str, context: int, shape: str) -> str:
+    """Python that trains a 2000-token byte-level BPE on ./train.txt and saves it with a GPT-2 config of `shape`
+    ("n_layer=2, n_embd=64, n_head=2") as a local Transformers folder (also bench/peers.py's)."""
+    return f"""
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
 from transformers import GPT2Config, PreTrainedTokenizerFast
 tok = Tokenizer(models.BPE())
@@ -130,13 +124,22 @@ tok.decoder = decoders.ByteLevel()
 tok.train(["train.txt"], trainers.BpeTrainer(vocab_size=2000, special_tokens=["<|endoftext|>"],
           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
 fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                               unk_token="<|endoftext|>", model_max_length=1024)
-fast.save_pretrained("tiny-gpt2")
-GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=len(fast), bos_token_id=fast.bos_token_id,
-           eos_token_id=fast.eos_token_id).save_pretrained("tiny-gpt2")
+                               unk_token="<|endoftext|>", model_max_length={context})
+fast.save_pretrained("{folder}")
+GPT2Config({shape}, n_positions={context}, vocab_size=len(fast), bos_token_id=fast.bos_token_id,
+           eos_token_id=fast.eos_token_id).save_pretrained("{folder}")
 """
-    subprocess.run([PY, "-c", code], cwd=dest, check=True, capture_output=True, text=True,
-                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def prep_clm(dest: Path, a: argparse.Namespace) -> str:
+    dest.mkdir(parents=True, exist_ok=True)
+    src = sh(["git", "--git-dir", str(a.transformers_git), "show",
+              f"{a.transformers_commit}:examples/pytorch/language-modeling/run_clm.py"])
+    (dest / "run_clm.py").write_text(src)
+    text = english_text(400_000)
+    (dest / "train.txt").write_text(text)
+    subprocess.run([PY, "-c", gpt2_folder_code("tiny-gpt2", 1024, "n_layer=2, n_embd=64, n_head=2")], cwd=dest,
+                   check=True, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     commit_all(dest, f"run_clm.py at transformers {a.transformers_commit[:10]} + tiny GPT-2 config/tokenizer + text")
     return a.transformers_commit[:10]
 
