@@ -57,9 +57,29 @@ class _Tidy:
         return getattr(self.stream, "encoding", None) or "utf-8"
 
 
+_HANGING = re.compile(r"\s*(?:[•–] |note: |warning: )")  # a line whose wrapped rest lines up after this
+
+
+class _HangingConsole(Console):
+    """A Console whose one-paragraph bullets and notes ("  • precision: …", "note: …") wrap with a hanging indent:
+    their continuation lines start under the text, not at column 0."""
+
+    def print(self, *objects: Any, **kw: Any) -> None:
+        if len(objects) == 1 and not kw.get("soft_wrap") and kw.get("end", "\n") == "\n":
+            obj = objects[0]
+            text = (self.render_str(obj, markup=kw.get("markup"), highlight=kw.get("highlight"), emoji=kw.get("emoji"))
+                    if isinstance(obj, str) else obj if isinstance(obj, Text) else None)
+            m = _HANGING.match(text.plain) if text is not None else None
+            if m and "\n" not in text.plain and text.cell_len > self.width and self.width - m.end() >= 20:
+                indent = " " * m.end()
+                objects = (Text("\n" + indent).join(text.wrap(self, self.width - m.end())),)
+        super().print(*objects, **kw)
+
+
 def tidy_console(stderr: bool = False, **kw: Any) -> Any:
-    """A rich Console on stdout (or stderr) whose lines never end in a space."""
-    return Console(file=_Tidy(stderr), **kw)  # type: ignore[arg-type]
+    """A rich Console on stdout (or stderr) whose lines never end in a space, and whose bullets and notes wrap
+    with a hanging indent."""
+    return _HangingConsole(file=_Tidy(stderr), **kw)  # type: ignore[arg-type]
 
 
 class ConsoleSink:
