@@ -71,8 +71,14 @@ class _HangingConsole(Console):
                     if isinstance(obj, str) else obj if isinstance(obj, Text) else None)
             m = _HANGING.match(text.plain) if text is not None else None
             if m and "\n" not in text.plain and text.cell_len > self.width and self.width - m.end() >= 20:
+                # The first line as rich would wrap it (full width), the rest under the text.
+                first = text.wrap(self, self.width)[0]
+                rest = text[len(first.plain):]
+                rest = rest[len(rest.plain) - len(rest.plain.lstrip()):]
                 indent = " " * m.end()
-                objects = (Text("\n" + indent).join(text.wrap(self, self.width - m.end())),)
+                first.rstrip()
+                lines = [first, *rest.wrap(self, self.width - m.end())]
+                objects = (Text("\n" + indent).join(lines),)
         super().print(*objects, **kw)
 
 
