@@ -66,3 +66,28 @@ def test_a_hanging_loader_worker_ends_the_run_in_one_line(tmp_path, small_corpus
     named = {int(p) for p in m.group(1).split(", ")}
     assert named and named <= workers
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in named)
+
+
+@pytest.mark.parametrize("text", [
+    "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting 5000ms for recv operation to complete",
+    "Application timeout caused pair closure",  # gloo, when the pair's own deadline fires first (seen in CI)
+    "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE) ran for 5003 "
+    "milliseconds before timing out.",
+])
+def test_each_backends_timeout_wording_names_the_silent_rank(monkeypatch, text):
+    """Every wording gloo and NCCL use for a collective that timed out gives the one line naming the rank."""
+    from saturate.cli import _stuck
+    from saturate.engine import distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(distributed, "unresponsive_ranks", lambda world: [(1, 12.0)])
+    line = _stuck(RuntimeError(text))
+    assert line is not None and line.startswith("rank 1 (no sign of life for 12 s) did not answer within "), line
+    assert _stuck(RuntimeError("Connection closed by peer")) is None  # a crashed peer is another message
+
+
+def test_a_timeout_on_one_process_is_not_a_stuck_rank(monkeypatch):
+    from saturate.cli import _stuck
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert _stuck(RuntimeError("Timed out waiting 5000ms for recv operation to complete")) is None

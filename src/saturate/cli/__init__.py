@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -315,7 +316,9 @@ def _stuck(e: BaseException) -> str | None:
                else f"a worker (pids {', '.join(str(w.pid) for w in workers)}) is stuck")
         return (f"the data loader gave no batch for {limit}: {who}; raise --stuck-after if a batch can "
                 "legitimately take longer")
-    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not ("Timed out" in text or "timed out" in text):
+    # gloo says "Timed out waiting …" or, when its pair's deadline fires first, "Application timeout caused pair
+    # closure"; NCCL's watchdog says "… ran for N milliseconds before timing out"
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not re.search(r"timed out|timeout|timing out", text, re.I):
         return None
     silent = unresponsive_ranks(int(os.environ["WORLD_SIZE"]))
     if silent:
