@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import pty
 import re
+import select
+import subprocess
+import sys
+import textwrap
+import time
 from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
 
-from conftest import TINY, run_saturate
+from conftest import TINY, cli_env, run_saturate, saturate_cmd
 from saturate.engine.live import _SHOWN, Announced, _Line, silenced, stage
 
 
@@ -121,3 +128,66 @@ def test_a_run_off_a_terminal_says_each_long_stage_on_stderr_and_keeps_stdout_js
     assert quiet.returncode == 0, quiet.stderr[-2000:]
     assert not any(" …" in line and line.lstrip().startswith(("probing", "preparing", "tuning:"))
                    for line in quiet.stderr.splitlines()), quiet.stderr[-2000:]
+
+
+def test_the_cli_s_console_ends_a_live_line_on_a_terminal():
+    """The CLI's console (tidy_console: the stream looked up at each write) under a live line, whose rich proxy
+    sits in sys.stdout meanwhile: it must write under the proxy, not into it — into it, every redraw looped back
+    for ever and every verb hung at its first stage on a terminal (found by bench/newcomer.py, 2026-11-26)."""
+    code = textwrap.dedent("""
+        import time
+        from saturate.engine.console import tidy_console
+        from saturate.engine.live import stage
+        console = tidy_console(force_terminal=True, width=80)
+        with stage(console, "probing the machine"):
+            time.sleep(0.5)  # the live line redraws meanwhile
+            print("a line printed meanwhile")
+            console.print("note: from the console")
+        print("after")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for line in ("a line printed meanwhile", "note: from the console", "probing the machine", "after"):
+        assert line in out.stdout, out.stdout
+
+
+def _on_a_pty(cmd: list[str], cwd: os.PathLike, timeout: float) -> tuple[int | None, str]:
+    """Run `cmd` on a pseudo-terminal, 80 columns; (its exit code, None if it ran past `timeout`; what it showed)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(cmd, cwd=cwd, env={**cli_env(), "OMP_NUM_THREADS": "1", "COLUMNS": "80", "TERM": "xterm"},
+                            stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # the other side closed
+                    data = b""
+                if not data:
+                    break
+                chunks.append(data.decode(errors="replace"))
+        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        rc = None
+    finally:
+        os.close(master)
+    return rc, "".join(chunks)
+
+
+@pytest.mark.slow
+def test_a_run_on_a_terminal_shows_its_live_lines_and_ends(tmp_path, small_corpus):
+    """What a person at a terminal sees: `saturate run` on a pseudo-terminal goes through its live stages (probing,
+    preparing, the default plan's guard, training's progress) and ends with its summary."""
+    rc, shown = _on_a_pty(saturate_cmd("run", "gpt-tiny", "--data", str(small_corpus), *TINY, "--effective-batch",
+                                       "8", "--steps", "3", "--no-compile", "--run-dir", str(tmp_path / "run")),
+                          tmp_path, timeout=300)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown)
+    assert rc == 0, text[-3000:]
+    for seen in ("probing the machine", "preparing the workload", "s)"):  # a live line's stage and its seconds
+        assert seen in text, (seen, text[-3000:])
+    assert (tmp_path / "run" / "metrics.jsonl").exists()

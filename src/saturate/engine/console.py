@@ -38,7 +38,10 @@ class _Tidy:
 
     @property
     def stream(self) -> TextIO:
-        return sys.stderr if self.stderr else sys.stdout
+        stream = sys.stderr if self.stderr else sys.stdout
+        # While a live line is up, rich puts a proxy in sys.stdout that prints through the console: the console
+        # must write to the stream under it (as rich's own Console.file does), or each write loops back for ever.
+        return getattr(stream, "rich_proxied_file", stream)
 
     def write(self, text: str) -> int:
         return self.stream.write(_END_SPACES.sub("", text))
