@@ -19,6 +19,10 @@ rounds of whole trials (run_script.side_by_side, the neighbour stopped). Checked
 * still useful: a real gain of ≥ 20 % (by the reference) found in ≥ 2 of 3 bursty tunes and every quiet one;
 * every tune's wall time.
 
+`--verb run` runs `saturate run -- CMD` instead (each script given a step count its whole run ends at, RUN_STEPS):
+the decision is what the whole run applied (tuned settings only when its side-by-side confirmed them), the printed
+ratio its side-by-side's, and the reference measures both what it applied and what it found.
+
     PYTHONPATH=src python3 bench/busy_scripts.py                                  # ~30 minutes
     PYTHONPATH=src python3 bench/busy_scripts.py --cases input --reps 1 --conditions quiet --json out.json
 """
@@ -105,6 +109,38 @@ def tune_once(cmd: list[str], folder: Path, args: argparse.Namespace) -> dict[st
             "confirmation": d["confirmation"], "tried": tried, "decisions": d["decisions"]}
 
 
+RUN_STEPS = {"input": 1500, "fused": 3000, "trainer": 1500}  # whole runs of ~30–60 s as written, quiet
+
+
+def for_run(case: str, cmd: list[str]) -> list[str]:
+    """The command with a step count the whole run ends at (`run` trains the script to its end)."""
+    cmd = list(cmd)
+    if case == "trainer":
+        cmd[cmd.index("--max-steps") + 1] = str(RUN_STEPS[case])
+    else:
+        cmd[-1] = str(RUN_STEPS[case])
+    return cmd
+
+
+def run_once(cmd: list[str], folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """`saturate run -- CMD`: what it applied to the whole run (decide, confirm, act) and the ratio it printed."""
+    started = time.monotonic()
+    out = subprocess.run([PY, "-m", "saturate", "run", "--trial-steps", str(args.trial_steps), "--trial-seconds",
+                          str(args.trial_seconds), "--json", "--", *cmd],
+                         cwd=folder, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+    wall = time.monotonic() - started
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return {"error": last, "wall_s": wall}
+    d = json.loads(out.stdout)
+    side = d.get("side_by_side") or {}
+    printed = (1 + side["gain"] if side.get("paired") and side.get("gain") is not None  # what it printed, paired
+               else (d.get("speedup") or {}).get("median"))
+    return {"overrides": d["overrides"] if d["applied"] else {}, "found": d["overrides"], "speedup": printed,
+            "applied": d["applied"], "withheld": d["withheld"], "reason": d["reason"], "wall_s": wall,
+            "short_job": d["short_job"], "side_by_side": side, "full_s": d["full_run"]["seconds"], "tried": []}
+
+
 def reference(cmd: list[str], overrides: dict[str, Any], folder: Path, args: argparse.Namespace) -> Ratio | None:
     """Tuned ÷ as written, quiet, in alternating rounds of whole trials (independent of the tuner's pairs)."""
     cwd = os.getcwd()
@@ -130,24 +166,30 @@ def main() -> int:
     ap.add_argument("--trial-steps", type=int, default=4)
     ap.add_argument("--trial-seconds", type=float, default=4.0)
     ap.add_argument("--ref-rounds", type=int, default=4)
+    ap.add_argument("--verb", choices=("tune", "run"), default="tune",
+                    help="tune -- CMD (the default), or run -- CMD: tune, side by side, and the whole run (its steps: "
+                         "RUN_STEPS), where the decision is what the whole run applied")
     ap.add_argument("--json")
     args = ap.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="busy-scripts-"))
     cmds = {k: v for k, v in commands(folder).items() if k in args.cases.split(",")}
+    if args.verb == "run":
+        cmds = {k: for_run(k, v) for k, v in cmds.items()}
+    once = run_once if args.verb == "run" else tune_once
     runs: list[dict[str, Any]] = []
     for cond in args.conditions.split(","):
         load = neighbour(cond, args.seed) if cond != "quiet" else contextlib.nullcontext()
         with load:
             for rep in range(args.reps):
                 for case, cmd in cmds.items():
-                    r = tune_once(cmd, folder, args)
+                    r = once(cmd, folder, args)
                     r.update(condition=cond, case=case, rep=rep + 1)
                     runs.append(r)
                     print(f"{cond} {case} #{rep + 1}: {r.get('overrides', r.get('error'))} "
                           f"{r.get('speedup', 0):.3f}× in {r['wall_s']:.0f} s", flush=True)
     refs: dict[tuple[str, str], Ratio | None] = {}
     for r in runs:  # every setting any tune tried or kept, measured quiet against as written
-        for over in [t["overrides"] for t in r.get("tried", [])] + [r.get("overrides") or {}]:
+        for over in [t["overrides"] for t in r.get("tried", [])] + [r.get("overrides") or {}, r.get("found") or {}]:
             if over and (r["case"], key(over)) not in refs:
                 refs[(r["case"], key(over))] = reference(cmds[r["case"]], over, folder, args)
     rows, wrong, found = [], 0, {}
@@ -168,7 +210,7 @@ def main() -> int:
                                                                                         if "error" in r else "{}"),
                      f"{printed:.3f}×" if printed else "-", ref.fmt() if ref else "-",
                      f"{r['wall_s']:.0f} s", "; ".join(bad) or "ok"])
-    bench.print_table("tune -- CMD, quiet and bursty: decision, printed ratio, quiet reference",
+    bench.print_table(f"{args.verb} -- CMD: decision, printed ratio, quiet reference",
                       ["condition", "case", "rep", "kept", "printed", "reference", "wall", "check"], rows)
     for (cond, case), hits in found.items():
         if any(real for _, real in hits):
