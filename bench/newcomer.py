@@ -74,10 +74,31 @@ def silences(chunks: list[tuple[float, str]], wall: float) -> list[tuple[float, 
     return sorted(gaps, reverse=True)
 
 
+TOKEN = re.compile(r"\x1b\[(\d*)([A-Za-z])|\x1b\][^\x07]*\x07|\x1b\[[0-9;?]*[A-Za-z]|\r|\n|[^\x1b\r\n]+")
+
+
 def screen_lines(chunks: list[tuple[float, str]]) -> list[str]:
-    """The lines as they end up on the screen: escapes removed, a carriage return's redraw kept last."""
-    text = ANSI.sub("", "".join(c for _, c in chunks))
-    return [line.split("\r")[-1] for line in text.replace("\r\n", "\n").split("\n")]
+    """The lines as they end up on the screen: a small terminal — text overwrites from the cursor, a carriage return
+    goes to column 0, cursor-up (ESC[nA) and erase-line (ESC[2K) as a live line's redraw uses them; other escapes
+    ignored. A live line that was redrawn and erased is not on the screen."""
+    rows, r, col = [""], 0, 0
+    for m in TOKEN.finditer("".join(c for _, c in chunks)):
+        tok = m.group(0)
+        if tok == "\n":
+            r, col = r + 1, 0
+            if r == len(rows):
+                rows.append("")
+        elif tok == "\r":
+            col = 0
+        elif m.group(2) == "A":
+            r = max(0, r - int(m.group(1) or 1))
+        elif m.group(2) == "K":
+            rows[r] = rows[r][:col] if m.group(1) in ("", "0") else ""
+        elif not tok.startswith("\x1b"):
+            row = rows[r].ljust(col)
+            rows[r] = row[:col] + tok + row[col + len(tok):]
+            col += len(tok)
+    return rows
 
 
 def bad_inputs(cwd: Path, env: dict[str, str], python: str) -> list[dict]:

@@ -161,3 +161,25 @@ def test_bullets_and_notes_wrap_with_a_hanging_indent_and_no_space_at_a_line_s_e
     assert lines[note + 1].startswith("      ") and lines[note + 1].strip()  # under the note's text
     assert lines[-1].startswith("the fifty")  # a paragraph wraps as ever
     assert all(len(line) <= 50 and not line.endswith(" ") for line in lines), lines
+
+
+def test_on_a_terminal_styled_padding_does_not_end_a_line_in_a_space(capsys):
+    """On a terminal a styled cell's padding is followed by its colour's reset code (a table's title, a wrapped
+    styled word): the spaces go, the codes stay."""
+    import re
+
+    from rich.table import Table
+
+    from saturate.engine.console import tidy_console
+
+    c = tidy_console(width=50, force_terminal=True)
+    c.print("[yellow]machine busy:[/] other processes kept 1.0 of 2 usable CPU cores busy (52 %) over the trials")
+    t = Table(title="run summary (measured in this run)")
+    t.add_column("plan")
+    t.add_row("8×4 fp32 fused, a label long enough to make the table as wide as the console")
+    c.print(t)
+    raw = capsys.readouterr().out
+    assert "\x1b[" in raw  # colour codes: a terminal's output
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in raw.splitlines()]
+    assert any("run summary" in line for line in lines) and len(lines) > 5
+    assert not [line for line in lines if line.endswith(" ")], lines

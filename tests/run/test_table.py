@@ -139,3 +139,15 @@ def test_a_ratio_the_rounds_disagree_on_is_shown_as_its_range_not_a_median():
     assert any(line.startswith("× naive as a range") for line in lines)
     rows[2].vs_naive = Ratio.of([2.4, 2.6])
     assert not any(line.startswith("× naive as a range") for line in _fits(rows))
+
+
+def test_naive_against_itself_reads_one_not_a_range():
+    """naive's own rounds ratio is 1 in every round, "within noise" by construction: its cell is 1.00×, not the
+    range "1.00–1.00" a noisy comparison gets."""
+    from saturate.stats.rounds import Ratio
+
+    rows = _rows()
+    same_peak(rows, WORKLOAD, HW, 1)
+    rows[0].vs_naive = Ratio.of([1.0, 1.0])
+    naive = next(line for line in _fits(rows) if line.startswith("naive"))
+    assert naive.endswith("1.00×") and "1.00–1.00" not in naive, naive

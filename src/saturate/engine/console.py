@@ -26,7 +26,14 @@ def _fmt_rate(x: float) -> str:
     return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e3 else f"{x:.0f}"
 
 
-_END_SPACES = re.compile(r"[ \t]+(?=\r?\n)")
+# The spaces at a line's end, with the colour codes among them (on a terminal a styled cell's padding is followed
+# by its reset code): the spaces go, the codes stay.
+_END_SPACES = re.compile(r"(?:[ \t]|\x1b\[[0-9;]*m)+(?=\r?\n)")
+_CODES = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _codes_only(m: re.Match[str]) -> str:
+    return "".join(_CODES.findall(m.group(0)))
 
 
 class _Tidy:
@@ -44,7 +51,7 @@ class _Tidy:
         return getattr(stream, "rich_proxied_file", stream)
 
     def write(self, text: str) -> int:
-        return self.stream.write(_END_SPACES.sub("", text))
+        return self.stream.write(_END_SPACES.sub(_codes_only, text))
 
     def flush(self) -> None:
         self.stream.flush()

@@ -117,7 +117,7 @@ def comparison_table(rows: list[Row], workload: Any, memory_kind: str, side_by_s
             str(p.num_workers), _f(r.tokens_per_s if tokens else r.samples_per_s, "{:,.0f}" if tokens else "{:,.1f}"),
             "-" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes / 2**20:,.0f}",
             _f(r.utilisation, "{:.0%}"), r.mfu.cell() if r.mfu else "-",
-            ratio_cell(r.vs_naive, ratio) if r.status == "ok" else r.status)
+            ratio_cell(r.vs_naive if r.label != "naive" else None, ratio) if r.status == "ok" else r.status)
     noisy = any(r.vs_naive is not None and not (r.vs_naive.faster or r.vs_naive.slower) for r in rows
                 if r.label != "naive")
     under = [line for line in (mfu_line(rows), legend([r.plan for r in rows]),
