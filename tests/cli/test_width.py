@@ -183,3 +183,24 @@ def test_on_a_terminal_styled_padding_does_not_end_a_line_in_a_space(capsys):
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in raw.splitlines()]
     assert any("run summary" in line for line in lines) and len(lines) > 5
     assert not [line for line in lines if line.endswith(" ")], lines
+
+
+def test_the_live_progress_keeps_the_step_and_the_eta_at_80_columns():
+    """On a terminal the training's live line is the bar (step N/M, ETA) with the window's figures under it: on one
+    line they overflowed 80 columns and rich cut the step counter and the ETA to "…" (seen 2026-11-26)."""
+    import io
+    from types import SimpleNamespace
+
+    out = io.StringIO()
+    console = Console(file=out, width=80, force_terminal=True, record=True)
+    sink = ConsoleSink(300, console=console)
+    sink.start(SimpleNamespace(name="gpt-tiny", info={}, tokens_per_sample=128), Plan(micro_batch=8, grad_accum=4),
+               SimpleNamespace(torch_device="cpu"), 32, 300, None)
+    sink.log(120, {"train/loss": 1.8651, "throughput/tokens_per_s": 123_400.0, "throughput/mfu": 0.666,
+                   "memory/peak_gib": 12.34, "gpu/util_pct": 99.0, "host/ram_used_pct": 12.0})
+    sink._progress.stop()
+    shown = fits(lambda c: c.print(sink._progress.get_renderable()))  # what the live display draws
+    lines = [line for line in shown.splitlines() if line.strip()]
+    bar = next(line for line in lines if line.startswith("step 120/300"))
+    assert "ETA" in bar, shown
+    assert any(line.startswith("loss 1.8651  123.4k tok/s  MFU 66.6%  mem 12.34 GiB  GPU 99%") for line in lines), shown

@@ -98,6 +98,17 @@ def tidy_console(stderr: bool = False, **kw: Any) -> Any:
     return _HangingConsole(file=_Tidy(stderr), **kw)  # type: ignore[arg-type]
 
 
+class _TwoLines(Progress):
+    """The progress bar on one line (step, bar, ETA) and the window's figures under it: on one line together they
+    overflowed 80 columns, and rich cut the step counter and the ETA to "…"."""
+
+    def get_renderables(self) -> Any:
+        yield self.make_tasks_table(self.tasks)
+        for task in self.tasks:
+            if task.description:
+                yield Text(task.description, no_wrap=True, overflow="fold")
+
+
 class ConsoleSink:
     """A metrics sink that renders step, loss, tokens/s, MFU, memory and ETA."""
 
@@ -134,9 +145,9 @@ class ConsoleSink:
                            f"{total_steps} steps of {effective} samples = {split}; precision {plan.precision}, "
                            f"workers {plan.num_workers}, compile {plan.compile}")
         if self.live and self.console.is_terminal:
-            self._progress = Progress(
-                TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
-                TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=False,
+            self._progress = _TwoLines(
+                TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TextColumn("ETA"),
+                TimeRemainingColumn(), console=self.console, transient=False,
             )
             self._task = self._progress.add_task("", total=total_steps, completed=self.start_step)
             self._progress.start()
