@@ -186,7 +186,9 @@ def main() -> int:
                     r.update(condition=cond, case=case, rep=rep + 1)
                     runs.append(r)
                     print(f"{cond} {case} #{rep + 1}: {r.get('overrides', r.get('error'))} "
-                          f"{r.get('speedup', 0):.3f}× in {r['wall_s']:.0f} s", flush=True)
+                          f"{r.get('speedup') or 0:.3f}× in {r['wall_s']:.0f} s"
+                          + (f" ({r['reason'] or r['withheld']})" if r.get("reason") or r.get("withheld") else ""),
+                          flush=True)
     refs: dict[tuple[str, str], Ratio | None] = {}
     for r in runs:  # every setting any tune tried or kept, measured quiet against as written
         for over in [t["overrides"] for t in r.get("tried", [])] + [r.get("overrides") or {}, r.get("found") or {}]:
