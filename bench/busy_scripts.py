@@ -92,16 +92,23 @@ def commands(folder: Path) -> dict[str, list[str]]:
                         "--max-steps", "100000", "--output-dir", "user-out"]}
 
 
-def tune_once(cmd: list[str], folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+def saturate_json(verb: list[str], cmd: list[str], folder: Path,
+                  args: argparse.Namespace) -> tuple[dict[str, Any] | None, float, str | None]:
+    """`saturate VERB --json -- CMD` with the bench's trial settings: (its JSON, wall seconds, its error line)."""
     started = time.monotonic()
-    out = subprocess.run([PY, "-m", "saturate", "tune", "--trial-steps", str(args.trial_steps), "--trial-seconds",
-                          str(args.trial_seconds), "--json", "--out", str(folder / "tune"), "--", *cmd],
+    out = subprocess.run([PY, "-m", "saturate", *verb, "--trial-steps", str(args.trial_steps), "--trial-seconds",
+                          str(args.trial_seconds), "--json", "--", *cmd],
                          cwd=folder, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
     wall = time.monotonic() - started
     if out.returncode != 0:
-        last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return {"error": last, "wall_s": wall}
-    d = json.loads(out.stdout)
+        return None, wall, (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return json.loads(out.stdout), wall, None
+
+
+def tune_once(cmd: list[str], folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    d, wall, error = saturate_json(["tune", "--out", str(folder / "tune")], cmd, folder, args)
+    if d is None:
+        return {"error": error, "wall_s": wall}
     tried = [{"name": t["name"], "overrides": t["overrides"], "outcome": t["outcome"],
               "pair_ratio": None if not t.get("pair") or t["pair"].get("gain") is None else 1 + t["pair"]["gain"]}
              for t in d["trials"][1:]]
@@ -124,15 +131,9 @@ def for_run(case: str, cmd: list[str]) -> list[str]:
 
 def run_once(cmd: list[str], folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     """`saturate run -- CMD`: what it applied to the whole run (decide, confirm, act) and the ratio it printed."""
-    started = time.monotonic()
-    out = subprocess.run([PY, "-m", "saturate", "run", "--trial-steps", str(args.trial_steps), "--trial-seconds",
-                          str(args.trial_seconds), "--json", "--", *cmd],
-                         cwd=folder, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
-    wall = time.monotonic() - started
-    if out.returncode != 0:
-        last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return {"error": last, "wall_s": wall}
-    d = json.loads(out.stdout)
+    d, wall, error = saturate_json(["run"], cmd, folder, args)
+    if d is None:
+        return {"error": error, "wall_s": wall}
     side = d.get("side_by_side") or {}
     printed = (1 + side["gain"] if side.get("paired") and side.get("gain") is not None  # what it printed, paired
                else (d.get("speedup") or {}).get("median"))
