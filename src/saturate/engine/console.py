@@ -106,7 +106,7 @@ class _TwoLines(Progress):
         yield self.make_tasks_table(self.tasks)
         for task in self.tasks:
             if task.description:
-                yield Text(task.description, no_wrap=True, overflow="fold")
+                yield Text(task.description)
 
 
 class ConsoleSink:
