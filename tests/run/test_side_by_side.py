@@ -194,6 +194,29 @@ def test_a_cached_plan_is_reused_with_no_tuning(tmp_path, cpu, monkeypatch):
     assert budgets[-1][0] == pytest.approx(240.0)  # no cache with a batch change: 60 s + 5 % of the hour
 
 
+def test_a_cached_plan_of_fewer_threads_runs_at_torchs_own_when_the_machine_is_quiet_now(tmp_path, cpu,
+                                                                                          monkeypatch):
+    from saturate import plan_cache as cache
+    from saturate.engine import resume
+
+    workload = SimpleNamespace(name="w", fingerprint=lambda: {"m": 3}, optim=SimpleNamespace(effective_batch=8))
+    plan = Plan(micro_batch=8, threads=1, name="tuned",
+                provenance={"world_size": 1, "threads": "chosen while other processes kept 1.0 of 2 cores busy"})
+    cache.store(plan, workload, cpu.fingerprint())
+    monkeypatch.setattr(run_module, "tune", lambda *a, **k: pytest.fail("tuned although a plan was cached"))
+    said = []
+    console = SimpleNamespace(print=lambda line, *a, **k: said.append(str(line)))
+    kw = dict(steps=100, minutes=None, allow_batch_change=False, run_dir=tmp_path, seed=0, console=console,
+              try_compile=True)
+    for other, threads in ((0.05, None), (1.2, 1)):
+        monkeypatch.setattr(resume, "measure_contention", lambda seconds, o=other: Contention(
+            seconds=seconds, usable_cores=2, other_cores=o, own_cores=0.0))
+        said.clear()
+        got = run_module._tune(workload, cpu, SimpleNamespace(world_size=1, is_main=True), [], budget_s=None, **kw)
+        assert got.plan.threads == threads
+        assert any(("quiet now" if threads is None else "now too, so it stays") in line for line in said)
+
+
 @dataclasses.dataclass
 class Job:  # a workload's fields that matter to _tune (a dataclass: its validation data is left out to predict)
     name: str = "w"

@@ -8,9 +8,11 @@ from test_search import FakeMachine, GiB, linear_memory, settings
 from torch.utils.data import default_collate
 
 from saturate import plan_cache as cache
+from saturate.engine import resume
 from saturate.engine.resume import choose_plan
-from saturate.engine.step import Stepper, use_threads
+from saturate.engine.step import Stepper, own_threads, use_threads
 from saturate.errors import ConfigError
+from saturate.hardware.contention import Contention
 from saturate.plan import Plan
 from saturate.tune.search import search
 from saturate.tune.trial import Trial
@@ -160,13 +162,68 @@ def test_threads_are_tried_again_when_the_load_comes_after_the_first_trial():
     assert no_gain.plan.threads is None  # tried again, measured no faster: torch's count stays
 
 
-def test_training_with_a_cached_plan_of_fewer_threads_says_why(small_corpus, cpu):
-    workload = build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=8)
+def _cached_one_thread(workload, cpu) -> None:
     tuned = Plan(micro_batch=8, threads=1, name="tuned",
                  provenance={"threads": "chosen while other processes kept 1.0 of 2 cores busy"})
     cache.store(tuned, workload, cpu.fingerprint())
+
+
+def _load_now(monkeypatch, other: float | None) -> list[float]:
+    """The load `threads_for_now` reads, faked: `other` cores busy (None: unreadable). Returns the reads' seconds."""
+    reads: list[float] = []
+
+    def read(seconds: float) -> Contention:
+        reads.append(seconds)
+        return Contention(seconds=seconds, usable_cores=2, other_cores=other, own_cores=0.0,
+                          notes=[] if other is not None else ["CPU times unreadable: a test"])
+    monkeypatch.setattr(resume, "measure_contention", read)
+    return reads
+
+
+def test_training_with_a_cached_plan_of_fewer_threads_keeps_them_while_the_machine_is_busy(small_corpus, cpu,
+                                                                                            monkeypatch):
+    workload = build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=8)
+    _cached_one_thread(workload, cpu)
+    reads = _load_now(monkeypatch, 1.0)
     notes: list[str] = []
     plan = choose_plan(None, None, workload, cpu, True, notes)
-    assert plan.threads == 1
-    assert any("1 intra-op thread(s) (chosen while other processes kept 1.0 of 2 cores busy)" in n and
-               "tune again" in n for n in notes)
+    assert plan.threads == 1 and reads == [0.5]
+    said = [n for n in notes if "intra-op thread(s)" in n]
+    assert len(said) == 1 and "(chosen while other processes kept 1.0 of 2 cores busy)" in said[0]
+    assert "other processes keep 1.0 of 2 cores busy now too, so it stays" in said[0]
+
+
+def test_a_cached_count_chosen_under_load_gives_way_to_torchs_own_on_a_quiet_machine(small_corpus, cpu, monkeypatch):
+    workload = build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=8)
+    _cached_one_thread(workload, cpu)
+    _load_now(monkeypatch, 0.1)
+    notes: list[str] = []
+    plan = choose_plan(None, None, workload, cpu, True, notes)
+    assert plan.threads is None and plan.micro_batch == 8  # only the count changes
+    said = [n for n in notes if "intra-op thread(s)" in n]
+    assert len(said) == 1 and "the machine is quiet now (other processes keep 0.1 of 2 cores busy)" in said[0]
+    assert f"torch's own {own_threads()} are used instead" in said[0]
+    assert "dropped, the machine quiet at the start" in plan.provenance["threads"]
+    assert cache.lookup(workload, cpu.fingerprint(), 1)[0].threads == 1  # the cached plan itself is left as tuned
+
+
+def test_a_cached_count_stays_when_the_load_cannot_be_read_or_several_processes_share_it(small_corpus, cpu,
+                                                                                         monkeypatch):
+    workload = build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=8)
+    _cached_one_thread(workload, cpu)
+    _load_now(monkeypatch, None)
+    notes: list[str] = []
+    assert choose_plan(None, None, workload, cpu, True, notes).threads == 1
+    assert any("the load now was not read (CPU times unreadable: a test), so it stays" in n for n in notes)
+    reads = _load_now(monkeypatch, 0.0)
+    notes = []
+    plan = resume.threads_for_now(Plan(micro_batch=4, threads=1), cpu, notes, world=2)
+    assert reads == [] and plan.threads == 1  # each rank would read its own load: not read at all
+    assert any("on a quieter machine, tune again" in n for n in notes)
+
+
+def test_a_plan_given_by_the_user_keeps_its_count_unread(small_corpus, cpu, monkeypatch):
+    workload = build_workload("gpt-tiny", data=[str(small_corpus)], effective_batch=8)
+    reads = _load_now(monkeypatch, 0.0)
+    assert choose_plan(Plan(micro_batch=8, threads=1), None, workload, cpu, True, []).threads == 1
+    assert reads == []

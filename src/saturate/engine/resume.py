@@ -16,8 +16,9 @@ from saturate.engine.checkpoint import CheckpointManager, restore_model_and_opti
 from saturate.engine.distributed import DistInfo
 from saturate.engine.precision import Precision
 from saturate.engine.schedule import WarmupCosine
-from saturate.engine.step import Stepper, rng_state, set_rng_state
+from saturate.engine.step import Stepper, own_threads, rng_state, set_rng_state
 from saturate.errors import CheckpointError, ConfigError, file_not_folder
+from saturate.hardware.contention import measure_contention
 from saturate.plan import Plan, fit_to_world, informed_summary
 from saturate.workloads.base import Workload
 from saturate.workloads.coupling import workload_default_plan
@@ -250,15 +251,39 @@ def choose_plan(plan: Plan | None, state: dict[str, Any] | None, workload: Workl
             notes.append(f"using the plan tuned for {workload.name} on this machine "
                          f"({cached.provenance.get('tuned_at', 'date unknown')}); --no-tuned ignores it")
             if cached.threads is not None:  # a count chosen for a busy machine (tune/search.py `threads`)
-                notes.append(f"the tuned plan uses {cached.threads} intra-op thread(s) "
-                             f"({cached.provenance.get('threads', 'set in the plan')}); on a quieter machine, tune "
-                             "again or use --no-tuned")
+                cached = threads_for_now(cached, hw, notes, world)
             return cached
     plan, coupled = workload_default_plan(workload, hw, world)
     if coupled:
         notes.append(coupled)
     notes.append(f"the seed plan: {informed_summary(plan)}; `saturate tune` measures one")
     return plan
+
+
+def threads_for_now(plan: Plan, hw: Any, notes: list[str], world: int = 1, seconds: float = 0.5) -> Plan:
+    """A tuned plan's intra-op thread count, checked against the load now. The tuner sets a count only when other
+    processes kept the CPU busy (tune/start.py, tune/search.py); on a quiet machine that count is the wrong one
+    (1 thread of 2 for gpt-tiny: 0.60x torch's 2 here, bench/trust.py 2026-11-26). So the load is read for
+    `seconds` before training: quiet, torch's own count replaces the plan's, said in a note; busy, or unread, or
+    on several processes (each rank would read its own), the plan's count stays, said too."""
+    n, why = plan.threads, plan.provenance.get("threads", "set in the plan")
+    kept = (f"the tuned plan uses {n} intra-op thread(s) ({why})")
+    if hw.device_type != "cpu" or world > 1:
+        notes.append(f"{kept}; on a quieter machine, tune again or use --no-tuned")
+        return plan
+    now = measure_contention(seconds)
+    if now.other_cores is None:
+        notes.append(f"{kept}; the load now was not read ({'; '.join(now.notes) or 'no reading'}), so it stays")
+        return plan
+    load = f"other processes keep {now.other_cores:.1f} of {now.usable_cores} cores busy"
+    if now.significant():
+        notes.append(f"{kept}; {load} now too, so it stays")
+        return plan
+    own = own_threads()
+    notes.append(f"{kept}, but the machine is quiet now ({load}): torch's own {own} are used instead; tune again "
+                 "on a quiet machine for a plan made for one")
+    return plan.replace(threads=None, provenance={**plan.provenance, "threads": f"torch's {own}: the tuned {n} "
+                                                  f"({why}) dropped, the machine quiet at the start ({load})"})
 
 
 def snapshot(step: int, stepper: Stepper, precision: Precision, schedule: WarmupCosine, plan: Plan,

@@ -38,6 +38,7 @@ from saturate.atomic import atomic_write_bytes
 from saturate.engine.console import tidy_console
 from saturate.engine.distributed import DistInfo, broadcast_object, init_distributed, teardown_distributed
 from saturate.engine.live import stage
+from saturate.engine.resume import threads_for_now
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import ConfigError, file_not_folder
 from saturate.plan import Plan, informed_choices, reference_plan
@@ -230,11 +231,15 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
     """The plan to compare and train: the cached one (no `--budget`), else tuned within `--budget` or a budget
     that follows the predicted untuned training time."""
     if budget_s is None and not allow_batch_change:
-        cached = broadcast_object(_cached_plan(workload, hw, dist.world_size, try_compile) if dist.is_main else None)
+        notes: list[str] = []
+        cached = broadcast_object(_cached_plan(workload, hw, dist.world_size, try_compile, notes) if dist.is_main
+                                  else None)
         if cached is not None:
             why = (f"using the plan tuned for {workload.name} on this machine "
                    f"({cached.provenance.get('tuned_at', 'date unknown')}): no tuning; --budget tunes again")
             console.print(why)
+            for note in notes:
+                console.print(f"[yellow]note:[/] {note}")
             verified = (cached.provenance.get("verified_samples_per_s")
                         or cached.provenance.get("measured_samples_per_s"))
             step = cached.samples_per_step(dist.world_size) / verified if verified else None
@@ -313,14 +318,15 @@ def _untuned(workload: Workload, hw: Any, dist: DistInfo, started: float, predic
                   label="default", naive=naive, naive_s=naive_s)
 
 
-def _cached_plan(workload: Workload, hw: Any, world: int, try_compile: bool) -> Plan | None:
-    """The plan tuned for this workload on this hardware at this process count, if it can be used as it is."""
+def _cached_plan(workload: Workload, hw: Any, world: int, try_compile: bool, notes: list[str]) -> Plan | None:
+    """The plan tuned for this workload on this hardware at this process count, if it can be used as it is; a
+    thread count it was tuned with for a busy machine checked against the load now, as `train` does."""
     plan, _ = plan_cache.lookup(workload, hw.fingerprint(), world)
     if plan is None or int(plan.provenance.get("world_size", 1)) != world:
         return None
     if not try_compile and plan.compile != "none":
         return None
-    return plan
+    return plan if plan.threads is None else threads_for_now(plan, hw, notes, world)
 
 
 def _recache(workload: Workload, hw: Any, world: int, tuned: Plan, faster: Any) -> str:
