@@ -22,7 +22,7 @@ import pytest
 from conftest import cli_env, saturate_cmd
 from saturate.script.boundary import GATE_GO, GATE_READY, GATE_STOP
 from saturate.script.child.trial_windows import StepWindows
-from saturate.script.gated import UNEVEN_CORES, Window, can_gate, time_pairs
+from saturate.script.gated import UNEVEN_CORES, Window, again, can_gate, time_pairs
 from saturate.script.overrides import NONE
 from saturate.script.script_trial import ScriptTrial
 from saturate.stats.comparison import Verdict
@@ -177,6 +177,46 @@ def test_a_run_that_ends_leaves_no_comparison():
     assert len(few.ratios) == 3 and few.comparison is None  # three pairs decide nothing (six at least)
 
 
+class _Fresh(_Run):
+    """A run `again` opens and closes itself."""
+
+    opened = closed = 0
+
+    def open(self):
+        _Fresh.opened += 1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _Fresh.closed += 1
+
+
+def test_a_gain_is_timed_again_on_a_fresh_pair_of_runs_and_each_pair_must_find_it():
+    quiet = [0.0] * 24
+    first = time_pairs(_Run([10.0] * 24, quiet), _Run([24.1] * 24, quiet), 0.03)  # this pair of runs: 2.41×
+    _Fresh.opened = _Fresh.closed = 0
+    both = again(first, lambda: (_Fresh([10.0] * 24, quiet), _Fresh([13.4] * 24, quiet)), 0.03)
+    assert _Fresh.opened == _Fresh.closed == 2  # a fresh pair, opened and closed
+    assert both.runs == [pytest.approx(2.41), pytest.approx(1.34)] and len(both.ratios) == 12
+    assert both.comparison.faster  # each pair of runs measured it faster
+    assert both.comparison.noise >= (1 + both.comparison.gain) - 1.34 - 1e-9  # the interval reaches the lower pair
+    assert "over two pairs of runs: 2.410× and 1.340×" in both.comparison.text()
+    assert both.to_dict()["run_pairs"] == both.runs and len(both.more) == 1
+    # The second pair of runs finds no gain: the first pair's 2.41× is not a result.
+    undone = again(first, lambda: (_Fresh([10.0] * 24, quiet), _Fresh([9.8] * 24, quiet)), 0.03)
+    assert not undone.comparison.faster and undone.comparison.verdict is Verdict.WITHIN_NOISE
+
+
+def test_only_a_gain_is_timed_again_and_a_second_pair_that_ends_early_leaves_the_first():
+    quiet = [0.0] * 24
+    same = time_pairs(_Run([10.0] * 24, quiet), _Run([10.1] * 24, quiet), 0.03)
+    assert again(same, lambda: pytest.fail("timed again without a gain"), 0.03) is same
+    first = time_pairs(_Run([10.0] * 24, quiet), _Run([20.0] * 24, quiet), 0.03)
+    ended = again(first, lambda: (_Fresh([10.0] * 2, quiet), _Fresh([20.0] * 2, quiet)), 0.03)
+    assert ended is first and ended.runs == []
+
+
 REAPED = """
 import os, signal, sys, time
 from pathlib import Path
@@ -285,7 +325,8 @@ def test_run_tunes_and_confirms_in_alternating_windows_then_applies(tmp_path):
     side = d["side_by_side"]
     assert side["paired"] is True and side["pairs"] >= 6 and side["verdict"] == "faster", side
     assert d["overrides"]["loader"]["num_workers"] >= 2 and d["applied"] is True
-    assert len(d["as_written"]) == len(d["tuned"]) == 1 and d["tuned"][0]["windows"] >= 6
+    assert len(side["run_pairs"]) == 2 and all(r > 1 for r in side["run_pairs"])  # a gain timed on two pairs of runs
+    assert len(d["as_written"]) == len(d["tuned"]) == 2 and d["tuned"][0]["windows"] >= 6
     assert d["full_run"]["optimizer_steps"] == 6000 and "trained 6000 steps" in out.stderr
     assert side["text"].startswith("+") and "alternating pairs" in side["text"]
 

@@ -36,7 +36,7 @@ from rich.text import Text
 from saturate.errors import ConfigError
 from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
-from saturate.script.gated import Gated, PairedTrials, time_pairs
+from saturate.script.gated import Gated, PairedTrials, again, time_pairs
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.script_trial import MIN_GAIN, ScriptTrial, TrialOptions, window_rule
 from saturate.script.tune_script import trial_settings, tune_with_progress
@@ -128,21 +128,28 @@ def side_by_side(command: Sequence[str], overrides: Overrides, *, rounds: int = 
 
 
 def side_by_side_paired(command: Sequence[str], overrides: Overrides, options: TrialOptions) -> PairedTrials:
-    """The script as written and with `overrides`, both alive, timed in alternating windows (`gated.py`)."""
+    """The script as written and with `overrides`, both alive, timed in alternating windows (`gated.py`); a gain
+    timed again on a second, fresh pair of runs (`gated.again`: one pair's ratio can be off by a third)."""
     rule = options.rule
-    runs = [Gated(name, over, command, trial_settings(over, options.warmup, options.steps, rule), rule,
-                  first_step_timeout=options.first_step_timeout, quiet_stdout=options.quiet_stdout)
-            for name, over in (("as written", NONE), ("tuned", overrides))]
+
+    def fresh() -> tuple[Gated, Gated]:
+        a, b = (Gated(name, over, command, trial_settings(over, options.warmup, options.steps, rule), rule,
+                      first_step_timeout=options.first_step_timeout, quiet_stdout=options.quiet_stdout)
+                for name, over in (("as written", NONE), ("tuned", overrides)))
+        return a, b
+
+    runs = fresh()
     try:
         for run in runs:
             t = run.open()
             if t.trainer_error and run.overrides.trainer:
                 raise ConfigError(f"the script's Trainer refused the overrides {run.overrides.trainer}: "
                                   f"{t.trainer_error}")
-        return time_pairs(runs[0], runs[1], MIN_GAIN, cap_s=2 * rule.max_seconds)
+        first = time_pairs(runs[0], runs[1], MIN_GAIN, cap_s=2 * rule.max_seconds)
     finally:
         for run in runs:
             run.close()
+    return again(first, fresh, MIN_GAIN, cap_s=2 * rule.max_seconds)
 
 
 def full_run(command: Sequence[str], overrides: Overrides, *, first_step_timeout: float = 300.0,
@@ -183,7 +190,7 @@ def run_script(command: Sequence[str], options: TrialOptions, console: Console, 
         reason = None
         console.print("[dim]run: the script as written and tuned, both alive, in alternating windows …[/]")
         pairs = side_by_side_paired(command, overrides, options)
-        written, tuned = [pairs.a], [pairs.b]
+        written, tuned = [pairs.a, *(a for a, _ in pairs.more)], [pairs.b, *(b for _, b in pairs.more)]
         applied, withheld = confirmed(pairs.comparison, given, overrides_file)
         if pairs.comparison is None:
             withheld = ("the tuned settings were not confirmed: a run of the script ended before the pairs of "
@@ -257,7 +264,7 @@ def _render_side_by_side(report: ScriptRunReport, console: Console) -> None:
     for name, trials in (("as written", report.as_written), ("tuned", report.tuned)):
         step = statistics.median(x.step_s for x in trials)
         rates = [x.samples_per_s for x in trials if x.samples_per_s]
-        n = trials[0].windows if report.pairs is not None else len(trials)
+        n = sum(x.windows for x in trials) if report.pairs is not None else len(trials)
         t.add_row(name, f"{step:.4g}", f"{statistics.median(rates):.1f}" if rates else "-", str(n))
     console.print(t)
     if report.pairs is not None:

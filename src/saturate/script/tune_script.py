@@ -45,7 +45,7 @@ from saturate.errors import SaturateError
 from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
 from saturate.script.frameworks import framework_of, fused_option
-from saturate.script.gated import Gated, can_gate, time_pairs
+from saturate.script.gated import Gated, again, can_gate, time_pairs
 from saturate.script.host_stages import loader_stages, threads_stage
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.script_trial import MIN_GAIN, WINDOW_S, ScriptTrial, TrialOptions, window_rule
@@ -295,6 +295,9 @@ class _Search:
             with written:
                 written.open()
                 pairs = time_pairs(written, self.incumbent, MIN_GAIN, cap_s=2 * self.rule.max_seconds)
+            best = result.best
+            pairs = again(pairs, lambda: (self.gated("as written", NONE), self.gated(best.name, best.overrides)),
+                          MIN_GAIN, cap_s=2 * self.rule.max_seconds)
         except SaturateError as e:
             result.decisions.append(f"confirmation against the script as written: failed ({e}); nothing kept")
             result.best = result.baseline
