@@ -40,6 +40,7 @@ runs, which swings small models' step times tenfold and says nothing about the d
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 import warnings
@@ -139,8 +140,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0, help="minimum timed seconds per diagnosis (default 3)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1; see above)")
+    ap.add_argument("--load", default="quiet", help="quiet (default), or a profile of the shared neighbour "
+                    "(steady, bursty, spiky) running through every diagnosis")
+    ap.add_argument("--seed", type=int, default=0, help="the neighbour's seed")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args()
+    with contextlib.nullcontext() if args.load == "quiet" else bench.neighbour(args.load, args.seed):
+        run(args, ap)
+
+
+def run(args: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message="This DataLoader will create")  # 3 workers on 2 cores, on purpose
     if args.device == "cuda" and bench.no_cuda(args.json, "doctor_predictions"):
@@ -174,10 +183,10 @@ def main() -> None:
                      bench.Spread.of(predicted).fmt(".2f", unit="×"), bench.Spread.of(measured).fmt(".2f", unit="×"),
                      bench.Spread.of(errors).fmt("+.0f", 100, " %"), f"{within}/{len(errors)}"])
     where = bench.device_label(hw) if args.device == "cuda" else f"{hw.cpu_name}, {hw.cpu_cores} cores"
-    bench.print_table(f"doctor predictions — {where}, {args.threads} torch thread(s), "
+    bench.print_table(f"doctor predictions — {where}, {args.load}, {args.threads} torch thread(s), "
                       f"{args.rounds} rounds", ["case", "verdict", "top plan fix", "predicted gain", "measured gain",
                                                 "measured ÷ predicted − 1", "within ±25 %"], rows)
-    bench.write_json(args.json, {"environment": bench.environment(hw), "rounds": args.rounds,
+    bench.write_json(args.json, {"environment": bench.environment(hw), "rounds": args.rounds, "load": args.load,
                                  "seconds": args.seconds, "threads": args.threads, "cases": results})
 
 
