@@ -170,11 +170,25 @@ def test_a_ratio_measured_under_load_says_it_is_the_loads():
     assert quiet.load_note(threads=True) is None and quiet.to_dict()["load_note"] is None
 
 
-def test_a_run_that_ends_leaves_no_comparison():
+def test_a_run_that_ends_early_decides_only_on_a_few_tight_one_sided_pairs():
     p = time_pairs(_Run([100.0], [0.0]), _Run([100.0] * 5, [0.0] * 5), 0.03)
     assert p.comparison is None and len(p.ratios) <= 1
-    few = time_pairs(_Run([100.0] * 3, [0.0] * 3), _Run([150.0] * 5, [0.0] * 5), 0.03)
-    assert len(few.ratios) == 3 and few.comparison is None  # three pairs decide nothing (six at least)
+    two = time_pairs(_Run([100.0] * 2, [0.0] * 2), _Run([150.0] * 5, [0.0] * 5), 0.03)
+    assert len(two.ratios) == 2 and two.comparison is None  # two pairs decide nothing
+    # The input case of 2026-11-26: the tuned run ended after four pairs, each ~8×, a few percent apart.
+    tight = time_pairs(_Run([10.0] * 4, [0.0] * 4), _Run([83.8, 82.7, 81.5, 81.0, 80.0], [0.0] * 5), 0.03)
+    assert tight.comparison.faster and len(tight.ratios) == 4
+    assert "in 4 alternating pairs (a run ended before 6): faster in 4" in tight.comparison.text()
+    # Four pairs that scatter (1.1–2.9×) do not decide, nor do pairs on both sides of 1, however large their mean.
+    loose = time_pairs(_Run([10.0] * 4, [0.0] * 4), _Run([11.0, 29.0, 13.0, 25.0, 9.0], [0.0] * 5), 0.03)
+    assert not loose.comparison.faster and loose.comparison.verdict is Verdict.WITHIN_NOISE
+    mixed = time_pairs(_Run([10.0] * 5, [0.0] * 5), _Run([30.0, 31.0, 9.9, 30.5, 30.2, 30.0], [0.0] * 6), 0.03)
+    assert not mixed.comparison.faster
+    # A burst in one window: that pair is left out, the others still under the same load decide.
+    burst = time_pairs(_Run([10.0, 5.0, 10.0, 10.0, 10.0], [0.0, 2.0, 0.0, 0.0, 0.0]),
+                       _Run([30.0] * 5 + [30.0], [0.0] * 6), 0.03)
+    assert burst.uneven == [pytest.approx(6.0)] and burst.comparison.faster
+    assert burst.comparison.gain == pytest.approx(2.0) and "1 pair(s) left out" in burst.comparison.text()
 
 
 class _Fresh(_Run):

@@ -8,7 +8,16 @@ import statistics
 import pytest
 
 from saturate.stats.comparison import Verdict
-from saturate.stats.pairs import CHECKS, MIN_PAIRS, decisive, median_interval, paired_comparison, settled
+from saturate.stats.pairs import (
+    CHECKS,
+    MIN_PAIRS,
+    T_995,
+    decisive,
+    ended_comparison,
+    median_interval,
+    paired_comparison,
+    settled,
+)
 
 
 def _coverage(n: int, k: int) -> float:
@@ -56,3 +65,21 @@ def test_pairs_settle_only_at_a_check_or_at_the_cap_and_never_before_the_fewest(
     noisy = [1.2, 0.9, 1.1, 1.3, 0.95, 1.0]
     assert not settled(noisy, 0.03) and settled(noisy, 0.03, cap_s=1.0, timed_s=1.0)
     assert settled([1.2] * 3, 0.03, min_pairs=3, cap_s=0.0)  # the testing knob's: three pairs, no timed seconds
+
+
+def test_the_t_quantiles_are_students():
+    stats = pytest.importorskip("scipy.stats")
+    for df, q in T_995.items():
+        assert q == pytest.approx(stats.t.ppf(0.995, df), abs=1e-4)
+
+
+def test_a_few_pairs_left_by_a_run_that_ended_decide_only_when_tight_and_one_sided():
+    assert ended_comparison([1.5, 1.5], 0.03) is None  # too few
+    assert ended_comparison([1.5] * MIN_PAIRS, 0.03) is None  # enough for the sign test: not this rule's
+    tight = ended_comparison([8.38, 8.27, 8.15, 8.10], 0.03)
+    assert tight.faster and tight.gain == pytest.approx(8.225 - 1, rel=0.01)
+    assert 0 < tight.noise < 0.6  # the 99 % t interval: 7.9–8.5×
+    assert ended_comparison([0.5, 0.52, 0.49], 0.03).slower
+    assert not ended_comparison([1.1, 2.9, 1.3, 2.5], 0.03).faster  # scattered: the interval reaches below 1
+    assert ended_comparison([3.0, 3.1, 0.99, 3.05, 3.02], 0.03).verdict is Verdict.WITHIN_NOISE  # one pair against
+    assert ended_comparison([1.02, 1.021, 1.019], 0.03).verdict is Verdict.UNDER_MIN_GAIN

@@ -47,7 +47,7 @@ from saturate.script.overrides import Overrides
 from saturate.script.script_trial import ScriptTrial
 from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule, summarize
-from saturate.stats.pairs import MAX_PAIRS, MIN_PAIRS, paired_comparison, settled
+from saturate.stats.pairs import MAX_PAIRS, MIN_PAIRS, ended_comparison, paired_comparison, settled
 
 UNEVEN_CORES = 0.5  # a pair whose windows' neighbour load differs by this many cores is left out of the decision
 WINDOW_TIMEOUT_S = 300.0  # one window of steps this long means the run is stuck: it is stopped
@@ -270,8 +270,9 @@ class PairedTrials:
 def time_pairs(a: Gated, b: Gated, min_gain: float, *, min_pairs: int = MIN_PAIRS,
                cap_s: float | None = None) -> PairedTrials:
     """Time two parked runs in alternating windows until the pairs are settled (stats/pairs.py: decisive at one of
-    its checks, or `cap_s` timed seconds; `min_pairs` at least; `MAX_PAIRS` at most) or a run ends. A run not yet
-    timed is first let run alone until its speed settles (`Gated.settle`)."""
+    its checks, or `cap_s` timed seconds; `min_pairs` at least; `MAX_PAIRS` at most) or a run ends — then its 3 to 5
+    pairs under the same load decide only when they are one-sided and tight (`stats.pairs.ended_comparison`), else
+    there is no comparison. A run not yet timed is first let run alone until its speed settles (`Gated.settle`)."""
     started = time.monotonic()
     for side in (a, b):  # each at its steady speed before the first pair
         side.settle(cap_s if cap_s is not None else WINDOW_TIMEOUT_S)
@@ -280,7 +281,7 @@ def time_pairs(a: Gated, b: Gated, min_gain: float, *, min_pairs: int = MIN_PAIR
     even: list[float] = []
     uneven: list[float] = []
     loads: list[tuple[float | None, float | None]] = []
-    timed = 0.0
+    timed, ended = 0.0, False
     for i in range(MAX_PAIRS):
         got: dict[int, Window] = {}
         for side in (a, b) if i % 2 == 0 else (b, a):
@@ -291,6 +292,7 @@ def time_pairs(a: Gated, b: Gated, min_gain: float, *, min_pairs: int = MIN_PAIR
             mine[id(side)].append(w)
             timed += w.steps / w.rate
         if len(got) < 2:
+            ended = True
             break
         wa, wb = got[id(a)], got[id(b)]
         ratio = wb.rate / wa.rate
@@ -314,6 +316,10 @@ def time_pairs(a: Gated, b: Gated, min_gain: float, *, min_pairs: int = MIN_PAIR
             c = c.said(f"{c.note}; {len(left_out)} pair(s) left out: the load from other processes changed by "
                        f"{UNEVEN_CORES:g} core or more between their two windows")
         out.comparison = c
+    elif ended and (c := ended_comparison(even, min_gain)) is not None:  # a script too short for MIN_PAIRS
+        if uneven:
+            c = c.said(f"{c.note}; {len(uneven)} pair(s) left out: the load changed between their two windows")
+        out.ratios, out.uneven, out.comparison = even, uneven, c
     return out
 
 

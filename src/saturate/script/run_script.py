@@ -193,9 +193,9 @@ def run_script(command: Sequence[str], options: TrialOptions, console: Console, 
         written, tuned = [pairs.a, *(a for a, _ in pairs.more)], [pairs.b, *(b for _, b in pairs.more)]
         applied, withheld = confirmed(pairs.comparison, given, overrides_file)
         if pairs.comparison is None:
-            withheld = ("the tuned settings were not confirmed: a run of the script ended before the pairs of "
-                        "windows a decision needs (run it for longer, or shorten --trial-seconds); the full run is "
-                        "the script as written, nothing applied")
+            withheld = ("the tuned settings were not confirmed: a run of the script ended before three pairs of "
+                        "windows under the same load (run it for longer, or shorten --trial-seconds); the full run "
+                        "is the script as written, nothing applied")
     elif overrides:
         reason = None
         console.print("[dim]run: the script as written and tuned, in alternating rounds …[/]")
