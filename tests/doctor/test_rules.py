@@ -297,11 +297,26 @@ def test_other_processes_on_our_cores_make_the_verdict_contended_not_the_workloa
 
 def test_a_busy_cpu_run_is_told_that_fewer_threads_may_help_and_that_it_was_not_measured():
     d = decide(measured(cpu_threads=2, cpu_cores=2, contention=_busy(other_cores=1.2)))
-    said = [e for e in d.evidence if "intra-op threads wait for one another" in e]
-    assert d.verdict == "contended" and len(said) == 1
+    said = [e for f in d.findings if f.verdict == "contended" for e in f.evidence
+            if "intra-op threads wait for one another" in e]
+    assert d.verdict == "compute-bound" and len(said) == 1  # the workload's verdict; the load listed beside it
     assert "torch.set_num_threads(1)" in said[0] and said[0].endswith("not measured in this run") and d.fixes == []
     one = decide(measured(cpu_threads=1, cpu_cores=2, contention=_busy(other_cores=1.2)))
-    assert not any("intra-op threads wait" in e for e in one.evidence)  # one thread already: nothing to lower
+    assert not any("intra-op threads wait" in e for f in one.findings for e in f.evidence)  # one thread: nothing
+
+
+def test_a_busy_machine_with_nothing_found_but_the_load_is_still_compute_bound():
+    quiet = decide(measured())
+    busy = decide(measured(contention=_busy()))
+    assert quiet.verdict == busy.verdict == "compute-bound"
+    assert busy.evidence[0].startswith("measured on a busy machine (machine busy: other processes kept 1.2 of 2")
+    assert busy.evidence[1:] == quiet.evidence and [f.verdict for f in busy.findings] == ["compute-bound", "contended"]
+    bf16 = decide(measured(supports_bf16=True, contention=_busy()))  # the hardware's fix, no timing: it stands
+    assert bf16.verdict == "compute-bound" and [f.title for f in bf16.fixes] == ["precision fp32 → bf16 autocast"]
+    # A fixed share within noise of its threshold: the load's scatter may have kept it from being called.
+    near = ScalingProbe((1, 4), (0.0100, 0.0241), spread=(0.10, 0.10))
+    undecided = decide(measured(micro_batch=1, grad_accum=8, scaling=near, contention=_busy()))
+    assert undecided.verdict == "contended" and undecided.fixes == []
 
 
 def test_memory_risks_still_win_over_contention():
@@ -310,7 +325,8 @@ def test_memory_risks_still_win_over_contention():
 
 def test_contention_and_our_own_oversubscription_are_said_together():
     d = decide(measured(num_workers=2, cpu_threads=2, cpu_cores=2, contention=_busy()))
-    assert d.verdict == "contended" and any("torch.set_num_threads(1)" in e for e in d.evidence)
+    contended = next(f for f in d.findings if f.verdict == "contended")
+    assert any("torch.set_num_threads(1)" in e for e in contended.evidence)
 
 
 def test_a_fixed_share_within_the_spread_of_the_threshold_is_not_called_either_way():
@@ -337,7 +353,9 @@ def test_the_contention_line_is_printed_first():
     out = io.StringIO()
     render(decide(measured(contention=_busy())), Console(file=out, width=200, color_system=None))
     lines = out.getvalue().splitlines()
-    assert lines[1].startswith("machine busy: other processes kept 1.2 of 2") and "verdict: contended" in out.getvalue()
+    assert lines[1].startswith("machine busy: other processes kept 1.2 of 2")
+    assert "verdict: compute-bound" in out.getvalue()
+    assert "(also contended) machine busy" in out.getvalue()
 
 
 def test_measurements_with_contention_and_spread_survive_json():

@@ -9,6 +9,12 @@ share from the batch-scaling probe's back-to-back rounds (a ratio of two sizes u
 labelled by `under_load` with how busy the machine was. A fixed-cost share read from the device's idle time, or
 workers racing the step, could be the neighbours' doing: listed, with no fix. Our own loader workers and torch
 threads oversubscribing a CPU run's cores is a note.
+
+When the load is the only finding — no wait, sync or fixed cost found, none within noise of its threshold — the
+verdict is the workload's own, compute-bound, said as measured on a busy machine (`compute_under_load`), with
+"contended" listed beside it: before, a compute-bound gpt-tiny read "contended" or "compute-bound" by whether a
+burst overlapped its timed steps (2 of 3 alike under the bursty neighbour, 2026-11-25), though what a neighbour
+adds is time, not a bottleneck of the workload's.
 """
 
 from __future__ import annotations
@@ -40,6 +46,24 @@ def check_contention(m: Measurements) -> Finding | None:
                    "when the machine is busy) — not measured in this run")
         return Finding("contended", evidence + ([own] if own else []), [])
     return Finding("note", [own]) if own else None
+
+
+UNDECIDED = "within noise of the threshold"  # a note's words for a figure the doctor called neither way
+
+
+def nothing_but_load(verdicts: list[Finding], notes: list[Finding]) -> bool:
+    """Whether the load is all that was found: every verdict "contended", and no figure left undecided near its
+    threshold (which the load's scatter could have kept from being called)."""
+    return all(f.verdict == "contended" for f in verdicts) and not any(UNDECIDED in e for n in notes
+                                                                       for e in n.evidence)
+
+
+def compute_under_load(f: Finding, m: Measurements) -> Finding:
+    """The compute-bound finding `f`, said as measured on a busy machine."""
+    busy = (m.contention or {}).get("line") or "other processes were using this machine"
+    return Finding(f.verdict, [f"measured on a busy machine ({busy}): the steps are slower for it, but nothing in "
+                               "them points elsewhere than the computation — the neighbours add time, not a wait "
+                               "for data, a sync or a fixed cost", *f.evidence], f.fixes)
 
 
 def stands_under_load(f: Finding, m: Measurements) -> str | None:

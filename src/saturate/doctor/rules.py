@@ -54,7 +54,14 @@ from __future__ import annotations
 
 import math
 
-from saturate.doctor.busy import check_contention, stands_under_load, under_load
+from saturate.doctor.busy import (
+    UNDECIDED,
+    check_contention,
+    compute_under_load,
+    nothing_but_load,
+    stands_under_load,
+    under_load,
+)
 from saturate.doctor.findings import (
     BUDGET_SHARE,
     FIXED_SHARE,
@@ -87,7 +94,7 @@ def _past(low: float, high: float, threshold: float) -> bool | None:
 def _within_noise(what: str, low: float, high: float, threshold: float, verdict: str) -> Finding:
     """The note for a figure whose range straddles a threshold: nothing is called from it, no fix proposed."""
     return Finding("note", [
-        f"{what} is within noise of the threshold ({100 * low:.0f}..{100 * high:.0f} % vs {pct(threshold)}) of "
+        f"{what} is {UNDECIDED} ({100 * low:.0f}..{100 * high:.0f} % vs {pct(threshold)}) of "
         f"{VERDICTS[verdict]} over the timed windows: not called either way and no fix proposed from it (a "
         "quieter machine or a longer measurement would decide)"])
 
@@ -365,6 +372,8 @@ def decide(m: Measurements) -> Diagnosis:
     elif contended and standing:
         order = {f.verdict: i for i, f in enumerate(standing)}
         main = max(standing, key=lambda f: (_best_gain(f), -order[f.verdict]))
+    elif contended and nothing_but_load(verdicts, notes):
+        main = compute_under_load(_compute_bound(m), m)
     elif contended:
         main = contended[0]
     elif verdicts:
