@@ -346,11 +346,20 @@ def test_every_choice_of_the_default_plan_is_labelled_chosen_from_the_hardware()
 
 
 def test_the_default_micro_batch_is_the_largest_within_a_memory_prediction():
-    plan = default_plan(32, "cpu", _CPU, memory_cap=(20, "a measured peak"))
+    plan = default_plan(32, "cuda", _AMPERE, memory_cap=(20, "a measured peak"))
     assert (plan.micro_batch, plan.grad_accum) == (16, 2) and "a measured peak" in plan.provenance["micro_batch"]
-    assert default_plan(32, "cpu", _CPU, memory_cap=(1000, "x")).micro_batch == 32  # the whole batch: no accumulation
-    assert default_plan(32, "cpu", _CPU, memory_cap=(0, "x")).micro_batch == 1
+    assert default_plan(32, "cuda", _AMPERE, memory_cap=(1000, "x")).micro_batch == 32  # the whole batch
+    assert default_plan(32, "cuda", _AMPERE, memory_cap=(0, "x")).micro_batch == 1
     assert "no memory was measured" in default_plan(32, "cpu", _CPU).provenance["micro_batch"]
+
+
+def test_on_a_cpu_memory_only_lowers_the_default_micro_batch():
+    roomy = default_plan(32, "cpu", _CPU, memory_cap=(1000, "a measured peak"))
+    assert (roomy.micro_batch, roomy.grad_accum) == (8, 4)  # a larger micro-batch does not run faster on a CPU
+    said = roomy.provenance["micro_batch"]
+    assert "up to 8 on a CPU" in said and "a measured peak" in said
+    assert default_plan(32, "cpu", _CPU, memory_cap=(5, "x")).micro_batch == 4
+    assert default_plan(32, "cpu", _CPU, memory_cap=(0, "x")).micro_batch == 1
 
 
 def test_default_plan_is_valid_toml(tmp_path):

@@ -251,10 +251,12 @@ def default_plan(effective_batch: int, device_type: str, supports: dict[str, boo
       TF32 matmuls where the device has TF32 tensor cores (Ampere and later);
     - the fused AdamW kernel where it exists (`fused_optimizer`: the caller's check on the device; None: on a
       GPU only);
-    - the micro-batch: with `memory_cap` (the largest micro-batch a measured peak predicts to fit, and the line
-      that says how), the largest divisor of the per-process batch within it; else the largest divisor up to 8
-      on a CPU, 16 on a GPU (no memory model predicts without a measured peak; a GPU step that runs out of
-      memory halves it: engine/step.py);
+    - the micro-batch: the largest divisor of the per-process batch up to 8 on a CPU, 16 on a GPU (no memory
+      model predicts without a measured peak; a GPU step that runs out of memory halves it: engine/step.py);
+      with `memory_cap` (the largest micro-batch a measured peak predicts to fit, and the line that says how),
+      within it instead on a GPU, and within both on a CPU — a CPU gains nothing from a micro-batch beyond
+      what fills its cores (GPT-2-shaped, fp32, on the 2-core AVX2 EPYC: 32 × 1 measured −12.4 % against
+      8 × 4, 4 × 8 −30 %; gpt-tiny's grid best there was 8 × 4; 2026-11-26), so memory only lowers it;
     - the loader: on a GPU, workers from the `cores` each process has, one kept for the training process (at
       most 4), pinned memory and non-blocking copies; elsewhere none (the step uses every core).
 
@@ -279,11 +281,15 @@ def default_plan(effective_batch: int, device_type: str, supports: dict[str, boo
     fused = gpu if fused_optimizer is None else fused_optimizer
     why["fused_optimizer"] = ("on: a fused AdamW kernel exists on this device" if fused else
                               "off: no fused AdamW kernel on this device")
-    if memory_cap is not None:
+    cap = 8 if device_type == "cpu" else 16
+    if memory_cap is not None and device_type == "cpu":
+        fit, cap = max(1, memory_cap[0]), min(cap, max(1, memory_cap[0]))
+        rule = (f"the largest that divides the per-process batch {per_rank} up to 8 on a CPU (a larger one does not "
+                f"run faster there), within the {fit} predicted to fit ({memory_cap[1]})")
+    elif memory_cap is not None:
         cap, how = max(1, memory_cap[0]), memory_cap[1]
         rule = f"the largest that divides the per-process batch {per_rank} within the {cap} predicted to fit ({how})"
     else:
-        cap = 8 if device_type == "cpu" else 16
         rule = (f"the largest that divides the per-process batch {per_rank} up to {cap}: no memory was measured, "
                 "and the memory model predicts only from a measured peak"
                 + ("; a step that runs out of memory halves it" if gpu else ""))
