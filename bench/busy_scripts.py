@@ -119,13 +119,14 @@ def tune_once(cmd: list[str], folder: Path, args: argparse.Namespace) -> dict[st
 RUN_STEPS = {"input": 1500, "fused": 3000, "trainer": 1500}  # whole runs of ~30–60 s as written, quiet
 
 
-def for_run(case: str, cmd: list[str]) -> list[str]:
-    """The command with a step count the whole run ends at (`run` trains the script to its end)."""
-    cmd = list(cmd)
+def for_run(case: str, cmd: list[str], steps: dict[str, int] | None = None) -> list[str]:
+    """The command with a step count the whole run ends at (`run` trains the script to its end): `steps`, else
+    RUN_STEPS."""
+    cmd, n = list(cmd), {**RUN_STEPS, **(steps or {})}[case]
     if case == "trainer":
-        cmd[cmd.index("--max-steps") + 1] = str(RUN_STEPS[case])
+        cmd[cmd.index("--max-steps") + 1] = str(n)
     else:
-        cmd[-1] = str(RUN_STEPS[case])
+        cmd[-1] = str(n)
     return cmd
 
 
@@ -170,12 +171,15 @@ def main() -> int:
     ap.add_argument("--verb", choices=("tune", "run"), default="tune",
                     help="tune -- CMD (the default), or run -- CMD: tune, side by side, and the whole run (its steps: "
                          "RUN_STEPS), where the decision is what the whole run applied")
+    ap.add_argument("--run-steps", default="", metavar="CASE=N,…",
+                    help="--verb run: other step counts than RUN_STEPS (trainer=6000: long enough to tune)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    steps = {k: int(v) for k, v in (x.split("=") for x in args.run_steps.split(",") if x)}
     folder = Path(tempfile.mkdtemp(prefix="busy-scripts-"))
     cmds = {k: v for k, v in commands(folder).items() if k in args.cases.split(",")}
     if args.verb == "run":
-        cmds = {k: for_run(k, v) for k, v in cmds.items()}
+        cmds = {k: for_run(k, v, steps) for k, v in cmds.items()}
     once = run_once if args.verb == "run" else tune_once
     runs: list[dict[str, Any]] = []
     for cond in args.conditions.split(","):
