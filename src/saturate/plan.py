@@ -283,7 +283,8 @@ def default_plan(effective_batch: int, device_type: str, supports: dict[str, boo
                               "off: no fused AdamW kernel on this device")
     cap = 8 if device_type == "cpu" else 16
     if memory_cap is not None and device_type == "cpu":
-        fit, cap = max(1, memory_cap[0]), min(cap, max(1, memory_cap[0]))
+        fit = max(1, memory_cap[0])
+        cap = min(cap, fit)
         rule = (f"the largest that divides the per-process batch {per_rank} up to 8 on a CPU (a larger one does not "
                 f"run faster there), within the {fit} predicted to fit ({memory_cap[1]})")
     elif memory_cap is not None:
