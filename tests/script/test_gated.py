@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -143,6 +144,44 @@ def test_pairs_decide_on_the_ratio_of_windows_side_by_side():
     assert p.comparison.verdict is Verdict.FASTER
     assert p.comparison.gain == pytest.approx(0.2)
     assert len(p.ratios) == 6  # decisive at the first check
+
+
+class _Alternate:
+    """The fixed A B | B A order as an `rng`: A first on even pairs."""
+
+    def __init__(self):
+        self.i = -1
+
+    def random(self):
+        self.i += 1
+        return 0.25 if self.i % 2 == 0 else 0.75
+
+
+def _periodic(offset_s: float, window_s: float = 0.75):
+    """Two runs whose speed is the script's own (the load no meter sees): 5× for 1.5 s, then 1× for 1.5 s, on one
+    clock; B is 2 % faster. With 0.75-s windows four of them span one period: a fixed A B | B A locks onto it."""
+    clock = [offset_s]
+
+    class Side(_Run):
+        def window(self):
+            fast = int((clock[0] + window_s / 2) / 1.5) % 2 == 0
+            clock[0] += window_s
+            return Window((400.0 if fast else 80.0) * self.rates[0], 40, 0.0)
+
+    return Side([1.0], []), Side([1.02], [])
+
+
+def test_pairs_are_timed_in_a_random_order_so_a_periodic_load_cannot_favour_one_side():
+    # The CI run of 2026-11-26: a script whose own speed switched every 1.5 s read 2.39× for fused AdamW.
+    a, b = _periodic(offset_s=2.25)
+    locked = time_pairs(a, b, 0.03, cap_s=8.0, rng=_Alternate())
+    assert locked.comparison.faster and locked.comparison.gain > 3  # every pair caught A slow and B fast
+    wrong = 0
+    for seed in range(200):
+        a, b = _periodic(offset_s=random.Random(seed).uniform(0, 3))
+        c = time_pairs(a, b, 0.03, cap_s=8.0, rng=random.Random(seed)).comparison
+        wrong += c.faster and c.gain > 0.6
+    assert wrong <= 20  # the sign test's own error rate with its looks (~5 %), not the lock's (every time)
 
 
 def test_pairs_whose_load_changed_between_their_windows_are_left_out():
@@ -304,8 +343,12 @@ def test_tune_pairs_its_comparisons_and_a_burst_is_not_a_gain(tmp_path):
     assert d["paired"] is True, d["not_paired_because"]
     fused = next(t for t in d["trials"] if "fused=True" in t["name"])
     assert fused["pair"]["with"] == "as written" and len(fused["pair"]["ratios"]) >= 6
-    # whatever the pairs read, no ratio of the bursts' size (5-6×) was taken as the fused optimizer's gain
-    assert not (fused["pair"]["verdict"] == "faster" and 1 + fused["pair"]["gain"] > 1.6), fused["pair"]
+    # No ratio of the bursts' size (5-6×) is kept as the fused optimizer's gain: with each pair's order drawn at
+    # random, one comparison reads it at the sign test's own error rate (a few percent; a fixed A B | B A locked onto
+    # the bursts on CI and read 2.39×), and the two pairs of runs that confirm a setting against the script as
+    # written must both read it again.
+    if fused["pair"]["verdict"] == "faster" and 1 + fused["pair"]["gain"] > 1.6:
+        assert "optimizer" not in d["overrides"], (fused["pair"], d["confirmation"])
     if d["overrides"]:
         assert d["confirmation"]["verdict"] == "faster", d["confirmation"]
     assert set(Path(tempfile.gettempdir()).glob("saturate-gated-*")) <= before  # each run's folder removed

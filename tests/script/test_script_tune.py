@@ -135,14 +135,16 @@ def test_a_plain_adamw_script_gets_fused_tried_at_its_line(tmp_path, monkeypatch
 @pytest.mark.slow  # a tuning trial, then the whole script
 def test_run_with_nothing_found_skips_the_side_by_side_and_runs_the_script_as_written(tmp_path):
     (tmp_path / "sgd.py").write_text(PLAIN.replace("OPTIMIZER", "torch.optim.SGD(model.parameters(), lr=0.01)"))
+    # long enough that its first trial (up to 8 windows alone while its speed settles, then its own) cannot reach
+    # the script's end on a slow machine (CI's 3000 steps did: "a short job")
     out = saturate("run", "--trial-steps", "2", "--trial-seconds", "1", "--json", "--", sys.executable, "sgd.py",
-                   "3000", cwd=tmp_path)
+                   "12000", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["overrides"] == {} and d["side_by_side"] is None and not d["as_written"] and not d["ratios"]
     assert d["reason"].startswith("tuning found no setting faster than the script as written beyond the noise")
-    assert "measuring side by side" not in out.stderr and "done 3000" in out.stderr  # the whole script ran
-    assert d["full_run"]["returncode"] == 0 and d["full_run"]["optimizer_steps"] == 3000
+    assert "measuring side by side" not in out.stderr and "done 12000" in out.stderr  # the whole script ran
+    assert d["full_run"]["returncode"] == 0 and d["full_run"]["optimizer_steps"] == 12000
 
 
 class _Planned:

@@ -4,9 +4,10 @@ Trials run one after another are minutes apart; a neighbour's burst during one o
 of any size (pytorch/examples' word_language_model: fused AdamW "+1093 %" under load, +8 % quiet; issue 28). So
 the script tuner compares two settings the way the preset tuner compares two plans (tune/paired.py): both runs
 of the command are started, each runs its warm-up and the doctor's Profiler window, then waits at a gate
-(`child/trial_windows.py`); from there saturate lets them run one window each in turn, A B | B A | A B …, each
-pair giving the ratio B ÷ A of two windows a second apart, under the same load. The decision rests on the median of
-those ratios and its distribution-free interval (stats/pairs.py), exactly as for a preset.
+(`child/trial_windows.py`); from there saturate lets them run one window each in turn (which one first drawn at
+random for each pair: stats/pairs.py), each pair giving the ratio B ÷ A of two windows a second apart, under the
+same load. The decision rests on the median of those ratios and its distribution-free interval (stats/pairs.py),
+exactly as for a preset.
 
 A fresh run is let run alone until its windows agree before its first pair (`Gated.settle`): a run's first seconds
 are often slower (the allocator, caches, a Trainer's own warm-up), and a live incumbent is already past them.
@@ -31,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import random
 import signal
 import socket
 import statistics
@@ -47,7 +49,7 @@ from saturate.script.overrides import Overrides
 from saturate.script.script_trial import ScriptTrial
 from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule, summarize
-from saturate.stats.pairs import MAX_PAIRS, MIN_PAIRS, ended_comparison, paired_comparison, settled
+from saturate.stats.pairs import MAX_PAIRS, MIN_PAIRS, ended_comparison, pair_order, paired_comparison, settled
 
 UNEVEN_CORES = 0.5  # a pair whose windows' neighbour load differs by this many cores is left out of the decision
 WINDOW_TIMEOUT_S = 300.0  # one window of steps this long means the run is stuck: it is stopped
@@ -267,13 +269,15 @@ class PairedTrials:
                 "verdict": None if c is None else c.verdict.value, "text": None if c is None else c.text()}
 
 
-def time_pairs(a: Gated, b: Gated, min_gain: float, *, min_pairs: int = MIN_PAIRS,
-               cap_s: float | None = None) -> PairedTrials:
+def time_pairs(a: Gated, b: Gated, min_gain: float, *, min_pairs: int = MIN_PAIRS, cap_s: float | None = None,
+               rng: random.Random | None = None) -> PairedTrials:
     """Time two parked runs in alternating windows until the pairs are settled (stats/pairs.py: decisive at one of
     its checks, or `cap_s` timed seconds; `min_pairs` at least; `MAX_PAIRS` at most) or a run ends — then its 3 to 5
     pairs under the same load decide only when they are one-sided and tight (`stats.pairs.ended_comparison`), else
-    there is no comparison. A run not yet timed is first let run alone until its speed settles (`Gated.settle`)."""
+    there is no comparison. A run not yet timed is first let run alone until its speed settles (`Gated.settle`).
+    Each pair's order is drawn from `rng` (`stats.pairs.pair_order`; None: a fresh generator)."""
     started = time.monotonic()
+    rng = rng if rng is not None else random.Random()
     for side in (a, b):  # each at its steady speed before the first pair
         side.settle(cap_s if cap_s is not None else WINDOW_TIMEOUT_S)
     mine: dict[int, list[Window]] = {id(a): [], id(b): []}
@@ -282,9 +286,9 @@ def time_pairs(a: Gated, b: Gated, min_gain: float, *, min_pairs: int = MIN_PAIR
     uneven: list[float] = []
     loads: list[tuple[float | None, float | None]] = []
     timed, ended = 0.0, False
-    for i in range(MAX_PAIRS):
+    for _ in range(MAX_PAIRS):
         got: dict[int, Window] = {}
-        for side in (a, b) if i % 2 == 0 else (b, a):
+        for side in pair_order((a, b), rng):
             w = side.window()
             if w is None:
                 break

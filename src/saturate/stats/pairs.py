@@ -1,7 +1,12 @@
 """Two competitors timed in alternating windows: the median of the per-pair ratios, its interval, when to stop.
 
-Each pair of windows a second apart gives a ratio B ÷ A under the same load (tune/paired.py times
-them, A B | B A | A B …). The decision rests on the median of those ratios and its distribution-free
+Each pair of windows a second apart gives a ratio B ÷ A under the same load (tune/paired.py and
+script/gated.py time them). Which of the two goes first is drawn at random for each pair (`pair_order`), not
+alternated A B | B A: a load that repeats with the period of four windows locks onto a fixed alternation and
+favours one side in every pair — a script whose own speed switched every 1.5 s read 2.39× for fused AdamW in
+~0.75-s windows on CI (2026-11-26), and in a simulation of that script a fixed A B | B A read a gain above 1.6×
+in 23–30 % of comparisons at 0.7–0.8-s windows, a random order in 1–7 % (the sign test's own error with its
+looks), and a burst's sign is then a coin's. The decision rests on the median of those ratios and its distribution-free
 interval (`median_interval`, the sign test's order statistics): B is faster when the whole interval
 is above 1 and the median gains more than the minimum gain, slower alike below, and there is no
 difference worth a change when the whole interval lies within ± the minimum gain (`decisive`).
@@ -21,7 +26,10 @@ pairs that scatter 1.1–2.9× do not.
 from __future__ import annotations
 
 import math
+import random
 import statistics
+from collections.abc import Sequence
+from typing import TypeVar
 
 from saturate.stats.comparison import Comparison
 
@@ -32,6 +40,15 @@ CHECKS = (6, 9, 12, 16, 20, 24)  # pair counts at which the windows may stop ear
 ENDED_PAIRS = 3  # the fewest pairs `ended_comparison` reads
 ENDED_CONFIDENCE = 0.99
 T_995 = {2: 9.9248, 3: 5.8409, 4: 4.6041}  # Student's t, 0.995 quantile (99 % two-sided), by degrees of freedom
+
+
+T = TypeVar("T")
+
+
+def pair_order(sides: Sequence[T], rng: random.Random) -> list[T]:
+    """The two sides of one pair of windows in the order they are timed: drawn at random (`rng`), so that no load
+    with a period can favour one side pair after pair (see above)."""
+    return list(sides) if rng.random() < 0.5 else list(reversed(sides))
 
 
 def median_interval(ratios: list[float], confidence: float = CONFIDENCE) -> tuple[float, float]:

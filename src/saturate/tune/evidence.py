@@ -54,8 +54,8 @@ def trial_line(t: Trial | LoaderTrial, tokens_per_sample: int) -> str:
 
 
 _SHORT_STAGES = {"activation-checkpointing": "checkpointing", "fused-optimizer": "fused"}
-_PAIRED_NOTE = ("⇄ paired: two plans timed again in alternating windows (A B, B A, A B and so on), which decided "
-                "between them; the outcome line says how")
+_PAIRED_NOTE = ("⇄ paired: two plans timed again in alternating windows (one window each in turn, in a random "
+                "order per pair), which decided between them; the outcome line says how")
 
 
 def stage_text(t: Trial, short: bool = False) -> str:

@@ -6,11 +6,11 @@ micro-batch 16×2 at −22.9 % against 8×4 and stopped its climb, although 16×
 8×4 measured side by side under the same load (bench/trust.py, docs/benchmarks.md, 2026-11-23).
 Whatever the load does, it does to windows a second apart alike. So where a comparison is not
 decisive (`SearchState.beats`), both plans are built together and timed in alternating windows,
-A B | B A | A B …, each pair giving the ratio B ÷ A of two windows side by side (the order
-alternates so that a steady drift favours neither). The decision rests on the median of those
-ratios and its distribution-free interval (stats/pairs.py: `median_interval`, `paired_comparison`,
-when to stop): faster when the whole interval is above 1, and by more than the minimum gain. This
-module builds and times the two plans.
+each pair giving the ratio B ÷ A of two windows side by side, which one first drawn at random
+for each pair (`stats.pairs.pair_order`: neither a steady drift nor a load with a period favours
+either). The decision rests on the median of those ratios and its distribution-free interval
+(stats/pairs.py: `median_interval`, `paired_comparison`, when to stop): faster when the whole
+interval is above 1, and by more than the minimum gain. This module builds and times the two plans.
 
 Used on a CPU in one process, for eager plans: a GPU's trials are not sliced with other processes'
 the same way, two plans held at once could exceed device memory the candidate was sized against,
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import os
+import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from saturate.hardware import synchronize
 from saturate.hardware.contention import ContentionMeter
 from saturate.plan import Plan
 from saturate.stats.noise import SHORT_TRIALS_ENV
-from saturate.stats.pairs import MAX_PAIRS, MIN_PAIRS, settled
+from saturate.stats.pairs import MAX_PAIRS, MIN_PAIRS, pair_order, settled
 from saturate.tune.process import release
 from saturate.tune.trial import Trial, first_line, is_oom
 
@@ -108,9 +109,9 @@ def measure_pairs(m: Any, a: Trial, b: Trial, stage: str, *, cap_s: float | None
             sides.append(side)
             own.peak_memory_bytes = solo.peak_memory_bytes  # its own trial's: with two plans held, not separable
         synchronize(m.device)
-        timed = 0.0
-        for i in range(MAX_PAIRS):
-            for side in sides if i % 2 == 0 else sides[::-1]:
+        timed, rng = 0.0, random.Random(m.seed)  # seeded: a tune's order of windows is the same run to run
+        for _ in range(MAX_PAIRS):
+            for side in pair_order(sides, rng):
                 w0 = time.perf_counter()
                 for _ in range(side.steps):
                     m._step(side.stepper, side.batches)
