@@ -9,7 +9,7 @@ random for each pair: stats/pairs.py), each pair giving the ratio B ÷ A of two 
 same load. The decision rests on the median of those ratios and its distribution-free interval (stats/pairs.py),
 exactly as for a preset.
 
-A fresh run is let run alone until its windows agree before its first pair (`Gated.settle`): a run's first seconds
+A fresh run is let run alone until it stops getting faster before its first pair (`Gated.settle`): a run's first seconds
 are often slower (the allocator, caches, a Trainer's own warm-up), and a live incumbent is already past them.
 
 Why two live runs rather than short runs repeated A B A B: a run's start-up (importing torch, building the model
@@ -167,14 +167,14 @@ class Gated:
         return w
 
     def settle(self, cap_s: float) -> list[Window]:
-        """Time windows alone until the run's speed has settled — its last windows agree (`rule.agreed`) — or
-        `rule.max_windows` or `cap_s` timed seconds: a fresh run is often slower for its first seconds (a Transformers
-        `Trainer` read 25 then 44 steps/s), and paired with a run already warm it would read slower than it is. Done
-        once per run; the windows are not part of any pair."""
+        """Time windows alone until the run has stopped getting faster (`rule.warmed`: its newest window no faster
+        than its fastest earlier one, beyond the target), or `rule.max_windows` or `cap_s` timed seconds: a fresh run
+        is often slower for its first seconds (a Transformers `Trainer` read 25 then 44 steps/s), and paired with a
+        run already warm it would read slower than it is. Done once per run; the windows are not part of any pair."""
         if self.settled or not self.parked:
             return []
         timed, own = 0.0, []
-        while not self.rule.agreed([w.rate for w in own]) and len(own) < self.rule.max_windows and timed < cap_s:
+        while not self.rule.warmed([w.rate for w in own]) and len(own) < self.rule.max_windows and timed < cap_s:
             w = self.window()
             if w is None:
                 break

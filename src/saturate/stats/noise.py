@@ -64,6 +64,12 @@ class WindowRule:
         """The last `min_windows` windows agree within the target."""
         return len(rates) >= self.min_windows and summarize(rates[-self.min_windows:]).spread <= self.target
 
+    def warmed(self, rates: list[float]) -> bool:
+        """Whether a fresh run has stopped getting faster: its newest window is not faster than its fastest earlier
+        one by more than the target (two windows at least). Not `agreed`: on a busy machine windows may never agree
+        within ±1.5 %, and waiting for them took every window a short run had left (a 4-s run, 2026-11-26)."""
+        return len(rates) >= 2 and rates[-1] <= max(rates[:-1]) * (1 + self.target)
+
     def capped(self, rates: list[float], seconds: float, busy: bool = False) -> bool:
         factor = self.busy_factor if busy else 1.0
         return len(rates) >= self.max_windows * factor or seconds >= self.max_seconds * factor
