@@ -269,13 +269,18 @@ def test_a_gain_is_timed_again_on_a_fresh_pair_of_runs_and_each_pair_must_find_i
     assert not undone.comparison.faster and undone.comparison.verdict is Verdict.WITHIN_NOISE
 
 
-def test_only_a_gain_is_timed_again_and_a_second_pair_that_ends_early_leaves_the_first():
+def test_only_a_gain_is_timed_again_and_one_pair_of_runs_alone_does_not_decide_it():
     quiet = [0.0] * 24
     same = time_pairs(_Run([10.0] * 24, quiet), _Run([10.1] * 24, quiet), 0.03)
     assert again(same, lambda: pytest.fail("timed again without a gain"), 0.03) is same
     first = time_pairs(_Run([10.0] * 24, quiet), _Run([20.0] * 24, quiet), 0.03)
+    # The second pair of runs ends after two pairs of windows: the first pair's 2× is not confirmed, nothing decided.
     ended = again(first, lambda: (_Fresh([10.0] * 2, quiet), _Fresh([20.0] * 2, quiet)), 0.03)
-    assert ended is first and ended.runs == []
+    assert ended.comparison is None and ended.runs == [] and len(ended.more) == 1
+    assert first.comparison.faster  # the first result is left as it was
+    # Three one-sided, tight pairs before its end still confirm (stats.pairs.ended_comparison).
+    short = again(first, lambda: (_Fresh([10.0] * 3, quiet), _Fresh([19.0, 20.0, 21.0, 20.0], quiet)), 0.03)
+    assert short.comparison.faster and len(short.runs) == 2
 
 
 REAPED = """

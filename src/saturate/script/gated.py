@@ -335,7 +335,9 @@ def again(first: PairedTrials, fresh: Callable[[], tuple[Gated, Gated]], min_gai
     core its threads took): fused AdamW on a small MLP measured 2.41× and 1.34× on two pairs of runs, quiet, against
     2.04× (1.76–2.22) over rounds of fresh runs (2026-11-26), while each pair's interval was a few percent wide. So
     one pair's interval overstates what is known, and its ratio can be off by a third. Only a gain is timed again
-    (nothing else is acted on); a second pair that ends before its pairs of windows leaves `first` as it was."""
+    (nothing else is acted on). When a run of the second pair ends before its pairs of windows decide anything, the
+    gain stands on one pair of runs, which is not enough: the result has no comparison (as when the first pair's
+    run ended), and the caller keeps what the user had."""
     if first.comparison is None or not first.comparison.faster:
         return first
     a, b = fresh()
@@ -344,7 +346,7 @@ def again(first: PairedTrials, fresh: Callable[[], tuple[Gated, Gated]], min_gai
         b.open()
         second = time_pairs(a, b, min_gain, cap_s=cap_s)
     if second.comparison is None:
-        return first
+        return dataclasses.replace(first, comparison=None, more=[*first.more, (second.a, second.b)])
     return joined(first, second, min_gain)
 
 

@@ -269,7 +269,8 @@ def _render_side_by_side(report: ScriptRunReport, console: Console) -> None:
     console.print(t)
     if report.pairs is not None:
         c = report.pairs.comparison
-        console.print(f"tuned against as written: {c.text() if c else 'no pair of windows completed'}")
+        console.print("tuned against as written: " + (c.text() if c else "not decided (a run of the script ended "
+                                                                      "before its pairs of windows decided)"))
         if c is not None and (note := report.pairs.load_note(threads=report.overrides.threads is not None)):
             console.print(Text(f"  {note}", style="yellow"))
         return
