@@ -9,8 +9,8 @@ random for each pair: stats/pairs.py), each pair giving the ratio B ÷ A of two 
 same load. The decision rests on the median of those ratios and its distribution-free interval (stats/pairs.py),
 exactly as for a preset.
 
-A fresh run is let run alone until it stops getting faster before its first pair (`Gated.settle`): a run's first seconds
-are often slower (the allocator, caches, a Trainer's own warm-up), and a live incumbent is already past them.
+A fresh run is let run alone until it stops getting faster before its first pair (`Gated.settle`): a run's first
+seconds are often slower (the allocator, caches, a Trainer's own warm-up), and a live incumbent is already past them.
 
 Why two live runs rather than short runs repeated A B A B: a run's start-up (importing torch, building the model
 and the data, the warm-up and the Profiler's steps) costs seconds to minutes and is paid once per run here, against

@@ -1,12 +1,12 @@
 """Two competitors timed in alternating windows: the median of the per-pair ratios, its interval, when to stop.
 
 Each pair of windows a second apart gives a ratio B ÷ A under the same load (tune/paired.py and
-script/gated.py time them). Which of the two goes first is drawn at random for each pair (`pair_order`), not
-alternated A B | B A: a load that repeats with the period of four windows locks onto a fixed alternation and
-favours one side in every pair — a script whose own speed switched every 1.5 s read 2.39× for fused AdamW in
-~0.75-s windows on CI (2026-11-26), and in a simulation of that script a fixed A B | B A read a gain above 1.6×
-in 23–30 % of comparisons at 0.7–0.8-s windows, a random order in 1–7 % (the sign test's own error with its
-looks), and a burst's sign is then a coin's. The decision rests on the median of those ratios and its distribution-free
+script/gated.py time them). Which of the two goes first is drawn at random for each pair (`pair_order`),
+not alternated A B | B A: a load that repeats every four windows locks onto a fixed alternation and
+favours one side in every pair. A script whose own speed switched every 1.5 s read 2.39× for fused
+AdamW in ~0.75-s windows on CI (2026-11-26); in a simulation of that script a fixed A B | B A read a
+gain above 1.6× in 23–30 % of comparisons at 0.7–0.8-s windows, a random order in 1–7 % (the sign
+test's own error, with its looks). The decision rests on the median of those ratios and its distribution-free
 interval (`median_interval`, the sign test's order statistics): B is faster when the whole interval
 is above 1 and the median gains more than the minimum gain, slower alike below, and there is no
 difference worth a change when the whole interval lies within ± the minimum gain (`decisive`).

@@ -110,7 +110,7 @@ def measure_pairs(m: Any, a: Trial, b: Trial, stage: str, *, cap_s: float | None
             own.peak_memory_bytes = solo.peak_memory_bytes  # its own trial's: with two plans held, not separable
         synchronize(m.device)
         timed, rng = 0.0, random.Random(m.seed)  # seeded: a tune's order of windows is the same run to run
-        for _ in range(MAX_PAIRS):
+        for _pair in range(MAX_PAIRS):
             for side in pair_order(sides, rng):
                 w0 = time.perf_counter()
                 for _ in range(side.steps):
