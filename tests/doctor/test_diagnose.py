@@ -162,3 +162,30 @@ def test_an_applied_fix_keeps_the_plan_valid():
     plan = apply_fix(Plan(micro_batch=4, num_workers=2, prefetch_factor=4, persistent_workers=True), fix)
     assert (plan.num_workers, plan.prefetch_factor, plan.persistent_workers) == (0, None, False)
     assert torch.equal(torch.tensor(plan.samples_per_step()), torch.tensor(4))
+
+
+def test_a_sub_millisecond_micro_step_is_timed_in_repeats_so_one_hiccup_cannot_make_it_look_compute_bound():
+    """The batch-scaling probe's timings: a micro-step of 0.3 ms that is all fixed cost, with a 2-ms stall (a
+    scheduler hiccup) landing in every timing of the large size. Timed once per call the ratio reads ~7 (all
+    compute); repeated to 10 ms per timing it stays near 1 and the verdict's fixed share above 50 %."""
+    import time as time_
+
+    from saturate.doctor.loop_probe import probe_of, time_two_sizes
+
+    calls = {1: 0, 2: 0}
+    last = [1]
+
+    def step(b: int) -> None:
+        calls[b] += 1
+        stall = 0.002 if b == 2 and last[0] == 1 else 0.0
+        last[0] = b
+        end = time_.perf_counter() + 0.0003 + stall
+        while time_.perf_counter() < end:
+            pass
+
+    times, memory = time_two_sizes(step, (1, 2), torch.device("cpu"), rounds=5)
+    probe = probe_of((1, 2), times, memory)
+    assert calls[1] >= 5 * 10 and all(0.0002 < t < 0.001 for t in times[1])
+    assert max(probe.ratios) < 1.5 and probe.fixed_share_range(1)[0] > 0.5, probe.ratios
+    once, memory = time_two_sizes(step, (1, 2), torch.device("cpu"), rounds=5, min_s=0.0)
+    assert len(once[2]) == 5 and probe_of((1, 2), once, memory).fixed_share_range(1)[1] < 0.5

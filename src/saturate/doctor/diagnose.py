@@ -10,7 +10,6 @@ memory and micro-batch predictions come from that fit. Nothing is written to dis
 from __future__ import annotations
 
 import gc
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,12 +19,12 @@ from torch.utils.data import default_collate
 
 from saturate.doctor.findings import Diagnosis, ScalingProbe
 from saturate.doctor.instrument import Instrument, contention_record, device_facts, loader_worker_pids
+from saturate.doctor.loop_probe import probe_of, time_two_sizes
 from saturate.doctor.phase_windows import Windows
 from saturate.doctor.rules import decide
 from saturate.engine.schedule import scaled_lr
 from saturate.engine.step import OutOfMemoryError, Stepper, split_batch, to_device
 from saturate.errors import ConfigError
-from saturate.hardware import synchronize
 from saturate.hardware.contention import ContentionMeter
 from saturate.plan import Plan
 from saturate.stats.noise import WindowRule
@@ -134,10 +133,8 @@ def diagnose(workload: Workload, plan: Plan | None = None, config: DoctorConfig 
 
 def scaling_probe(stepper: Stepper, workload: Workload, plan: Plan, device: torch.device,
                   notes: list[str], reps: int = 5) -> ScalingProbe | None:
-    """Forward+backward seconds and device memory at two micro-batch sizes, timed back to back in `reps` rounds:
-    the small size at its fastest, the large one at that times the median of the rounds' large ÷ small ratios (a
-    burst of load spanning a round moves both of its timings alike; the fastest of each alone could come from
-    different moments), and the ratios themselves (`ScalingProbe.ratios`)."""
+    """Forward+backward seconds and device memory at two micro-batch sizes, timed back to back in `reps` rounds
+    (`loop_probe.time_two_sizes`; the probe built by `loop_probe.probe_of`)."""
     small = plan.micro_batch
     large = max(2 * small, 4)
     try:
@@ -147,40 +144,23 @@ def scaling_probe(stepper: Stepper, workload: Workload, plan: Plan, device: torc
         return None
     batch = to_device(batch, device, False)
     model = stepper.step_model
-    sizes = (small, large)
-    chunks = {b: split_batch(batch, b)[0] for b in sizes}
-    times: dict[int, list[float]] = {b: [] for b in sizes}
-    memory: dict[int, int | None] = {}
+    chunks = {b: split_batch(batch, b)[0] for b in (small, large)}
+
+    def step(b: int) -> None:
+        with stepper.precision.autocast():
+            loss = workload.loss_fn(model, chunks[b])
+        loss.backward()
+        stepper.model.zero_grad(set_to_none=True)
+
     try:
-        # Interleaved (small, large, small, large, …) so a burst of load from elsewhere hits both
-        # sizes alike; the first round warms up (a compiled model compiles each new shape there).
-        for round_ in range(reps + 1):
-            for b in sizes:
-                if device.type == "cuda" and round_ == 0:
-                    torch.cuda.reset_peak_memory_stats(device)
-                synchronize(device)
-                t0 = time.perf_counter()
-                with stepper.precision.autocast():
-                    loss = workload.loss_fn(model, chunks[b])
-                loss.backward()
-                synchronize(device)
-                elapsed = time.perf_counter() - t0
-                stepper.model.zero_grad(set_to_none=True)
-                if round_ == 0:
-                    memory[b] = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
-                else:
-                    times[b].append(elapsed)
+        times, memory = time_two_sizes(step, (small, large), device, reps)
     except OutOfMemoryError:
         stepper.model.zero_grad(set_to_none=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
         notes.append(f"batch-scaling probe: micro-batch {large} does not fit in device memory")
         return None
-    ratios = tuple(t2 / t1 for t1, t2 in zip(times[small], times[large], strict=True) if t1 > 0)
-    fastest = min(times[small])
-    seconds = (fastest, fastest * statistics.median(ratios) if ratios else min(times[large]))
-    spread = [(max(times[b]) - min(times[b])) / min(times[b]) if min(times[b]) > 0 else 0.0 for b in sizes]
-    return ScalingProbe((small, large), seconds, (memory[small], memory[large]), (spread[0], spread[1]), ratios)
+    return probe_of((small, large), times, memory)
 
 
 def time_items(workload: Workload, plan: Plan, step: int, k: int = 16, reps: int = 3) -> float | None:

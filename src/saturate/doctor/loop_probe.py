@@ -14,8 +14,10 @@ move BatchNorm's running statistics and the random generators).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,6 +27,55 @@ from torch.utils._pytree import tree_flatten, tree_map
 from saturate.doctor.findings import ScalingProbe
 
 ROUNDS = 5
+# One timing lasts at least this long: a micro-step shorter than it is repeated within the timing (as `timeit`'s
+# autorange does) and its mean taken, so a single scheduler hiccup of a few hundred microseconds cannot move a
+# sub-millisecond micro-step's ratio (on a busy 2-core machine one did: ratios of 1.6-1.9 for a step that is
+# nearly all fixed cost).
+MIN_TIMING_S = 0.01
+MAX_REPEATS = 100
+
+
+def time_two_sizes(step: Callable[[int], None], sizes: tuple[int, int], device: torch.device, rounds: int,
+                   min_s: float = MIN_TIMING_S) -> tuple[dict[int, list[float]], dict[int, int | None]]:
+    """Seconds per call of `step(b)` (forward+backward, gradients cleared) for both sizes, interleaved in `rounds`
+    rounds after one that warms up each shape (a compiled model compiles it there) and reads the peak device
+    memory; each timing repeats the call until it lasts `min_s` (the repeat count set from the small size's
+    second call, the same for both sizes). Raises what `step` raises (torch.OutOfMemoryError)."""
+    times: dict[int, list[float]] = {b: [] for b in sizes}
+    memory: dict[int, int | None] = {}
+
+    def timed(b: int, repeats: int) -> float:
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            step(b)
+        _sync(device)
+        return (time.perf_counter() - t0) / repeats
+
+    for b in sizes:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        timed(b, 1)
+        memory[b] = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+    once = timed(sizes[0], 1)
+    repeats = max(1, min(MAX_REPEATS, math.ceil(min_s / once))) if once > 0 else MAX_REPEATS
+    for _ in range(rounds):
+        for b in sizes:
+            times[b].append(timed(b, repeats))
+    return times, memory
+
+
+def probe_of(sizes: tuple[int, int], times: dict[int, list[float]],
+             memory: dict[int, int | None]) -> ScalingProbe:
+    """The probe from `time_two_sizes`' timings: the small size at its fastest, the large one at that times the
+    median of the rounds' large ÷ small ratios (a burst of load spanning a round moves both of its timings alike;
+    the fastest of each alone could come from different moments), and the ratios themselves."""
+    small, large = sizes
+    ratios = tuple(t2 / t1 for t1, t2 in zip(times[small], times[large], strict=True) if t1 > 0)
+    fastest = min(times[small])
+    seconds = (fastest, fastest * statistics.median(ratios) if ratios else min(times[large]))
+    spread = [(max(times[b]) - min(times[b])) / min(times[b]) if min(times[b]) > 0 else 0.0 for b in sizes]
+    return ScalingProbe((small, large), seconds, (memory[small], memory[large]), (spread[0], spread[1]), ratios)
 
 
 def _surrogate_loss(output: Any) -> torch.Tensor | None:
@@ -38,6 +89,10 @@ def _surrogate_loss(output: Any) -> torch.Tensor | None:
     leaves = [t for t in tree_flatten(output)[0]
               if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
     return sum((t.float().mean() for t in leaves), torch.zeros((), device=leaves[0].device)) if leaves else None
+
+
+class _NoLoss(Exception):
+    """The model's output has nothing to back-propagate."""
 
 
 def _sync(device: torch.device) -> None:
@@ -63,28 +118,21 @@ def probe_from_inputs(model: nn.Module, args: tuple, kwargs: dict, micro_batch: 
     inputs = {micro_batch: (args, kwargs), 2 * micro_batch: large}
     params = [p for p in model.parameters() if p.requires_grad]
     saved = [p.grad for p in params]
-    times: dict[int, list[float]] = {b: [] for b in inputs}
-    memory: dict[int, int | None] = {}
+
+    def step(b: int) -> None:
+        a, k = inputs[b]
+        with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+            loss = _surrogate_loss(model(*a, **k))
+        if loss is None:
+            raise _NoLoss
+        loss.backward()
+        for p in params:
+            p.grad = None
+
     try:
-        for round_ in range(rounds + 1):  # the first round warms up each shape
-            for b, (a, k) in inputs.items():
-                if device.type == "cuda" and round_ == 0:
-                    torch.cuda.reset_peak_memory_stats(device)
-                _sync(device)
-                t0 = time.perf_counter()
-                with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-                    loss = _surrogate_loss(model(*a, **k))
-                if loss is None:
-                    return None, "batch-scaling probe skipped: the model's output holds no tensor that requires grad"
-                loss.backward()
-                _sync(device)
-                elapsed = time.perf_counter() - t0
-                for p in params:
-                    p.grad = None
-                if round_ == 0:
-                    memory[b] = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
-                else:
-                    times[b].append(elapsed)
+        times, memory = time_two_sizes(step, (micro_batch, 2 * micro_batch), device, rounds)
+    except _NoLoss:
+        return None, "batch-scaling probe skipped: the model's output holds no tensor that requires grad"
     except torch.OutOfMemoryError:
         return None, f"batch-scaling probe: micro-batch {2 * micro_batch} does not fit in device memory"
     except Exception as e:  # a model whose forward the captured inputs cannot be replayed through
@@ -94,9 +142,4 @@ def probe_from_inputs(model: nn.Module, args: tuple, kwargs: dict, micro_batch: 
             p.grad = g
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    small, big = inputs
-    ratios = tuple(t2 / t1 for t1, t2 in zip(times[small], times[big], strict=True) if t1 > 0)
-    fastest = min(times[small])
-    seconds = (fastest, fastest * statistics.median(ratios) if ratios else min(times[big]))
-    spread = tuple((max(times[b]) - min(times[b])) / min(times[b]) if min(times[b]) > 0 else 0.0 for b in inputs)
-    return ScalingProbe((small, big), seconds, (memory[small], memory[big]), spread, ratios), None
+    return probe_of((micro_batch, 2 * micro_batch), times, memory), None
