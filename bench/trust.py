@@ -138,6 +138,17 @@ def grid(workload: Any, hw: Any, loader_workers: int, seed: int) -> tuple[Plan, 
     return best
 
 
+def trace(search: Any) -> None:
+    """Each trial of a tune (stage, plan, seconds, other processes' cores, verdict), then what it skipped and its
+    decisions: where a tune's time went."""
+    for t in search.trials:
+        busy = f"{t.busy_cores:.1f}" if t.busy_cores is not None else "-"
+        print(f"    {t.stage:<11} {describe(t.plan):<26} {t.seconds:5.1f} s busy {busy:>4} "
+              f"{t.samples_per_s or 0:6.1f}/s {t.verdict or t.status}", flush=True)
+    for line in search.skipped + search.decisions:
+        print(f"    · {line}", flush=True)
+
+
 def stable_choices(workload: Any, hw: Any, args: argparse.Namespace, tmp: Path,
                    grid_best: Plan | None) -> dict[str, Any]:
     tuned, kept = [], []
@@ -148,6 +159,8 @@ def stable_choices(workload: Any, hw: Any, args: argparse.Namespace, tmp: Path,
         took = time.monotonic() - started
         print(f"  tune {i + 1}: {describe(result.plan)} in {took:.0f} s (budget {args.budget:g} s)"
               + (f" — {result.kept}, kept the plan it had" if result.kept else ""), flush=True)
+        if args.trace and result.search is not None:
+            trace(result.search)
         tuned.append((result.plan.replace(name=f"tune {i + 1}"), took))
         kept.append(result.kept)
     plans = [(p.name, p) for p, _ in tuned] + ([("grid best", grid_best)] if grid_best is not None else [])
@@ -214,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conditions", default="quiet,loaded",
                     help="quiet, loaded (a busy loop on one core), bursty, steady or spiky (the shared neighbour)")
     ap.add_argument("--no-grid", action="store_true", help="skip the exhaustive grid")
+    ap.add_argument("--trace", action="store_true", help="print each tune's trials, skips and decisions")
     ap.add_argument("--grid-best", metavar="PLAN",
                     help="the grid's best from an earlier run, as its JSON says it (\"32×1 bf16 w0\"): not measured "
                          "again, still measured side by side with the tunes")

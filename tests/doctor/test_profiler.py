@@ -218,7 +218,7 @@ def test_the_scaling_probe_replays_the_last_inputs_at_twice_the_micro_batch_and_
             opt.zero_grad()
         prof.step()  # the fourth: the window ends, the probe runs with the last step's grads still held
     m = prof.diagnosis.measurements
-    assert m.scaling is not None and m.scaling.micro_batches == (4, 8) and len(m.scaling.ratios) == 5
+    assert m.scaling is not None and m.scaling.micro_batches == (4, 8) and len(m.scaling.ratios) == 5, m.notes
     assert m.micro_batch == 4  # no DataLoader: the micro-batch is the inputs' first dimension
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())  # as the loop left them
 

@@ -121,6 +121,12 @@ def test_a_cpu_busy_before_the_search_starts_it_at_the_threads_left_and_measures
     assert back.plan.threads is None and slower.tried[0].threads == free
     assert any(d.startswith(f"threads: torch's {DEFAULT_THREADS}") for d in back.decisions)
 
+    even = BusyCPU(busy=1.0, speedup=1.0, cores=DEFAULT_THREADS)  # within the noise: torch's count, what one had
+    same = _busy_start(even, 1.0)
+    assert same.plan.threads is None and even.tried[0].threads == free
+    line = next(d for d in same.decisions if d.startswith(f"threads: torch's {DEFAULT_THREADS} ("))
+    assert f"{free} thread" in line and "within noise" in line and "tune again" not in line
+
     quiet = BusyCPU(busy=0.0, speedup=2.5, cores=DEFAULT_THREADS)  # quiet before: the search starts as ever
     assert _busy_start(quiet, None).plan.threads is None and quiet.tried[0].threads is None
 

@@ -53,8 +53,11 @@ def busy_threads(st: SearchState, plan: Plan) -> Plan:
 
 
 def all_threads(st: SearchState, ref: Trial) -> Trial:
-    """torch's own thread count measured against a first trial that ran at fewer (`busy_threads`): kept only when
-    faster beyond the noise (within it, the incumbent stays, as in every stage)."""
+    """torch's own thread count measured against a first trial that ran at fewer (`busy_threads`): the fewer are
+    kept only when faster than torch's count beyond the noise — torch's count is what the user had, and what stays
+    when the comparison cannot tell (as in `_Search.threads`). Under a bursty neighbour the two counts trade places
+    with each burst (one thread 4.45× two under a steady load, 0.60× on a quiet machine), and two tunes out of two
+    kept one thread within noise of two when the first trial was the incumbent (2026-11-26)."""
     using, fewer = own_threads(), ref.plan.threads
     plain = {k: v for k, v in ref.plan.provenance.items() if k != "threads"}
     if not st.affordable(f"torch's {using} threads"):
@@ -62,15 +65,23 @@ def all_threads(st: SearchState, ref: Trial) -> Trial:
                                          "not measured: the budget)"
         return ref
     t = st.trial(ref.plan.replace(threads=None, provenance=plain), "threads")
-    taken, c, ref, t = st.beats(t, ref) if t.ok else (False, None, ref, t)
+    if not t.ok:
+        t.verdict = f"{t.status}: {t.error}"
+        st.decisions.append(f"threads: {fewer} of {using} (torch's {using} failed: {t.error}); a plan for a machine "
+                            "this busy — on a quiet one, tune again")
+        ref.plan.provenance["threads"] = "chosen while other processes kept the machine busy"
+        return ref
+    taken, c, t, ref = st.beats(ref, t)  # the fewer against torch's count: within the noise, torch's stays
     busy = f"other processes kept {ref.busy_cores or t.busy_cores or st.s.busy_before or 0:.1f} of {st.m.cores} " \
            "cores busy"
-    if taken:
-        t.verdict = f"torch's {using} threads: {c.text()}"
-        st.decisions.append(f"threads: torch's {using} ({busy}; {c.text()} against {fewer})")
+    plural = "s" if fewer > 1 else ""
+    if not taken:
+        t.verdict = f"torch's {using} threads: {fewer} thread{plural} measured {c.text()}"
+        st.decisions.append(f"threads: torch's {using} ({busy}; {fewer} thread{plural} measured {c.text()} against "
+                            "it)")
         return t
-    t.verdict = f"{t.status}: {t.error}" if c is None else f"{c.text()} vs {fewer} thread{'s' if fewer > 1 else ''}"
-    st.decisions.append(f"threads: {fewer} of {using} ({busy}; torch's {using} measured {t.verdict}); a plan for a "
+    ref.verdict = f"{fewer} thread{plural}: {c.text()}"
+    st.decisions.append(f"threads: {fewer} of {using} ({busy}; {c.text()} against torch's {using}); a plan for a "
                         "machine this busy — on a quiet one, tune again")
     ref.plan.provenance["threads"] = f"chosen while {busy}"
     return ref
