@@ -146,6 +146,13 @@ def test_fingerprint_is_stable_and_ignores_what_varies_between_runs() -> None:
     other_gpu = _hardware(devices=[DeviceInfo(0, "NVIDIA H100 80GB HBM3", 85_000_000_000, None, "9.0", 132)])
     assert other_gpu.fingerprint() != base.fingerprint()
     assert _hardware(cpu_cores=8).fingerprint() != base.fingerprint()
+    # one CPU name, two instruction sets (a cloud's "AMD EPYC": Zen 3 without native bf16, Zen 4 with it)
+    from saturate.hardware.cpu import isa_text
+
+    zen3 = isa_text({"avx", "avx2", "fma", "sse2"})
+    zen4 = isa_text({"avx", "avx2", "fma", "sse2", "avx512f", "avx512_bf16"})
+    assert "bf16 AVX-512 BF16" in zen4 and "AVX-512" not in zen3
+    assert _hardware(cpu_isa=zen3).fingerprint() != _hardware(cpu_isa=zen4).fingerprint()
 
 
 def test_to_dict_is_json_serialisable(cpu_hw: Hardware) -> None:

@@ -132,6 +132,13 @@ def flops_per_cycle(flags: set[str], dtype: str) -> tuple[int, str] | None:
     return None
 
 
+def isa_text(flags: set[str]) -> str:
+    """The widest matmul instructions the flags give, per dtype ("fp32 AVX-512: ...; bf16 AVX-512 BF16: ...");
+    "" when the flags name none (no /proc/cpuinfo). Part of the hardware's fingerprint."""
+    found = [(d, flops_per_cycle(flags, d)) for d in _FLOPS_PER_CYCLE]
+    return "; ".join(f"{d} {hit[1].split(':')[0]}" for d, hit in found if hit is not None)
+
+
 # Without a cpufreq maximum (virtual machines), "cpu MHz" is the clock the core reports now, often the base
 # clock, and a core under a matmul boosts past it (a 2-core EPYC VM reporting 2.45 GHz ran fp32 matmuls at
 # 169 GFLOP/s, 2.64 GHz worth of AVX2 FMAs, 2026-11-23). The ceiling then allows this much over the current

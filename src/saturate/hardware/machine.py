@@ -68,6 +68,7 @@ class Hardware:
     # dtype -> (dense FLOP/s, source) when the device matched a DATASHEET_PEAK_FLOPS row
     datasheet_peak_flops: dict[str, tuple[float, str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # what could not be read or measured, and why
+    cpu_isa: str = ""  # the widest matmul instructions by dtype, from the CPU's flags (cpu.isa_text)
 
     def peak_flops(self, dtype: str) -> tuple[float | None, str]:
         """The MFU denominator for a precision, and where it came from.
@@ -92,7 +93,8 @@ class Hardware:
         """A short hash of what decides whether a tuned plan transfers to this machine.
 
         Free memory, RAM availability and measured peaks move from run to run, so they are left
-        out; a plan tuned on one H200 box applies to another with the same parts and torch.
+        out; a plan tuned on one H200 box applies to another with the same parts and torch. The CPU's
+        instruction set is in: one name ("AMD EPYC") is a Zen 3 without native bf16 or a Zen 4 with it.
         """
         key = {
             "device_type": self.device_type,
@@ -100,6 +102,7 @@ class Hardware:
             "memory_total": [d.memory_total for d in self.devices],
             "cpu_name": self.cpu_name,
             "cpu_cores": self.cpu_cores,
+            "cpu_isa": self.cpu_isa,
             "torch_version": self.torch_version,
         }
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -305,6 +308,7 @@ def probe(measure_peaks: bool = True, device: str | None = None) -> Hardware:
         telemetry=telemetry,
         datasheet_peak_flops=datasheet,
         peak_bounds=_cpu_bounds(cpu_flags, cpu_cores, cpuinfo) if device_type == "cpu" else {},
+        cpu_isa=cpu.isa_text(cpu_flags),
         notes=notes,
     )
     if measure_peaks:
