@@ -56,6 +56,8 @@ def test_replace_validates_the_new_values():
     assert plan.samples_per_step() == 12
     with pytest.raises(ConfigError, match="micro_batch"):
         Plan().replace(micro_batch=0)
+    with pytest.raises(ConfigError, match="plan.loss_chunk must be >= 1, got 0"):
+        Plan().replace(loss_chunk=0)
 
 
 @pytest.mark.parametrize(
@@ -65,6 +67,7 @@ def test_replace_validates_the_new_values():
         Plan(name="everything", micro_batch=3, grad_accum=5, num_workers=2, prefetch_factor=3,
              pin_memory=True, persistent_workers=True, non_blocking=True, precision="bf16", tf32=True,
              compile="max-autotune", activation_checkpointing=True, fused_optimizer=True, strategy="ddp",
+             threads=3, loss_chunk=4096,
              provenance={"source": "tune", "trials": 7, "losses": [2.5, 2.25], "nested": {"ok": True}}),
     ],
     ids=["defaults", "every-field-set"],

@@ -88,6 +88,9 @@ class Plan:
     strategy: str = "single"  # "single" process; "ddp" (replicas) or "fsdp" (FSDP2 shards) under torchrun
     cpu_offload: bool = False  # FSDP only: sharded parameters, gradients and optimizer state live in host RAM
     threads: int | None = None  # torch intra-op threads (CPU work); None: the process's own count (torch: one per core)
+    # A language model's linear + cross-entropy over this many rows of logits at a time (engine/chunked_loss.py):
+    # the (tokens × vocabulary) logits never exist whole. None: the plain loss. Workloads that support it only.
+    loss_chunk: int | None = None
     name: str = ""  # a label for reports ("naive", "a6000-after", "tuned", ...)
     provenance: dict[str, Any] = field(default_factory=dict)  # where the plan came from (free-form)
 
@@ -105,6 +108,8 @@ class Plan:
                 raise ConfigError("plan.prefetch_factor needs plan.num_workers > 0 (got num_workers = 0)")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"plan.threads must be >= 1, got {self.threads}")
+        if self.loss_chunk is not None and self.loss_chunk < 1:
+            raise ConfigError(f"plan.loss_chunk must be >= 1, got {self.loss_chunk}")
         if self.persistent_workers and self.num_workers == 0:
             raise ConfigError("plan.persistent_workers needs plan.num_workers > 0")
         _check_choice("precision", self.precision, PRECISIONS)
@@ -142,7 +147,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        for key in ("prefetch_factor", "threads"):
+        for key in ("prefetch_factor", "threads", "loss_chunk"):
             if out[key] is None:
                 del out[key]  # TOML has no null
         return out

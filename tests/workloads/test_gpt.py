@@ -186,3 +186,29 @@ def test_gpt2_shapes_have_gpt2_parameter_counts():
 
     assert 123e6 < count("gpt-small") < 125e6
     assert 353e6 < count("gpt-medium") < 356e6
+
+
+def test_the_chunked_loss_trains_the_same_as_the_plain_one():
+    """plan.loss_chunk through the Stepper's switch: the same loss and gradients as the whole logits (issue 32)."""
+    from saturate.engine.wrap import enable_chunked_loss
+
+    x, y = _tokens(_model().cfg, seed=3), _tokens(_model().cfg, seed=4)
+    grads = []
+    for chunk in (None, 7):
+        model = _model()
+        if chunk:
+            enable_chunked_loss(model, chunk)
+        loss = lm_loss(model, (x, y))
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (plain, g0), (chunked, g1) = grads
+    assert torch.allclose(plain, chunked, rtol=1e-5)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(g0, g1, strict=True))
+    assert _model()(x).shape == (3, 16, 320)  # without targets the model still gives its logits
+
+
+def test_a_model_without_a_chunked_loss_refuses_the_knob_in_one_line():
+    from saturate.engine.wrap import enable_chunked_loss
+
+    with pytest.raises(ConfigError, match="plan.loss_chunk: Linear has no chunked loss"):
+        enable_chunked_loss(torch.nn.Linear(2, 2), 64)

@@ -40,6 +40,7 @@ from saturate.engine.wrap import (
     all_reduce_gradients,
     build_optimizer,
     enable_activation_checkpointing,
+    enable_chunked_loss,
     repeated_blocks,
     shard_model,
     wrap_ddp,
@@ -125,6 +126,8 @@ class Stepper:
         model = workload.build_model()
         if plan.activation_checkpointing:
             enable_activation_checkpointing(model)
+        if plan.loss_chunk is not None:
+            enable_chunked_loss(model, plan.loss_chunk)
         if self.strategy == "fsdp":
             shard_model(model, device, self.precision, plan.cpu_offload, self.notes)  # moves the shards itself
         else:

@@ -103,6 +103,13 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
         raise ConfigError(f"plan.activation_checkpointing: {type(model).__name__} has no way to enable it")
 
 
+def enable_chunked_loss(model: nn.Module, chunk: int) -> None:
+    """`plan.loss_chunk`: the model's loss made `chunk` rows of logits at a time (engine/chunked_loss.py)."""
+    if not hasattr(model, "set_loss_chunk"):
+        raise ConfigError(f"plan.loss_chunk: {type(model).__name__} has no chunked loss (the GPT presets have)")
+    model.set_loss_chunk(chunk)
+
+
 def build_optimizer(model: nn.Module, o: Any, lr: float, fused: bool,
                     device: torch.device) -> tuple[torch.optim.Optimizer, bool]:
     """AdamW with weight decay on matrices only; returns (optimizer, whether it is the fused kernel)."""

@@ -34,7 +34,8 @@ def plan_text(p: Plan) -> str:
     return (f"{p.micro_batch}×{p.grad_accum} {p.precision}{'+tf32' if p.tf32 else ''}"
             f"{' AC' if p.activation_checkpointing else ''}{' fused' if p.fused_optimizer else ''}{compiled}"
             f"{'' if p.strategy == 'single' else ' ' + p.strategy}{'+offload' if p.cpu_offload else ''}"
-            f"{'' if p.threads is None else f' {p.threads} thread' + ('s' if p.threads > 1 else '')}")
+            f"{'' if p.threads is None else f' {p.threads} thread' + ('s' if p.threads > 1 else '')}"
+            f"{'' if p.loss_chunk is None else f' loss in chunks of {p.loss_chunk}'}")
 
 
 def trial_line(t: Trial | LoaderTrial, tokens_per_sample: int) -> str:

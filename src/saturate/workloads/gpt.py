@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from saturate.engine.chunked_loss import linear_cross_entropy
 from saturate.errors import ConfigError, unknown_name
 from saturate.workloads.base import Optimization, Workload
 
@@ -106,6 +107,7 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.activation_checkpointing = False
+        self.loss_chunk: int | None = None  # plan.loss_chunk: the loss over this many rows of logits at a time
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.seq_len, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
@@ -132,8 +134,14 @@ class GPT(nn.Module):
         """Recompute each block in backward instead of keeping its activations."""
         self.activation_checkpointing = enabled
 
-    def forward(self, idx: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """idx (B, T) int64 -> logits (B, T, padded_vocab).
+    def set_loss_chunk(self, chunk: int | None) -> None:
+        """With targets, the loss over `chunk` rows of logits at a time: the logits never exist whole."""
+        self.loss_chunk = chunk
+
+    def forward(self, idx: torch.Tensor, position_ids: torch.Tensor | None = None,
+                targets: torch.Tensor | None = None) -> torch.Tensor:
+        """idx (B, T) int64 -> logits (B, T, padded_vocab); with targets (B, T), the mean next-token cross-entropy
+        instead (chunked when `loss_chunk` is set, engine/chunked_loss.py).
 
         position_ids (B, T), optional: packed sequences, each restarting at 0; attention then stays
         inside each sequence (a block-diagonal causal mask), so a packed row equals its parts alone.
@@ -155,7 +163,13 @@ class GPT(nn.Module):
                 x = checkpoint(block, x, mask, use_reentrant=False)
             else:
                 x = block(x, mask)
-        return self.lm_head(self.ln_f(x))
+        if targets is None:
+            return self.lm_head(self.ln_f(x))
+        if self.loss_chunk is not None:
+            return linear_cross_entropy(self.ln_f(x), self.lm_head.weight, targets, self.loss_chunk)
+        logits = self.lm_head(self.ln_f(x))
+        # Autocast runs cross_entropy in fp32 by itself; no explicit upcast copy of the logits.
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameters counted for FLOPs: all but the position embedding (tied weights once)."""
@@ -195,9 +209,7 @@ def export_config(cfg: GPTConfig, preset: str, tokenizer: str) -> Callable[[nn.M
 def lm_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """Mean next-token cross-entropy over the micro-batch; batch is (inputs, targets), each (B, T)."""
     x, y = batch
-    logits = model(x)
-    # Autocast runs cross_entropy in fp32 by itself; no explicit upcast copy of the logits.
-    return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+    return model(x, targets=y)
 
 
 # --- the presets ----------------------------------------------------------------------------
