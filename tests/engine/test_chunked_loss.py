@@ -87,3 +87,10 @@ def test_what_backward_keeps_is_the_hidden_and_weight_gradients_not_the_logits()
     logits = rows * vocab * 4
     assert saved_bytes(False) >= logits
     assert saved_bytes(True) <= (rows * width + vocab * width) * 4 + 1024 < logits // 10
+
+
+def test_a_chunk_holds_256_mib_of_fp32_logits_as_a_power_of_two_rows():
+    from saturate.engine.chunked_loss import chunk_rows
+
+    assert chunk_rows(50304) == 1024  # GPT-2's padded vocabulary: 1334 rows fit, 1024 taken
+    assert chunk_rows(320) == 131072 and chunk_rows(10**9) == 64

@@ -170,3 +170,34 @@ def test_tune_starts_from_the_informed_plan_and_naive_stays_the_before(tmp_path,
     label, naive = reference_plans(w, cpu.device_type)[0]  # what `saturate run` compares with: naive, as it was
     assert label == "naive" and naive.knobs() == reference_plan("naive").replace(
         micro_batch=8, grad_accum=1).knobs()
+
+
+def test_the_chunked_loss_is_measured_where_a_micro_batch_holds_more_rows_than_a_chunk():
+    """issue 32: plan.loss_chunk is a knob the tuner measures like the others: kept when faster beyond the noise
+    (with the peak memory of each said), the whole logits kept otherwise, not tried when one chunk holds them."""
+    def speed(faster: float):
+        return lambda p: saturating(16)(p) * (faster if p.loss_chunk else 1.0)
+
+    def memory(p: Plan) -> int:
+        return GiB + int((0.05 if p.loss_chunk else 0.1) * GiB) * p.micro_batch
+
+    chunked = settings(try_compile=False, loss_chunk_rows=1024, rows_per_sample=1024)
+    machine = FakeMachine(speed=speed(1.2), memory=memory)
+    result = search(machine, informed(), chunked)
+    assert result.plan.loss_chunk == 1024 and any(p.loss_chunk == 1024 for p in machine.tried)
+    line = next(d for d in result.decisions if d.startswith("loss:"))
+    assert line.startswith("loss: in chunks of 1024 rows (+") and "peak memory" in line
+
+    slower = FakeMachine(speed=speed(0.8), memory=memory)
+    result = search(slower, informed(), chunked)
+    assert result.plan.loss_chunk is None
+    assert next(d for d in result.decisions if d.startswith("loss:")).startswith("loss: the whole logits (")
+
+    small = FakeMachine(speed=speed(1.2), memory=memory)  # 16 samples × 8 rows: one chunk holds them
+    result = search(small, informed(), settings(try_compile=False, loss_chunk_rows=1024, rows_per_sample=8))
+    assert result.plan.loss_chunk is None and not any(p.loss_chunk for p in small.tried)
+    assert any(s.startswith("chunked loss: not tried, a micro-batch's") for s in result.skipped)
+
+    none = FakeMachine(speed=speed(1.2), memory=memory)  # a workload without a chunked loss: nothing said
+    result = search(none, informed(), settings(try_compile=False))
+    assert not any(p.loss_chunk for p in none.tried) and not any("chunk" in s for s in result.skipped)

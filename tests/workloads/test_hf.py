@@ -240,3 +240,25 @@ def test_a_chat_fine_tune_with_the_builtin_template_exports_a_tokenizer_that_car
     ids = tok.apply_chat_template(chat, tokenize=True, return_dict=False)
     trained, _ = ChatFormat(hf.open_folder(folders["config"]).tokenizer).encode(chat)  # what the model learned
     assert list(ids) == trained.tolist()
+
+
+def test_the_chunked_loss_of_a_transformers_model_equals_its_own(folders, corpus):
+    """plan.loss_chunk for a Transformers causal LM (issue 32): the loss from its last hidden states through the
+    chunked linear + cross-entropy, against the model's own logits — the same loss and gradients."""
+    w = hf.hf_workload(folders["config"], data=[str(corpus)], seq_len=32, effective_batch=4)
+    assert w.loss_chunk_rows is not None and w.loss_chunk_rows >= 64
+    batch = tuple(torch.stack(t) for t in zip(*[w.train_data[i] for i in range(4)], strict=True))
+    out = []
+    for chunk in (None, 24):
+        torch.manual_seed(0)
+        stepper = Stepper(w, Plan(micro_batch=4, loss_chunk=chunk), torch.device("cpu"), 1e-3, compile=False)
+        loss = w.loss_fn(stepper.model, batch)
+        loss.backward()
+        out.append((loss.detach(), [p.grad.clone() for p in stepper.model.parameters()]))
+    (plain, g0), (chunked, g1) = out
+    assert torch.allclose(plain, chunked, rtol=1e-5)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(g0, g1, strict=True))
+    model = w.build_model()
+    model.config.final_logit_softcapping = 30.0  # logits that are not the plain projection: refused in one line
+    with pytest.raises(ConfigError, match="plan.loss_chunk: GPT2LMHeadModel's logits are not .*softcapping"):
+        model.set_loss_chunk(64)

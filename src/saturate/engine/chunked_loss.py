@@ -23,6 +23,13 @@ from typing import Any
 import torch
 
 IGNORE_INDEX = -100  # F.cross_entropy's default
+CHUNK_BYTES = 2**28  # one chunk's fp32 logits: 256 MiB (1334 rows of GPT-2's 50304; matmuls still large)
+
+
+def chunk_rows(vocabulary: int) -> int:
+    """Rows per chunk for a vocabulary: the power of two whose fp32 logits fit in `CHUNK_BYTES`, at least 64."""
+    rows = max(64, CHUNK_BYTES // (4 * vocabulary))
+    return 1 << (rows.bit_length() - 1)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

@@ -102,6 +102,7 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
     s = SearchSettings(fixed_micro_batch=fixed_micro,
                        effective_batch=workload.optim.effective_batch, planned_steps=steps,
                        supports=dict(hw.supports), fused_available=fused_adamw_available(dev),
+                       loss_chunk_rows=workload.loss_chunk_rows, rows_per_sample=workload.tokens_per_sample,
                        world_size=world, allow_batch_change=allow_batch_change, budget_s=budget_s,
                        try_compile=try_compile, verify=verify, **settings)
     out_dir = Path(broadcast_object(str(out_dir) if out_dir is not None else str(

@@ -20,6 +20,9 @@ class SearchSettings:
     planned_steps: int  # optimizer steps the plan will train for (compile must pay back within them)
     supports: dict[str, bool] = field(default_factory=dict)  # native bf16 / fp16 / tf32
     fused_available: bool = False  # a fused AdamW kernel exists for this device
+    # The workload's chunked loss: rows of logits per chunk, and rows per sample (tokens); None: no chunked loss.
+    loss_chunk_rows: int | None = None
+    rows_per_sample: int = 1
     world_size: int = 1
     allow_batch_change: bool = False  # may the effective batch grow (learning rate rescaled)?
     budget_s: float | None = None  # tuning wall-clock budget

@@ -34,7 +34,7 @@ from saturate.tune.decide import check_verification
 from saturate.tune.evidence import plan_text
 from saturate.tune.loader_stage import ladder, loader
 from saturate.tune.results import SearchResult, SearchSettings
-from saturate.tune.state import SearchState
+from saturate.tune.state import SearchState, gib
 from saturate.tune.trial import OVER_BUDGET, LoaderTrial, Measurer, Trial
 
 
@@ -66,6 +66,7 @@ class _Search(SearchState):
         best = self.earn(batch.activation_checkpointing(self, best, fit))
         best = self.earn(self.strategy(best))
         best = self.earn(self.fused(best))
+        best = self.earn(self.chunked_loss(best))
         best = self.earn(self.compile(best))
         best = self.threads_again(best)
         plan = loader(self, best)
@@ -99,7 +100,7 @@ class _Search(SearchState):
         precisions = 1 + bool(s.supports.get("bf16") or s.supports.get("fp16")) + bool(
             s.supports.get("tf32") and self.m.device_type == "cuda")
         return (precisions + min(2, len([m for m in cands if m > probe])) + (s.world_size > 1)
-                + s.fused_available + s.try_compile + 1)
+                + s.fused_available + s.try_compile + (s.loss_chunk_rows is not None) + 1)
 
     def threads_again(self, best: Trial) -> Trial:
         """The threads stage once more, at the end, when the first trial saw a quiet machine and a later one did not:
@@ -198,6 +199,33 @@ class _Search(SearchState):
                           f"{c.text()}", kept=kept)
         self.decisions.append(f"fused optimizer: {'on' if on else 'off'} ({other} measured {t.verdict})"
                               if on else f"fused optimizer: off ({t.verdict})")
+        return best
+
+    def chunked_loss(self, best: Trial) -> Trial:
+        """The loss over chunks of logits (plan.loss_chunk) against the whole logits, where the workload has one
+        and a micro-batch holds more rows than a chunk: kept when faster beyond the noise; the peak memory each
+        measured is said beside it (what the chunks free is what a larger micro-batch could use)."""
+        s, p = self.s, best.plan
+        if s.loss_chunk_rows is None or p.loss_chunk is not None:
+            return best
+        rows = p.micro_batch * s.rows_per_sample
+        if rows <= s.loss_chunk_rows:
+            self.skipped.append(f"chunked loss: not tried, a micro-batch's {rows} rows of logits fit in one chunk "
+                                f"of {s.loss_chunk_rows}")
+            return best
+        if not self.affordable("chunked loss"):
+            return best
+        t = self.trial(p.replace(loss_chunk=s.loss_chunk_rows), "loss")
+        taken, c, best, t = self.beats(t, best) if t.ok else (False, None, best, t)
+        memory = (f"; peak memory {gib(t.peak_memory_bytes)} against {gib(best.peak_memory_bytes)}"
+                  if t.peak_memory_bytes and best.peak_memory_bytes else "")
+        if taken:
+            best.verdict = f"chunked loss: {c.text()}"
+            self.decisions.append(f"loss: in chunks of {s.loss_chunk_rows} rows ({c.text()} vs the whole logits"
+                                  f"{memory})")
+            return t
+        t.verdict = f"{t.status}: {t.error}" if c is None else f"{c.text()}; the whole logits are kept{memory}"
+        self.decisions.append(f"loss: the whole logits (chunks of {s.loss_chunk_rows} rows measured {t.verdict})")
         return best
 
     def compile(self, best: Trial) -> Trial:

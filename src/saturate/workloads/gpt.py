@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from saturate.engine.chunked_loss import linear_cross_entropy
+from saturate.engine.chunked_loss import chunk_rows, linear_cross_entropy
 from saturate.errors import ConfigError, unknown_name
 from saturate.workloads.base import Optimization, Workload
 
@@ -301,6 +301,7 @@ def gpt_workload(
         optim=optim,
         tokens_per_sample=cfg.seq_len,
         flops_per_sample=flops_per_token(cfg) * cfg.seq_len,
+        loss_chunk_rows=chunk_rows(cfg.padded_vocab),
         identity={"model": cfg.to_dict(), "data": {"corpus": corpus.fingerprint, "seed": seed}},
         info=info,
         export_extras=export_config(cfg, preset, corpus.tokenizer.name),

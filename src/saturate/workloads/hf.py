@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from saturate.engine.chunked_loss import chunk_rows, linear_cross_entropy
 from saturate.errors import ConfigError, DataError, unknown_name
 from saturate.workloads.base import Optimization, Workload
 
@@ -125,6 +126,7 @@ class HFFolder:
             model = tf.AutoModelForCausalLM.from_config(self.config, attn_implementation=self.attention)
         model.config.use_cache = False  # training: no key/value cache
         model.set_activation_checkpointing = _checkpointing_switch(model)  # the Stepper's hook
+        _loss_forward(model)  # `hf_lm_loss`'s forward, whole or in chunks of logits (plan.loss_chunk)
         return model.float()
 
     def export_extras(self, model: nn.Module, out_dir: Path) -> list[Path]:
@@ -162,6 +164,40 @@ def _checkpointing_switch(model: Any) -> Any:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
     return set_activation_checkpointing
+
+
+# Config fields that change the logits after the output projection (Gemma's softcapping, Cohere's scale, …): with
+# any set, the chunked loss (a plain linear map, then cross-entropy) would not be the model's.
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def _loss_forward(model: Any) -> None:
+    """Give the model a forward that, called with `saturate_targets`, returns the mean cross-entropy — from the
+    whole logits as the model makes them, or, after `set_loss_chunk(n)`, from its last hidden states through
+    `engine.chunked_loss` n rows at a time (the logits never whole). Without targets it is the model's own."""
+    plain = model.forward
+    chunk: list[int | None] = [None]
+
+    def forward(*args: Any, saturate_targets: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        if saturate_targets is None:
+            return plain(*args, **kwargs)
+        if chunk[0] is None:
+            logits = plain(*args, **kwargs).logits
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), saturate_targets.reshape(-1))
+        hidden = model.base_model(*args, **kwargs).last_hidden_state
+        return linear_cross_entropy(hidden, model.get_output_embeddings().weight, saturate_targets, chunk[0])
+
+    def set_loss_chunk(n: int | None) -> None:
+        head = model.get_output_embeddings()
+        changed = [k for k in LOGIT_TRANSFORMS if getattr(model.config, k, None) not in (None, 1, 1.0)]
+        if n is not None and (not isinstance(head, nn.Linear) or head.bias is not None or changed):
+            why = f"its config sets {changed[0]}" if changed else "its output layer is not a linear map without bias"
+            raise ConfigError(f"plan.loss_chunk: {type(model).__name__}'s logits are not its last hidden states "
+                              f"times the output weights ({why})")
+        chunk[0] = n
+
+    model.forward = forward
+    model.set_loss_chunk = set_loss_chunk
 
 
 def open_folder(path: str | os.PathLike[str]) -> HFFolder:
@@ -238,8 +274,7 @@ def _first_line(e: BaseException) -> str:
 def hf_lm_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """Mean next-token cross-entropy; batch is (inputs, targets), each (B, T), already shifted."""
     x, y = batch
-    logits = model(input_ids=x, use_cache=False).logits
-    return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+    return model(input_ids=x, use_cache=False, saturate_targets=y)
 
 
 def hf_workload(path: str | os.PathLike[str], *, task: str = "lm", data: Sequence[str] | None = None,
@@ -296,6 +331,7 @@ def hf_workload(path: str | os.PathLike[str], *, task: str = "lm", data: Sequenc
         optim=optim,
         tokens_per_sample=seq_len,
         flops_per_sample=per_token * seq_len if per_token else None,
+        loss_chunk_rows=chunk_rows(hf.vocab_rows),
         identity={"model": {"hf": hf.fingerprint}, "data": {"corpus": corpus.fingerprint, "seed": seed,
                                                              "seq_len": seq_len}},
         info=info,
