@@ -88,7 +88,7 @@ class Plan:
     strategy: str = "single"  # "single" process; "ddp" (replicas) or "fsdp" (FSDP2 shards) under torchrun
     cpu_offload: bool = False  # FSDP only: sharded parameters, gradients and optimizer state live in host RAM
     threads: int | None = None  # torch intra-op threads (CPU work); None: the process's own count (torch: one per core)
-    # A language model's linear + cross-entropy over this many rows of logits at a time (engine/chunked_loss.py):
+    # A language model's linear + cross-entropy over this many rows of logits at a time (workloads/chunked_loss.py):
     # the (tokens × vocabulary) logits never exist whole. None: the plain loss. Workloads that support it only.
     loss_chunk: int | None = None
     name: str = ""  # a label for reports ("naive", "a6000-after", "tuned", ...)

@@ -104,7 +104,7 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
 
 
 def enable_chunked_loss(model: nn.Module, chunk: int) -> None:
-    """`plan.loss_chunk`: the model's loss made `chunk` rows of logits at a time (engine/chunked_loss.py)."""
+    """`plan.loss_chunk`: the model's loss made `chunk` rows of logits at a time (workloads/chunked_loss.py)."""
     if not hasattr(model, "set_loss_chunk"):
         raise ConfigError(f"plan.loss_chunk: {type(model).__name__} has no chunked loss (the GPT presets have)")
     model.set_loss_chunk(chunk)

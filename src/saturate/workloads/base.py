@@ -97,7 +97,7 @@ class Workload:
     # The micro-batch such a model's maths is written for (`--param micro_batch=N`); None: the whole
     # effective batch per process, as in a plain loop over batches of that size.
     micro_batch: int | None = None
-    # Rows of logits per chunk for this workload's chunked loss (`plan.loss_chunk`, engine/chunked_loss.py): the
+    # Rows of logits per chunk for this workload's chunked loss (`plan.loss_chunk`, workloads/chunked_loss.py): the
     # tuner measures it when a micro-batch holds more rows than one chunk. None: its model has no chunked loss.
     loss_chunk_rows: int | None = None
 

@@ -26,9 +26,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from saturate.engine.chunked_loss import chunk_rows, linear_cross_entropy
 from saturate.errors import ConfigError, unknown_name
 from saturate.workloads.base import Optimization, Workload
+from saturate.workloads.chunked_loss import chunk_rows, linear_cross_entropy
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ class GPT(nn.Module):
     def forward(self, idx: torch.Tensor, position_ids: torch.Tensor | None = None,
                 targets: torch.Tensor | None = None) -> torch.Tensor:
         """idx (B, T) int64 -> logits (B, T, padded_vocab); with targets (B, T), the mean next-token cross-entropy
-        instead (chunked when `loss_chunk` is set, engine/chunked_loss.py).
+        instead (chunked when `loss_chunk` is set, workloads/chunked_loss.py).
 
         position_ids (B, T), optional: packed sequences, each restarting at 0; attention then stays
         inside each sequence (a block-diagonal causal mask), so a packed row equals its parts alone.

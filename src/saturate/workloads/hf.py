@@ -30,9 +30,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from saturate.engine.chunked_loss import chunk_rows, linear_cross_entropy
 from saturate.errors import ConfigError, DataError, unknown_name
 from saturate.workloads.base import Optimization, Workload
+from saturate.workloads.chunked_loss import chunk_rows, linear_cross_entropy
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -174,7 +174,7 @@ LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", 
 def _loss_forward(model: Any) -> None:
     """Give the model a forward that, called with `saturate_targets`, returns the mean cross-entropy — from the
     whole logits as the model makes them, or, after `set_loss_chunk(n)`, from its last hidden states through
-    `engine.chunked_loss` n rows at a time (the logits never whole). Without targets it is the model's own."""
+    `workloads.chunked_loss` n rows at a time (the logits never whole). Without targets it is the model's own."""
     plain = model.forward
     chunk: list[int | None] = [None]
 

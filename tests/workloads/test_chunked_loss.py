@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from saturate.engine.chunked_loss import linear_cross_entropy
+from saturate.workloads.chunked_loss import linear_cross_entropy
 
 
 def _both(rows: int = 37, width: int = 16, vocab: int = 50, chunk: int = 8, ignored: int = 5,
@@ -90,7 +90,7 @@ def test_what_backward_keeps_is_the_hidden_and_weight_gradients_not_the_logits()
 
 
 def test_a_chunk_holds_256_mib_of_fp32_logits_as_a_power_of_two_rows():
-    from saturate.engine.chunked_loss import chunk_rows
+    from saturate.workloads.chunked_loss import chunk_rows
 
     assert chunk_rows(50304) == 1024  # GPT-2's padded vocabulary: 1334 rows fit, 1024 taken
     assert chunk_rows(320) == 131072 and chunk_rows(10**9) == 64
