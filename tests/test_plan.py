@@ -67,7 +67,7 @@ def test_replace_validates_the_new_values():
         Plan(name="everything", micro_batch=3, grad_accum=5, num_workers=2, prefetch_factor=3,
              pin_memory=True, persistent_workers=True, non_blocking=True, precision="bf16", tf32=True,
              compile="max-autotune", activation_checkpointing=True, fused_optimizer=True, strategy="ddp",
-             threads=3, loss_chunk=4096,
+             threads=3, loss_chunk=4096, attention="flash",
              provenance={"source": "tune", "trials": 7, "losses": [2.5, 2.25], "nested": {"ok": True}}),
     ],
     ids=["defaults", "every-field-set"],

@@ -28,6 +28,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 PRECISIONS = ("fp32", "bf16", "fp16")
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 STRATEGIES = ("single", "ddp", "fsdp")
+ATTENTION_BACKENDS = ("flash", "efficient", "cudnn", "math")  # torch.nn.attention.SDPBackend, by name
 
 
 
@@ -91,6 +92,7 @@ class Plan:
     # A language model's linear + cross-entropy over this many rows of logits at a time (workloads/chunked_loss.py):
     # the (tokens × vocabulary) logits never exist whole. None: the plain loss. Workloads that support it only.
     loss_chunk: int | None = None
+    attention: str | None = None  # the SDPA backend (ATTENTION_BACKENDS) forwards run under; None: torch's choice
     name: str = ""  # a label for reports ("naive", "a6000-after", "tuned", ...)
     provenance: dict[str, Any] = field(default_factory=dict)  # where the plan came from (free-form)
 
@@ -115,6 +117,8 @@ class Plan:
         _check_choice("precision", self.precision, PRECISIONS)
         _check_choice("compile", self.compile, COMPILE_MODES)
         _check_choice("strategy", self.strategy, STRATEGIES)
+        if self.attention is not None:
+            _check_choice("attention", self.attention, ATTENTION_BACKENDS)
         if self.cpu_offload and self.strategy != "fsdp":
             raise ConfigError(f"plan.cpu_offload needs plan.strategy = 'fsdp' (got {self.strategy!r})")
 
@@ -147,7 +151,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        for key in ("prefetch_factor", "threads", "loss_chunk"):
+        for key in ("prefetch_factor", "threads", "loss_chunk", "attention"):
             if out[key] is None:
                 del out[key]  # TOML has no null
         return out
@@ -184,6 +188,8 @@ def _check_type(plan: Plan) -> None:
         annotation = str(f.type)
         if annotation == "int | None":
             ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
+        elif annotation == "str | None":
+            ok = value is None or isinstance(value, str)
         elif annotation in hints:
             want = hints[annotation]
             ok = isinstance(value, want) and (want is bool or not isinstance(value, bool))

@@ -201,3 +201,25 @@ def test_the_chunked_loss_is_measured_where_a_micro_batch_holds_more_rows_than_a
     none = FakeMachine(speed=speed(1.2), memory=memory)  # a workload without a chunked loss: nothing said
     result = search(none, informed(), settings(try_compile=False))
     assert not any(p.loss_chunk for p in none.tried) and not any("chunk" in s for s in result.skipped)
+
+
+def test_on_a_gpu_each_sdpa_backend_is_measured_against_torchs_choice_and_the_fastest_kept():
+    """plan.attention (issue 32): cuDNN, flash and memory-efficient attention each measured against the incumbent;
+    one that cannot run this model's attention fails its trial and is said so."""
+    factor = {None: 1.0, "cudnn": 1.3, "flash": 1.1, "efficient": 1.0}
+
+    def memory(p: Plan) -> int:  # the memory-efficient kernel "cannot run" here: its trial fails
+        return 200 * GiB if p.attention == "efficient" else GiB + int(0.1 * GiB) * p.micro_batch
+
+    machine = FakeMachine(speed=lambda p: saturating(16)(p) * factor[p.attention], memory=memory)
+    result = search(machine, informed(), settings(try_compile=False,
+                                                  attention_backends=("cudnn", "flash", "efficient")))
+    assert result.plan.attention == "cudnn"
+    assert [p.attention for p in machine.tried if p.attention] [:3] == ["cudnn", "flash", "efficient"]
+    line = next(d for d in result.decisions if d.startswith("attention:"))
+    assert line.startswith("attention: cudnn (cudnn +") and "efficient oom" in line
+
+    same = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB))  # within noise: torch's own
+    result = search(same, informed(), settings(try_compile=False, attention_backends=("cudnn", "flash")))
+    assert result.plan.attention is None
+    assert next(d for d in result.decisions if d.startswith("attention:")).startswith("attention: torch's choice (")

@@ -212,3 +212,28 @@ def test_a_model_without_a_chunked_loss_refuses_the_knob_in_one_line():
 
     with pytest.raises(ConfigError, match="plan.loss_chunk: Linear has no chunked loss"):
         enable_chunked_loss(torch.nn.Linear(2, 2), 64)
+
+
+def test_the_attention_backend_of_the_plan_runs_every_forward():
+    """plan.attention through the Stepper's precision (issue 32): on a CPU the math and flash kernels train the
+    same model to within rounding; a backend this device has no kernel for fails the step, as a trial would."""
+    import dataclasses
+
+    from saturate.engine.step import Stepper
+    from saturate.plan import Plan
+    from saturate.workloads import build_workload
+
+    w = dataclasses.replace(build_workload("gpt-tiny", seed=0), val_data=None)
+    batch = tuple(torch.stack(t) for t in zip(*[w.train_data[i] for i in range(4)], strict=True))
+    losses = []
+    for backend in (None, "math", "flash"):
+        torch.manual_seed(0)
+        stepper = Stepper(w, Plan(micro_batch=4, attention=backend), torch.device("cpu"), 1e-3, compile=False)
+        with stepper.precision.autocast():
+            losses.append(w.loss_fn(stepper.model, batch).item())
+    assert max(losses) - min(losses) < 1e-4 * abs(losses[0]), losses
+    stepper = Stepper(w, Plan(micro_batch=4, attention="cudnn"), torch.device("cpu"), 1e-3, compile=False)
+    with pytest.raises(RuntimeError), stepper.precision.autocast():
+        w.loss_fn(stepper.model, batch)
+    with pytest.raises(ConfigError, match="plan.attention must be one of flash, efficient, cudnn, math"):
+        Plan(attention="fast")

@@ -122,7 +122,7 @@ class Stepper:
         self.adapt_oom = adapt_oom
         set_tf32(plan.tf32)
         use_threads(plan.threads)
-        self.precision: Precision = make_precision(plan.precision, device.type)
+        self.precision: Precision = make_precision(plan.precision, device.type, plan.attention)
         model = workload.build_model()
         if plan.activation_checkpointing:
             enable_activation_checkpointing(model)

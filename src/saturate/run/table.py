@@ -39,6 +39,7 @@ OPTS: tuple[tuple[str, str, Any], ...] = (
     ("n", "non-blocking copies", lambda p: p.non_blocking),
     ("o", "CPU offload", lambda p: p.cpu_offload),
     ("l", "chunked loss (logits never whole)", lambda p: p.loss_chunk is not None),
+    ("s", "an SDPA backend chosen (plan.attention)", lambda p: p.attention is not None),
     ("s", "FSDP (sharded)", lambda p: p.strategy == "fsdp"),
 )
 COMMON = "the same for every row"  # the MFU line's words when one denominator was used

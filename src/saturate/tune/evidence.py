@@ -35,7 +35,8 @@ def plan_text(p: Plan) -> str:
             f"{' AC' if p.activation_checkpointing else ''}{' fused' if p.fused_optimizer else ''}{compiled}"
             f"{'' if p.strategy == 'single' else ' ' + p.strategy}{'+offload' if p.cpu_offload else ''}"
             f"{'' if p.threads is None else f' {p.threads} thread' + ('s' if p.threads > 1 else '')}"
-            f"{'' if p.loss_chunk is None else f' loss in chunks of {p.loss_chunk}'}")
+            f"{'' if p.loss_chunk is None else f' loss in chunks of {p.loss_chunk}'}"
+            f"{'' if p.attention is None else f' {p.attention} attention'}")
 
 
 def trial_line(t: Trial | LoaderTrial, tokens_per_sample: int) -> str:

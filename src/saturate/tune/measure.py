@@ -388,7 +388,7 @@ class RealMeasurer(Pairing):
         model.eval()
         from saturate.engine.precision import make_precision
 
-        precision = make_precision(plan.precision, self.device.type)
+        precision = make_precision(plan.precision, self.device.type, plan.attention)
         with torch.no_grad():
             for i, batch in enumerate(eval_loader(self.workload.val_data, plan, pin)):
                 with precision.autocast():

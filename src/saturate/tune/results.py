@@ -14,6 +14,9 @@ from saturate.tune.trial import LoaderTrial, Trial
 LOSS_TOLERANCE = 0.02
 
 
+CUDA_ATTENTION = ("cudnn", "flash", "efficient")  # the SDPA backends a CUDA tune measures (plan.attention)
+
+
 @dataclass
 class SearchSettings:
     effective_batch: int  # the global batch the user asked for
@@ -23,6 +26,9 @@ class SearchSettings:
     # The workload's chunked loss: rows of logits per chunk, and rows per sample (tokens); None: no chunked loss.
     loss_chunk_rows: int | None = None
     rows_per_sample: int = 1
+    # The SDPA backends measured against torch's own choice (plan.attention): on a CUDA device, for a workload
+    # whose attention is SDPA; () for none.
+    attention_backends: tuple[str, ...] = ()
     world_size: int = 1
     allow_batch_change: bool = False  # may the effective batch grow (learning rate rescaled)?
     budget_s: float | None = None  # tuning wall-clock budget

@@ -66,6 +66,7 @@ class _Search(SearchState):
         best = self.earn(batch.activation_checkpointing(self, best, fit))
         best = self.earn(self.strategy(best))
         best = self.earn(self.fused(best))
+        best = self.earn(self.attention(best))
         best = self.earn(self.chunked_loss(best))
         best = self.earn(self.compile(best))
         best = self.threads_again(best)
@@ -100,7 +101,8 @@ class _Search(SearchState):
         precisions = 1 + bool(s.supports.get("bf16") or s.supports.get("fp16")) + bool(
             s.supports.get("tf32") and self.m.device_type == "cuda")
         return (precisions + min(2, len([m for m in cands if m > probe])) + (s.world_size > 1)
-                + s.fused_available + s.try_compile + (s.loss_chunk_rows is not None) + 1)
+                + s.fused_available + s.try_compile + (s.loss_chunk_rows is not None) + len(s.attention_backends)
+                + 1)
 
     def threads_again(self, best: Trial) -> Trial:
         """The threads stage once more, at the end, when the first trial saw a quiet machine and a later one did not:
@@ -199,6 +201,34 @@ class _Search(SearchState):
                           f"{c.text()}", kept=kept)
         self.decisions.append(f"fused optimizer: {'on' if on else 'off'} ({other} measured {t.verdict})"
                               if on else f"fused optimizer: off ({t.verdict})")
+        return best
+
+    def attention(self, best: Trial) -> Trial:
+        """Each SDPA backend of `attention_backends` (cuDNN, flash, memory-efficient) against torch's own choice,
+        one after another against the incumbent: kept when faster beyond the noise. A backend that cannot run
+        this model's attention (its shape, dtype or mask) fails its trial and is said so."""
+        if not self.s.attention_backends or best.plan.attention is not None:
+            return best
+        said: list[str] = []
+        for name in self.s.attention_backends:
+            if not self.affordable(f"attention {name}"):
+                break
+            t = self.trial(best.plan.replace(attention=name), "attention")
+            if not t.ok:
+                t.verdict = f"{t.status}: {t.error}"
+                said.append(f"{name} {t.status}")
+                continue
+            was = best.plan.attention or "torch's choice"
+            taken, c, best, t = self.beats(t, best)
+            said.append(f"{name} {c.text()} vs {was}")
+            if taken:
+                best.verdict = f"attention {name}: {c.text()}"
+                best = t
+            else:
+                t.verdict = f"{c.text()} vs {was}"
+        if said:
+            chosen = best.plan.attention or "torch's choice"
+            self.decisions.append(f"attention: {chosen} ({'; '.join(said)})")
         return best
 
     def chunked_loss(self, best: Trial) -> Trial:

@@ -51,7 +51,7 @@ class Trial:
             "precision": p.precision, "tf32": p.tf32, "compile": p.compile,
             "activation_checkpointing": p.activation_checkpointing, "fused_optimizer": p.fused_optimizer,
             "strategy": p.strategy, "cpu_offload": p.cpu_offload, "threads": p.threads,
-            "loss_chunk": p.loss_chunk,
+            "loss_chunk": p.loss_chunk, "attention": p.attention,
             "samples_per_s": self.samples_per_s,
             "step_s": self.step_s, "peak_memory_bytes": self.peak_memory_bytes,
             "spread": self.spread, "windows": self.windows or None,

@@ -100,6 +100,7 @@ class Workload:
     # Rows of logits per chunk for this workload's chunked loss (`plan.loss_chunk`, workloads/chunked_loss.py): the
     # tuner measures it when a micro-batch holds more rows than one chunk. None: its model has no chunked loss.
     loss_chunk_rows: int | None = None
+    sdpa: bool = False  # its attention is torch's scaled_dot_product_attention (plan.attention picks the kernel)
 
     def fingerprint(self) -> dict[str, str]:
         """Short hashes of each part of the identity, so a mismatch can be named."""

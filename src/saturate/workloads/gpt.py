@@ -302,6 +302,7 @@ def gpt_workload(
         tokens_per_sample=cfg.seq_len,
         flops_per_sample=flops_per_token(cfg) * cfg.seq_len,
         loss_chunk_rows=chunk_rows(cfg.padded_vocab),
+        sdpa=True,
         identity={"model": cfg.to_dict(), "data": {"corpus": corpus.fingerprint, "seed": seed}},
         info=info,
         export_extras=export_config(cfg, preset, corpus.tokenizer.name),

@@ -332,6 +332,7 @@ def hf_workload(path: str | os.PathLike[str], *, task: str = "lm", data: Sequenc
         tokens_per_sample=seq_len,
         flops_per_sample=per_token * seq_len if per_token else None,
         loss_chunk_rows=chunk_rows(hf.vocab_rows),
+        sdpa=hf.attention == "sdpa",
         identity={"model": {"hf": hf.fingerprint}, "data": {"corpus": corpus.fingerprint, "seed": seed,
                                                              "seq_len": seq_len}},
         info=info,
