@@ -223,3 +223,24 @@ def test_on_a_gpu_each_sdpa_backend_is_measured_against_torchs_choice_and_the_fa
     result = search(same, informed(), settings(try_compile=False, attention_backends=("cudnn", "flash")))
     assert result.plan.attention is None
     assert next(d for d in result.decisions if d.startswith("attention:")).startswith("attention: torch's choice (")
+
+
+def test_once_compiled_is_kept_cuda_graphs_and_max_autotune_are_each_measured_against_it():
+    """The compile ladder (issue 32): reduce-overhead (CUDA graphs) and max-autotune after compile "default" is
+    kept, each under the same rule (faster beyond the noise and paying back its compile time); none of it when
+    compiling did not pay."""
+    factor = {"none": 1.0, "default": 1.0, "reduce-overhead": 1.25, "max-autotune": 1.2}  # × saturating's 1.3
+    machine = FakeMachine(speed=lambda p: saturating(16)(p) * factor[p.compile],
+                          memory=linear_memory(GiB, 0.1 * GiB))
+    ladder = ("reduce-overhead", "max-autotune")
+    result = search(machine, informed(), settings(planned_steps=100_000, compile_ladder=ladder))
+    assert [p.compile for p in machine.tried if p.compile != "none"][:3] == ["default", *ladder]
+    assert result.plan.compile == "reduce-overhead"
+    assert any(d.startswith("compile: reduce-overhead (+") for d in result.decisions)
+    assert any(d.startswith("compile: reduce-overhead (max-autotune ") for d in result.decisions)
+
+    flat_compile = FakeMachine(speed=lambda p: saturating(16)(p) / (1.3 if p.compile != "none" else 1.0),
+                               memory=linear_memory(GiB, 0.1 * GiB))
+    result = search(flat_compile, informed(), settings(planned_steps=100_000, compile_ladder=ladder))
+    assert result.plan.compile == "none"
+    assert not any(p.compile in ladder for p in flat_compile.tried)  # default did not pay: the ladder is not climbed

@@ -26,7 +26,7 @@ from saturate.plan import INFORMED_KNOBS, Plan
 from saturate.tune.evidence import plan_text, plot, print_report, result_dict, trial_line
 from saturate.tune.kept import keep as keep_what_the_user_had
 from saturate.tune.measure import RealMeasurer
-from saturate.tune.results import CUDA_ATTENTION, SearchResult, SearchSettings
+from saturate.tune.results import CUDA_ATTENTION, CUDA_COMPILE_LADDER, SearchResult, SearchSettings
 from saturate.tune.search import search
 from saturate.tune.trial import BudgetTooSmall, LoaderTrial, Measurer, Trial
 from saturate.workloads.base import Workload
@@ -104,6 +104,7 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
                        supports=dict(hw.supports), fused_available=fused_adamw_available(dev),
                        loss_chunk_rows=workload.loss_chunk_rows, rows_per_sample=workload.tokens_per_sample,
                        attention_backends=CUDA_ATTENTION if workload.sdpa and dev.type == "cuda" else (),
+                       compile_ladder=CUDA_COMPILE_LADDER if dev.type == "cuda" and world == 1 else (),
                        world_size=world, allow_batch_change=allow_batch_change, budget_s=budget_s,
                        try_compile=try_compile, verify=verify, **settings)
     out_dir = Path(broadcast_object(str(out_dir) if out_dir is not None else str(

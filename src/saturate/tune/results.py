@@ -15,6 +15,7 @@ LOSS_TOLERANCE = 0.02
 
 
 CUDA_ATTENTION = ("cudnn", "flash", "efficient")  # the SDPA backends a CUDA tune measures (plan.attention)
+CUDA_COMPILE_LADDER = ("reduce-overhead", "max-autotune")  # after compile "default" is kept, on one CUDA device
 
 
 @dataclass
@@ -44,6 +45,9 @@ class SearchSettings:
     loss_tolerance: float = LOSS_TOLERANCE  # largest per-step loss difference against fp32 (search.loss_drift)
     try_compile: bool = True
     compile_mode: str = "default"
+    # Modes tried after `compile_mode` is kept, each against the incumbent (CUDA graphs, then autotuned kernels):
+    # on a CUDA device, one process (tune/api.py); () elsewhere.
+    compile_ladder: tuple[str, ...] = ()
     compile_speedup_bound: float = 3.0  # the compile time limit assumes at most this speed-up
     # The only micro-batch tried (batch-coupled layers: it is part of the model's maths); None searches it.
     fixed_micro_batch: int | None = None

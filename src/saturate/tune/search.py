@@ -101,8 +101,8 @@ class _Search(SearchState):
         precisions = 1 + bool(s.supports.get("bf16") or s.supports.get("fp16")) + bool(
             s.supports.get("tf32") and self.m.device_type == "cuda")
         return (precisions + min(2, len([m for m in cands if m > probe])) + (s.world_size > 1)
-                + s.fused_available + s.try_compile + (s.loss_chunk_rows is not None) + len(s.attention_backends)
-                + 1)
+                + s.fused_available + s.try_compile * (1 + len(s.compile_ladder)) + (s.loss_chunk_rows is not None)
+                + len(s.attention_backends) + 1)
 
     def threads_again(self, best: Trial) -> Trial:
         """The threads stage once more, at the end, when the first trial saw a quiet machine and a later one did not:
@@ -259,34 +259,46 @@ class _Search(SearchState):
         return best
 
     def compile(self, best: Trial) -> Trial:
-        s = self.s
-        if not s.try_compile:
+        """torch.compile in `compile_mode`; once compiled is kept, each mode of `compile_ladder` in turn (CUDA
+        graphs with reduce-overhead, then max-autotune), each against the incumbent under the same rule: faster
+        beyond the noise, and paying back its own compile time over the planned steps."""
+        if not self.s.try_compile:
             self.skipped.append("torch.compile: not tried (turned off)")
             return best
+        best = self._compile(best, self.s.compile_mode)
+        for mode in self.s.compile_ladder if best.plan.compile != "none" else ():
+            best = self._compile(best, mode)
+        return best
+
+    def _compile(self, best: Trial, mode: str) -> Trial:
+        s = self.s
         # The most compile could save: the planned run at `compile_speedup_bound`× speed. A compile that takes
         # longer than that cannot pay back, so it is the trial's time limit: the compilation is stopped there.
         limit = s.planned_steps * best.step_s * (1 - 1 / s.compile_speedup_bound)
         left = self.remaining()
         if left is not None:  # the compilation, then a trial's steps, then the verification
             limit = min(limit, left - self.longest() - self.verifying())
-        if not self.affordable("torch.compile"):
+        what = "torch.compile" if mode == s.compile_mode else f"torch.compile {mode}"
+        if not self.affordable(what):
             return best
         if limit <= 0:
-            self.skipped.append(f"torch.compile: not tried, the budget had {max(left or 0, 0):.0f} s left")
+            self.skipped.append(f"{what}: not tried, the budget had {max(left or 0, 0):.0f} s left")
             return best
-        t = self.trial(best.plan.replace(compile=s.compile_mode), "compile", compile_limit_s=limit)
+        was = "eager" if best.plan.compile == "none" else best.plan.compile
+        kept = best.plan.compile  # what the decision line says stays, when this mode is not taken
+        t = self.trial(best.plan.replace(compile=mode), "compile", compile_limit_s=limit)
         # A stopped or failed trial was discarded by the measurer; a rejected one is discarded below.
         if t.status == OVER_BUDGET:
             t.verdict = f"{t.status}: {t.error}"
-            self.decisions.append(f"compile: none (the tuning budget ran out: {t.error})")
+            self.decisions.append(f"compile: {kept} (the tuning budget ran out: {t.error})")
             return best
         if t.status == "timeout":
             t.verdict = f"{t.error}: a longer compilation cannot pay back over {s.planned_steps} steps"
-            self.decisions.append(f"compile: none ({t.verdict})")
+            self.decisions.append(f"compile: {kept} ({t.verdict})")
             return best
         if not t.ok:
             t.verdict = f"{t.status}: {t.error}"
-            self.decisions.append(f"compile: none (torch.compile failed: {t.error}; eager is used)")
+            self.decisions.append(f"compile: {kept} ({what} failed: {t.error}; {was} is used)")
             return best
 
         def pays_back(eager: Trial) -> bool:
@@ -301,17 +313,18 @@ class _Search(SearchState):
         if not within:
             t.verdict = f"compiling took {t.compile_s:.1f} s, over the {limit:.1f} s limit"
         elif not c.faster:
-            t.verdict = f"{c.text()} steady state; eager is simpler"
+            t.verdict = f"{c.text()} steady state; {was} is simpler"
         elif not (faster and pays_back(best)):
             t.verdict = (f"{c.text()} steady state; over {s.planned_steps} steps "
                          f"saves {saved:.1f} s < {t.compile_s or 0:.1f} s to compile")
         else:
             best.verdict = f"compiled saves {saved:.0f} s over the run"
-            self.decisions.append(f"compile: {s.compile_mode} ({c.text()} steady "
+            self.decisions.append(f"compile: {mode} ({c.text()} steady "
                                   f"state; saves ~{saved:.0f} s over {s.planned_steps} steps against "
                                   f"{t.compile_s or 0:.1f} s to compile — a prediction from the trial)")
             return t
-        self.decisions.append(f"compile: none ({t.verdict})")
+        self.decisions.append(f"compile: {kept} ({t.verdict})" if mode == s.compile_mode else
+                              f"compile: {kept} ({mode} {t.verdict})")
         self.discard_compiled()  # every rank reached this verdict: all discard alike
         return best
 
