@@ -173,8 +173,9 @@ def test_tune_starts_from_the_informed_plan_and_naive_stays_the_before(tmp_path,
 
 
 def test_the_chunked_loss_is_measured_where_a_micro_batch_holds_more_rows_than_a_chunk():
-    """issue 32: plan.loss_chunk is a knob the tuner measures like the others: kept when faster beyond the noise
-    (with the peak memory of each said), the whole logits kept otherwise, not tried when one chunk holds them."""
+    """issue 32: plan.loss_chunk is a knob the tuner measures like the others, before the micro-batch search:
+    kept when faster beyond the noise, or within it with less memory (each one's peak said), the whole logits
+    kept when slower, not tried when one chunk holds them."""
     def speed(faster: float):
         return lambda p: saturating(16)(p) * (faster if p.loss_chunk else 1.0)
 
@@ -187,6 +188,13 @@ def test_the_chunked_loss_is_measured_where_a_micro_batch_holds_more_rows_than_a
     assert result.plan.loss_chunk == 1024 and any(p.loss_chunk == 1024 for p in machine.tried)
     line = next(d for d in result.decisions if d.startswith("loss:"))
     assert line.startswith("loss: in chunks of 1024 rows (+") and "peak memory" in line
+
+    even = FakeMachine(speed=speed(1.0), memory=memory)  # within noise, and a third less memory: kept for it
+    result = search(even, informed(), chunked)
+    assert result.plan.loss_chunk == 1024
+    assert "the memory it frees is the reason" in next(d for d in result.decisions if d.startswith("loss:"))
+    tried = [p.loss_chunk for p in even.tried]
+    assert tried.index(1024) < next(i for i, p in enumerate(even.tried) if p.micro_batch != 16)  # before the climb
 
     slower = FakeMachine(speed=speed(0.8), memory=memory)
     result = search(slower, informed(), chunked)

@@ -52,6 +52,9 @@ def search(measurer: Measurer, base: Plan, s: SearchSettings,
     return _Search(measurer, base, s, on_trial, started).run()
 
 
+CHUNK_MEMORY_GAIN = 0.10  # the chunked loss, within noise, is kept when it measures this much less peak memory
+
+
 class _Search(SearchState):
     def run(self) -> SearchResult:
         self.planned = self.expected_trials()
@@ -61,13 +64,13 @@ class _Search(SearchState):
                               "alternative to its choice, and within noise keeps it")
         losses = first.losses  # its own, from its first steps (a paired trial's start later; threads change no
         best = self.earn(start.precision(self, self.threads(first), losses))  # maths beyond the order of sums)
+        best = self.earn(self.chunked_loss(best))  # before the memory fit: what it frees, the micro-batch can use
         fit = batch.memory(self, best)
         best = self.earn(batch.micro_batch(self, best, fit))
         best = self.earn(batch.activation_checkpointing(self, best, fit))
         best = self.earn(self.strategy(best))
         best = self.earn(self.fused(best))
         best = self.earn(self.attention(best))
-        best = self.earn(self.chunked_loss(best))
         best = self.earn(self.compile(best))
         best = self.threads_again(best)
         plan = loader(self, best)
@@ -233,8 +236,10 @@ class _Search(SearchState):
 
     def chunked_loss(self, best: Trial) -> Trial:
         """The loss over chunks of logits (plan.loss_chunk) against the whole logits, where the workload has one
-        and a micro-batch holds more rows than a chunk: kept when faster beyond the noise; the peak memory each
-        measured is said beside it (what the chunks free is what a larger micro-batch could use)."""
+        and a micro-batch holds more rows than a chunk; before the memory fit, so the micro-batch search sees
+        what it frees. Kept when faster beyond the noise, or when not slower beyond it and its measured peak
+        memory is at least `CHUNK_MEMORY_GAIN` lower (memory a larger micro-batch can use: the reason the
+        knob exists); each one's peak memory is said."""
         s, p = self.s, best.plan
         if s.loss_chunk_rows is None or p.loss_chunk is not None:
             return best
@@ -249,6 +254,12 @@ class _Search(SearchState):
         taken, c, best, t = self.beats(t, best) if t.ok else (False, None, best, t)
         memory = (f"; peak memory {gib(t.peak_memory_bytes)} against {gib(best.peak_memory_bytes)}"
                   if t.peak_memory_bytes and best.peak_memory_bytes else "")
+        frees = bool(memory) and t.peak_memory_bytes <= (1 - CHUNK_MEMORY_GAIN) * best.peak_memory_bytes
+        if c is not None and not taken and not c.slower and frees:
+            t.verdict = f"chunked loss: {c.text()}, within noise, and less memory"
+            self.decisions.append(f"loss: in chunks of {s.loss_chunk_rows} rows ({c.text()} vs the whole logits"
+                                  f"{memory}: the memory it frees is the reason)")
+            return t
         if taken:
             best.verdict = f"chunked loss: {c.text()}"
             self.decisions.append(f"loss: in chunks of {s.loss_chunk_rows} rows ({c.text()} vs the whole logits"
