@@ -255,15 +255,12 @@ class _Search(SearchState):
         memory = (f"; peak memory {gib(t.peak_memory_bytes)} against {gib(best.peak_memory_bytes)}"
                   if t.peak_memory_bytes and best.peak_memory_bytes else "")
         frees = bool(memory) and t.peak_memory_bytes <= (1 - CHUNK_MEMORY_GAIN) * best.peak_memory_bytes
-        if c is not None and not taken and not c.slower and frees:
-            t.verdict = f"chunked loss: {c.text()}, within noise, and less memory"
+        for_memory = c is not None and not taken and not c.slower and frees
+        if taken or for_memory:  # the whole logits' trial says what replaced it
+            best.verdict = f"chunked loss: {c.text()}" + (", within noise, with less memory" if for_memory else "")
+            reason = ": the memory it frees is the reason" if for_memory else ""
             self.decisions.append(f"loss: in chunks of {s.loss_chunk_rows} rows ({c.text()} vs the whole logits"
-                                  f"{memory}: the memory it frees is the reason)")
-            return t
-        if taken:
-            best.verdict = f"chunked loss: {c.text()}"
-            self.decisions.append(f"loss: in chunks of {s.loss_chunk_rows} rows ({c.text()} vs the whole logits"
-                                  f"{memory})")
+                                  f"{memory}{reason})")
             return t
         t.verdict = f"{t.status}: {t.error}" if c is None else f"{c.text()}; the whole logits are kept{memory}"
         self.decisions.append(f"loss: the whole logits (chunks of {s.loss_chunk_rows} rows measured {t.verdict})")
