@@ -151,7 +151,10 @@ def test_tune_tries_the_training_arguments_and_says_them_as_an_edit(tmp_path):
     if probe(measure_peaks=False, device="cpu").supports["bf16"]:
         bf16 = trials["bf16=True, use_cpu=True"]  # same seed, same batches: its losses are comparable
         assert bf16["overrides"]["trainer"] == {"bf16": True, "use_cpu": True}
-        assert "losses" in bf16["outcome"] and len(bf16["losses"]) == len(base["losses"])
+        # each trial runs until its windows settle, so the two count different steps; the first ones line up
+        n = len(bf16["losses"])
+        assert "losses within" in bf16["outcome"] and 3 <= n <= len(base["losses"]), bf16
+        assert all(abs(a - b) <= 0.02 * abs(b) for a, b in zip(bf16["losses"], base["losses"][:n], strict=True))
     else:
         assert "precision: fp32 (no lower precision is native on cpu)" in d["decisions"]
     split = trials["micro-batch 4 × 2"]  # 8 × 1 as written: nothing above, so one step down, same effective batch
