@@ -94,3 +94,15 @@ def test_a_chunk_holds_256_mib_of_fp32_logits_as_a_power_of_two_rows():
 
     assert chunk_rows(50304) == 1024  # GPT-2's padded vocabulary: 1334 rows fit, 1024 taken
     assert chunk_rows(320) == 131072 and chunk_rows(10**9) == 64
+
+
+def test_without_grad_validation_makes_only_the_loss_not_the_gradients():
+    """Under no_grad (a validation pass) the weight still requires grad; the gradients' two extra matmuls per
+    chunk must not run then: counted, the pass costs the logits' matmul alone."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    h, w, y = torch.randn(64, 16), torch.randn(100, 16, requires_grad=True), torch.randint(0, 100, (64,))
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        loss = linear_cross_entropy(h, w, y, chunk=16)
+    assert counter.get_total_flops() == 2 * 64 * 16 * 100
+    assert torch.allclose(loss, F.cross_entropy(h @ w.detach().t(), y), rtol=1e-5)

@@ -35,11 +35,11 @@ def chunk_rows(vocabulary: int) -> int:
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int,
-                ignore_index: int) -> torch.Tensor:
+                ignore_index: int, grads: bool) -> torch.Tensor:
         total = torch.zeros((), dtype=torch.float32, device=h.device)
-        grad_h = torch.empty_like(h) if h.requires_grad else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if weight.requires_grad \
-            else None
+        grad_h = torch.empty_like(h) if grads and h.requires_grad else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+            if grads and weight.requires_grad else None
         valid_rows = targets != ignore_index
         for start in range(0, h.shape[0], chunk):
             hs, valid = h[start:start + chunk], valid_rows[start:start + chunk]
@@ -65,7 +65,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         (grad_h, grad_w), scale = ctx.grads, grad_out / ctx.denominator
         ctx.grads = (None, None)  # backward runs once: the held gradients go with it
         return (None if grad_h is None else grad_h * scale.to(grad_h.dtype),
-                None if grad_w is None else (grad_w * scale).to(ctx.weight_dtype), None, None, None)
+                None if grad_w is None else (grad_w * scale).to(ctx.weight_dtype), None, None, None, None)
 
 
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int,
@@ -74,4 +74,6 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     rows at a time. `h` is (rows, width) or (..., width) with `targets` of the leading shape."""
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    return _LinearCrossEntropy.apply(h.reshape(-1, h.shape[-1]), weight, targets.reshape(-1), chunk, ignore_index)
+    # Under no_grad (validation) the weight still requires grad: the gradients are made only when asked for.
+    return _LinearCrossEntropy.apply(h.reshape(-1, h.shape[-1]), weight, targets.reshape(-1), chunk, ignore_index,
+                                     torch.is_grad_enabled())
