@@ -204,6 +204,13 @@ def test_the_chunked_loss_is_measured_where_a_micro_batch_holds_more_rows_than_a
     small = FakeMachine(speed=speed(1.2), memory=memory)  # 16 samples × 8 rows: one chunk holds them
     result = search(small, informed(), settings(try_compile=False, loss_chunk_rows=1024, rows_per_sample=8))
     assert result.plan.loss_chunk is None and not any(p.loss_chunk for p in small.tried)
+    from saturate.tune.search import _Search
+
+    def planned(**kw) -> int:  # the budget is shared over the trials expected: a skipped stage is not one
+        return _Search(small, informed(), settings(try_compile=False, **kw), None, None).expected_trials()
+
+    assert planned(loss_chunk_rows=1024, rows_per_sample=8) == planned()
+    assert planned(loss_chunk_rows=1024, rows_per_sample=1024) == planned() + 1
     assert any(s.startswith("chunked loss: not tried, a micro-batch's") for s in result.skipped)
 
     none = FakeMachine(speed=speed(1.2), memory=memory)  # a workload without a chunked loss: nothing said

@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
 from saturate.doctor.findings import ScalingProbe
+from saturate.hardware import synchronize
 
 ROUNDS = 5
 # One timing lasts at least this long: a micro-step shorter than it is repeated within the timing (as `timeit`'s
@@ -45,11 +46,11 @@ def time_two_sizes(step: Callable[[int], None], sizes: tuple[int, int], device: 
     memory: dict[int, int | None] = {}
 
     def timed(b: int, repeats: int) -> float:
-        _sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         for _ in range(repeats):
             step(b)
-        _sync(device)
+        synchronize(device)
         return (time.perf_counter() - t0) / repeats
 
     for b in sizes:
@@ -93,11 +94,6 @@ def _surrogate_loss(output: Any) -> torch.Tensor | None:
 
 class _NoLoss(Exception):
     """The model's output has nothing to back-propagate."""
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def probe_from_inputs(model: nn.Module, args: tuple, kwargs: dict, micro_batch: int, device: torch.device,

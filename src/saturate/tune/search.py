@@ -97,15 +97,16 @@ class _Search(SearchState):
 
     def expected_trials(self) -> int:
         """The model trials the stages are expected to run (the budget is shared out by it): the starting plan and
-        the precisions around it, two steps of the micro-batch climb, FSDP, the fused optimizer and compile where
-        they apply, and one incumbent measured again to confirm a small gain (`SearchState.beats`)."""
+        the precisions around it, the chunked loss where a starting micro-batch holds more than a chunk, two steps
+        of the micro-batch climb, FSDP, the fused optimizer, the attention kernels and compile (with its ladder)
+        where they apply, and one incumbent measured again to confirm a small gain (`SearchState.beats`)."""
         s, cands = self.s, self.candidates()
         probe = max((m for m in cands if m <= max(1, min(self.base.micro_batch, self.local))), default=min(cands))
         precisions = 1 + bool(s.supports.get("bf16") or s.supports.get("fp16")) + bool(
             s.supports.get("tf32") and self.m.device_type == "cuda")
         return (precisions + min(2, len([m for m in cands if m > probe])) + (s.world_size > 1)
-                + s.fused_available + s.try_compile * (1 + len(s.compile_ladder)) + (s.loss_chunk_rows is not None)
-                + len(s.attention_backends) + 1)
+                + s.fused_available + s.try_compile * (1 + len(s.compile_ladder)) + len(s.attention_backends) + 1
+                + (s.loss_chunk_rows is not None and probe * s.rows_per_sample > s.loss_chunk_rows))
 
     def threads_again(self, best: Trial) -> Trial:
         """The threads stage once more, at the end, when the first trial saw a quiet machine and a later one did not:
