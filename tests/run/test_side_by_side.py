@@ -105,7 +105,7 @@ def test_a_cached_plan_beaten_in_every_round_is_replaced_in_the_cache(cpu, meter
     cmp, _ = measure({"naive": 100.0, "tuned": 47.0}, cpu)
     tuned = cmp.row("tuned").plan.replace(provenance={"tuned_at": "then", "verified_samples_per_s": 47.0})
     cache.store(tuned, job, "hw")
-    line = run_module._recache(job, SimpleNamespace(fingerprint=lambda: "hw"), 1, tuned, cmp.row("naive"))
+    line = run_module.recache(job, SimpleNamespace(fingerprint=lambda: "hw"), 1, tuned, cmp.row("naive"))
     plan, _ = cache.lookup(job, "hw")
     assert plan.num_workers == cmp.row("naive").plan.num_workers != tuned.num_workers  # naive's settings now
     assert plan.provenance["measured_samples_per_s"] == 100.0 and "verified_samples_per_s" not in plan.provenance

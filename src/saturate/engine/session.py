@@ -34,6 +34,7 @@ from saturate.engine.distributed import (
 from saturate.engine.early_stop import EarlyStop
 from saturate.engine.hostmem import HostMemoryGuard
 from saturate.engine.metrics import Sink, Sinks
+from saturate.engine.precision_guard import PrecisionGuard, needs_guard
 from saturate.engine.resume import (
     check_fingerprint,
     check_optimization,
@@ -47,7 +48,7 @@ from saturate.engine.resume import (
 from saturate.engine.runfile import recorded_cadence, run_settings, write_run_toml
 from saturate.engine.schedule import WarmupCosine, scaled_lr
 from saturate.engine.signals import StopFlag
-from saturate.engine.step import Stepper
+from saturate.engine.step import Stepper, to_device
 from saturate.engine.summary import mfu_peak, write_json
 from saturate.engine.trackers import make_sinks, parse_log_to
 from saturate.engine.watch import TrainingWatch
@@ -88,6 +89,9 @@ class RunConfig:
     stuck_after: float | None = None
     use_tuned: bool = True  # with no plan given, use the tuned plan cached for this workload and hardware
     host_memory_guard: bool = True  # lower loader prefetch/workers when host RAM runs short or swap grows
+    # Check a lower precision against fp32 over the first steps (precision_guard.py); None: where the plan's was
+    # chosen from the hardware and not yet checked (the default plan's bf16)
+    guard_precision: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("steps", "log_every", "eval_every", "ckpt_every", "keep_checkpoints"):
@@ -140,11 +144,15 @@ class Training:
     ckpt_every: int
     deadline: float | None  # time.monotonic() when a --minutes budget runs out
     size_schedule_at: int | None  # the step at which a --minutes-only run sizes its schedule
+    precision_guard: PrecisionGuard | None  # the lower precision's check over the first steps, while due
     notes: list[str]
     early_stop: EarlyStop | None = None
     on_log: Callable[[dict[str, Any]], Any] | None = None  # train()'s callbacks (rank 0)
     on_validation: Callable[[dict[str, Any]], Any] | None = None
     stop_reason: str | None = None  # why the run stopped before its schedule's end (early stop, a callback)
+    # train(on_sized=…): the steps that open and close the window that times the job, and the callback
+    size_job: tuple[int, int, Callable[[int, float], str | None]] | None = None
+    paused: str | None = None  # why the run stopped to be continued (on_sized): not done, no export
     window_steps: int = 0
     window_start: float = 0.0
     train_seconds: float = 0.0  # this session's time in steps (validation and checkpoints excluded)
@@ -174,6 +182,17 @@ class Training:
             self.plan.save(self.run_dir / "plan.toml")
 
 
+def _precision_guard(workload: Workload, plan: Plan, cfg: RunConfig, step: int,
+                     device: torch.device) -> PrecisionGuard | None:
+    """The lower precision's check over the first steps (precision_guard.py), on the first micro-batch this session
+    trains on (rank 0's: every rank checks the same samples); None when it is not wanted."""
+    wanted = cfg.guard_precision if cfg.guard_precision is not None else needs_guard(plan)
+    if not wanted or plan.precision == "fp32":
+        return None
+    first = next(iter(make_loader(workload.train_data, plan.replace(num_workers=0), start_step=step)))
+    return PrecisionGuard(to_device(first, device, False), workload.loss_fn)
+
+
 def now(device: torch.device) -> float:
     """The clock, read after the device finished what is queued (or GPU time queued behind us is not counted)."""
     synchronize(device)
@@ -182,8 +201,8 @@ def now(device: torch.device) -> float:
 
 def _settings(plan: dict[str, Any]) -> dict[str, Any]:
     """A plan's settings, without its provenance (notes on where it came from, which a TOML round trip or
-    a later tuning may word differently)."""
-    return {k: v for k, v in plan.items() if k != "provenance"}
+    a later tuning may word differently) and its name (the default plan tuned keeps its settings)."""
+    return {k: v for k, v in plan.items() if k not in ("provenance", "name")}
 
 
 def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist: DistInfo) -> Training:
@@ -307,5 +326,6 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
         eval_every=eval_every, ckpt_every=ckpt_every, early_stop=early_stop,
         deadline=time.monotonic() + cfg.minutes * 60 if cfg.minutes else None,
         size_schedule_at=step + 5 if (cfg.minutes and cfg.steps is None and state is None) else None,
+        precision_guard=_precision_guard(workload, plan, cfg, step, device),
         notes=notes, window_start=now(device),
     )

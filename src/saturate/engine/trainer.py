@@ -35,7 +35,7 @@ from saturate.engine.distributed import (
 )
 from saturate.engine.hostmem import relieve
 from saturate.engine.metrics import Sinks
-from saturate.engine.precision import Precision
+from saturate.engine.precision import Precision, make_precision
 from saturate.engine.resume import optimization_record, release_run_dirs, snapshot
 from saturate.engine.session import RunConfig, Training, now, prepare
 from saturate.engine.step import to_device
@@ -48,10 +48,13 @@ __all__ = ["RunConfig", "RunResult", "train"]
 
 
 Callback = Callable[[dict[str, Any]], Any]
+SIZE_AFTER = 4  # train(on_sized=…): steps left out of the timing (cold; the precision guard checks them)
+SIZE_STEPS = 5  # the steps timed
 
 
 def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None = None,
-          hardware: Any = None, *, on_log: Callback | None = None, on_validation: Callback | None = None) -> RunResult:
+          hardware: Any = None, *, on_log: Callback | None = None, on_validation: Callback | None = None,
+          on_sized: Callable[[int, float], str | None] | None = None) -> RunResult:
     """Train `workload` with `plan`; resume from the run folder when config.resume is set.
 
     plan=None means the checkpoint's plan when resuming, else the seed plan (`default_plan`).
@@ -59,6 +62,10 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     workload's end-of-run metrics); on_validation(record) after each validation ({"step": N, "val/loss": …}),
     and returning True stops the run there, with a checkpoint. Both run in rank 0 only; an exception from
     either ends the run (unlike a failing sink).
+    on_sized(steps_done, seconds_per_step) is called once, in rank 0, with the time of `SIZE_STEPS` steps after
+    this session's first `SIZE_AFTER` (warm, the precision guard's checks behind them); a reason returned pauses
+    the run there, with a checkpoint and without exporting anything (`RunResult.stop_reason` says it), to be
+    continued with `resume` (with another plan of the same effective batch, say).
     Under torchrun, joins the process group and, if it made it, destroys it at the end (after an
     error, `saturate.engine.distributed.teardown_distributed()` does, once the error is handled).
     """
@@ -75,6 +82,8 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     try:
         t = prepare(workload, plan, cfg, hw, dist)
         t.on_log, t.on_validation = on_log, on_validation
+        if on_sized is not None:
+            t.size_job = (t.step + SIZE_AFTER, t.step + SIZE_AFTER + SIZE_STEPS, on_sized)
         result = _loop(t)
     finally:  # the run folder's lock, taken by prepare (rank 0)
         release_run_dirs()
@@ -93,6 +102,8 @@ def _loop(t: Training) -> RunResult:
         while t.step < t.total_steps and not stopping:
             for group in t.stepper.optimizer.param_groups:
                 group["lr"] = t.schedule.lr(t.step)
+            if t.precision_guard is not None:
+                _guard_precision(t)
             adapted = len(t.stepper.adaptations)
             t.stepper.step(t.batches, timer=t.watch.timer)  # the watch times only the wait for data
             if len(t.stepper.adaptations) > adapted:
@@ -107,10 +118,15 @@ def _loop(t: Training) -> RunResult:
             ckpt_due = step % t.ckpt_every == 0 or step == t.total_steps or stopping
             # Log before every validation and checkpoint too: the timing window then never spans
             # them, and no checkpoint is written for a step whose loss was not checked.
-            if step % t.cfg.log_every == 0 or step == t.size_schedule_at or eval_due or ckpt_due:
+            sizing = t.size_job is not None and step in t.size_job[:2]
+            if step % t.cfg.log_every == 0 or step == t.size_schedule_at or eval_due or ckpt_due or sizing:
+                steps_in_window = t.window_steps
                 seconds = _log_window(t)
                 if step == t.size_schedule_at:
                     _size_schedule(t, seconds / 5)
+                if sizing and step == t.size_job[1]:  # type: ignore[index]
+                    stopping = _size_job(t, seconds / steps_in_window) or stopping
+                    ckpt_due = ckpt_due or stopping
                 _relieve_host_memory(t)
             if eval_due:
                 stopping = _validate(t) or stopping  # early stopping, or the on_validation callback
@@ -127,7 +143,7 @@ def _loop(t: Training) -> RunResult:
 
 def _done(t: Training) -> bool:
     """The run is over: its schedule ran out, or it stopped on purpose (early stop, a callback)."""
-    return t.step >= t.total_steps or t.stop_reason is not None
+    return t.paused is None and (t.step >= t.total_steps or t.stop_reason is not None)
 
 
 def _emit(t: Training, record: dict[str, Any]) -> None:
@@ -173,6 +189,31 @@ def _log_window(t: Training) -> float:
         _emit(t, {"step": t.step, **metrics})
     t.window_steps, t.window_start = 0, now(t.device)
     return seconds
+
+
+def _size_job(t: Training, seconds_per_step: float) -> bool:
+    """train(on_sized=…): the callback's decision (rank 0's, for every rank); whether to pause here."""
+    _, _, on_sized = t.size_job  # type: ignore[misc]
+    t.size_job = None
+    t.paused = broadcast_object(on_sized(t.step, seconds_per_step) if t.dist.is_main else None)
+    return t.paused is not None
+
+
+def _guard_precision(t: Training) -> None:
+    """Before each of the first steps: the lower precision's loss against fp32's at these weights; after the last
+    check, the plan goes on in its precision or in fp32 (precision_guard.py), said in a note and plan.toml."""
+    guard = t.precision_guard
+    guard.check(t.model, t.stepper.precision)  # type: ignore[union-attr]
+    if guard.due():  # type: ignore[union-attr]
+        return
+    t.precision_guard = None
+    t.plan, line = guard.verdict(t.plan)  # type: ignore[union-attr]
+    if t.plan.precision != t.stepper.precision.name:
+        t.stepper.precision = make_precision(t.plan.precision, t.device.type, t.plan.attention)
+    t.stepper.plan = t.plan
+    t.save_plan()
+    t.notes.append(line)
+    t.console.note(line)
 
 
 def _size_schedule(t: Training, seconds_per_step: float) -> None:
@@ -265,6 +306,8 @@ def _finish(t: Training) -> RunResult:
 
 
 def _stop_reason(t: Training) -> str | None:
+    if t.paused is not None:
+        return t.paused
     if t.stop_reason is not None or t.step >= t.total_steps:
         return t.stop_reason
     if t.stop.interrupted:

@@ -22,7 +22,6 @@ replaces it in the cache, so the next run of the job does not reuse a plan found
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import json
 import time
 from dataclasses import dataclass, field
@@ -33,16 +32,16 @@ import torch
 from rich.console import Console
 from rich.text import Text
 
-from saturate import plan_cache
 from saturate.atomic import atomic_write_bytes
 from saturate.engine.console import tidy_console
 from saturate.engine.distributed import DistInfo, broadcast_object, init_distributed, teardown_distributed
 from saturate.engine.live import stage
-from saturate.engine.resume import threads_for_now
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import ConfigError, file_not_folder
 from saturate.plan import Plan, informed_choices, reference_plan
+from saturate.run.cached import cache_holds, cached_plan, recache  # noqa: F401 - recache: tests
 from saturate.run.costs import say_costs, untuned_line
+from saturate.run.first_steps import FirstSteps, train_first
 from saturate.run.informed import informed_plan
 from saturate.run.side_by_side import (  # noqa: F401 - Row, compare: the side-by-side's API, kept importable here
     ROUNDS,
@@ -63,6 +62,7 @@ from saturate.run.sizing import (  # noqa: F401 - the budget's constants, kept i
     LONG_SHARE,
     NAIVE_WARMUP,
     TUNING_SHARE,
+    Sizing,
     measured_once,
     measured_step,
     once_verdict,
@@ -154,49 +154,46 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
     run_dir = Path(chosen)
     refs = reference_plans(workload, hw.device_type, dist.world_size)
     tuning_started = time.monotonic()  # before it: probing, the process group, the run folder
+    n_steps = steps or workload.optim.steps
+    config = RunConfig(steps=steps, minutes=minutes, run_dir=run_dir, seed=seed, device=hw.torch_device,
+                       progress=progress, source=source)  # source: so `train --resume --run-dir` alone continues
     with no_empty_folders(run_dir):  # a run that fails before writing anything leaves no folder
-        tuning = _tune(workload, hw, dist, refs, budget_s=budget_s, steps=steps or workload.optim.steps,
-                       minutes=minutes, allow_batch_change=allow_batch_change, run_dir=run_dir, seed=seed,
-                       console=console, try_compile=try_compile,
-                       allow_micro_batch_change=allow_micro_batch_change)
-        plans = list(refs)
-        second = runner_up(tuning.result.search.trials, tuning.plan, [p for _, p in refs]) if tuning.result else None
-        if second is not None:
-            plans.append(("runner-up", second))
-        plans.append((tuning.label, tuning.plan))
-        predicted = tuning.predicted_training_s or (minutes * 60 if minutes else None)
-        cmp, sizing = side_by_side(workload, hw, dist, tuning, plans, predicted, seed, console)
-        trained, verdicts, notes = _choose(cmp, tuning.label) if cmp is not None else (tuning.label, [], [])
-        if cmp is not None and dist.is_main and trained != tuning.label and tuning.label == "tuned":
-            notes.append(_recache(workload, hw, dist.world_size, tuning.plan, cmp.row(trained)))
-        for n in notes:
-            console.print(f"[yellow]note:[/yellow] {n}", highlight=False)
-        timing = say_costs(console, cmp, tuning, trained, steps or workload.optim.steps, minutes)
-        timing.update(setup_s=tuning_started - started, naive_measure_s=tuning.naive_s,
-                      predicted_side_by_side_s=sizing.predicted_s, side_by_side_share_s=sizing.share_s)
-        config = RunConfig(steps=steps, minutes=minutes, run_dir=run_dir, seed=seed, device=hw.torch_device,
-                           progress=progress, source=source)  # source: so `train --resume --run-dir` alone continues
-        training_started = time.monotonic()
-        timing["before_training_s"] = training_started - tuning_started - tuning.seconds - timing["side_by_side_s"]
-        training = train(workload, cmp.row(trained).plan if cmp else tuning.plan, config,  # type: ignore[union-attr]
-                         hardware=hw)
+        first = None
+        if budget_s is None and minutes is None and not allow_batch_change and not broadcast_object(
+                cache_holds(workload, hw, dist.world_size, try_compile) if dist.is_main else None):
+            first = train_first(workload, hw, dist.world_size, n_steps, config, console)  # first_steps.py
+        if first is not None and not first.paused:  # the whole job (too short to tune), or stopped by a signal
+            tuning, cmp, sizing, trained, verdicts, notes = _untuned_first(first)
+            timing = {"tuning_s": 0.0, "side_by_side_s": 0.0, "setup_s": tuning_started - started,
+                      "predicted_training_s": first.predicted_s, "before_training_s": 0.0}
+            training_started, training, first = tuning_started, first.result, None
+        else:
+            tuning, cmp, sizing, trained, verdicts, notes, timing, training, training_started = _tuned(
+                workload, hw, dist, refs, first, config, budget_s=budget_s, minutes=minutes,
+                allow_batch_change=allow_batch_change, seed=seed, console=console, try_compile=try_compile,
+                allow_micro_batch_change=allow_micro_batch_change, started=started, tuning_started=tuning_started)
+    session_from = first.result.steps if first is not None else 0  # the steps trained before this session
     rows = list(cmp.rows) if cmp is not None else measured_once(workload, hw, tuning.naive, dist.world_size)
     report = RunReport(rows=rows, tuned=tuning.result, training=training, run_dir=run_dir,
                        notes=notes, comparison=cmp, trained=trained, tuning=tuning, timing=timing)
-    report.timing.update(training_s=time.monotonic() - training_started, training_steps_s=training.train_seconds,
+    report.timing.update(training_s=time.monotonic() - training_started + timing.get("first_steps_s", 0.0),
+                         training_steps_s=training.train_seconds,
                          total_s=time.monotonic() - started)
     report.rows.append(Row("training run", training.plan, training.samples_per_s, training.tokens_per_s,
-                           training.train_seconds / max(1, training.steps) if training.steps else None,
+                           training.train_seconds / (training.steps - session_from) if training.steps > session_from
+                           else None,
                            training.peak_memory_bytes, None,
                            row_mfu(workload, hw, training.plan, training.samples_per_s, dist.world_size),
-                           note=f"{report.trained}, {training.steps} steps, validation loss {training.val_loss:.3f}"
-                           if training.val_loss is not None else f"{report.trained}, {training.steps} steps"))
+                           note=f"{report.trained}, {training.steps} steps" + (
+                               f" (the first {first.result.steps} with the default plan, while the job was predicted)"
+                               if first is not None else "") + (f", validation loss {training.val_loss:.3f}"
+                                                               if training.val_loss is not None else "")))
     same_peak(report.rows, workload, hw, dist.world_size)  # one MFU denominator for every row (table.py)
     if cmp is not None and cmp.contention is not None and cmp.contention.significant():  # the top of the output
         console.print(f"[yellow]{cmp.contention.line()}[/yellow] — absolute figures are low; the ratios, measured "
                       f"in {cmp.rounds} interleaved rounds, are fair", highlight=False)
     console.print(comparison_table(report.rows, workload, training.memory_kind, side_by_side=cmp is not None))
-    verdicts = verdicts if cmp is not None else once_verdict(report.rows, trained)
+    verdicts = verdicts if cmp is not None or verdicts else once_verdict(report.rows, trained)
     for line in verdicts:
         console.print(line, highlight=False, markup=False)
     report.notes += [f"{r.label}: {r.mfu.text()}" for r in report.rows if r.mfu and r.mfu.exceeds_peak]
@@ -225,6 +222,51 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
     return report
 
 
+def _tuned(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Plan]], first: FirstSteps | None,
+           config: RunConfig, *, budget_s: float | None, minutes: float | None, allow_batch_change: bool, seed: int,
+           console: Console, try_compile: bool, allow_micro_batch_change: bool, started: float,
+           tuning_started: float) -> tuple[Any, ...]:
+    """Tune (or reuse the cached plan), measure side by side, train the fastest — from `first`'s checkpoint when the
+    default plan's first steps paused to be tuned (first_steps.py)."""
+    run_dir, n_steps = Path(config.run_dir), config.steps or workload.optim.steps  # type: ignore[arg-type]
+    tuning = _tune(workload, hw, dist, refs, budget_s=budget_s, steps=n_steps,
+                   minutes=minutes, allow_batch_change=allow_batch_change, run_dir=run_dir, seed=seed,
+                   console=console, try_compile=try_compile,
+                   allow_micro_batch_change=allow_micro_batch_change)
+    plans = list(refs)
+    second = runner_up(tuning.result.search.trials, tuning.plan, [p for _, p in refs]) if tuning.result else None
+    if second is not None:
+        plans.append(("runner-up", second))
+    plans.append((tuning.label, tuning.plan))
+    predicted = tuning.predicted_training_s or (minutes * 60 if minutes else None)
+    cmp, sizing = side_by_side(workload, hw, dist, tuning, plans, predicted, seed, console)
+    trained, verdicts, notes = _choose(cmp, tuning.label) if cmp is not None else (tuning.label, [], [])
+    if cmp is not None and dist.is_main and trained != tuning.label and tuning.label == "tuned":
+        notes.append(recache(workload, hw, dist.world_size, tuning.plan, cmp.row(trained)))
+    for n in notes:
+        console.print(f"[yellow]note:[/yellow] {n}", highlight=False)
+    timing = say_costs(console, cmp, tuning, trained, n_steps, minutes)
+    timing.update(setup_s=tuning_started - started, naive_measure_s=tuning.naive_s,
+                  predicted_side_by_side_s=sizing.predicted_s, side_by_side_share_s=sizing.share_s)
+    training_started = time.monotonic()
+    first_s = first.seconds if first is not None else 0.0  # the paused session: training, not tuning
+    timing.update(first_steps_s=first_s, before_training_s=training_started - tuning_started - first_s
+                  - tuning.seconds - timing["side_by_side_s"])
+    training = train(workload, cmp.row(trained).plan if cmp else tuning.plan,  # type: ignore[union-attr]
+                     dataclasses.replace(config, resume=first is not None), hardware=hw)
+    return tuning, cmp, sizing, trained, verdicts, notes, timing, training, training_started
+
+
+def _untuned_first(first: FirstSteps) -> tuple[Any, ...]:
+    """What the report needs of a job the default plan trained whole (first_steps.py): nothing tuned, nothing
+    measured side by side (naive was not measured: the job could not pay for it)."""
+    tuning = Tuning(first.result.plan, None, 0.0, None, first.why, first.predicted_s, label="default")
+    why = ("no side-by-side: the job is too short to pay for measuring naive beside the default plan"
+           if first.step_s is not None else "no side-by-side: " + first.why.removeprefix("not tuned: "))
+    sizing = Sizing([], 0, 0.0, False, 0.0, None, skipped=why)
+    return tuning, None, sizing, "default", [f"no before/after: {why.removeprefix('no side-by-side: ')}"], []
+
+
 def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Plan]], *, budget_s: float | None,
           steps: int, minutes: float | None, allow_batch_change: bool, run_dir: Path, seed: int, console: Console,
           try_compile: bool, allow_micro_batch_change: bool = False) -> Tuning:
@@ -232,7 +274,7 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
     that follows the predicted untuned training time."""
     if budget_s is None and not allow_batch_change:
         notes: list[str] = []
-        cached = broadcast_object(_cached_plan(workload, hw, dist.world_size, try_compile, notes) if dist.is_main
+        cached = broadcast_object(cached_plan(workload, hw, dist.world_size, try_compile, notes) if dist.is_main
                                   else None)
         if cached is not None:
             why = (f"using the plan tuned for {workload.name} on this machine "
@@ -316,30 +358,6 @@ def _untuned(workload: Workload, hw: Any, dist: DistInfo, started: float, predic
     plan = informed_plan(workload, hw, dist.world_size, naive, measurer, console)
     return Tuning(plan.replace(name="default"), None, time.monotonic() - started, budget_s, why, predicted,
                   label="default", naive=naive, naive_s=naive_s)
-
-
-def _cached_plan(workload: Workload, hw: Any, world: int, try_compile: bool, notes: list[str]) -> Plan | None:
-    """The plan tuned for this workload on this hardware at this process count, if it can be used as it is; a
-    thread count it was tuned with for a busy machine checked against the load now, as `train` does."""
-    plan, _ = plan_cache.lookup(workload, hw.fingerprint(), world)
-    if plan is None or int(plan.provenance.get("world_size", 1)) != world:
-        return None
-    if not try_compile and plan.compile != "none":
-        return None
-    return plan if plan.threads is None else threads_for_now(plan, hw, notes, world)
-
-
-def _recache(workload: Workload, hw: Any, world: int, tuned: Plan, faster: Any) -> str:
-    """The cache keeps the plan trained instead of the tuned one (measured faster in every round, or the tuned
-    plan failed side by side), so that the next `saturate run` of this job does not reuse a plan this run found
-    slower; the line that says so."""
-    provenance = {**(tuned.provenance or {}), "measured_samples_per_s": faster.samples_per_s,
-                  "replaced_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                  "replaced_because": f"{faster.label}: trained instead (the tuned plan measured slower in every "
-                                      "round side by side, or failed there)"}
-    provenance.pop("verified_samples_per_s", None)
-    path = plan_cache.store(faster.plan.replace(name="tuned", provenance=provenance), workload, hw.fingerprint(), world)
-    return f"the cached plan for this job is now {faster.label}'s settings ({path}); --budget tunes again"
 
 
 def _choose(cmp: Comparison, label: str = "tuned") -> tuple[str, list[str], list[str]]:

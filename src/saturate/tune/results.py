@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from saturate.engine.precision_guard import LOSS_TOLERANCE
 from saturate.hardware.contention import Contention
 from saturate.plan import Plan
 from saturate.tune.trial import LoaderTrial, Trial
 
-# A lower precision's first losses may differ from fp32's by this share of the loss's scale (the larger
-# of fp32's loss at that step and its first loss: search.loss_drift).
-LOSS_TOLERANCE = 0.02
+# LOSS_TOLERANCE: a lower precision's first losses may differ from fp32's by this share of the loss's scale (the
+# larger of fp32's loss at that step and its first loss: search.loss_drift); the same figure as training's guard.
 
 
 CUDA_ATTENTION = ("cudnn", "flash", "efficient")  # the SDPA backends a CUDA tune measures (plan.attention)

@@ -1,0 +1,65 @@
+"""`saturate run` with nothing cached and no --budget trains the default plan at once (issue 30): its first steps
+predict the job; too short to tune, it trains on with nothing measured before it; long enough, it pauses, the job
+is tuned, and training goes on from its checkpoint with the plan found."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+
+from saturate.plan import Plan
+from saturate.run import first_steps
+from saturate.run import flow as run_module
+from saturate.run.sizing import Sizing
+from saturate.workloads import build_workload
+
+QUIET = Console(file=open("/dev/null", "w"))  # noqa: SIM115
+
+
+def tiny(corpus):
+    return build_workload("gpt-tiny", data=[str(corpus)], effective_batch=8, warmup_steps=2, n_layer=1, n_embd=32,
+                          n_head=2, seq_len=32)
+
+
+def test_a_short_job_trains_the_default_plan_from_its_first_step_with_nothing_measured_before(
+        tmp_path, small_corpus, cpu, monkeypatch):
+    monkeypatch.setattr(run_module, "RealMeasurer", lambda *a, **k: pytest.fail("measured before training"))
+    monkeypatch.setattr(run_module, "tune", lambda *a, **k: pytest.fail("tuned a job too short to pay for it"))
+    report = run_module.run(tiny(small_corpus), cpu, steps=12, run_dir=tmp_path / "run", progress=False,
+                            console=QUIET, try_compile=False)
+    assert report.trained == "default" and report.tuned is None and report.comparison is None
+    assert report.training.finished and report.training.steps == 12 and report.training.plan.name == "default"
+    assert report.tuning.why.startswith("not tuned: the training is predicted at")
+    assert "measured over its steps 5-9" in report.tuning.why
+    assert [r.label for r in report.rows] == ["training run"]
+    doc = json.loads((tmp_path / "run" / "comparison.json").read_text())
+    assert doc["trained"] == "default" and doc["side_by_side"] is None
+    assert doc["reason"].startswith("no side-by-side: the job is too short to pay for measuring naive")
+    assert doc["verdicts"] == ["no before/after: the job is too short to pay for measuring naive beside the default "
+                               "plan"]
+    assert doc["timing"]["tuning_s"] == 0.0 and doc["timing"]["predicted_training_s"] > 0
+
+
+def test_a_long_job_pauses_after_its_first_steps_is_tuned_and_goes_on_from_there(tmp_path, small_corpus, cpu,
+                                                                                monkeypatch):
+    workload = tiny(small_corpus)
+    found = Plan(micro_batch=4, grad_accum=2, name="tuned")
+    tuned = []
+
+    def fake_tune(w, hw, dist, refs, **kw):  # what _tune returns, without the search
+        tuned.append(kw["steps"])
+        return run_module.Tuning(found, None, 1.5, 30.0, "tuning budget 30 s")
+
+    monkeypatch.setattr(first_steps, "tuning_budget", lambda predicted: (30.0, 60.0))  # long enough to tune
+    monkeypatch.setattr(run_module, "_tune", fake_tune)
+    monkeypatch.setattr(run_module, "side_by_side", lambda *a, **k: (None, Sizing([], 2, 0.5, False, 0.0, None,
+                                                                                  skipped="not measured here")))
+    report = run_module.run(workload, cpu, steps=16, run_dir=tmp_path / "run", progress=False, console=QUIET,
+                            try_compile=False)
+    assert tuned == [16] and report.trained == "tuned"
+    assert report.training.finished and report.training.steps == 16 and report.training.plan.micro_batch == 4
+    assert "the first 9 with the default plan" in report.rows[-1].note
+    assert report.tuning.seconds == 1.5 and report.timing["first_steps_s"] > 0  # its steps are training, not tuning
+    assert Plan.load(tmp_path / "run" / "plan.toml").micro_batch == 4
