@@ -159,6 +159,9 @@ def fake_run(monkeypatch, tmp_path):
 
     monkeypatch.setattr(run_module, "_tune", fake_tune)
     monkeypatch.setattr(run_module, "train", fake_train)
+    # Of the side-by-side after tuning: the default plan's first steps, which decide whether to tune, are not run
+    # here (tests/run/test_first_steps.py); as for a cached plan, run() goes to _tune at once.
+    monkeypatch.setattr(run_module, "cache_holds", lambda *a: True)
 
     options = {"tuned_is_naive": False}
 
