@@ -361,6 +361,21 @@ def test_run_under_torchrun_tunes_compares_and_trains_as_one_job(tmp_path, corpu
     assert len(cached) == 1  # kept apart from a one-process plan
 
 
+
+@pytest.mark.slow
+def test_run_under_torchrun_with_nothing_cached_trains_the_default_plan_at_once_on_every_rank(tmp_path, corpus, env):
+    """No --budget and no plan cached: the default plan trains from its first step over both processes; rank 0's
+    prediction from its first steps (too short to tune) reaches every rank, so none waits for a tuning."""
+    run_dir = tmp_path / "run"
+    done = run(torchrun("-m", "saturate", "run", "--data", str(corpus), *TINY, "--effective-batch", "8", "--steps",
+                        "12", "--no-compile", "--no-progress", "--run-dir", str(run_dir)), short(env))
+    out = done.stdout
+    assert out.count("not tuned: the training is predicted at") == 1, out[-3000:]  # said once, by rank 0
+    comparison = json.loads((run_dir / "comparison.json").read_text())
+    assert comparison["processes"] == 2 and comparison["trained"] == "default"
+    assert comparison["tuning"]["label"] == "default" and not (run_dir / "tune").exists()
+    assert Plan.load(run_dir / "plan.toml").strategy == "ddp" and max(losses(run_dir)) == 12
+
 OPTIMIZER_OOM_ON_RANK_1 = textwrap.dedent("""
     import os, sys
     from saturate.engine import step as step_module

@@ -197,6 +197,10 @@ class ConsoleSink:
         """The summary table; the trainer has already closed this sink (the progress bar is gone)."""
         if not self.enabled:
             return
+        if getattr(result, "paused", False):  # to be continued in this process: one line, no summary
+            self.console.print(f"paused at step {result.steps} of {result.total_steps} "
+                               f"({result.train_seconds:.1f} s in steps), checkpointed")
+            return
         t = Table(title="run summary (measured in this run)", show_header=False)
         t.add_column(no_wrap=True)
         t.add_column(overflow="fold")  # a long path breaks onto the next line, never cut to "…"

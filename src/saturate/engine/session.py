@@ -185,9 +185,10 @@ class Training:
 def _precision_guard(workload: Workload, plan: Plan, cfg: RunConfig, step: int,
                      device: torch.device) -> PrecisionGuard | None:
     """The lower precision's check over the first steps (precision_guard.py), on the first micro-batch this session
-    trains on (rank 0's: every rank checks the same samples); None when it is not wanted."""
+    trains on (rank 0's: every rank checks the same samples); None when it is not wanted, and under FSDP, whose
+    mixed-precision policy is set when the model is sharded (the default plan never shards)."""
     wanted = cfg.guard_precision if cfg.guard_precision is not None else needs_guard(plan)
-    if not wanted or plan.precision == "fp32":
+    if not wanted or plan.precision == "fp32" or plan.strategy == "fsdp":  # FSDP fixes its dtypes when it shards
         return None
     first = next(iter(make_loader(workload.train_data, plan.replace(num_workers=0), start_step=step)))
     return PrecisionGuard(to_device(first, device, False), workload.loss_fn)

@@ -298,7 +298,7 @@ def _finish(t: Training) -> RunResult:
         train_loss=t.train_loss, val_loss=t.val_loss, checkpoint=t.last_ckpt, weights=weights,
         stopped_early=t.step < t.total_steps, interrupted=t.stop.interrupted,
         stop_signal=t.stop.signal_name, notes=t.notes, stop_reason=_stop_reason(t), finished=_done(t),
-        metrics=t.extra_metrics,
+        metrics=t.extra_metrics, paused=t.paused is not None,
     )
     fill_summary(result, t.workload, t.effective, t.step - t.start_step, t.peak, t.device, t.run_dir, t.dist)
     t.console.finish(result)

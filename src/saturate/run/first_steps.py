@@ -27,6 +27,7 @@ from typing import Any
 
 from rich.console import Console
 
+from saturate.engine.distributed import DistInfo, broadcast_object
 from saturate.engine.trainer import SIZE_AFTER, RunConfig, RunResult, train
 from saturate.plan import Plan, informed_summary
 from saturate.run.informed import informed_plan
@@ -52,11 +53,11 @@ class FirstSteps:
         return self.to_tune and not self.result.finished and not self.result.interrupted
 
 
-def train_first(workload: Workload, hw: Any, world_size: int, steps: int, config: RunConfig,
+def train_first(workload: Workload, hw: Any, dist: DistInfo, steps: int, config: RunConfig,
                 console: Console) -> FirstSteps:
     """Train the default plan for `steps`, pausing after its first steps when they predict a job long enough to
-    tune (module docstring)."""
-    plan = informed_plan(workload, hw, world_size, None).replace(name="default")
+    tune (module docstring). Under torchrun rank 0 decides (train's on_sized), and every rank learns it."""
+    plan = informed_plan(workload, hw, dist.world_size, None).replace(name="default")
     console.print(f"no plan cached for this job: training the default plan at once, {informed_summary(plan)}; its "
                   f"first steps check its precision and predict the job", highlight=False)
     out = FirstSteps(plan, None, 0.0)  # type: ignore[arg-type]
@@ -81,6 +82,8 @@ def train_first(workload: Workload, hw: Any, world_size: int, steps: int, config
     out.result = train(workload, plan, dataclasses.replace(config, guard_precision=True), hardware=hw,
                        on_sized=sized)
     out.seconds = time.monotonic() - started
+    out.step_s, out.predicted_s, out.why, out.to_tune = broadcast_object(
+        (out.step_s, out.predicted_s, out.why, out.to_tune) if dist.is_main else None)
     if out.step_s is None:
         out.why = f"not tuned: the job ended ({out.result.steps} steps) before its first steps were timed"
     return out

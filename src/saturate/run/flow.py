@@ -161,7 +161,7 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
         first = None
         if budget_s is None and minutes is None and not allow_batch_change and not broadcast_object(
                 cache_holds(workload, hw, dist.world_size, try_compile) if dist.is_main else None):
-            first = train_first(workload, hw, dist.world_size, n_steps, config, console)  # first_steps.py
+            first = train_first(workload, hw, dist, n_steps, config, console)  # first_steps.py
         if first is not None and not first.paused:  # the whole job (too short to tune), or stopped by a signal
             tuning, cmp, sizing, trained, verdicts, notes = _untuned_first(first)
             timing = {"tuning_s": 0.0, "side_by_side_s": 0.0, "setup_s": tuning_started - started,
