@@ -9,7 +9,9 @@ warm-up steps), the same text and the same locally trained 2000-token BPE — ru
   lightning    a LightningModule around the same model: `Tuner.scale_batch_size` (power, from 2, up to the job's
                32: max_trials 5), `precision="bf16-mixed"`
   saturate     `python -m saturate run --hf DIR --data train.txt --param seq_len=128 --effective-batch 32 --steps N`
-               (no cached plan: each run starts from an empty SATURATE_CACHE plans folder)
+               (no cached plan: each run starts from an empty SATURATE_CACHE — saturate's first run on the machine)
+  saturate-known  the same, its SATURATE_CACHE holding only the machine's matmul peaks (measured once before the
+               rounds): a user who has run saturate on this machine before, not on this job (no plan, no tokens)
 
 Each is a fresh process; the wall time is from its start to its exit (imports, data, tuning, training, saving
 where the tool saves by default). Contestants run in interleaved rounds (the order rotates each round) so a slow
@@ -26,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -97,8 +100,8 @@ print("RESULT", {"loss": float(trainer.callback_metrics["loss"]), "train_s": tim
                  "batch_size": m.batch_size})
 """
 
-CONTESTANTS = ("hf-fp32", "hf-bf16", "hf-auto", "lightning", "saturate")
-PEERS = CONTESTANTS[:-1]
+CONTESTANTS = ("hf-fp32", "hf-bf16", "hf-auto", "lightning", "saturate", "saturate-known")
+PEERS = CONTESTANTS[:4]
 
 
 def prepare(folder: Path) -> None:
@@ -122,7 +125,9 @@ def command(name: str, steps: int, folder: Path) -> list[str]:
             "--run-dir", f"run-{time.monotonic_ns()}", "--no-progress", "--json"]
 
 
-def contest(name: str, steps: int, folder: Path, cache: Path) -> dict:
+def contest(name: str, steps: int, folder: Path, cache: Path, peaks: Path | None = None) -> dict:
+    if name == "saturate-known" and peaks is not None:  # the peaks, as a second job on this machine finds them
+        shutil.copytree(peaks, cache / "peaks", dirs_exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "SATURATE_CACHE": str(cache),
            "PYTHONPATH": str(ROOT / "src")}
     t = time.perf_counter()
@@ -132,7 +137,7 @@ def contest(name: str, steps: int, folder: Path, cache: Path) -> dict:
     if out.returncode != 0:
         row["error"] = (out.stderr.strip().splitlines() or ["?"])[-1][:300]
         return row
-    if name == "saturate":
+    if name.startswith("saturate"):
         doc = json.loads(out.stdout)
         tr = doc.get("training") or {}
         p = tr.get("plan") or {}
@@ -150,11 +155,19 @@ def run(a: argparse.Namespace) -> None:
     folder = Path(a.dir).resolve()
     names = [n for n in a.contestants.split(",")]
     rows: list[dict] = []
+    peaks = None
+    if "saturate-known" in names:  # measured once, outside every contestant's wall time
+        machine = folder / "cache-machine"
+        subprocess.run([PY, "-m", "saturate", "probe"], env={**os.environ, "SATURATE_CACHE": str(machine),
+                                                              "PYTHONPATH": str(ROOT / "src")},
+                       check=True, capture_output=True)
+        peaks = machine / "peaks"
     for r in range(a.rounds):
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order:
             cache = folder / f"cache-{r}-{name}"  # no plan cached from an earlier run: saturate tunes each time
-            row = contest(name, a.steps, folder, cache) | {"round": r}
+            shutil.rmtree(cache, ignore_errors=True)  # nor a token cache from an earlier invocation of this bench
+            row = contest(name, a.steps, folder, cache, peaks) | {"round": r}
             rows.append(row)
             print(f"round {r + 1}/{a.rounds} {name:10s} wall {row['wall_s']:6.1f} s  rc {row['rc']}  "
                   f"loss {row.get('loss')}  {row.get('error', '')}", flush=True)
