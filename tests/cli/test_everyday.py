@@ -147,7 +147,9 @@ def test_run_json(tmp_path, small_corpus, capsys, quick_trials):
     out, _ = capsys.readouterr()
     doc = json.loads(out)
     assert {"rows", "tuned", "training", "run_dir"} <= set(doc)
-    assert doc["training"]["steps"] == 2 and doc["rows"][0]["label"] == "naive"
+    # Two steps, nothing cached: the default plan trains at once, nothing measured before it (no naive row)
+    assert doc["training"]["steps"] == 2 and [r["label"] for r in doc["rows"]] == ["training run"]
+    assert doc["trained"] == "default" and doc["tuning"]["why"].startswith("not tuned: the job ended (2 steps)")
 
 
 def test_quiet_train_prints_only_the_summary(tmp_path, small_corpus, capsys):
