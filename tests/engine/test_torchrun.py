@@ -367,8 +367,9 @@ def test_run_under_torchrun_with_nothing_cached_trains_the_default_plan_at_once_
     """No --budget and no plan cached: the default plan trains from its first step over both processes; rank 0's
     prediction from its first steps (too short to tune) reaches every rank, so none waits for a tuning."""
     run_dir = tmp_path / "run"
+    own = {**short(env), "SATURATE_CACHE": str(tmp_path / "cache")}  # no plan another test here cached for this job
     done = run(torchrun("-m", "saturate", "run", "--data", str(corpus), *TINY, "--effective-batch", "8", "--steps",
-                        "12", "--no-compile", "--no-progress", "--run-dir", str(run_dir)), short(env))
+                        "12", "--no-compile", "--no-progress", "--run-dir", str(run_dir)), own)
     out = done.stdout
     assert out.count("not tuned: the training is predicted at") == 1, out[-3000:]  # said once, by rank 0
     comparison = json.loads((run_dir / "comparison.json").read_text())
