@@ -190,7 +190,7 @@ def _precision_guard(workload: Workload, plan: Plan, cfg: RunConfig, step: int,
     wanted = cfg.guard_precision if cfg.guard_precision is not None else needs_guard(plan)
     if not wanted or plan.precision == "fp32" or plan.strategy == "fsdp":  # FSDP fixes its dtypes when it shards
         return None
-    first = next(iter(make_loader(workload.train_data, plan.replace(num_workers=0), start_step=step)))
+    first = next(iter(make_loader(workload.train_data, plan.replace(num_workers=0), start_step=step, pin_memory=False)))
     return PrecisionGuard(to_device(first, device, False), workload.loss_fn)
 
 
