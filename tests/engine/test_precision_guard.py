@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from saturate.engine.checkpoint import load_checkpoint
-from saturate.engine.precision_guard import GUARD_STEPS, drift, needs_guard
+from saturate.engine.precision_guard import GUARD_STEPS, loss_drift, needs_guard
 from saturate.engine.trainer import SIZE_AFTER, SIZE_STEPS, RunConfig, train
 from saturate.plan import INFORMED, Plan
 from saturate.workloads import build_workload
@@ -36,9 +36,9 @@ def test_only_a_lower_precision_chosen_from_the_hardware_and_not_yet_checked_is_
 
 
 def test_drift_is_a_share_of_the_loss_scale_and_infinite_for_a_non_finite_loss():
-    assert drift([5.0, 4.0], [5.0, 4.1]) == pytest.approx(0.1 / 5.0)
-    assert drift([5.0, float("nan")], [5.0, 4.0]) == math.inf
-    assert drift([], []) == math.inf
+    assert loss_drift([5.0, 4.0], [5.0, 4.1]) == pytest.approx(0.1 / 5.0)
+    assert loss_drift([5.0, float("nan")], [5.0, 4.0]) == math.inf
+    assert loss_drift([], []) == math.inf
 
 
 def test_a_chosen_bf16_is_checked_in_its_first_steps_and_kept_when_it_agrees(tmp_path, small_corpus, cpu):

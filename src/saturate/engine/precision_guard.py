@@ -5,7 +5,7 @@ taken from the training itself rather than from a separate short run: before eac
 optimizer steps, one micro-batch (the run's first: the samples its first step trains on) goes through the model
 twice at the weights of that moment, under no_grad and in eval mode (no dropout) — in the plan's precision and in
 fp32. Their losses must agree within `LOSS_TOLERANCE` of the loss's scale (the larger of fp32's loss there and its
-first, as the tuner's `loss_drift`); when they do not, the run goes on in fp32 from the next step, the plan
+first: `loss_drift`, the tuner's check too); when they do not, the run goes on in fp32 from the next step, the plan
 (plan.toml, the checkpoints') saying so. When they do, the plan's provenance records the figure.
 
 Why losses at the same weights and not two short runs' curves (the tuner's check, and this guard before): the
@@ -43,13 +43,22 @@ def needs_guard(plan: Plan) -> bool:
         and "measured" not in why.replace(INFORMED, "")
 
 
-def drift(losses: list[float], reference: list[float]) -> float:
-    """Largest difference between two lists of losses, as a share of the loss's scale (the larger of the
-    reference's loss there and its first); infinite when a loss is not finite."""
-    if not losses or not all(math.isfinite(x) for x in losses + reference):
-        return math.inf
+def loss_drift(losses: list[float], reference: list[float]) -> float:
+    """Largest per-step difference between two loss curves, as a share of the loss's scale.
+
+    The scale at a step is the larger of the reference's loss there and its first loss: early on
+    this is the relative difference, and once the loss has fallen near zero (a ResNet at ~0.1 from
+    2.3) a difference of 0.04 counts as 0.04 / 2.3 = 1.7 %, not as 40 % of a tiny number — both
+    runs learned the same thing. A lower precision that diverges (its loss stops falling or grows)
+    differs by a large share of the first loss and is still caught; a non-finite loss is infinite.
+    """
+    n = min(len(losses), len(reference))
+    if n == 0:
+        return float("inf")
+    if not all(math.isfinite(x) for x in losses[:n]):
+        return float("inf")
     first = abs(reference[0])
-    return max(abs(a - b) / max(abs(b), first, 1e-8) for a, b in zip(losses, reference, strict=False))
+    return max(abs(a - b) / max(abs(b), first, 1e-8) for a, b in zip(losses[:n], reference[:n], strict=True))
 
 
 class PrecisionGuard:
@@ -78,7 +87,7 @@ class PrecisionGuard:
 
     def verdict(self, plan: Plan) -> tuple[Plan, str]:
         """The plan to go on with (fp32 when the lower precision drifted) and the line that says why."""
-        d, n = drift(self.low, self.fp32), len(self.low)
+        d, n = loss_drift(self.low, self.fp32), len(self.low)
         prov = dict(plan.provenance or {})
         if d <= self.tolerance:
             prov["precision"] = (f"{prov.get('precision', plan.precision)}; at the weights of its first {n} steps "

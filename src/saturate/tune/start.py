@@ -16,8 +16,7 @@ With a naive base (fp32, unfused: the tests' `Plan()`), this is the climb it alw
 
 from __future__ import annotations
 
-import math
-
+from saturate.engine.precision_guard import loss_drift  # the tuner's check, shared with training's guard
 from saturate.engine.step import own_threads
 from saturate.errors import SaturateError
 from saturate.plan import Plan
@@ -238,21 +237,3 @@ def tf32(st: SearchState, best: Trial, said: list[str]) -> Trial:
         st.measured("tf32", f"{'' if kept else ('on' if best.plan.tf32 else 'off') + ': '}{label} measured "
                     f"{c.text()}", kept=kept)
     return best
-
-
-def loss_drift(losses: list[float], reference: list[float]) -> float:
-    """Largest per-step difference between two loss curves, as a share of the loss's scale.
-
-    The scale at a step is the larger of the reference's loss there and its first loss: early on
-    this is the relative difference, and once the loss has fallen near zero (a ResNet at ~0.1 from
-    2.3) a difference of 0.04 counts as 0.04 / 2.3 = 1.7 %, not as 40 % of a tiny number — both
-    runs learned the same thing. A lower precision that diverges (its loss stops falling or grows)
-    differs by a large share of the first loss and is still caught; a non-finite loss is infinite.
-    """
-    n = min(len(losses), len(reference))
-    if n == 0:
-        return float("inf")
-    if not all(math.isfinite(x) for x in losses[:n]):
-        return float("inf")
-    first = abs(reference[0])
-    return max(abs(a - b) / max(abs(b), first, 1e-8) for a, b in zip(losses[:n], reference[:n], strict=True))
