@@ -5,7 +5,7 @@
 #   bash bench/gpu_session.sh                 # every section, in order (about 25 minutes)
 #   bash bench/gpu_session.sh tests small     # some sections
 #
-# Sections: env tests small mfu profile tuner doctor fsdp hf script train.
+# Sections: env tests newtests small mfu profile tuner tuner124 doctor fsdp hf script train.
 # The lent image has torch but not every dependency (tomli-w is missing there): carry wheels in
 # .whl/ as the device README explains; they are installed to /tmp/site first when present.
 set -uo pipefail
@@ -38,6 +38,9 @@ for s in $sections; do
     tests)
       TAIL=40 section pytest_gpu 420 python3 -m pytest -q -m gpu ${TESTS:-tests} --ignore=tests/test_layout.py \
         -p no:cacheprovider --timeout 150 -rfEs ;;
+    newtests)  # only the GPU tests of what was built since the last GPU session (a short call's first check)
+      TAIL=15 section pytest_gpu_new ${NEWTESTS_LIMIT:-90} python3 -m pytest -q -m gpu tests/run/test_first_steps_gpu.py \
+        -p no:cacheprovider --timeout 80 -rfEs ;;
     small)  # gpt-small as the repo trains it (byte vocabulary), compile vs eager
       section gpu_small 300 python3 bench/gpu_small.py --rounds 2 --steps 20 --warmup 10 --json "$out/gpu_small.json" ;;
     mfu)  # the GPT-2 124M shape nanoGPT and llm.c report (vocabulary 50257 padded to 50304)
@@ -48,7 +51,10 @@ for s in $sections; do
       section gpu_profile 240 python3 bench/gpu_profile.py --micro ${MICRO:-16} --json "$out/gpu_profile.json" ;;
     tuner)
       section tuner ${TUNER_LIMIT:-330} python3 bench/tuner.py --preset gpt-small --device cuda --no-grid --rounds 2 --steps 10 \
-        --warmup 3 --json "$out/tuner_gpu.json" ;;
+        --warmup 3 ${TUNER_ARGS:-} --json "$out/tuner_gpu.json" ;;
+    tuner124)  # the GPT-2 124M shape (vocabulary 50257 -> 50304) with saturate tune choosing the plan, against a6000-after
+      section tuner_124m ${TUNER124_LIMIT:-330} python3 bench/tuner.py --preset gpt-small --vocab 50257 --device cuda \
+        --no-grid --no-naive --budget ${BUDGET124:-150} --rounds 2 --steps 8 --warmup 3 --json "$out/tuner_124m.json" ;;
     doctor)  # constructed GPU cases: the top fix's predicted gain against its measured gain after applying it
       section doctor_predictions 420 python3 bench/doctor_predictions.py --device cuda --rounds 2 \
         --json "$out/doctor_predictions.json" ;;

@@ -69,28 +69,39 @@ def main() -> int:
     ap.add_argument("--device")
     ap.add_argument("--no-grid", action="store_true", help="only the speed-up part")
     ap.add_argument("--planned-steps", type=int, help="steps the tuned plan is for (default: the preset's)")
+    ap.add_argument("--vocab", type=int, help="a GPT preset's vocabulary instead of the byte tokenizer's "
+                    "(50257: the GPT-2 124M shape llm.c and nanoGPT report)")
+    ap.add_argument("--budget", type=float, help="the tuning budget in seconds (default: none, the search ends itself)")
+    ap.add_argument("--no-naive", action="store_true", help="leave the naive plan out of the side by side "
+                    "(ratios are then to the first plan left)")
     bench.add_run_args(ap, steps=8, warmup=2, rounds=3)
     args = ap.parse_args()
 
     hw = probe(measure_peaks=False, device=args.device)
     workload = build_workload(args.preset, seed=args.seed)
+    if args.vocab:
+        from gpu_small import with_vocab
+        workload = with_vocab(workload, args.vocab)
     console = Console(width=160)
     print(f"# {args.preset} on {bench.device_label(hw)}, {time.strftime('%Y-%m-%d')}")
     result: dict = {"environment": bench.environment(hw), "preset": args.preset}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         tuned = tune(workload, hw, out_dir=tmp / "tune", planned_steps=args.planned_steps, console=console,
-                     use_cache=False)
-        plans = {label: plan for label, plan in reference_plans(workload, hw.device_type)}
+                     use_cache=False, budget_s=args.budget)
+        plans = {label: plan for label, plan in reference_plans(workload, hw.device_type)
+                 if not (args.no_naive and label == "naive")}
         plans["tuned"] = tuned.plan
         tps = side_by_side(workload, hw, plans, args)
-        ratios = bench.ratios_to(tps, "naive")
+        base = next(iter(plans))
+        ratios = bench.ratios_to(tps, base)
         rows = [[n, plans[n].precision, f"{plans[n].micro_batch}×{plans[n].grad_accum}",
                  bench.Spread.of(v).fmt(",.0f"), ratios[n].fmt(".2f", unit="×")] for n, v in tps.items()]
         bench.print_table("Tokens/s through train(), interleaved rounds (median (min..max))",
-                          ["plan", "precision", "micro×accum", "tokens/s", "× naive (per round)"], rows,
+                          ["plan", "precision", "micro×accum", "tokens/s", f"× {base} (per round)"], rows,
                           footer=bench.tuning_footer(tuned))
-        result["speedup"] = {"tokens_per_s": tps, "ratio_to_naive": {n: r.to_dict() for n, r in ratios.items()},
+        result["speedup"] = {"tokens_per_s": tps, "ratio_base": base,
+                             "ratio_to_naive": {n: r.to_dict() for n, r in ratios.items()},
                              **bench.tuning_json(tuned), "tuned_plan": tuned.plan.to_dict() | {"provenance": None}}
         if not args.no_grid:
             nocompile = tune(workload, hw, out_dir=tmp / "tune-nc", planned_steps=args.planned_steps,
