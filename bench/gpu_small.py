@@ -37,6 +37,7 @@ from saturate.hardware import measure_matmul_peak, probe
 from saturate.hardware.mfu import mfu
 from saturate.plan import Plan
 from saturate.workloads import Workload
+from saturate.workloads.chunked_loss import chunk_rows
 from saturate.workloads.gpt import GPT, GPTConfig, flops_per_token
 
 GOAL_MFU = 0.45
@@ -49,10 +50,12 @@ def _mfu_spread(achieved: list[float], peak: float | None, source: str) -> bench
 
 
 def with_vocab(workload: Workload, vocab: int) -> Workload:
-    """The workload with its GPT's vocabulary set to `vocab` (padded to 64 by the model); FLOPs follow."""
+    """The workload with its GPT's vocabulary set to `vocab` (padded to 64 by the model); FLOPs and the chunked
+    loss's rows follow (before 2026-11-27 the rows stayed the byte vocabulary's, so the tuner never tried chunks)."""
     cfg = GPTConfig(**{**workload.identity["model"], "vocab_size": vocab})
     return dataclasses.replace(workload, build_model=lambda: GPT(cfg),
                                flops_per_sample=flops_per_token(cfg) * cfg.seq_len,
+                               loss_chunk_rows=chunk_rows(cfg.padded_vocab),
                                identity={**workload.identity, "model": cfg.to_dict()})
 
 

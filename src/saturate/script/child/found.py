@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 import traceback
 import weakref
 from typing import Any
@@ -61,12 +62,24 @@ def loader_settings(loader: Any) -> dict[str, Any]:
             "sets_batch_size": loader.batch_size is not None}  # False: batches from a batch_sampler of its own
 
 
+# The standard library's folders: under a virtual environment sys.prefix is the environment's, and the standard
+# library lives under the base interpreter's (sys.base_prefix: /usr/lib/python3.12 on the GPU image, whose
+# CUDA sync warnings were placed at warnings.py instead of the user's loss.item()).
+STDLIB = tuple(sorted({os.path.join(p, "lib") + os.sep for p in (sys.prefix, sys.base_prefix)}
+                      | {os.path.dirname(sysconfig.get_paths()["stdlib"]) + os.sep}))
+
+
+def is_stdlib(filename: str) -> bool:
+    """Whether a frame's file is the standard library's (not a package installed beside it)."""
+    return filename.startswith(STDLIB) and "-packages" not in filename
+
+
 def caller_site() -> str | None:
     """`file.py:line` of the innermost frame that is the user's code (not torch's, a library's or ours)."""
     skip = ("site-packages", "dist-packages", f"{os.sep}torch{os.sep}", f"{os.sep}saturate{os.sep}")
     for frame in reversed(traceback.extract_stack()[:-1]):
         name = frame.filename
-        if name.startswith("<") or any(s in name for s in skip) or name.startswith(sys.prefix + os.sep + "lib"):
+        if name.startswith("<") or any(s in name for s in skip) or is_stdlib(name):
             continue
         return f"{shown_path(name)}:{frame.lineno}"
     return None
@@ -82,8 +95,7 @@ def read_site() -> str | None:
     for frame in reversed(traceback.extract_stack()[:-1]):
         name = frame.filename
         library = any(s in name for s in libraries)
-        stdlib = name.startswith(sys.prefix + os.sep + "lib") and not library
-        if name.startswith("<") or stdlib or any(s in name for s in ours):
+        if name.startswith("<") or is_stdlib(name) or any(s in name for s in ours):
             continue
         if library:
             if inner is None:
