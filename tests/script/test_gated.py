@@ -29,9 +29,14 @@ from saturate.script.script_trial import ScriptTrial
 from saturate.stats.comparison import Verdict
 
 
-def test_only_one_process_on_a_cpu_is_gated():
+def test_one_process_is_gated_on_a_cpu_and_on_a_gpu_where_two_runs_fit_in_its_memory():
     assert can_gate(["python", "train.py"], "cpu", 1) is None
-    assert "memory" in can_gate(["python", "train.py"], "cuda", 1)
+    assert "not read" in can_gate(["python", "train.py"], "cuda", 1)
+    gib = 2**30
+    assert can_gate(["python", "train.py"], "cuda", 1, device_peak=gib, device_total=80 * gib) is None
+    why = can_gate(["python", "train.py"], "cuda", 1, device_peak=12 * gib, device_total=80 * gib)
+    assert "12.00 GiB of 80.00 GiB, more than 1/8" in why
+    assert "several processes" in can_gate(["python", "train.py"], "cuda", 2, device_peak=gib, device_total=80 * gib)
     assert "several processes" in can_gate(["torchrun", "--nproc_per_node=2", "train.py"], "cpu", 1)
     assert "several processes" in can_gate(["python", "train.py"], "cpu", 2)
 

@@ -286,3 +286,53 @@ def test_without_samples_counted_the_spread_goes_with_the_step_time():
     text = console.export_text()
     assert "- (no DataLoader)" in text and " ±10.0 %" in text
     assert not any(line.split()[2:3] == ["±10.0"] for line in text.splitlines() if line.startswith("as written"))
+
+
+class GpuMachine(NoisyMachine):
+    """NoisyMachine on a GPU, the script as written using `peak_gib` of an 80-GiB device."""
+
+    def __init__(self, peak_gib: float, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.peak_gib = peak_gib
+
+    def __call__(self, command: list[str], settings: ChildSettings, **kw: Any) -> ScriptRun:
+        run = super().__call__(command, settings, **kw)
+        run.report["measurements"].update(device_type="cuda", device_mem_peak=int(self.peak_gib * 2**30),
+                                          device_mem_total=80 * 2**30)
+        return run
+
+
+def test_on_a_gpu_a_small_script_is_paired_and_a_candidate_out_of_memory_beside_the_parked_run_is_tried_alone(
+        monkeypatch):
+    from saturate.script import tune_script
+    from saturate.script.command import ScriptFailed
+
+    opened, closed, alive = [], [], set()
+
+    class OneRunFits:  # one run alone fits the GPU; a second beside a parked one runs out of its memory
+        def __init__(self, name: str, overrides: Any, *a: Any, **kw: Any) -> None:
+            self.name, self.overrides = name, overrides
+
+        def open(self) -> ScriptTrial:
+            opened.append(self.name)
+            if alive:
+                raise ScriptFailed("torch.OutOfMemoryError: CUDA out of memory", out_of_memory=True)
+            alive.add(self)
+            return ScriptTrial(self.name, self.overrides, 0.1, None, 0.5, 10)
+
+        def close(self) -> None:
+            closed.append(self.name)
+            alive.discard(self)
+
+    monkeypatch.setattr(tune_script, "Gated", OneRunFits)
+    tuning = tune_command(["python", "train.py"], runner=GpuMachine(1.0, gain=0.40, noise=0.0), cores=1,
+                          paired=True, confirm=False, supports={})
+    assert tuning.paired is None  # 1 GiB of 80: gated
+    workers = next(t for t in tuning.trials if t.name == "1 workers")
+    assert opened[:2] == ["as written", "1 workers"] and "as written" in closed  # the parked run let go first
+    assert workers.outcome.startswith("kept: +40.0 %") and "so tried alone" in workers.outcome
+    assert tuning.best.overrides.loader.get("num_workers")
+
+    big = tune_command(["python", "train.py"], runner=GpuMachine(20.0, gain=0.40, noise=0.0), cores=1,
+                       paired=True, confirm=False, supports={})
+    assert "more than 1/8" in big.paired and big.best.name != "as written"  # alone, as before

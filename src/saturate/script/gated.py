@@ -23,8 +23,15 @@ Each window's load from other processes is read by the parent (`ContentionMeter`
 children, so neither counts as a neighbour); a pair whose two windows saw the load differ by `UNEVEN_CORES` or
 more (a burst began or ended between them) is left out of the decision while `MIN_PAIRS` even pairs remain.
 
-Used on a CPU, for a command of one process (no launcher): two runs holding a GPU's memory at once could run out
-of memory where one alone fits, and a launcher's ranks wait in collectives for each other.
+Used for a command of one process (no launcher: its ranks wait in collectives for each other), on a CPU, and on a
+GPU when the script as written used at most 1/8 of the device's memory (`can_gate`): two runs hold it at once, and a
+candidate may need several times as much (a larger micro-batch). On a GPU each window ends with the device's queue
+drained (`child/trial_windows.device_sync`), so a parked run's kernels do not run during the other's window; a
+candidate that runs out of device memory beside the parked run is tried again alone (`tune_script`). Why pair on
+a GPU too: the first H100 tuning of guide 1's script (2026-11-27, one process per trial, quiet machine) read fused
+AdamW -22 % "beyond noise (±1.6 %)" in one tuning and +15 % "beyond noise (±3.6 %)" in the next; the script as
+written read 0.093 and 0.107 s/step: a sync-bound run's speed moves with the process, which one trial per setting
+cannot see.
 """
 
 from __future__ import annotations
@@ -52,15 +59,24 @@ from saturate.stats.noise import WindowRule, summarize
 from saturate.stats.pairs import MAX_PAIRS, MIN_PAIRS, ended_comparison, pair_order, paired_comparison, settled
 
 UNEVEN_CORES = 0.5  # a pair whose windows' neighbour load differs by this many cores is left out of the decision
+GPU_SHARE = 8  # on a GPU, gated when the script as written used at most 1/8 of the device's memory
 WINDOW_TIMEOUT_S = 300.0  # one window of steps this long means the run is stuck: it is stopped
 
 
-def can_gate(command: Sequence[str], device_type: str, world_size: int) -> str | None:
-    """Why the command's runs cannot be timed in alternating windows here, or None when they can."""
-    if device_type != "cpu":
-        return f"on {device_type} two runs at once could exceed the device's memory where one fits"
+def can_gate(command: Sequence[str], device_type: str, world_size: int, *, device_peak: int | None = None,
+             device_total: int | None = None) -> str | None:
+    """Why the command's runs cannot be timed in alternating windows here, or None when they can. On a GPU two runs
+    hold its memory at once: they are gated only when the script as written used at most 1/`GPU_SHARE` of it
+    (`device_peak` of `device_total` bytes), room for a candidate that needs several times as much beside it."""
     if world_size > 1 or os.path.basename(command[0]) in LAUNCHERS:
         return "a command of several processes: its ranks cannot be parked one at a time"
+    if device_type == "cpu":
+        return None
+    if device_peak is None or not device_total:
+        return f"on {device_type} two runs at once could exceed the device's memory (the script's use was not read)"
+    if device_peak * GPU_SHARE > device_total:
+        return (f"on {device_type} two runs at once could exceed the device's memory: the script as written used "
+                f"{device_peak / 2**30:.2f} GiB of {device_total / 2**30:.2f} GiB, more than 1/{GPU_SHARE}")
     return None
 
 

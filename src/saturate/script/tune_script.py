@@ -9,12 +9,13 @@ tuner's `stats.noise.WindowRule`), so a trial's step time is a median with a spr
 order, each kept only when faster than the best so far beyond both trials' spreads added and by at
 least `MIN_GAIN` (`stats.comparison.compare`; otherwise "within noise (±x %)"):
 
-On a CPU, for a command of one process, every such comparison is paired (`gated.py`): the best run so far and the
-candidate are alive at once and timed in alternating windows, and the median of the per-pair ratios and its interval
-decide (stats/pairs.py), so a neighbour's burst during one trial cannot pass for a gain; the best run stays alive
-for the next comparison. A tuning that kept a change then confirms it against the script as written, paired again
-(`confirm`), and keeps nothing it could not confirm. Elsewhere (a GPU, a launcher) trials run one after another
-and compare by their windows' spreads.
+For a command of one process, on a CPU and on a GPU where two runs fit in its memory (`gated.can_gate`), every such
+comparison is paired (`gated.py`): the best run so far and the candidate are alive at once and timed in alternating
+windows, and the median of the per-pair ratios and its interval decide (stats/pairs.py), so a neighbour's burst
+during one trial cannot pass for a gain; the best run stays alive for the next comparison. A tuning that kept a
+change then confirms it against the script as written, paired again (`confirm`), and keeps nothing it could not
+confirm. Elsewhere (a launcher, a GPU the script fills) trials run one after another and compare by their windows'
+spreads.
 
 For a Transformers `Trainer` or a Lightning `Trainer` (`trainer_stages`' stages, the knobs in each
 framework's terms from `frameworks.py`): precision, checked against the script's own first losses;
@@ -83,7 +84,10 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
     device = report["measurements"]["device_type"]
     if paired is None:
         paired = runner is run_instrumented
-    why = can_gate(command, device, int(report.get("world_size") or 1)) if paired else "not asked for"
+    m = report["measurements"]
+    why = can_gate(command, device, int(report.get("world_size") or 1),
+                   device_peak=m.get("device_mem_used_peak") or m.get("device_mem_peak"),
+                   device_total=m.get("device_mem_total")) if paired else "not asked for"
     result = ScriptTuning(list(run.command), base, base, [base], loaders=report.get("loaders", []),
                           device_type=device, trainer=report.get("trainer"), lightning=report.get("lightning"),
                           optimizer=report.get("optimizer"), rule=rule, paired=why)
@@ -210,12 +214,20 @@ class _Search:
         beyond both trials' spreads (`ScriptTrial.against`)."""
         if self.result.paired is None:
             return self._consider_paired(name, overrides, check)
+        return self._consider_alone(name, overrides, check)
+
+    def _consider_alone(self, name: str, overrides: Overrides, check: Callable[[ScriptTrial], str | None] | None,
+                        note: str = "") -> ScriptTrial:
+        """`consider` as a trial run alone, against the best so far's own trial (`note`: why, when it was meant to
+        be paired)."""
         try:
             t, _ = self.trial(name, overrides)
         except SaturateError as e:  # the script failed with this setting (out of memory, refused)
             t = self._failed(name, overrides, e)
         result = self.result
         result.trials.append(t)
+        if note:
+            t.note = f"{t.note}; {note}" if t.note else note
         if not t.ok:
             return t
         return self._decide(t, t.against(result.best), check)
@@ -245,6 +257,11 @@ class _Search:
                 raise SaturateError(refused)
         except SaturateError as e:  # the script failed with this setting (out of memory, refused)
             candidate.close()
+            if getattr(e, "out_of_memory", False) and result.device_type != "cpu":
+                # beside the parked best run on the same GPU: tried again alone, which is how it would train
+                self.close()
+                return self._consider_alone(name, overrides, check, f"out of device memory beside the parked best "
+                                            f"run, so tried alone: {e}")
             t = self._failed(name, overrides, e)
             result.trials.append(t)
             return t

@@ -23,6 +23,7 @@ Profiler's report is written when the gate is first reached, so the parent can r
 from __future__ import annotations
 
 import socket
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +47,7 @@ class StepWindows:
         self.gate: str | None = settings.pop("gate", None)
         self._gate: Any = None  # the connected socket's file, once the first window is asked for
         self.on_gate: Callable[[], None] = lambda: None  # called once, when the gate is first reached
+        self.sync: Callable[[], None] = device_sync  # gated: a window ends once its GPU work is done
         self.rule = WindowRule(**settings)
         self.clock, self._busy = clock, busy
         self.rates: list[float] = []  # steps per second, per window
@@ -64,6 +66,7 @@ class StepWindows:
         now = self.clock()
         if self._start is None:  # the end of the Profiler's last step: the windows begin here
             if self.gate is not None:
+                self.sync()  # nothing of this run's left queued on the GPU while the other run is timed
                 self.on_gate()
                 if not self._wait(GATE_READY):
                     return True
@@ -76,6 +79,9 @@ class StepWindows:
         if (self._size and k < self._size) or (not self._size and now - began < self.window_s):
             self._window = (began, k)
             return False
+        if self.gate is not None:
+            self.sync()
+            now = self.clock()
         self._size = self._size or k
         self.rates.append(k / max(now - began, 1e-9))
         if self.gate is not None:
@@ -147,3 +153,11 @@ class StepWindows:
         self.script_ended = True
         return (f"the script ended during the timed windows, after {len(self.rates)} complete window(s) "
                 f"of its steps")
+
+
+def device_sync() -> None:
+    """Wait for the GPU work this process queued (when it has used CUDA). A gated run's window ends here: its
+    kernels would otherwise run on while it is parked, during the other run's window, and count there."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
