@@ -5,7 +5,7 @@
 #   bash bench/gpu_session.sh                 # every section, in order (about 25 minutes)
 #   bash bench/gpu_session.sh tests small     # some sections
 #
-# Sections: env tests newtests small mfu profile tuner tuner124 doctor fsdp hf script train.
+# Sections: env tests newtests small mfu profile tuner tuner124 doctor fsdp hf script script_tune train.
 # The lent image has torch but not every dependency (tomli-w is missing there): carry wheels in
 # .whl/ as the device README explains; they are installed to /tmp/site first when present.
 set -uo pipefail
@@ -67,6 +67,9 @@ for s in $sections; do
         --json "$out/timeseries_gpu.json" ;;
     script)
       section doctor_script 150 python3 -m saturate doctor -- python3 examples/scripts/gpt_pretrain/train.py --max-steps 5000 ;;
+    script_tune)  # tune -- CMD on guide 1's script twice: paired on the GPU, the two tunings should agree
+      section tune_script_1 200 python3 -m saturate tune --json -- python3 examples/scripts/gpt_pretrain/train.py --max-steps 3000
+      section tune_script_2 200 python3 -m saturate tune --json -- python3 examples/scripts/gpt_pretrain/train.py --max-steps 3000 ;;
     train)
       section train_tuned 660 python3 -m saturate train --preset gpt-small --plan bench/plans/tuned_h100_gpt_small.toml \
         --minutes ${TRAIN_MINUTES:-10} --run-dir /tmp/tuned-run --no-progress --json ;;
