@@ -262,3 +262,15 @@ def test_the_chunked_loss_of_a_transformers_model_equals_its_own(folders, corpus
     model.config.final_logit_softcapping = 30.0  # logits that are not the plain projection: refused in one line
     with pytest.raises(ConfigError, match="plan.loss_chunk: GPT2LMHeadModel's logits are not .*softcapping"):
         model.set_loss_chunk(64)
+
+
+def test_a_batch_is_encoded_by_the_fast_backend_as_the_transformers_call_encodes_it(folders):
+    transformers = hf.transformers_module()
+    tok = transformers.AutoTokenizer.from_pretrained(folders["chat"])
+    wrapped = hf.HFTokenizer(tok, folders["chat"])
+    texts = ["def f(x):\n    return x\n", "<|endoftext|> and <|user|>hi<|end|>", "", "ünïcode  spaces\t\n"]
+    expected = [list(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]]
+    assert [list(a) for a in wrapped.encode_batch(texts)] == expected
+    tok.backend_tokenizer.enable_truncation(max_length=3)  # a backend setting the Transformers call switches off
+    assert [list(a) for a in wrapped.encode_batch(texts)] == [list(ids) for ids in tok(
+        texts, add_special_tokens=False)["input_ids"]] == expected

@@ -124,8 +124,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     with json_document(args) as emit, silenced(verbosity(args) < 0):  # -q: no live lines either
         console = _console(getattr(args, "wide", False))
-        with stage(console, "probing the machine (matmul peaks: measured once per machine)"):
-            hw = probe(measure_peaks=True, device=args.device)
+        # The matmul peaks only give MFU its denominator: the training measures its own precision's when it starts
+        # (once per machine, then stored: engine/summary.mfu_peak), not every precision's before anything (~1 s
+        # each on a 2-core CPU, paid by a job's first run on a machine); -v shows them all, so measures them all.
+        everything = verbosity(args) > 0
+        with stage(console, "probing the machine" + (" (matmul peaks: measured once per machine)" if everything
+                                                     else "")):
+            hw = probe(measure_peaks=everything, device=args.device)
         show_machine(args, hw)
         with stage(console, "preparing the workload (the corpus and its token cache)"):
             workload = workload_from_args(args)

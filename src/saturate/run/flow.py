@@ -142,7 +142,7 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
     from saturate.hardware import probe
 
     started = time.monotonic()
-    hw = hardware or probe(measure_peaks=True)
+    hw = hardware or probe(measure_peaks=False)  # MFU's peak: measured by the training for its precision
     made_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
     dist = init_distributed(torch.device(hw.torch_device).type)  # under torchrun: every rank, together
     console = console or tidy_console()

@@ -79,6 +79,13 @@ class HFTokenizer:
         return np.asarray(self.hf(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        # A fast tokenizer's Rust backend directly, when it would give what the Transformers call gives (no
+        # truncation or padding of its own, which the call would switch off): the call builds offsets, masks and a
+        # BatchEncoding per text, 1.9x the backend's time on the 1.1M-token peers corpus (3.7 s against 1.9 s).
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        if backend is not None and backend.truncation is None and backend.padding is None:
+            encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # fast: no offsets (tokenizers 0.21)
+            return [np.asarray(e.ids, dtype=np.int64) for e in encode(list(texts), add_special_tokens=False)]
         return [np.asarray(ids, dtype=np.int64) for ids in self.hf(list(texts), add_special_tokens=False)["input_ids"]]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
