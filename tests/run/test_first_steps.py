@@ -63,3 +63,28 @@ def test_a_long_job_pauses_after_its_first_steps_is_tuned_and_goes_on_from_there
     assert "the first 9 with the default plan" in report.rows[-1].note
     assert report.tuning.seconds == 1.5 and report.timing["first_steps_s"] > 0  # its steps are training, not tuning
     assert Plan.load(tmp_path / "run" / "plan.toml").micro_batch == 4
+
+
+def test_after_the_first_steps_the_budget_is_sized_from_them_and_naive_is_not_measured(tmp_path, small_corpus, cpu,
+                                                                                         monkeypatch):
+    from saturate.engine.distributed import DistInfo
+    from saturate.tune.trial import BudgetTooSmall
+
+    budgets = []
+
+    def no_trial(*a, budget_s, **k):
+        budgets.append(budget_s)
+        raise BudgetTooSmall("not one trial here")
+
+    monkeypatch.setattr(run_module, "RealMeasurer", lambda *a, **k: pytest.fail("naive measured to size the budget"))
+    monkeypatch.setattr(run_module, "tune", no_trial)
+    workload = tiny(small_corpus)
+    first = first_steps.FirstSteps(Plan(), None, 4.0, step_s=0.5, predicted_s=400.0)  # type: ignore[arg-type]
+    tuning = run_module._tune(workload, cpu, DistInfo(), run_module.reference_plans(workload, "cpu"), budget_s=None,
+                              steps=800, minutes=None, allow_batch_change=False, run_dir=tmp_path, seed=0,
+                              console=(said := Console(record=True, width=300, file=open("/dev/null", "w"))),  # noqa: SIM115
+                              try_compile=False, first_steps=first)
+    assert budgets == [pytest.approx(40.0)]  # 10 % of the 400 s the default plan's first steps predict
+    assert tuning.naive is None and tuning.naive_s == 0.0 and tuning.label == "default"
+    assert "tuning budget 40 s: 10 % of the untuned training, predicted at 400 s (800 steps at the default plan's " \
+           "0.5 s/step, timed over its first steps)" in said.export_text()

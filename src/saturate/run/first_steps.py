@@ -10,9 +10,9 @@ and its own first steps do both jobs:
   (`engine/precision_guard.py`), going on in fp32 from there when they disagree;
 - `SIZE_STEPS` of its steps after the first `SIZE_AFTER` are timed, and the whole job predicted at that speed.
   Too short for a search (`sizing.tuning_budget`: 10 % of it under the floor) — it trains on, nothing else run.
-  Long enough — it pauses there with a checkpoint; the tuning (naive measured once to size its budget, as before),
-  the side-by-side and the rest of the training follow, the training resuming from that checkpoint with the plan
-  found (the same effective batch: its first steps are not thrown away).
+  Long enough — it pauses there with a checkpoint; the tuning (its budget sized by that prediction: naive is not
+  measured for it), the side-by-side and the rest of the training follow, the training resuming from that
+  checkpoint with the plan found (the same effective batch: its first steps are not thrown away).
 
 The prediction is from the default plan's speed, not naive's: tuning must pay for itself against what would train
 otherwise, which is now the default plan (naive is slower, so fewer short jobs are tuned than before).

@@ -232,7 +232,8 @@ def _tuned(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pl
     tuning = _tune(workload, hw, dist, refs, budget_s=budget_s, steps=n_steps,
                    minutes=minutes, allow_batch_change=allow_batch_change, run_dir=run_dir, seed=seed,
                    console=console, try_compile=try_compile,
-                   allow_micro_batch_change=allow_micro_batch_change)
+                   allow_micro_batch_change=allow_micro_batch_change,
+                   first_steps=first if first is not None and first.step_s else None)
     plans = list(refs)
     second = runner_up(tuning.result.search.trials, tuning.plan, [p for _, p in refs]) if tuning.result else None
     if second is not None:
@@ -269,9 +270,9 @@ def _untuned_first(first: FirstSteps) -> tuple[Any, ...]:
 
 def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Plan]], *, budget_s: float | None,
           steps: int, minutes: float | None, allow_batch_change: bool, run_dir: Path, seed: int, console: Console,
-          try_compile: bool, allow_micro_batch_change: bool = False) -> Tuning:
+          try_compile: bool, allow_micro_batch_change: bool = False, first_steps: FirstSteps | None = None) -> Tuning:
     """The plan to compare and train: the cached one (no `--budget`), else tuned within `--budget` or a budget
-    that follows the predicted untuned training time."""
+    that follows the predicted untuned training time: the default plan's first steps', else naive's, measured here."""
     if budget_s is None and not allow_batch_change:
         notes: list[str] = []
         cached = broadcast_object(cached_plan(workload, hw, dist.world_size, try_compile, notes) if dist.is_main
@@ -293,6 +294,9 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
     if budget_s is None:
         if minutes:
             predicted, source = minutes * 60, f"--minutes {minutes:g}"
+        elif first_steps is not None and first_steps.predicted_s:  # what trains untuned: the default plan, timed
+            predicted = first_steps.predicted_s
+            source = f"{steps} steps at the default plan's {first_steps.step_s:.3g} s/step, timed over its first steps"
         else:
             # One window (a step or a few) after the warm-up, no validation pass: a rough figure sizes the budget.
             # NAIVE_WARMUP steps: the process's first steps are cold (one warm-up step read 0.97 s/step for gpt-tiny
