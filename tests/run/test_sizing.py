@@ -98,6 +98,19 @@ def test_row_costs_come_from_naive_s_measurement_and_the_tuning_s_trials():
     assert [r.step_s for r in cached] == [0.2, 0.2]  # no naive measured: at the slowest step known
 
 
+def test_without_naive_measured_its_row_is_the_slowest_step_scaled_by_the_matmul_peaks_and_builds_cost_too():
+    naive, tuned = Plan(micro_batch=8, name="naive"), Plan(micro_batch=8, precision="bf16")
+    trials = [Trial(stage="micro-batch", plan=tuned, step_s=0.4, samples_per_s=20.0)]
+    peaks = {"fp32": 200e9, "bf16": 400e9}
+    got = {r.label: r for r in sizing.row_costs([("naive", naive), ("tuned", tuned)], None, trials, fixed_s=1.5,
+                                                 peak=lambda p: peaks[p.precision])}
+    assert got["naive"].step_s == pytest.approx(0.8) and "× 2" in got["naive"].source and not got["naive"].measured
+    assert got["tuned"].step_s == 0.4 and got["naive"].build_s == got["tuned"].build_s == 1.5
+    slower = {"fp32": 500e9, "bf16": 400e9}  # no native bf16: fp32 is not predicted faster than what was measured
+    assert sizing.row_costs([("naive", naive), ("tuned", tuned)], None, trials,
+                            peak=lambda p: slower[p.precision])[0].step_s == 0.4
+
+
 # --- run() in-process --------------------------------------------------------------------------
 
 

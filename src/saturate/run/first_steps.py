@@ -48,6 +48,15 @@ class FirstSteps:
     to_tune: bool = False  # the prediction paused it to be tuned
 
     @property
+    def build_s(self) -> float:
+        """Measured: the session's wall time less its steps at their timed speed — building the plan, starting its
+        loader, the guard's checks, the checkpoint at the pause (what measuring another plan costs besides its
+        steps, roughly: `sizing.row_costs`)."""
+        if self.step_s is None or self.result is None:
+            return 0.0
+        return max(0.0, self.seconds - self.result.steps * self.step_s)
+
+    @property
     def paused(self) -> bool:
         """Stopped to be tuned (not by a signal, not at its end)."""
         return self.to_tune and not self.result.finished and not self.result.interrupted

@@ -240,7 +240,7 @@ def _tuned(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pl
         plans.append(("runner-up", second))
     plans.append((tuning.label, tuning.plan))
     predicted = tuning.predicted_training_s or (minutes * 60 if minutes else None)
-    cmp, sizing = side_by_side(workload, hw, dist, tuning, plans, predicted, seed, console)
+    cmp, sizing = side_by_side(workload, hw, dist, tuning, plans, predicted, seed, console, first and first.build_s)
     trained, verdicts, notes = _choose(cmp, tuning.label) if cmp is not None else (tuning.label, [], [])
     if cmp is not None and dist.is_main and trained != tuning.label and tuning.label == "tuned":
         notes.append(recache(workload, hw, dist.world_size, tuning.plan, cmp.row(trained)))

@@ -27,7 +27,7 @@ is a prediction, and each row or round dropped is one line of `Sizing.dropped`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,14 +121,18 @@ def measured_step(trials: Sequence[Trial], plan: Plan) -> float | None:
 
 
 def row_costs(plans: Sequence[tuple[str, Plan]], naive: Trial | None, trials: Sequence[Trial] = (),
-              loader_trials: Sequence[LoaderTrial] = (), known: Mapping[str, float] | None = None) -> list[RowCost]:
+              loader_trials: Sequence[LoaderTrial] = (), known: Mapping[str, float] | None = None, *,
+              fixed_s: float = 0.0, peak: Callable[[Plan], float | None] | None = None) -> list[RowCost]:
     """Each row's predicted cost (module docstring): `naive` is its one measurement (None when not measured),
-    `trials` and `loader_trials` the tuning's, `known` step times from elsewhere by label (the cached plan's)."""
+    `trials` and `loader_trials` the tuning's, `known` step times from elsewhere by label (the cached plan's);
+    without naive's measurement, `fixed_s` is the cost of building a plan (the default plan's first session's) and
+    a row nothing measured is the slowest step known scaled by `peak` (a plan's matmul peak: fp32 naive beside a
+    bf16 step is that much slower where the step is compute-bound, at least as slow where it is not)."""
     known = dict(known or {})
     naive_step = naive.step_s if naive is not None and naive.ok and naive.step_s else None
     # Naive's measurement: building, its warm-up steps and its timed steps; what is left over is the fixed cost.
     fixed = (max(0.0, naive.seconds - (naive.steps + NAIVE_WARMUP) * naive_step) if naive is not None and naive_step
-             else 0.0)
+             else fixed_s)
     twins = same_settings(plans)
     found: dict[str, tuple[float | None, str]] = {}
     for label, plan in plans:
@@ -138,10 +142,16 @@ def row_costs(plans: Sequence[tuple[str, Plan]], naive: Trial | None, trials: Se
             found[label] = step, "the tuning's trial"
         elif label in known:
             found[label] = known[label], "the cached plan's measured speed"
-    slowest = max((s for s, _ in found.values() if s), default=0.0)
+    slowest_label = max(found, key=lambda k: found[k][0] or 0.0, default=None)
+    slowest = (found[slowest_label][0] or 0.0) if slowest_label is not None else 0.0
     out = []
     for label, plan in plans:
         step, source = found.get(label, (slowest, "nothing measured it: at the slowest step known"))
+        if label not in found and peak is not None and slowest_label is not None:
+            ratio = _peak_ratio(peak, dict(plans)[slowest_label], plan)
+            if ratio is not None and ratio > 1:
+                step, source = slowest * ratio, (f"nothing measured it: the slowest step known × {ratio:.2g}, its "
+                                                 "precision's matmul peak over this plan's (a prediction)")
         measured = label in found
         if label in twins:
             step, source = 0.0, f"measured as {twins[label]}"
@@ -149,6 +159,14 @@ def row_costs(plans: Sequence[tuple[str, Plan]], naive: Trial | None, trials: Se
         out.append(RowCost(label, step or 0.0, fixed + (max(starts) if plan.num_workers and starts else 0.0),
                            source, measured, twins.get(label)))
     return out
+
+
+def _peak_ratio(peak: Callable[[Plan], float | None], measured: Plan, other: Plan) -> float | None:
+    try:
+        a, b = peak(measured), peak(other)
+    except Exception:  # a dtype the device cannot multiply: no scaling
+        return None
+    return a / b if a and b else None
 
 
 @dataclass
@@ -263,13 +281,17 @@ def once_verdict(rows: list[Row], trained: str) -> list[str]:
 
 
 def side_by_side(workload: Any, hw: Any, dist: DistInfo, tuning: Any, plans: list[tuple[str, Plan]],
-                 predicted: float | None, seed: int, console: Console) -> tuple[Comparison | None, Sizing]:
+                 predicted: float | None, seed: int, console: Console,
+                 fixed_s: float | None = 0.0) -> tuple[Comparison | None, Sizing]:
     """tuned_run.py's `plans` measured side by side as far as `COMPARE_SHARE` of the `predicted` training pays for them
     (every row or round dropped said in one line), or None when not even naive and the plan in 2 rounds fit.
     `tuning` is tuned_run.py's `Tuning`: naive's one measurement, the search's trials, the cached plan's step time."""
+    from saturate.engine.summary import mfu_peak
+
     search = tuning.result.search if tuning.result else None
     costs = row_costs(plans, tuning.naive, search.trials if search else (), search.loader_trials if search else (),
-                      {tuning.label: tuning.step_s} if tuning.step_s else None)
+                      {tuning.label: tuning.step_s} if tuning.step_s else None, fixed_s=fixed_s or 0.0,
+                      peak=None if tuning.naive is not None else lambda p: mfu_peak(hw, p)[0])
     sizing = size(costs, COMPARE_SHARE * predicted if predicted else None, ROUNDS,
                   resident=torch.device(hw.torch_device).type != "cuda",
                   least_s=least_allowance(costs, predicted, tuning.earned_s) if predicted else 0.0)

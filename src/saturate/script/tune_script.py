@@ -86,7 +86,7 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
         paired = runner is run_instrumented
     m = report["measurements"]
     why = can_gate(command, device, int(report.get("world_size") or 1),
-                   device_peak=m.get("device_mem_used_peak") or m.get("device_mem_peak"),
+                   device_peak=m.get("device_mem_peak"),  # this process's (reserved): not other jobs' on the GPU
                    device_total=m.get("device_mem_total")) if paired else "not asked for"
     result = ScriptTuning(list(run.command), base, base, [base], loaders=report.get("loaders", []),
                           device_type=device, trainer=report.get("trainer"), lightning=report.get("lightning"),
@@ -260,8 +260,8 @@ class _Search:
             if getattr(e, "out_of_memory", False) and result.device_type != "cpu":
                 # beside the parked best run on the same GPU: tried again alone, which is how it would train
                 self.close()
-                return self._consider_alone(name, overrides, check, f"out of device memory beside the parked best "
-                                            f"run, so tried alone: {e}")
+                return self._consider_alone(name, overrides, check, "out of device memory beside the parked best "
+                                            "run, so tried alone")
             t = self._failed(name, overrides, e)
             result.trials.append(t)
             return t
