@@ -88,3 +88,31 @@ def test_after_the_first_steps_the_budget_is_sized_from_them_and_naive_is_not_me
     assert tuning.naive is None and tuning.naive_s == 0.0 and tuning.label == "default"
     assert "tuning budget 40 s: 10 % of the untuned training, predicted at 400 s (800 steps at the default plan's " \
            "0.5 s/step, timed over its first steps)" in said.export_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("busy_windows, called_at", [(0, 9), (1, 14), (5, 19)])
+def test_the_job_is_timed_again_while_the_machine_is_busy_and_the_fastest_window_counts(
+        tmp_path, small_corpus, cpu, monkeypatch, busy_windows, called_at):
+    from saturate.engine import trainer
+    from saturate.engine.trainer import RunConfig, train
+
+    stops = []
+
+    class Meter:  # other processes' load over each window: busy for the first `busy_windows`
+        def start(self):
+            return self
+
+        def stop(self):
+            stops.append(1)
+            return type("Seen", (), {"significant": lambda self: len(stops) <= busy_windows})()
+
+    monkeypatch.setattr(trainer, "ContentionMeter", Meter)
+    monkeypatch.setattr(trainer, "_log_window", lambda t, real=trainer._log_window:
+                        real(t) + (100.0 if t.step == 9 else 0.0))  # the first window read slow (a burst)
+    sized = []
+    result = train(tiny(small_corpus), Plan(micro_batch=8), RunConfig(run_dir=tmp_path / "r", steps=20, progress=False,
+                                                                      tensorboard=False), hardware=cpu,
+                   on_sized=lambda done, step_s: sized.append((done, step_s)))
+    assert result.finished and [d for d, _ in sized] == [called_at] and len(stops) == min(busy_windows + 1, 3)
+    assert (sized[0][1] > 10) == (busy_windows == 0)  # a slow window counts only when nothing was busy

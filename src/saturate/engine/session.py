@@ -151,7 +151,7 @@ class Training:
     on_validation: Callable[[dict[str, Any]], Any] | None = None
     stop_reason: str | None = None  # why the run stopped before its schedule's end (early stop, a callback)
     # train(on_sized=…): the steps that open and close the window that times the job, and the callback
-    size_job: tuple[int, int, Callable[[int, float], str | None]] | None = None
+    size_job: Any = None  # trainer.JobSizing
     paused: str | None = None  # why the run stopped to be continued (on_sized): not done, no export
     window_steps: int = 0
     window_start: float = 0.0
