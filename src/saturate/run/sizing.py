@@ -127,7 +127,7 @@ def row_costs(plans: Sequence[tuple[str, Plan]], naive: Trial | None, trials: Se
     `trials` and `loader_trials` the tuning's, `known` step times from elsewhere by label (the cached plan's);
     without naive's measurement, `fixed_s` is the cost of building a plan (the default plan's first session's) and
     a row nothing measured is the slowest step known scaled by `peak` (a plan's matmul peak: fp32 naive beside a
-    bf16 step is that much slower where the step is compute-bound, at least as slow where it is not)."""
+    bf16 step is that much slower where the step is compute-bound, less where it is not: an upper bound)."""
     known = dict(known or {})
     naive_step = naive.step_s if naive is not None and naive.ok and naive.step_s else None
     # Naive's measurement: building, its warm-up steps and its timed steps; what is left over is the fixed cost.
