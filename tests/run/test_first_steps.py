@@ -132,3 +132,25 @@ def test_the_job_is_timed_again_while_the_machine_is_busy_and_the_fastest_window
                    on_sized=lambda done, step_s: sized.append((done, step_s)))
     assert result.finished and [d for d, _ in sized] == [called_at] and len(stops) == min(busy_windows + 1, 3)
     assert (sized[0][1] > 10) == (busy_windows == 0)  # a slow window counts only when nothing was busy
+
+
+@pytest.mark.slow
+def test_a_steady_load_is_timed_once_more_not_three_times(tmp_path, small_corpus, cpu, monkeypatch):
+    from saturate.engine import trainer
+    from saturate.engine.trainer import RunConfig, train
+
+    class Busy:
+        def start(self):
+            return self
+
+        def stop(self):
+            return type("Seen", (), {"significant": lambda self: True})()
+
+    monkeypatch.setattr(trainer, "ContentionMeter", Busy)
+    monkeypatch.setattr(trainer, "_log_window", lambda t, real=trainer._log_window: (lambda n: real(t) + (
+        10.0 * n if t.step in (9, 14, 19) else 0.0))(t.window_steps))  # every window ~10 s/step: a steady load
+    sized = []
+    train(tiny(small_corpus), Plan(micro_batch=8), RunConfig(run_dir=tmp_path / "r", steps=20, progress=False,
+                                                             tensorboard=False), hardware=cpu,
+          on_sized=lambda done, step_s: sized.append(done))
+    assert sized == [14]  # two windows that agree: the load is the job's speed while it lasts

@@ -56,6 +56,9 @@ SIZE_STEPS = 5  # the steps timed
 # is the nearest to the job's own speed (a burst over steps 5-9 read 1.81 s/step for a 0.78 s/step job under the
 # bursty neighbour, 2026-11-27: a 543-s prediction sized an 87-s search for a 230-s job).
 SIZE_TRIES = 3
+# ...and only while the windows disagree by more than this: a steady load reads every window alike (14.4-15.9 s/step
+# beside the steady neighbour), and timing it again only delays the tuning that finds fewer threads.
+SIZE_AGREE = 0.15
 
 
 @dataclass
@@ -66,6 +69,7 @@ class JobSizing:
     end: int
     callback: Callable[[int, float], str | None]
     best: float = math.inf  # seconds per step, the fastest window so far
+    last: float | None = None  # the window before's
     tries: int = 0
     meter: ContentionMeter | None = None  # other processes' load over the window
 
@@ -212,11 +216,14 @@ def _log_window(t: Training) -> float:
 
 
 def _size_job(t: Training, seconds_per_step: float) -> bool:
-    """train(on_sized=…): at the window's end, another window while the machine was busy (`SIZE_TRIES` at most),
-    else the callback's decision on the fastest window (rank 0's, for every rank); whether to pause here."""
+    """train(on_sized=…): at the window's end, another window while the machine was busy and the windows disagree
+    (`SIZE_TRIES` at most), else the callback's decision on the fastest window (rank 0's, for every rank); whether to
+    pause here."""
     sizing: JobSizing = t.size_job  # type: ignore[assignment]
-    sizing.best, sizing.tries = min(sizing.best, seconds_per_step), sizing.tries + 1
-    busy = sizing.meter is not None and sizing.meter.stop().significant()
+    steady = sizing.last is not None and abs(seconds_per_step - sizing.last) <= SIZE_AGREE * min(seconds_per_step,
+                                                                                                 sizing.last)
+    sizing.best, sizing.last, sizing.tries = min(sizing.best, seconds_per_step), seconds_per_step, sizing.tries + 1
+    busy = sizing.meter is not None and sizing.meter.stop().significant() and not steady
     if broadcast_object(busy if t.dist.is_main else None) and sizing.tries < SIZE_TRIES \
             and t.step + SIZE_STEPS <= t.total_steps:
         sizing.start, sizing.end, sizing.meter = t.step, t.step + SIZE_STEPS, ContentionMeter().start()
