@@ -18,20 +18,26 @@ from saturate.workloads import build_workload
 QUIET = Console(file=open("/dev/null", "w"))  # noqa: SIM115
 
 
-@pytest.fixture(autouse=True)
-def quiet_machine(monkeypatch):
-    """Other processes' load as a quiet machine reads (the suite's own subprocesses and a busy CI host would have
-    the job timed again: `trainer.SIZE_TRIES`); the test of that patches its own."""
-    from saturate.engine import trainer
+def fake_meter(busy):
+    """A ContentionMeter whose every window reads as `busy()` says."""
 
-    class Quiet:
+    class Meter:
         def start(self):
             return self
 
         def stop(self):
-            return type("Seen", (), {"significant": lambda self: False})()
+            return type("Seen", (), {"significant": lambda self: busy()})()
 
-    monkeypatch.setattr(trainer, "ContentionMeter", Quiet)
+    return Meter
+
+
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch):
+    """Other processes' load as a quiet machine reads (the suite's own subprocesses and a busy CI host would have
+    the job timed again: `trainer.SIZE_TRIES`); the tests of that patch their own."""
+    from saturate.engine import trainer
+
+    monkeypatch.setattr(trainer, "ContentionMeter", fake_meter(lambda: False))
 
 
 def tiny(corpus):
@@ -113,17 +119,8 @@ def test_the_job_is_timed_again_while_the_machine_is_busy_and_the_fastest_window
     from saturate.engine import trainer
     from saturate.engine.trainer import RunConfig, train
 
-    stops = []
-
-    class Meter:  # other processes' load over each window: busy for the first `busy_windows`
-        def start(self):
-            return self
-
-        def stop(self):
-            stops.append(1)
-            return type("Seen", (), {"significant": lambda self: len(stops) <= busy_windows})()
-
-    monkeypatch.setattr(trainer, "ContentionMeter", Meter)
+    stops = []  # other processes' load over each window: busy for the first `busy_windows`
+    monkeypatch.setattr(trainer, "ContentionMeter", fake_meter(lambda: stops.append(1) or len(stops) <= busy_windows))
     monkeypatch.setattr(trainer, "_log_window", lambda t, real=trainer._log_window:
                         real(t) + (100.0 if t.step == 9 else 0.0))  # the first window read slow (a burst)
     sized = []
@@ -139,14 +136,7 @@ def test_a_steady_load_is_timed_once_more_not_three_times(tmp_path, small_corpus
     from saturate.engine import trainer
     from saturate.engine.trainer import RunConfig, train
 
-    class Busy:
-        def start(self):
-            return self
-
-        def stop(self):
-            return type("Seen", (), {"significant": lambda self: True})()
-
-    monkeypatch.setattr(trainer, "ContentionMeter", Busy)
+    monkeypatch.setattr(trainer, "ContentionMeter", fake_meter(lambda: True))
     monkeypatch.setattr(trainer, "_log_window", lambda t, real=trainer._log_window: (lambda n: real(t) + (
         10.0 * n if t.step in (9, 14, 19) else 0.0))(t.window_steps))  # every window ~10 s/step: a steady load
     sized = []
