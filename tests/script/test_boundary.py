@@ -119,3 +119,24 @@ def test_threads_travel_as_a_positive_integer_and_the_later_wins():
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(ConfigError, match="\"threads\" must be a positive integer"):
             Overrides.from_dict({"threads": bad})
+
+
+def test_the_host_allocator_travels_in_the_scripts_environment_unless_the_user_set_one(tmp_path, monkeypatch):
+    import os
+
+    from saturate.engine.host_alloc import ENV_MMAP, ENV_TRIM, child_env
+    from saturate.script import command
+
+    over = Overrides.from_dict({"host_alloc": True})
+    assert over.to_dict() == {"host_alloc": True} and NONE.merged(over).host_alloc
+    with pytest.raises(ConfigError, match="\"host_alloc\" must be true or false"):
+        Overrides.from_dict({"host_alloc": 1})
+    settings = ChildSettings(overrides=over)
+    monkeypatch.setattr(os, "environ", {"PATH": "/bin"})
+    env = command._env(tmp_path, settings)
+    assert {k: env[k] for k in (ENV_MMAP, ENV_TRIM) if k in env} == child_env({})
+    monkeypatch.setattr(os, "environ", {"MALLOC_TRIM_THRESHOLD_": "1"})
+    mine = command._env(tmp_path, settings)
+    assert mine["MALLOC_TRIM_THRESHOLD_"] == "1" and ENV_MMAP not in mine
+    monkeypatch.setattr(os, "environ", {})
+    assert ENV_MMAP not in command._env(tmp_path, ChildSettings())  # only when asked for

@@ -57,6 +57,17 @@ def test_windows_stop_once_the_last_ones_agree():
     assert record["agreed"] is True and record["steps"] == 12 and not busy_reads  # contention not needed
 
 
+def test_the_windows_count_the_pages_the_process_faulted_in_per_second(monkeypatch):
+    from saturate.script.child import trial_windows
+
+    faults = iter([1_000, 13_000])  # when the windows begin, when they are recorded
+    monkeypatch.setattr(trial_windows, "_minor_faults", lambda: next(faults))
+    clock = Clock([0.125])
+    w = StepWindows({"window_s": 0.5, **vars(window_rule())}, clock=clock, busy=lambda: (False, 0.0))
+    run_windows(w, clock)
+    assert w.record()["minor_faults_per_s"] == pytest.approx(12_000 / 1.5)  # 12 000 over the 3 windows' 1.5 s
+
+
 def test_windows_that_disagree_stop_at_the_cap_and_a_busy_machine_doubles_it():
     rule = {**vars(window_rule(max_seconds=1000.0)), "max_windows": 6}
     quiet_clock = Clock(SLOW_FAST)  # windows of 4 steps alternate in speed: they never agree

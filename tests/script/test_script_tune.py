@@ -104,6 +104,12 @@ def test_the_edit_is_said_at_the_loader_call():
     base = ScriptTrial("as written", NONE, 1.0, None, 0.6, 3)
     tuning = ScriptTuning(["python", "train.py"], base, t, [base, t], loaders=[{"site": "train.py:40"}])
     assert edits(tuning) == ["train.py:40: DataLoader(..., num_workers=2, persistent_workers=True)"]
+    from saturate.engine.host_alloc import child_env
+
+    alloc = ScriptTrial("host allocator", Overrides(host_alloc=True), 0.9, None, 0.6, 3)
+    said = edits(ScriptTuning(["python", "train.py"], base, alloc, [base, alloc], loaders=[{"site": "train.py:40"}]))
+    assert said == ([f"in the environment: {' '.join(f'{k}={v}' for k, v in child_env({}).items())}"]
+                    if child_env({}) else [])
     merged = Overrides(loader={"num_workers": 2}).merged(Overrides(loader={"prefetch_factor": 4}, tf32=True))
     assert merged.to_dict() == {"loader": {"num_workers": 2, "prefetch_factor": 4}, "tf32": True}
 
@@ -165,19 +171,22 @@ def test_a_job_is_too_short_to_tune_when_it_ends_in_its_first_trial_or_its_train
     assert too_short(base, 10.0, _Planned(100_000)) is None  # 10 000 s: worth tuning
 
 
-@pytest.mark.parametrize(("device", "share", "expected"), [
-    ("cpu", 0.6, {"num_workers": 2, "persistent_workers": True}),  # it waited for data: workers, chosen
-    ("cpu", 0.05, {}),  # on a CPU workers would take cores from the step: none
-    ("cuda", 0.0, {"num_workers": 4, "persistent_workers": True, "pin_memory": True}),  # from the cores
+@pytest.mark.parametrize(("device", "share", "expected", "faults"), [
+    ("cpu", 0.6, {"num_workers": 2, "persistent_workers": True}, None),  # it waited for data: workers, chosen
+    ("cpu", 0.05, {}, 20_000.0),  # on a CPU workers would take cores from the step: none
+    ("cuda", 0.0, {"num_workers": 4, "persistent_workers": True, "pin_memory": True}, 20_000.0),  # from the cores
 ])
-def test_a_short_job_gets_only_the_loader_settings_that_change_nothing_in_the_training(device, share, expected):
+def test_a_short_job_gets_only_the_settings_that_change_nothing_in_the_training(device, share, expected, faults):
+    from saturate.engine.host_alloc import left_alone
     from saturate.script.short_job import prior_overrides
 
-    base = ScriptTrial("as written", NONE, 0.1, None, share, 10)
+    base = ScriptTrial("as written", NONE, 0.1, None, share, 10, faults_per_s=faults)
     tuning = ScriptTuning(["python", "train.py"], base, base, [base], device_type=device,
                           loaders=[{"site": "train.py:9", "num_workers": 0, "pin_memory": False}])
     over, said = prior_overrides(tuning, cores=2 if device == "cpu" else 16)
     assert over.loader == expected
+    # glibc's thresholds: on a CPU whose first trial faulted pages in fast, chosen
+    assert over.host_alloc == (device == "cpu" and faults is not None and left_alone() is None)
     assert said[-1].startswith("not applied without measuring: precision, micro-batch")
     assert all("not measured" in line for line in said[:-1] if "→" in line)
 
@@ -195,3 +204,28 @@ def test_run_on_a_short_job_does_not_tune_and_applies_the_risk_free_settings(tmp
     assert short["why"].startswith("the script ran to its end inside its first trial")
     assert short["applied"] == {"loader": {"num_workers": 2, "persistent_workers": True}}
     assert d["side_by_side"] is None and d["applied"] is True and d["full_run"]["optimizer_steps"] == 40
+
+
+@pytest.mark.parametrize(("device", "faults", "tried"), [
+    ("cpu", 24_000.0, True),  # the peers' job's rate under glibc's defaults: worth a trial
+    ("cpu", 800.0, False),  # a step that reuses its buffers already: nothing to gain
+    ("cpu", None, False),  # not read (no complete window)
+    ("cuda", 24_000.0, False),  # the step's buffers are the device's
+])
+def test_the_host_allocator_is_tried_only_on_a_cpu_that_faults_pages_in_fast(device, faults, tried, monkeypatch):
+    from types import SimpleNamespace
+
+    from saturate.engine import host_alloc
+    from saturate.script.host_stages import alloc_stage
+
+    monkeypatch.setattr(host_alloc, "left_alone", lambda environ=None: None)
+    base = ScriptTrial("as written", NONE, 0.5, None, 0.0, 10, faults_per_s=faults)
+    considered = []
+    search = SimpleNamespace(result=ScriptTuning(["python", "train.py"], base, base, [base], device_type=device),
+                             with_overrides=lambda over: over,
+                             consider=lambda name, over: considered.append((name, over)))
+    alloc_stage(search, device)
+    assert considered == ([("host allocator", Overrides(host_alloc=True))] if tried else [])
+    assert bool(search.result.decisions) != tried
+    if not tried and device == "cpu":
+        assert "minor page faults while timed" in search.result.decisions[0]

@@ -35,6 +35,7 @@ import torch.nn as nn
 from torch.utils.data import default_collate
 
 from saturate.engine.distributed import DistInfo, agree_any, gather_objects
+from saturate.engine.host_alloc import keep_freed_memory
 from saturate.engine.precision import Precision, make_precision, set_tf32
 from saturate.engine.wrap import (
     all_reduce_gradients,
@@ -122,6 +123,8 @@ class Stepper:
         self.adapt_oom = adapt_oom
         set_tf32(plan.tf32)
         use_threads(plan.threads)
+        if device.type == "cpu":  # process-wide, once: glibc reuses the step's buffers (engine/host_alloc.py)
+            self.notes.append(keep_freed_memory())
         self.precision: Precision = make_precision(plan.precision, device.type, plan.attention)
         model = workload.build_model()
         if plan.activation_checkpointing:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from saturate.engine.host_alloc import child_env
 from saturate.errors import ConfigError, SaturateError
 from saturate.script.boundary import (
     FIRST_STEP,
@@ -118,6 +119,8 @@ def run_instrumented(command: Sequence[str], settings: ChildSettings, *, first_s
 def _env(folder: Path, settings: ChildSettings) -> dict[str, str]:
     env = environment(os.environ, folder, settings, SOURCE)
     env.setdefault("PYTHONUNBUFFERED", "1")  # the script's lines reach the terminal as they are printed
+    if settings.overrides.host_alloc:  # read by glibc as the process starts: only the environment can set them
+        env.update(child_env(env))
     return env
 
 

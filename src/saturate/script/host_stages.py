@@ -1,6 +1,6 @@
-"""The stages of `tune -- CMD` every script has, whatever trains it: its DataLoaders' workers (past the cores while
-the data wait remains), prefetch and pinning, and torch's intra-op threads on a busy CPU. Each trial goes through
-the search (`consider`, tune_script.py: kept only when measured faster)."""
+"""The stages of `tune -- CMD` every script has, whatever trains it: the host allocator on a CPU, its DataLoaders'
+workers (past the cores while the data wait remains), prefetch and pinning, and torch's intra-op threads on a busy
+CPU. Each trial goes through the search (`consider`, tune_script.py: kept only when measured faster)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,30 @@ import math
 from typing import Any
 
 from saturate.script.overrides import Overrides
+from saturate.script.script_trial import MIN_GAIN
 
 INPUT_SHARE_MIN = 0.05  # below this share of the step waiting for data, loader settings cannot gain much
 WORKERS_PER_CORE = 4  # loader workers are tried up to this many per usable core (past the cores: `_past_the_cores`)
+
+
+def alloc_stage(search: Any, device: str) -> None:
+    """On a CPU whose as-written run faulted pages in at `FAULTS_WORTH_TRYING` a second or more, glibc's malloc
+    thresholds raised in the script's environment (engine/host_alloc.py: a step's buffers reused instead of mapped
+    afresh each step); kept only when measured faster. Tried first: it changes nothing in the training, and every
+    later trial then runs with it."""
+    from saturate.engine.host_alloc import FAULTS_WORTH_TRYING, left_alone
+
+    decisions, faults = search.result.decisions, search.result.baseline.faults_per_s
+    if device != "cpu":
+        decisions.append(f"host allocator: not tried on {device} (its steps' buffers are the device's)")
+    elif (why := left_alone()) is not None:
+        decisions.append(f"host allocator: not tried ({why})")
+    elif faults is None or faults < FAULTS_WORTH_TRYING:
+        seen = "not read" if faults is None else f"{faults:,.0f} a second"
+        decisions.append(f"host allocator: not tried (the script's minor page faults while timed: {seen}, under the "
+                         f"{FAULTS_WORTH_TRYING:,} that could cost {100 * MIN_GAIN:.0f} % of a step)")
+    else:
+        search.consider("host allocator", search.with_overrides(Overrides(host_alloc=True)))
 
 
 def threads_stage(search: Any, cores: int) -> None:

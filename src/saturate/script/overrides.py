@@ -11,7 +11,9 @@ Each section is optional; together they are `overrides.json`:
 - `lightning`: a Lightning `Trainer`'s arguments (`LIGHTNING_TUNABLE`);
 - `optimizer`: `{"fused": true}`, for the script's `Adam`/`AdamW` (a keyword their constructors take);
 - `tf32`: TF32 matmuls at start-up;
-- `threads`: torch's intra-op threads (`torch.set_num_threads`), kept whatever the script sets itself.
+- `threads`: torch's intra-op threads (`torch.set_num_threads`), kept whatever the script sets itself;
+- `host_alloc`: glibc's malloc thresholds raised in the script's environment (`engine/host_alloc.py`: a CPU
+  step's buffers reused, not mapped afresh every step).
 
 Only the knobs saturate tunes are accepted, so the training stays the same: anything else is one
 `ConfigError` naming the key. Both sides import this module; it imports nothing of either.
@@ -52,6 +54,7 @@ class Overrides:
     optimizer: Mapping[str, Any] = field(default_factory=dict)
     tf32: bool = False
     threads: int | None = None
+    host_alloc: bool = False
 
     def __post_init__(self) -> None:
         for name, allowed in SECTIONS.items():
@@ -66,8 +69,9 @@ class Overrides:
         if train and not (isinstance(train.get("site"), str) and isinstance(train.get("batch_size"), int)
                           and not isinstance(train["batch_size"], bool) and train["batch_size"] > 0):
             raise ConfigError("\"train_loader\" needs \"site\" (file.py:LINE) and a positive integer \"batch_size\"")
-        if not isinstance(self.tf32, bool):
-            raise ConfigError(f"\"tf32\" must be true or false, got {self.tf32!r}")
+        for name in ("tf32", "host_alloc"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"\"{name}\" must be true or false, got {getattr(self, name)!r}")
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
                                          or self.threads < 1):
             raise ConfigError(f"\"threads\" must be a positive integer, got {self.threads!r}")
@@ -83,7 +87,7 @@ class Overrides:
         known = [f.name for f in fields(cls)]
         if unknown := sorted(set(data) - set(known)):
             raise ConfigError(f"{prefix}unknown setting(s) {', '.join(unknown)} (saturate applies "
-                              f"{', '.join((*SECTIONS, 'tf32', 'threads'))})")
+                              f"{', '.join((*SECTIONS, 'tf32', 'threads', 'host_alloc'))})")
         try:
             return cls(**{k: v for k, v in data.items() if v is not None})
         except ConfigError as e:
@@ -106,7 +110,9 @@ class Overrides:
             out["tf32"] = True
         if self.threads is not None:
             out["threads"] = self.threads
-        order = ("loader", "train_loader", "trainer", "lightning", "optimizer", "tf32", "threads")
+        if self.host_alloc:
+            out["host_alloc"] = True
+        order = ("loader", "train_loader", "trainer", "lightning", "optimizer", "tf32", "threads", "host_alloc")
         return {k: out[k] for k in order if k in out}
 
     def __bool__(self) -> bool:
@@ -116,7 +122,8 @@ class Overrides:
         """These settings with `other`'s added (each section's fields merged; `other` wins)."""
         return Overrides(**{name: {**getattr(self, name), **getattr(other, name)} for name in SECTIONS},
                          tf32=self.tf32 or other.tf32,
-                         threads=other.threads if other.threads is not None else self.threads)
+                         threads=other.threads if other.threads is not None else self.threads,
+                         host_alloc=self.host_alloc or other.host_alloc)
 
     def loader_changes(self, bound: Any, resized: bool) -> dict[str, Any]:
         """The DataLoader arguments to change in one `DataLoader(...)` call (`bound`: its bound arguments): the

@@ -73,6 +73,7 @@ class ScriptTrial:
     host_peak: int | None = None  # the training process's host memory at its peak (bytes), from the Profiler
     other_cores: float | None = None  # cores other processes kept busy while it was timed (when read)
     threads: int | None = None  # torch's intra-op threads in the run
+    faults_per_s: float | None = None  # the training process's minor page faults per second of its timed windows
     pair: dict[str, Any] | None = None  # timed in alternating windows with the best so far (`gated.py`): how
 
     @classmethod
@@ -95,6 +96,7 @@ class ScriptTrial:
             t.spread = summary.spread if len(rates) > 1 else None
             t.busy = windows.get("busy")
             t.other_cores = windows.get("other_cores")
+            t.faults_per_s = windows.get("minor_faults_per_s")
         t.ran_to_end = bool(windows.get("script_ended"))
         t.samples_per_s = per_step / t.step_s if per_step and t.step_s > 0 else None
         return t

@@ -2,9 +2,10 @@
 
 A tuning costs several runs of the script's first steps; a job that ends inside its first trial, or whose Trainer
 plans fewer steps than that tuning could pay back even at 2× faster, is not tuned past that trial. Its full run
-takes only the loader settings that change nothing in the training — workers and pinned memory, as the informed
-starting plan chooses them (`plan.default_plan`) — each said as chosen, not measured; precision, micro-batch,
-compile, the fused optimizer, TF32 and threads are left as written.
+takes only the settings that change nothing in the training — workers and pinned memory, as the informed
+starting plan chooses them (`plan.default_plan`), and on a CPU that faults pages in fast the host allocator's
+thresholds — each said as chosen, not measured; precision, micro-batch, compile, the fused optimizer, TF32 and
+threads are left as written.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def prior_overrides(result: ScriptTuning, cores: int) -> tuple[Overrides, list[s
     for data at least `INPUT_SHARE` of its step) and pinned memory on a GPU. Returns them and one line per
     decision, each saying it was chosen, not measured."""
     from saturate.doctor.findings import INPUT_SHARE
+    from saturate.engine.host_alloc import FAULTS_WORTH_TRYING, left_alone
 
     said = []
     loader = result.loaders[0] if result.loaders else None
@@ -65,5 +67,10 @@ def prior_overrides(result: ScriptTuning, cores: int) -> tuple[Overrides, list[s
     if gpu and not loader.get("pin_memory"):
         changes["pin_memory"] = True
         said.append("pinned memory: chosen, not measured (copies to the GPU can overlap the step)")
+    faults = result.baseline.faults_per_s or 0.0
+    alloc = not gpu and left_alone() is None and faults >= FAULTS_WORTH_TRYING
+    if alloc:
+        said.append(f"host allocator thresholds raised: chosen, not measured (the first trial faulted {faults:,.0f} "
+                    "pages in a second; glibc then reuses the step's buffers, and nothing in the training changes)")
     said.append("not applied without measuring: precision, micro-batch, compile, the fused optimizer, TF32, threads")
-    return (Overrides(loader=changes) if changes else NONE), said
+    return (Overrides(loader=changes, host_alloc=alloc) if changes or alloc else NONE), said

@@ -47,7 +47,7 @@ from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
 from saturate.script.frameworks import framework_of, fused_option
 from saturate.script.gated import Gated, again, can_gate, time_pairs
-from saturate.script.host_stages import loader_stages, threads_stage
+from saturate.script.host_stages import alloc_stage, loader_stages, threads_stage
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.script_trial import MIN_GAIN, WINDOW_S, ScriptTrial, TrialOptions, window_rule
 from saturate.script.short_job import prior_overrides, too_short
@@ -113,6 +113,7 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
 def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[str, Any],
             supports: dict[str, bool] | None, cores: int, allow_micro_batch_change: bool) -> None:
     device = result.device_type
+    alloc_stage(search, device)
     if framework is not None:
         if supports is None:
             from saturate.hardware import probe

@@ -87,7 +87,7 @@ def edits(tuning: ScriptTuning) -> list[str]:
         if over.tf32:
             fields["tf32"] = True
         threads = [f"at start-up: torch.set_num_threads({over.threads})"] if over.threads else []
-        return ([trainer_edit(fields, tuning.trainer)] if fields else []) + threads
+        return ([trainer_edit(fields, tuning.trainer)] if fields else []) + threads + _alloc_edit(over)
     lines = []
     if over.lightning:
         lightning = tuning.lightning or {}
@@ -112,7 +112,15 @@ def edits(tuning: ScriptTuning) -> list[str]:
                      "torch.backends.cudnn.allow_tf32 = True")
     if over.threads:
         lines.append(f"at start-up: torch.set_num_threads({over.threads})")
-    return lines
+    return lines + _alloc_edit(over)
+
+
+def _alloc_edit(over: Any) -> list[str]:
+    """The host allocator's thresholds as the environment the command is started with."""
+    from saturate.engine.host_alloc import child_env
+
+    env = child_env({}) if over.host_alloc else {}
+    return [f"in the environment: {' '.join(f'{k}={v}' for k, v in env.items())}"] if env else []
 
 
 def write(tuning: ScriptTuning, folder: Path) -> Path:

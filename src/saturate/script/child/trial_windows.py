@@ -58,6 +58,7 @@ class StepWindows:
         self._start: float | None = None
         self._window = (0.0, 0)  # when the current window began, its steps so far
         self._size = self.fixed  # steps per window once the first has set it
+        self._faults: int | None = None  # the process's minor page faults when the windows began
 
     def step(self) -> bool:
         """The end of one optimizer step: True when the windows are done (at once when none were asked)."""
@@ -112,6 +113,7 @@ class StepWindows:
 
     def _begin(self, now: float) -> None:
         self._start, self._window = now, (now, 0)
+        self._faults = _minor_faults()
         if self._busy is None:
             from saturate.hardware.contention import ContentionMeter
 
@@ -142,9 +144,11 @@ class StepWindows:
         if not self.asked or not self.rates:
             return None
         agreed = not self.fixed and self.rule.agreed(self.rates)
-        return {"rates": self.rates, "steps": self.steps, "seconds": self._window[0] - (self._start or 0.0),
+        seconds = self._window[0] - (self._start or 0.0)
+        faults = (_minor_faults() - self._faults) / seconds if seconds > 0 and self._faults is not None else None
+        return {"rates": self.rates, "steps": self.steps, "seconds": seconds,
                 "agreed": agreed, "busy": self.busy, "other_cores": self.other_cores,
-                "fixed": bool(self.fixed), "script_ended": self.script_ended}
+                "fixed": bool(self.fixed), "script_ended": self.script_ended, "minor_faults_per_s": faults}
 
     def cut_short(self) -> str | None:
         """The note for a script that ended while its windows were timed, or None."""
@@ -153,6 +157,16 @@ class StepWindows:
         self.script_ended = True
         return (f"the script ended during the timed windows, after {len(self.rates)} complete window(s) "
                 f"of its steps")
+
+
+def _minor_faults() -> int | None:
+    """This process's minor page faults so far (every thread's): pages the kernel mapped and zeroed on first touch,
+    what glibc's malloc thresholds decide for a CPU step's buffers (engine/host_alloc.py)."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def device_sync() -> None:
