@@ -1,15 +1,15 @@
 """The host allocator on a CPU: glibc's malloc keeps a step's freed buffers for the next step.
 
-glibc serves a request over its mmap threshold (128 KiB at start, raised as larger blocks are freed, up to
-32 MiB) with a fresh `mmap` and gives it back with `munmap` on free, and it trims the heap's free top back to
-the kernel past twice that threshold. A CPU training step allocates and frees its activations and gradients
-(hundreds of KiB to MiBs each) every micro-batch, so each step maps many of them again and the kernel zeroes
-every page at its first touch: on the peers' GPT-2-shaped job (bench/peers.py, 40 steps of 8 × 4 bf16, a 2-core
-Zen 4) a process made 0.58-1.08 M minor page faults with glibc's defaults and 0.22 M with the thresholds raised,
-its steps 8-13 % faster (`bench/host_alloc.py`, docs/benchmarks.md 2026-11-27). What Intel's and PyTorch's
-CPU guides get from jemalloc or tcmalloc under LD_PRELOAD, without a library to install: a larger mmap threshold
-(blocks up to it come from the heap, reused) and a larger trim threshold (a bounded amount of freed memory stays
-with the process: at most `TRIM_MAX`, or 1/32 of the RAM where that is less).
+glibc serves a request over its mmap threshold (128 KiB at start, raised as larger blocks are freed, up to 32 MiB)
+with a fresh `mmap` and gives it back with `munmap` on free, and it trims the heap's free top back to the kernel
+past twice that threshold. A CPU training step allocates and frees its activations and gradients (hundreds of KiB to
+MiBs each) every micro-batch, so each step maps many of them again and the kernel zeroes every page at its first
+touch: on the peers' GPT-2-shaped job (bench/peers.py, 40 steps of 8 × 4 bf16, a 2-core Zen 4) saturate's process
+made 0.60-0.95 M minor page faults with glibc's defaults and 0.33 M with the thresholds raised, its steps 1.09×
+(1.00-1.16×) as fast over 3 interleaved rounds (`bench/host_alloc.py`, docs/benchmarks.md 2026-11-27, twelfth
+session). What Intel's and PyTorch's CPU guides get from jemalloc or tcmalloc under LD_PRELOAD, without a library to
+install: a larger mmap threshold (blocks up to it come from the heap, reused) and a larger trim threshold (a bounded
+amount of freed memory stays with the process: at most `TRIM_MAX`, or 1/32 of the RAM where that is less).
 
 Both thresholds are set together: setting either alone turns glibc's dynamic threshold off and leaves the mmap
 threshold at 128 KiB (17.5 M faults over the same 40 steps, 2× slower). Allocator settings of the user's own —
@@ -32,10 +32,10 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
 ENV = "SATURATE_HOST_ALLOC"  # "system": glibc's defaults, untouched
 ENV_MMAP, ENV_TRIM = "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"
 _PRELOADED = ("jemalloc", "tcmalloc", "mimalloc")
-# A script's minor page faults per second at which raising the thresholds could gain the 3 % a tuning keeps: a fault
-# costs ~1 µs of kernel time (its page zeroed included), and on the peers' job the steps gained ~6× the system time
-# saved (3.3 s against 0.5-1.5 s, bench/host_alloc.py) — 5,000 a second × 1 µs × 6 = 3 %.
-FAULTS_WORTH_TRYING = 5000
+# A script's minor page faults per second at which raising the thresholds could gain the 3 % a tuning keeps: on the
+# peers' job 430 k fewer faults saved 1.5 s of system time and 3.3 s of steps (medians, bench/host_alloc.py): ~8 µs
+# of step a fault, so 4,000 a second cost ~3 % of a second.
+FAULTS_WORTH_TRYING = 4000
 
 _applied: str | None = None  # the note of the setting this process made, once made
 
