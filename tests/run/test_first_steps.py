@@ -74,7 +74,7 @@ def test_a_long_job_pauses_after_its_first_steps_is_tuned_and_goes_on_from_there
         tuned.append(kw["steps"])
         return run_module.Tuning(found, None, 1.5, 30.0, "tuning budget 30 s")
 
-    monkeypatch.setattr(first_steps, "tuning_budget", lambda predicted: (30.0, 60.0))  # long enough to tune
+    monkeypatch.setattr(first_steps, "tuning_budget", lambda predicted, informed: (30.0, 60.0))  # long enough to tune
     monkeypatch.setattr(run_module, "_tune", fake_tune)
     monkeypatch.setattr(run_module, "side_by_side", lambda *a, **k: (None, Sizing([], 2, 0.5, False, 0.0, None,
                                                                                   skipped="not measured here")))
@@ -106,10 +106,16 @@ def test_after_the_first_steps_the_budget_is_sized_from_them_and_naive_is_not_me
                               steps=800, minutes=None, allow_batch_change=False, run_dir=tmp_path, seed=0,
                               console=(said := Console(record=True, width=300, file=open("/dev/null", "w"))),  # noqa: SIM115
                               try_compile=False, first_steps=first)
-    assert budgets == [pytest.approx(40.0)]  # 10 % of the 400 s the default plan's first steps predict
-    assert tuning.naive is None and tuning.naive_s == 0.0 and tuning.label == "default"
-    assert "tuning budget 40 s: 10 % of the untuned training, predicted at 400 s (800 steps at the default plan's " \
+    assert budgets == [pytest.approx(20.0)]  # 5 % of the 400 s the default plan's first steps predict: the search
+    assert tuning.naive is None and tuning.naive_s == 0.0 and tuning.label == "default"  # starts from that plan
+    assert "tuning budget 20 s: 5 % of the untuned training, predicted at 400 s (800 steps at the default plan's " \
            "0.5 s/step, timed over its first steps)" in said.export_text()
+    short = first_steps.FirstSteps(Plan(), None, 4.0, step_s=0.5, predicted_s=250.0)  # type: ignore[arg-type]
+    tuning = run_module._tune(workload, cpu, DistInfo(), run_module.reference_plans(workload, "cpu"), budget_s=None,
+                              steps=500, minutes=None, allow_batch_change=False, run_dir=tmp_path, seed=0,
+                              console=said, try_compile=False, first_steps=short)
+    assert len(budgets) == 1 and tuning.why.startswith("not tuned: the untuned training is predicted at 250 s") \
+        and "5% of it is under the 15 s a search needs" in tuning.why  # 12.5 s: no search from the informed plan
 
 
 @pytest.mark.slow

@@ -164,6 +164,10 @@ def test_the_tuning_budget_follows_the_training_time():
     assert budget(1800.0) == pytest.approx((150.0, 150.0))  # half an hour: 60 s + 5 %, not 20 % (360 s)
     assert budget(8000.0) == pytest.approx((460.0, 460.0))
     assert budget(1e6) == (run_module.BUDGET_CEILING_S, run_module.BUDGET_CEILING_S)
+    # from the informed plan: half the share to begin with, the same cap, and nothing under 15 s (300 s of training)
+    assert budget(200.0, informed=True) is None and budget(299.0, informed=True) is None
+    assert budget(400.0, informed=True) == pytest.approx((20.0, 80.0))
+    assert budget(8000.0, informed=True) == pytest.approx((400.0, 460.0))
 
 
 def test_a_cached_plan_is_reused_with_no_tuning(tmp_path, cpu, monkeypatch):

@@ -10,7 +10,7 @@ and its own first steps do both jobs:
   (`engine/precision_guard.py`), going on in fp32 from there when they disagree;
 - `SIZE_STEPS` of its steps after the first `SIZE_AFTER` are timed (again, up to `SIZE_TRIES` windows, while other
   processes keep the machine busy: the fastest window counts), and the whole job predicted at that speed.
-  Too short for a search (`sizing.tuning_budget`: 10 % of it under the floor) — it trains on, nothing else run.
+  Too short for a search (`sizing.tuning_budget`: 5 % of it under 15 s) — it trains on, nothing else run.
   Long enough — it pauses there with a checkpoint; the tuning (its budget sized by that prediction: naive is not
   measured for it), the side-by-side and the rest of the training follow, the training resuming from that
   checkpoint with the plan found (the same effective batch: its first steps are not thrown away).
@@ -32,7 +32,7 @@ from saturate.engine.distributed import DistInfo, broadcast_object
 from saturate.engine.trainer import SIZE_AFTER, SIZE_STEPS, RunConfig, RunResult, train
 from saturate.plan import Plan, informed_summary
 from saturate.run.informed import informed_plan
-from saturate.run.sizing import BUDGET_FLOOR_S, TUNING_SHARE, tuning_budget
+from saturate.run.sizing import budget_rule, tuning_budget
 from saturate.workloads.base import Workload
 
 
@@ -77,9 +77,10 @@ def train_first(workload: Workload, hw: Any, dist: DistInfo, steps: int, config:
         source = (f"{steps} steps at the default plan's {step_s:.3g} s/step, measured over its steps "
                   f"{SIZE_AFTER + 1}-{done}" + (f" (the fastest {SIZE_STEPS}-step window: other processes kept the "
                                                 "machine busy)" if done > SIZE_AFTER + SIZE_STEPS else ""))
-        if tuning_budget(out.predicted_s) is None:
+        if tuning_budget(out.predicted_s, informed=True) is None:
+            share, floor = budget_rule(informed=True)
             out.why = (f"not tuned: the training is predicted at {out.predicted_s:.0f} s ({source}); "
-                       f"{TUNING_SHARE:.0%} of it is under the {BUDGET_FLOOR_S:.0f} s a search needs to pay for "
+                       f"{share:.0%} of it is under the {floor:.0f} s a search from this plan needs to pay for "
                        "itself, so the default plan trains on (--budget tunes anyway)")
             console.print(out.why, highlight=False)
             return None

@@ -1,22 +1,21 @@
 """`saturate run`: probe, tune (or reuse the cached plan), measure naive / the guide's plan / the runner-up /
 tuned side by side, train with the fastest, compare.
 
-The comparison rows are measured in this process by the same method, in interleaved rounds
-(side_by_side.py), so their ratios are fair on a busy machine; the last row is the training run itself.
-Tuning must pay for itself: unless `--budget` is given, the plan cached for this workload and
-hardware is reused with no tuning, or else the tuning budget is a share of the training time
-predicted for the untuned job (naive, measured once), within a floor and a ceiling; the tuning runs no
-verification trial (the side-by-side measures the plan again, through its real loader). The side-by-side's
-measurements are timed for `COMPARE_SHARE` of the predicted training in all — building each plan,
-warm-ups, every row and round (sizing.py predicts each row's cost from the tuning's trials and naive's one
-measurement) —, dropping the runner-up, then the guide's plan, then rounds (never below 2) where they do not fit,
-one line each; naive and the tuned plan in 2 rounds may cost more, within what sizing.py's `least_allowance`
-allows. When not even that fits there is no side-by-side (comparison.json: `side_by_side: null` and the `reason`)
-and no before/after ratio: the training run and naive's one measurement, minutes apart, are shown as measured,
-not divided. The output says
-what tuning cost (measured), what it is predicted to save (labelled), and the measured total. A tuned
-(or cached) plan measured slower than another plan in every round is not trained, and that faster plan
-replaces it in the cache, so the next run of the job does not reuse a plan found slower here.
+The comparison rows are measured in this process by the same method, in interleaved rounds (side_by_side.py), so
+their ratios are fair on a busy machine; the last row is the training run itself. Tuning must pay for itself: unless
+`--budget` is given, the plan cached for this workload and hardware is reused with no tuning, or else the tuning
+budget is a share of the training time predicted for the untuned job (the default plan's first steps, else naive
+measured once), within a floor and a ceiling; the tuning runs no verification trial (the side-by-side measures the
+plan again, through its real loader). The side-by-side's measurements are timed for `COMPARE_SHARE` of the predicted
+training in all — building each plan, warm-ups, every row and round (sizing.py predicts each row's cost from the
+tuning's trials and naive's one measurement) —, dropping the runner-up, then the guide's plan, then rounds (never
+below 2) where they do not fit, one line each; naive and the tuned plan in 2 rounds may cost more, within what
+sizing.py's `least_allowance` allows. When not even that fits there is no side-by-side (comparison.json:
+`side_by_side: null` and the `reason`) and no before/after ratio: the training run and naive's one measurement,
+minutes apart, are shown as measured, not divided. The output says what tuning cost (measured), what it is predicted
+to save (labelled), and the measured total. A tuned (or cached) plan measured slower than another plan in every
+round is not trained, and that faster plan replaces it in the cache, so the next run of the job does not reuse a
+plan found slower here.
 """
 
 from __future__ import annotations
@@ -63,6 +62,7 @@ from saturate.run.sizing import (  # noqa: F401 - the budget's constants, kept i
     NAIVE_WARMUP,
     TUNING_SHARE,
     Sizing,
+    budget_rule,
     measured_once,
     measured_step,
     once_verdict,
@@ -309,20 +309,20 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
             predicted = steps * naive.step_s if naive.ok and naive.step_s else None
             source = (f"{steps} steps at naive's {naive.step_s:.3g} s/step, measured once" if predicted
                       else f"naive could not be measured ({naive.error})")
-        budgets = tuning_budget(predicted) if predicted else (BUDGET_CEILING_S, BUDGET_CEILING_S)
+        share, floor = budget_rule(informed := bool(first_steps and first_steps.predicted_s and not minutes))
+        budgets = tuning_budget(predicted, informed) if predicted else (BUDGET_CEILING_S, BUDGET_CEILING_S)
         if budgets is None:
             return _untuned(workload, hw, dist, started, predicted, naive, naive_s, measurer, console, (
                 f"not tuned: the untuned training is predicted at {predicted:.0f} s ({source}); "
-                f"{TUNING_SHARE:.0%} of it is under the {BUDGET_FLOOR_S:.0f} s a search needs to pay for itself, so "
+                f"{share:.0%} of it is under the {floor:.0f} s a search needs to pay for itself, so "
                 "the default plan is compared and trained (--budget tunes anyway)"))
         budget_s, cap_s = budgets
-        if budget_s - naive_s < BUDGET_FLOOR_S:  # sizing the budget spent it (a slow first step, a busy machine)
+        if budget_s - naive_s < floor:  # sizing the budget spent it (a slow first step, a busy machine)
             return _untuned(workload, hw, dist, started, predicted, naive, naive_s, measurer, console, (
                 f"not tuned: the untuned training is predicted at {predicted:.0f} s ({source}); measuring naive "
-                f"to predict it took {naive_s:.0f} s of the {budget_s:.0f} s ({100 * TUNING_SHARE:.0f} %) tuning "
-                "may cost, "
-                f"leaving under the {BUDGET_FLOOR_S:.0f} s a search needs, so the default plan is compared and "
-                "trained (--budget tunes anyway)"), budget_s)
+                f"to predict it took {naive_s:.0f} s of the {budget_s:.0f} s ({100 * share:.0f} %) tuning may cost, "
+                f"leaving under the {floor:.0f} s a search needs, so the default plan is compared and trained "
+                "(--budget tunes anyway)"), budget_s)
         grows = (f"; it grows by half of what the search saves, up to {cap_s:.0f} s ({GROWN_SHARE:.0%}, at most "
                  f"{LONG_BASE_S:.0f} s + {LONG_SHARE:.0%} and {BUDGET_CEILING_S:.0f} s)" if cap_s > budget_s
                  else f" (at most {LONG_BASE_S:.0f} s + {LONG_SHARE:.0%} of it and {BUDGET_CEILING_S:.0f} s)")
