@@ -160,6 +160,7 @@ class Training:
     val_loss: float | None = None
     last_ckpt: Path | None = None
     extra_metrics: dict[str, float] = field(default_factory=dict)
+    hw: Any = None  # the probed hardware (the MFU denominator is measured again on it when the run out-ran it)
 
     @property
     def world(self) -> int:
@@ -328,5 +329,5 @@ def prepare(workload: Workload, plan: Plan | None, cfg: RunConfig, hw: Any, dist
         deadline=time.monotonic() + cfg.minutes * 60 if cfg.minutes else None,
         size_schedule_at=step + 5 if (cfg.minutes and cfg.steps is None and state is None) else None,
         precision_guard=_precision_guard(workload, plan, cfg, step, device),
-        notes=notes, window_start=now(device),
+        notes=notes, window_start=now(device), hw=hw,
     )

@@ -40,7 +40,14 @@ from saturate.engine.precision import Precision, make_precision
 from saturate.engine.resume import optimization_record, release_run_dirs, snapshot
 from saturate.engine.session import RunConfig, Training, now, prepare
 from saturate.engine.step import to_device
-from saturate.engine.summary import RunResult, export_weights, fill_summary, step_metrics, steps_for_budget
+from saturate.engine.summary import (
+    RunResult,
+    export_weights,
+    fill_summary,
+    recheck_peak,
+    step_metrics,
+    steps_for_budget,
+)
 from saturate.errors import ConfigError, SaturateError
 from saturate.hardware.contention import ContentionMeter
 from saturate.plan import Plan
@@ -334,7 +341,14 @@ def _finish(t: Training) -> RunResult:
         stop_signal=t.stop.signal_name, notes=t.notes, stop_reason=_stop_reason(t), finished=_done(t),
         metrics=t.extra_metrics, paused=t.paused is not None,
     )
-    fill_summary(result, t.workload, t.effective, t.step - t.start_step, t.peak, t.device, t.run_dir, t.dist)
+    steps = t.step - t.start_step
+    if t.world == 1 and t.hw is not None and steps > 0 and t.train_seconds > 0:  # a peak the run out-ran read low
+        achieved = steps * t.effective / t.train_seconds * (t.workload.flops_per_sample or 0)
+        t.peak, result.peak_label, note = recheck_peak(t.hw, t.plan, t.peak, t.peak_label, achieved)
+        if note:
+            t.notes.append(note)
+            t.console.note(note)
+    fill_summary(result, t.workload, t.effective, steps, t.peak, t.device, t.run_dir, t.dist)
     t.console.finish(result)
     return result
 
