@@ -123,8 +123,8 @@ class Stepper:
         self.adapt_oom = adapt_oom
         set_tf32(plan.tf32)
         use_threads(plan.threads)
-        if device.type == "cpu":  # process-wide, once: glibc reuses the step's buffers (engine/host_alloc.py)
-            self.notes.append(keep_freed_memory())
+        if device.type == "cpu" and (said := keep_freed_memory()) not in self.notes:  # process-wide: glibc reuses
+            self.notes.append(said)  # the step's buffers (engine/host_alloc.py); said once per run, however rebuilt
         self.precision: Precision = make_precision(plan.precision, device.type, plan.attention)
         model = workload.build_model()
         if plan.activation_checkpointing:
