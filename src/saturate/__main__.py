@@ -1,5 +1,3 @@
-import sys
+from saturate.cli import entry
 
-from saturate.cli import main
-
-sys.exit(main())
+entry()

@@ -184,6 +184,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     return stop_exit_code(result.stop_signal)
 
 
+def entry() -> None:
+    """The `saturate` command and `python -m saturate`: `main`, then the process ends without Python's teardown of
+    every imported module (`quick_exit`)."""
+    from saturate.cli.quick_exit import exit_now
+
+    exit_now(main())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from saturate.errors import SaturateError
 
