@@ -191,6 +191,20 @@ def test_a_short_job_gets_only_the_settings_that_change_nothing_in_the_training(
     assert all("not measured" in line for line in said[:-1] if "→" in line)
 
 
+def test_a_short_job_without_a_dataloader_still_gets_the_allocator(monkeypatch):
+    from saturate.engine import host_alloc
+    from saturate.script.short_job import prior_overrides
+
+    monkeypatch.setattr(host_alloc, "left_alone", lambda environ=None: None)
+    base = ScriptTrial("as written", NONE, 0.1, None, 0.0, 10, faults_per_s=20_000.0)
+    tuning = ScriptTuning(["python", "train.py"], base, base, [base], device_type="cpu", loaders=[])
+    over, said = prior_overrides(tuning, cores=2)
+    assert over == Overrides(host_alloc=True)
+    assert said[0].startswith("loader settings: no DataLoader") and "allocator" in said[1]
+    base.faults_per_s = 500.0  # buffers reused already: nothing at all
+    assert prior_overrides(tuning, cores=2)[0] == NONE
+
+
 def test_run_on_a_short_job_does_not_tune_and_applies_the_risk_free_settings(tmp_path):
     # the loader made inline in the loop, so nothing but its iterator holds it
     (tmp_path / "short.py").write_text(SLOW_DATA.replace("loader = DataLoader(Slow(), batch_size=8, num_workers=0)\n",

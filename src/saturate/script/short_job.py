@@ -41,32 +41,34 @@ def prior_overrides(result: ScriptTuning, cores: int) -> tuple[Overrides, list[s
     """What a short job gets without measuring: only settings that change nothing in the training — the first
     DataLoader's workers (on a GPU from the cores, one kept for the training process, at most 4, as the informed
     plan takes them; on a CPU, where workers take cores from the step, 2 only when the as-written trial waited
-    for data at least `INPUT_SHARE` of its step) and pinned memory on a GPU. Returns them and one line per
-    decision, each saying it was chosen, not measured."""
+    for data at least `INPUT_SHARE` of its step), pinned memory on a GPU, and on a CPU glibc's allocator
+    thresholds when the as-written trial faulted at least `FAULTS_WORTH_TRYING` pages a second (with or without
+    a DataLoader). Returns them and one line per decision, each saying it was chosen, not measured."""
     from saturate.doctor.findings import INPUT_SHARE
     from saturate.engine.host_alloc import FAULTS_WORTH_TRYING, left_alone
 
     said = []
-    loader = result.loaders[0] if result.loaders else None
-    if loader is None:
-        return NONE, ["loader settings: no DataLoader in the first trial; nothing applied"]
     changes: dict[str, Any] = {}
-    written = loader.get("num_workers") or 0
-    share = result.baseline.data_share
+    loader = result.loaders[0] if result.loaders else None
     gpu = result.device_type == "cuda"
-    workers = min(4, max(0, cores - 1)) if gpu else (min(2, cores) if share >= INPUT_SHARE and cores > 1 else 0)
-    if workers > written:
-        changes.update(num_workers=workers, persistent_workers=True)
-        said.append(f"loader workers {written} → {workers}: chosen, not measured ("
-                    + (f"{cores} cores, one kept for the training process" if gpu else
-                       f"the first trial waited for data {100 * share:.0f} % of its step") + ")")
+    if loader is None:
+        said.append("loader settings: no DataLoader in the first trial; none applied")
     else:
-        said.append(f"loader workers: {written} as written (waiting for data {100 * share:.0f} % of the step"
-                    + ("" if gpu else f"; on a CPU workers take cores from the step below {100 * INPUT_SHARE:.0f} %")
-                    + ")")
-    if gpu and not loader.get("pin_memory"):
-        changes["pin_memory"] = True
-        said.append("pinned memory: chosen, not measured (copies to the GPU can overlap the step)")
+        written = loader.get("num_workers") or 0
+        share = result.baseline.data_share
+        workers = min(4, max(0, cores - 1)) if gpu else (min(2, cores) if share >= INPUT_SHARE and cores > 1 else 0)
+        if workers > written:
+            changes.update(num_workers=workers, persistent_workers=True)
+            said.append(f"loader workers {written} → {workers}: chosen, not measured ("
+                        + (f"{cores} cores, one kept for the training process" if gpu else
+                           f"the first trial waited for data {100 * share:.0f} % of its step") + ")")
+        else:
+            said.append(f"loader workers: {written} as written (waiting for data {100 * share:.0f} % of the step"
+                        + ("" if gpu else "; on a CPU workers take cores from the step below "
+                           f"{100 * INPUT_SHARE:.0f} %") + ")")
+        if gpu and not loader.get("pin_memory"):
+            changes["pin_memory"] = True
+            said.append("pinned memory: chosen, not measured (copies to the GPU can overlap the step)")
     faults = result.baseline.faults_per_s or 0.0
     alloc = not gpu and left_alone() is None and faults >= FAULTS_WORTH_TRYING
     if alloc:
