@@ -92,7 +92,7 @@ class _Measurer:
         self.calls.append(f"model {stage} {kw}")
         return "trial"
 
-    def paired(self, a, b, stage, *, cap_s, min_gain):
+    def paired(self, a, b, stage, *, cap_s, min_gain, one_sided=False):
         self.calls.append(f"paired {stage} {cap_s} {min_gain}")
         return "pairs"
 

@@ -52,6 +52,23 @@ def test_pairs_stop_when_decisive_either_way_or_when_no_difference_is_worth_a_ch
     assert not decisive([1.2, 0.9, 1.1, 1.3, 0.95, 1.0], 0.03)
 
 
+# The tuner's fused-optimizer pairs on the peers' GPT-2 job (2026-11-27, bench/results/cpu-2026-11-27e), unfused÷fused.
+UNFUSED = [1.058, 0.983, 1.017, 1.074, 0.97, 0.984, 0.941, 1.02, 0.95, 0.97, 1.012, 1.125, 1.018, 0.937, 0.963, 0.934,
+           0.947, 0.966, 1.032, 0.945, 1.005, 0.921, 0.973, 1.098]
+
+
+def test_one_sided_pairs_stop_once_b_cannot_be_shown_worth_a_change():
+    # Two-sided, these ran to the 24-pair cap (0.963-1.017x: neither slower beyond 3 % nor wholly within it);
+    # asked only whether unfused is faster, they settle at the check of 16 (0.963-1.018x: under 1.03).
+    assert [n for n in CHECKS if decisive(UNFUSED[:n], 0.03)] == []
+    assert [n for n in CHECKS if decisive(UNFUSED[:n], 0.03, one_sided=True)] == [16, 20, 24]
+    assert settled(UNFUSED[:16], 0.03, one_sided=True) and not settled(UNFUSED[:16], 0.03)
+    assert not paired_comparison(UNFUSED[:16], 0.03).faster  # what the full 24 pairs decided too
+    # An interval reaching past 1 + the minimum gain is no reason to stop: B could still be faster.
+    assert not decisive([1.0, 1.05, 0.99, 1.04, 1.02, 1.06], 0.03, one_sided=True)
+    assert decisive([1.2] * 6, 0.03, one_sided=True)  # faster settles it as before
+
+
 def test_the_pairs_decision_is_a_verdict_with_the_pairs_said():
     c = paired_comparison([1.1, 1.2, 1.15, 1.3, 1.12, 1.18], 0.03)
     assert c.verdict is Verdict.FASTER and c.note.startswith("in 6 alternating pairs: faster in 6, median 1.165×")

@@ -186,8 +186,9 @@ def test_a_search_that_finds_a_saving_may_spend_half_of_it_and_one_that_finds_no
     fixed = clocked(lambda p, stage: 8.0)
     search(fixed, Plan(), settings(budget_s=30, try_compile=False, verify=False), started=0.0)
     assert result.budget_s == 100 and 30 < grown.now <= 100 and len(grown.tried) > len(fixed.tried) and fixed.now <= 30
-    assert any(d.startswith("budget: 30 -> 100 s: 8×8 bf16+tf32 read +80.0% over the first trial, 444 s saved over the "
-                            "1000 s training (a prediction); the search may spend 50% of it, up to 100 s")
+    assert any(d.startswith("budget: 30 -> 100 s: 8×8 bf16+tf32 measured +80.0% over the first trial (the "
+                            "comparisons that kept its changes), 444 s saved over the 1000 s training (a prediction); "
+                            "the search may spend 50% of it, up to 100 s")
                for d in result.decisions), result.decisions
     flat = clocked(lambda p, stage: 8.0)
     flat.speed = lambda p: 100.0  # nothing is faster than the first trial: nothing earned

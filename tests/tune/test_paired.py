@@ -30,6 +30,7 @@ class PairingMachine(FakeMachine):
         self.solo, self.side_by_side, self.jitter = solo, side_by_side, jitter
         self.seen: dict[int, int] = {}
         self.pairs: list[tuple[int, int]] = []
+        self.one_sided: list[bool] = []  # each pairing asked only whether the candidate is faster
 
     def model_trial(self, plan: Plan, stage: str, **kw) -> Trial:
         self.seen[plan.micro_batch] = self.seen.get(plan.micro_batch, 0) + 1
@@ -39,8 +40,10 @@ class PairingMachine(FakeMachine):
     def can_pair(self, a: Plan, b: Plan) -> bool:
         return a.compile == b.compile == "none"
 
-    def paired(self, a: Trial, b: Trial, stage: str, *, cap_s: float | None, min_gain: float) -> Pairs:
+    def paired(self, a: Trial, b: Trial, stage: str, *, cap_s: float | None, min_gain: float,
+               one_sided: bool = False) -> Pairs:
         self.pairs.append((a.plan.micro_batch, b.plan.micro_batch))
+        self.one_sided.append(one_sided)
         out = Pairs(Trial(stage=stage, plan=a.plan), Trial(stage=stage, plan=b.plan))
         ra, rb = self.side_by_side(a.plan), self.side_by_side(b.plan)
         out.ratios = [rb / ra * (1 + self.jitter * (-1) ** i) for i in range(6)]
@@ -191,3 +194,18 @@ def test_pairs_the_budget_cannot_hold_are_not_started():
                                               fused_available=False, budget_s=60.0))
     assert not machine.pairs and result.plan.micro_batch == 8  # a small gain it could not confirm: not taken
     assert any("alternating windows" in s and "the budget had" in s for s in result.skipped)
+
+
+def test_the_budget_grows_by_the_gain_the_pairs_measured_not_the_separate_trials():
+    # 16×2 read +12 % alone against 8×4's first trial (not decisive at ±11 %), +5 % in pairs: the search may spend
+    # half of a 5 % saving over the 1,000-s training (24 s), not half of 12 % (54 s).
+    true = {1: 40.0, 2: 60.0, 4: 75.0, 8: 80.0, 16: 84.0, 32: 80.0}
+    machine = PairingMachine(solo=lambda p, n: 89.6 if p.micro_batch == 16 else true[p.micro_batch],
+                             side_by_side=_rates(true))
+    result = search(machine, Plan(), settings(effective_batch=32, try_compile=False, supports={},
+                                              fused_available=False, budget_s=30, budget_cap_s=200,
+                                              training_s=1000, verify=False))
+    assert machine.pairs[0] == (8, 16) and result.plan.micro_batch == 16 and all(machine.one_sided)
+    grew = next(d for d in result.decisions if d.startswith("budget:"))
+    assert grew.startswith("budget: 30 -> 54 s: 16×2 fp32 measured +5.0% over the first trial (the comparisons that "
+                           "kept its changes), 48 s saved over the 1000 s training"), grew

@@ -432,3 +432,33 @@ def test_the_climb_passes_over_a_gain_within_noise_to_a_larger_micro_batch():
                          memory=linear_memory(GiB, 0.01 * GiB), spread=0.06)
     search(slower, Plan(), settings(try_compile=False, supports={}, fused_available=False))
     assert 32 not in {p.micro_batch for p in slower.tried}  # no gain at all: the climb stops there
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_other_optimizer_kernel_is_tried_only_where_the_optimizer_step_could_pay_for_it(fused):
+    # The optimizer step at 0.5 % of the step: no other kernel can gain the 3 % a change must (tune/bound.py), so
+    # it is not measured and the starting setting stays; at 5 % it is tried as before.
+    from saturate.plan import default_plan
+
+    start = default_plan(64, "cuda", {"bf16": True}, cores=8, fused_optimizer=True) if fused else Plan()
+    for share, tried in ((0.005, False), (0.05, True)):
+        machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB))
+        inner = machine.model_trial
+
+        def trial(plan, stage, share=share, inner=inner, **kw):
+            t = inner(plan, stage, **kw)
+            t.optimizer_share = share if t.ok else None
+            return t
+
+        machine.model_trial = trial
+        result = search(machine, start, settings(try_compile=False))
+        assert ("fused-optimizer" in [t.stage for t in result.trials]) is tried, result.decisions
+        if not tried:
+            other = "unfused" if fused else "fused"
+            assert result.plan.fused_optimizer is fused
+            assert f"fused optimizer: {'on' if fused else 'off'} ({other} not tried: the optimizer step took 0.5 % " \
+                   "of the step (measured): another kernel can gain at most 0.5 %, under 50% of the 3 % a change " \
+                   "must gain)" in result.decisions
+            if fused:
+                assert "not tried" in result.choices["fused_optimizer"] and "(measured)" in result.choices[
+                    "fused_optimizer"]

@@ -237,6 +237,25 @@ def test_a_real_trial_is_timed_in_windows_with_a_spread(workload, cpu):
     assert one.ok and one.windows == 1 and one.spread is None  # a single window has no spread
 
 
+def test_a_real_trial_measures_its_optimizer_steps_share(workload, cpu, monkeypatch):
+    import time
+
+    from saturate.engine import step as step_module
+
+    m = RealMeasurer(workload, cpu, window_s=0.0, min_steps=1)
+    plain = m.model_trial(Plan(micro_batch=4, grad_accum=2), "x")
+    real = step_module.optimizer_step
+
+    def slow(*a, **kw):
+        time.sleep(0.2)  # longer than the rest of this one-block model's step
+        return real(*a, **kw)
+
+    monkeypatch.setattr(step_module, "optimizer_step", slow)
+    slowed = m.model_trial(Plan(micro_batch=4, grad_accum=2), "x")
+    assert plain.ok and slowed.ok and 0 < plain.optimizer_share < 0.5 < slowed.optimizer_share < 1
+    assert slowed.to_dict()["optimizer_share"] == round(slowed.optimizer_share, 4)
+
+
 def test_tune_wide_flag_applies_to_presets_only(capsys):
     from saturate import cli
 

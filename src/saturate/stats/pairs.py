@@ -12,7 +12,10 @@ is above 1 and the median gains more than the minimum gain, slower alike below, 
 difference worth a change when the whole interval lies within ± the minimum gain (`decisive`).
 
 The pairs stop (`settled`) once they are decisive at one of a few pair counts (`CHECKS`: few looks,
-few false stops), or at a cap on timed seconds, never before `min_pairs`. The decision is a
+few false stops), or at a cap on timed seconds, never before `min_pairs`. A caller that keeps A unless B is
+faster (the tuner) stops as soon as B cannot be (`one_sided`): the interval's upper end within the minimum
+gain. The tuner's fused-optimizer pairs on the peers' GPT-2 job (2026-11-27) ran to the 24-pair cap for
+0.978× (0.963–1.017×); one-sided they stop at 16, on the same ratios. The decision is a
 `Comparison` (stats/comparison.py), so it reads as every other comparison does.
 
 When a run ends before `MIN_PAIRS` (a script shorter than the windows a decision needs), the sign test cannot
@@ -98,20 +101,22 @@ def ended_comparison(ratios: list[float], min_gain: float) -> Comparison | None:
     return Comparison(gain=g - 1, noise=noise, min_gain=min_gain, note=note)
 
 
-def decisive(ratios: list[float], min_gain: float) -> bool:
+def decisive(ratios: list[float], min_gain: float, one_sided: bool = False) -> bool:
     """Whether the pairs so far settle it: faster or slower beyond the interval and `min_gain`, or the whole
-    interval within ±`min_gain` (no difference worth a change)."""
+    interval within ±`min_gain` (no difference worth a change). `one_sided`: the caller asks only whether B is
+    faster (it keeps A otherwise), so an interval whose upper end is within 1 + `min_gain` settles it too — B
+    cannot be shown worth a change, whatever more pairs would say of how much slower it is."""
     c = paired_comparison(ratios, min_gain)
     low, high = median_interval(ratios)
-    return c.faster or c.slower or (low >= 1 - min_gain and high <= 1 + min_gain)
+    return c.faster or c.slower or high <= 1 + min_gain and (one_sided or low >= 1 - min_gain)
 
 
 def settled(ratios: list[float], min_gain: float, *, min_pairs: int = MIN_PAIRS, timed_s: float = 0.0,
-            cap_s: float | None = None) -> bool:
-    """Whether to stop timing pairs: at least `min_pairs`, and either decisive at one of `CHECKS` or `timed_s`
-    at the cap (`cap_s`, None: no cap). `MAX_PAIRS` is the caller's loop bound."""
+            cap_s: float | None = None, one_sided: bool = False) -> bool:
+    """Whether to stop timing pairs: at least `min_pairs`, and either decisive (`one_sided` or not) at one of
+    `CHECKS` or `timed_s` at the cap (`cap_s`, None: no cap). `MAX_PAIRS` is the caller's loop bound."""
     n = len(ratios)
-    return n >= min_pairs and ((n in CHECKS and decisive(ratios, min_gain))
+    return n >= min_pairs and ((n in CHECKS and decisive(ratios, min_gain, one_sided))
                                or (cap_s is not None and timed_s >= cap_s))
 
 

@@ -19,11 +19,12 @@ from torch.utils.data import default_collate
 
 from saturate.data.loaders import eval_loader, make_loader
 from saturate.engine.distributed import DistInfo, agree_any, all_reduce_scalar, gather_objects, rank_device
-from saturate.engine.step import Stepper, to_device
+from saturate.engine.step import Stepper, Timer, to_device
 from saturate.hardware import synchronize
 from saturate.hardware.contention import ContentionMeter
 from saturate.plan import Plan
 from saturate.stats.noise import WindowRule, default_rule
+from saturate.tune.bound import OptimizerClock
 from saturate.tune.paired import Pairing
 from saturate.tune.process import (
     CompileScope,
@@ -103,7 +104,7 @@ class RealMeasurer(Pairing):
         if self.dist.world_size == 1:
             return t
         views = gather_objects((t.status, t.error, t.window_samples_per_s, t.peak_memory_bytes, t.compile_s,
-                                t.seconds, t.steps, t.losses, t.busy_cores, t.contended))
+                                t.seconds, t.steps, t.losses, t.busy_cores, t.contended, t.optimizer_share))
         failures = [v for v in views if v[0] != "ok"]
         own = [v for v in failures if not v[1].startswith(PeerFailed.__name__)]  # the rank that failed first
         failed = (own or failures or [None])[0]
@@ -120,6 +121,7 @@ class RealMeasurer(Pairing):
         t.contended = any(v[9] for v in views)
         t.compile_s = max((v[4] for v in views if v[4] is not None), default=None)
         t.steps, t.losses = views[0][6], views[0][7]
+        t.optimizer_share = max((v[10] for v in views if v[10] is not None), default=None)
         return t
 
     # --- model trials ---------------------------------------------------------------------------
@@ -205,19 +207,18 @@ class RealMeasurer(Pairing):
                        losses: list[torch.Tensor], steps: int | None) -> None:
         """Timed windows of equal step counts until the throughput is known (stats/noise.py's rule) or a cap.
 
-        The first window's length in steps (at least `window_s`) is agreed by every rank, so every rank
-        runs the same steps; each later window syncs the device once, at its end. The trial's meter of
-        other processes' use raises the caps when the windows disagree on a busy machine.
-        """
+        The first window's length in steps (at least `window_s`) is agreed by every rank, so every rank runs the same
+        steps; each later window syncs the device once, at its end. The trial's meter of other processes' use raises
+        the caps when the windows disagree on a busy machine; its clock, the optimizer step's share (bound.py)."""
         meter = ContentionMeter().start()  # this job's tree: every local rank (hardware.contention.job_root)
-        rule, per_step = self.rule, plan.samples_per_step()
+        rule, per_step, clock = self.rule, plan.samples_per_step(), OptimizerClock(self.device)
         rates: list[float] = []
-        size, n, busy = 0, 0, None
+        size, n, busy, timed = 0, 0, None, 0.0
         start = time.perf_counter()
         while True:
             w0, k = time.perf_counter(), 0
             while True:
-                self._step(stepper, batches)
+                self._step(stepper, batches, clock)
                 losses.append(stepper.take_loss_sum())
                 k, n = k + 1, n + 1
                 if steps is not None:
@@ -234,7 +235,8 @@ class RealMeasurer(Pairing):
                         size = k
                         break
             synchronize(self.device)
-            rates.append(k * per_step / (time.perf_counter() - w0))
+            timed += (took := time.perf_counter() - w0)
+            rates.append(k * per_step / took)
             elapsed = time.perf_counter() - start
             agreed = rule.agreed(rates) and n >= self.min_steps and elapsed >= self.min_seconds
             if not agreed and busy is None and rule.capped(rates, elapsed):
@@ -248,7 +250,7 @@ class RealMeasurer(Pairing):
         seen = meter.stop()
         trial.busy_cores, trial.contended = seen.other_cores, seen.significant()
         self._summarise(trial, plan, rates)
-        trial.steps = n
+        trial.steps, trial.optimizer_share = n, clock.seconds / timed if timed > 0 else None
 
     def _summarise(self, trial: Trial, plan: Plan, rates: list[float]) -> None:
         """The trial's figures from its windows' throughputs (a single window has no spread)."""
@@ -272,18 +274,18 @@ class RealMeasurer(Pairing):
             raise OverBudget(f"was stopped after its first step: {n} timed steps of {step_s:.2g} s would end "
                              f"{n * step_s - left:.0f} s past the budget")
 
-    def _step(self, stepper: Stepper, batches: Iterator[Any]) -> None:
+    def _step(self, stepper: Stepper, batches: Iterator[Any], timer: Timer | None = None) -> None:
         """One optimizer step; under torchrun every rank learns whether any rank failed in it.
 
         A rank that fails outside forward/backward (an OOM allocating the optimizer's state, say) would
         otherwise leave the others waiting in the next step's all-reduce: all end the trial together.
         """
         if self.dist.world_size == 1:
-            stepper.step(batches)
+            stepper.step(batches, timer)
             return
         error: Exception | None = None
         try:
-            stepper.step(batches)
+            stepper.step(batches, timer)
         except Exception as e:
             error = e
         if agree_any(error is not None):

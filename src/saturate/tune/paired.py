@@ -82,12 +82,12 @@ class _Side:
 
 
 def measure_pairs(m: Any, a: Trial, b: Trial, stage: str, *, cap_s: float | None,
-                  min_gain: float) -> Pairs:
+                  min_gain: float, one_sided: bool = False) -> Pairs:
     """With `m` a RealMeasurer (measure.py): build `a`'s and `b`'s plans (eager, from the same seed), warm each
     up, then time them in alternating windows (module docstring) until the pairs are `settled` (stats/pairs.py:
-    decisive at one of its `CHECKS`, or `cap_s` timed seconds; at least `MIN_PAIRS` pairs), or `MAX_PAIRS`. Each
-    side's steps per window come from its trial's step time (a window of at least `WINDOW_S`). The two trials
-    returned hold each plan's windows, figures and losses."""
+    decisive at one of its `CHECKS` — `one_sided`: or `b` cannot be faster —, or `cap_s` timed seconds; at least
+    `MIN_PAIRS` pairs), or `MAX_PAIRS`. Each side's steps per window come from its trial's step time (a window of at
+    least `WINDOW_S`). The two trials returned hold each plan's windows, figures and losses."""
     started = time.perf_counter()
     min_pairs, window_s = MIN_PAIRS, max(WINDOW_S, m.window_s)
     if os.environ.get(SHORT_TRIALS_ENV):
@@ -121,7 +121,7 @@ def measure_pairs(m: Any, a: Trial, b: Trial, stage: str, *, cap_s: float | None
                 timed += took
                 side.rates.append(side.steps * side.trial.plan.samples_per_step() / took)
             out.ratios.append(sides[1].rates[-1] / sides[0].rates[-1])
-            if settled(out.ratios, min_gain, min_pairs=min_pairs, timed_s=timed, cap_s=cap_s):
+            if settled(out.ratios, min_gain, min_pairs=min_pairs, timed_s=timed, cap_s=cap_s, one_sided=one_sided):
                 break
         for side in sides:
             m._summarise(side.trial, side.trial.plan, side.rates)
@@ -155,6 +155,7 @@ class Pairing:
         """Whether two plans can be timed in alternating windows here: on a CPU, in one process, both eager."""
         return self.device.type == "cpu" and self.dist.world_size == 1 and a.compile == b.compile == "none"
 
-    def paired(self, a: Trial, b: Trial, stage: str, *, cap_s: float | None, min_gain: float) -> Pairs:
+    def paired(self, a: Trial, b: Trial, stage: str, *, cap_s: float | None, min_gain: float,
+               one_sided: bool = False) -> Pairs:
         """`a`'s and `b`'s plans built together and timed in alternating windows (`measure_pairs`)."""
-        return measure_pairs(self, a, b, stage, cap_s=cap_s, min_gain=min_gain)
+        return measure_pairs(self, a, b, stage, cap_s=cap_s, min_gain=min_gain, one_sided=one_sided)

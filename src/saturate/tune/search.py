@@ -30,6 +30,7 @@ from saturate.errors import SaturateError
 from saturate.plan import Plan, informed_summary
 from saturate.stats.comparison import compare
 from saturate.tune import batch, start
+from saturate.tune.bound import bound_text, not_worth
 from saturate.tune.decide import check_verification
 from saturate.tune.evidence import plan_text
 from saturate.tune.loader_stage import ladder, loader
@@ -187,6 +188,16 @@ class _Search(SearchState):
             return best
         on = best.plan.fused_optimizer
         other, was = ("unfused", "fused") if on else ("fused", "unfused")
+        # The most the other kernel can gain is the incumbent's whole optimizer step (bound.py): the largest share
+        # any trial with the incumbent's setting measured.
+        share = max((t.optimizer_share for t in self.trials if t.ok and t.optimizer_share is not None
+                     and t.plan.fused_optimizer == on), default=None)
+        if not_worth(share, self.s.min_gain):
+            why = bound_text("optimizer step", share, self.s.min_gain)  # type: ignore[arg-type]
+            self.decisions.append(f"fused optimizer: {'on' if on else 'off'} ({other} not tried: {why})")
+            self.measured("fused_optimizer", f"{other} not tried, {why}", kept=on == self.base.fused_optimizer)
+            self.planned -= 1  # the trial the budget was shared out for
+            return best
         if not self.affordable(f"{other} optimizer"):
             return best
         t = self.trial(best.plan.replace(fused_optimizer=not on), "fused-optimizer")
@@ -252,7 +263,7 @@ class _Search(SearchState):
         if not self.affordable("chunked loss"):
             return best
         t = self.trial(p.replace(loss_chunk=s.loss_chunk_rows), "loss")
-        taken, c, best, t = self.beats(t, best) if t.ok else (False, None, best, t)
+        taken, c, best, t = self.beats(t, best, either_way=True) if t.ok else (False, None, best, t)
         memory = (f"; peak memory {gib(t.peak_memory_bytes)} against {gib(best.peak_memory_bytes)}"
                   if t.peak_memory_bytes and best.peak_memory_bytes else "")
         frees = bool(memory) and t.peak_memory_bytes <= (1 - CHUNK_MEMORY_GAIN) * best.peak_memory_bytes

@@ -39,6 +39,7 @@ class Trial:
     error: str = ""  # the first line of the error, for "oom" and "failed"
     verdict: str = ""  # set by the search: "chosen", or why it lost
     paired: bool = False  # timed in alternating windows with another plan (paired.py), not alone
+    optimizer_share: float | None = None  # of the timed steps' time, in the optimizer step (bound.py)
 
     @property
     def ok(self) -> bool:
@@ -62,6 +63,7 @@ class Trial:
             "seconds": round(self.seconds, 3),
             "steps": self.steps, "error": self.error or None, "verdict": self.verdict or None,
             "paired": self.paired or None,
+            "optimizer_share": None if self.optimizer_share is None else round(self.optimizer_share, 4),
         }
         return {k: v for k, v in out.items() if v is not None}  # TOML has no null
 
