@@ -30,6 +30,7 @@ class FakeMachine:
         self.written = written or WRITTEN
         self.runs: list[dict[str, Any]] = []
         self.penalty_above: int | None = None  # micro-batches above this are twice as slow per sample
+        self.optimizer_share: float | None = None  # the optimizer phase's share of the step (None: not timed)
 
     def __call__(self, command: list[str], settings: ChildSettings, **kw: Any) -> ScriptRun:
 
@@ -56,7 +57,9 @@ class FakeMachine:
         if args.get("torch_compile"):
             step *= self.compile_gain
             first += self.compile_s
-        report = {"measurements": {"step_s": step, "samples_per_step": micro * accum, "phases": {"data": 0.0},
+        phases = {"data": 0.0} if self.optimizer_share is None else {"data": 0.0, "optimizer": self.optimizer_share
+                                                                     * step}
+        report = {"measurements": {"step_s": step, "samples_per_step": micro * accum, "phases": phases,
                                    "steps": 3, "device_type": self.device},
                   "loaders": [], "first_step_s": first,
                   "trainer": {"class": "Trainer", "site": "train.py:82", "args_class": "TrainingArguments",
@@ -150,6 +153,18 @@ def test_the_fused_optimizer_is_tried_only_where_the_script_uses_unfused_adamw()
     already = tune(FakeMachine(written={**WRITTEN, "optim": "adamw_torch_fused"}))
     assert "optim=\"adamw_torch_fused\"" not in by_name(already)
     assert "fused optimizer: not tried (optim='adamw_torch_fused' is already fused)" in already.decisions
+
+
+def test_the_fused_optimizer_is_not_tried_where_the_optimizer_step_is_too_small_a_share_to_gain():
+    small = FakeMachine()
+    small.optimizer_share = 0.008  # another kernel could gain at most 0.8 %: under half the 3 % a change must
+    tuning = tune(small)
+    assert "optim=\"adamw_torch_fused\"" not in by_name(tuning) and "optim" not in tuning.best.overrides.trainer
+    assert "fused optimizer: not tried (the optimizer step took 0.8 % of the step (measured): another kernel can " \
+           "gain at most 0.8 %, under 50% of the 3 % a change must gain)" in tuning.decisions
+    large = FakeMachine()
+    large.optimizer_share = 0.2
+    assert tune(large).best.overrides.trainer["optim"] == "adamw_torch_fused"
 
 
 def test_the_tuned_settings_are_said_as_one_training_arguments_edit():

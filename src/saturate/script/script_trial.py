@@ -74,6 +74,7 @@ class ScriptTrial:
     other_cores: float | None = None  # cores other processes kept busy while it was timed (when read)
     threads: int | None = None  # torch's intra-op threads in the run
     faults_per_s: float | None = None  # the training process's minor page faults per second of its timed windows
+    optimizer_share: float | None = None  # of the step, in the optimizer step (the Profiler's window; None: not timed)
     pair: dict[str, Any] | None = None  # timed in alternating windows with the best so far (`gated.py`): how
 
     @classmethod
@@ -88,7 +89,8 @@ class ScriptTrial:
         t = cls(name, overrides, profiled, None, data, m["steps"], losses=losses,
                 first_step_s=report.get("first_step_s"), samples_per_step=per_step,
                 trainer_error=(report.get("trainer") or {}).get("error"), host_peak=m.get("main_peak"),
-                threads=(report.get("threads") or {}).get("in_force"))
+                threads=(report.get("threads") or {}).get("in_force"),
+                optimizer_share=m["phases"].get("optimizer", 0.0) / profiled if profiled > 0 else None)
         windows = report.get("windows") or {}
         if rates := windows.get("rates"):
             summary = (rule or window_rule()).result(rates)

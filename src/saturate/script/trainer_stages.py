@@ -105,8 +105,8 @@ def trainer_stages(search: Search, fw: Framework, supports: dict[str, bool], mod
         micro, effective = memory_stopped
         trial(knob, (f"{knob} at micro-batch {micro}", over.merged(fw.split_overrides(micro, effective // micro))))
 
-    # 4. the fused optimizer
-    trial("fused optimizer", fw.fused())
+    # 4. the fused optimizer, where the optimizer step is a share of the step another kernel could gain on
+    trial("fused optimizer", worth_fusing(fw.fused(), search.result))
 
     # 5. compile, where it can pay back its compile time
     option = fw.compile()
@@ -127,6 +127,20 @@ def stage(search: Search, knob: str, option: Option, check: Callable[[Any], str 
     label, over = option
     t = search.consider(label, search.with_overrides(over), check)
     decisions.append(f"{knob}: {t.outcome}" if label.startswith(knob) else f"{knob}: {label} {t.outcome}")
+
+
+def worth_fusing(option: Option, result: Any) -> Option:
+    """`option` (the fused optimizer's trial), or why it is not tried: the script's optimizer step — the Profiler's
+    optimizer phase, the largest share of the step any run so far measured — too small for another kernel to gain
+    the minimum gain (tune/bound.py)."""
+    from saturate.script.script_trial import MIN_GAIN
+    from saturate.tune.bound import bound_text, not_worth
+
+    if isinstance(option, str):
+        return option
+    share = max((t.optimizer_share for t in (result.baseline, *result.trials) if t.ok and t.optimizer_share),
+                default=None)
+    return f"not tried ({bound_text('optimizer step', share, MIN_GAIN)})" if not_worth(share, MIN_GAIN) else option
 
 
 def _split_stage(search: Search, fw: Framework, model: dict[str, Any] | None = None,

@@ -51,7 +51,7 @@ from saturate.script.host_stages import alloc_stage, loader_stages, threads_stag
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.script_trial import MIN_GAIN, WINDOW_S, ScriptTrial, TrialOptions, window_rule
 from saturate.script.short_job import prior_overrides, too_short
-from saturate.script.trainer_stages import Option, stage, trainer_stages
+from saturate.script.trainer_stages import Option, stage, trainer_stages, worth_fusing
 from saturate.script.tuning import ScriptTuning
 from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule
@@ -121,7 +121,7 @@ def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[
             supports = probe(measure_peaks=False, device=device).supports
         trainer_stages(search, framework, supports, report.get("model"), allow_micro_batch_change)
     else:
-        stage(search, "fused optimizer", _plain_fused(result.optimizer or {}, device))
+        stage(search, "fused optimizer", worth_fusing(_plain_fused(result.optimizer or {}, device), result))
     loader_stages(search, cores)
     threads_stage(search, cores)
     if device == "cuda":
