@@ -128,8 +128,10 @@ def command(name: str, steps: int, folder: Path) -> list[str]:
 def contest(name: str, steps: int, folder: Path, cache: Path, peaks: Path | None = None) -> dict:
     if name == "saturate-known" and peaks is not None:  # the peaks, as a second job on this machine finds them
         shutil.copytree(peaks, cache / "peaks", dirs_exist_ok=True)
+    # Each contestant's own Inductor cache, empty: a compile trial costs what it costs on a first run (a cache that
+    # an earlier run of the same plan left made one take 6 s instead of 58, 2026-11-27).
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "SATURATE_CACHE": str(cache),
-           "PYTHONPATH": str(ROOT / "src")}
+           "PYTHONPATH": str(ROOT / "src"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor")}
     t = time.perf_counter()
     out = subprocess.run(command(name, steps, folder), cwd=folder, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t
