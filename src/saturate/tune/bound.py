@@ -37,7 +37,7 @@ def not_worth(share: float | None, min_gain: float) -> bool:
 
 
 def bound_text(phase: str, share: float, min_gain: float) -> str:
-    """"the optimizer step took 0.7 % of the step (measured): another kernel can gain at most 0.7 %, under half the
+    """"the optimizer step took 0.7 % of the step (measured): another kernel can gain at most 0.7 %, under 50% of the
     3 % a change must gain"."""
     return (f"the {phase} took {100 * share:.1f} % of the step (measured): another kernel can gain at most "
             f"{100 * most_gained(share):.1f} %, under {1 / BOUND_MARGIN:.0%} of the {100 * min_gain:.0f} % a change "
