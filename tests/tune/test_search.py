@@ -200,8 +200,18 @@ def test_compile_accepted_only_when_it_pays_back():
     # The limit is what compile could at most save over the run: a 3-step run stops it in flight.
     limit = machine.compile_limits[-2]  # the compile trial's (the verify that follows has none)
     assert limit is not None and limit < 1.0
-    assert any(d.startswith("compile: none (compiling was stopped") for d in short_run.decisions)
+    [line] = [d for d in short_run.decisions if d.startswith("compile:")]
+    assert line.startswith("compile: none (compiling was stopped") and "cannot pay back over 3 steps" in line, line
     assert short_run.plan in machine.tried and short_run.chosen.ok
+
+
+def test_a_compilation_the_budget_stopped_is_said_so_not_that_it_cannot_pay_back():
+    # 100,000 steps: compiling could take hours and pay back; the 20-s budget is what stops it (the fake's 30 s).
+    machine = FakeMachine(speed=saturating(16), memory=linear_memory(GiB, 0.1 * GiB))
+    result = search(machine, Plan(), settings(planned_steps=100_000, budget_s=20))
+    [line] = [d for d in result.decisions if d.startswith("compile:")]
+    assert "what the tuning budget had left for it" in line and "cannot pay back" not in line, line
+    assert result.plan.compile == "none"
 
 
 def test_loader_cheapest_setting_that_feeds_the_model():

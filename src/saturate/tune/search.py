@@ -294,8 +294,8 @@ class _Search(SearchState):
         s = self.s
         # The most compile could save: the planned run at `compile_speedup_bound`× speed. A compile that takes
         # longer than that cannot pay back, so it is the trial's time limit: the compilation is stopped there.
-        limit = s.planned_steps * best.step_s * (1 - 1 / s.compile_speedup_bound)
-        left = self.remaining()
+        payback = s.planned_steps * best.step_s * (1 - 1 / s.compile_speedup_bound)
+        limit, left = payback, self.remaining()
         if left is not None:  # the compilation, then a trial's steps, then the verification
             limit = min(limit, left - self.longest() - self.verifying())
         what = "torch.compile" if mode == s.compile_mode else f"torch.compile {mode}"
@@ -312,8 +312,11 @@ class _Search(SearchState):
             t.verdict = f"{t.status}: {t.error}"
             self.decisions.append(f"compile: {kept} (the tuning budget ran out: {t.error})")
             return best
-        if t.status == "timeout":
-            t.verdict = f"{t.error}: a longer compilation cannot pay back over {s.planned_steps} steps"
+        if t.status == "timeout":  # which limit stopped it: the budget's room, or what compiling could save
+            t.verdict = t.error + (f": a longer compilation cannot pay back over {s.planned_steps} steps"
+                                   if limit >= payback else
+                                   f": what the tuning budget had left for it (compiling could take up to "
+                                   f"{payback:.0f} s and still pay back over {s.planned_steps} steps)")
             self.decisions.append(f"compile: {kept} ({t.verdict})")
             return best
         if not t.ok:
