@@ -48,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--param", action="append", default=[], help="KEY=VALUE for the workload (repeatable)")
     ap.add_argument("--micros", default="8,16,32", help="the micro-batches, comma-separated (default: 8,16,32)")
     ap.add_argument("--precisions", default="fp32,bf16", help="the precisions (default: fp32,bf16)")
-    bench.add_run_args(ap, steps=6, warmup=2, rounds=4)
+    # A warm-up of 4: the default plan's bf16 guard checks the first 4 steps with two extra forwards of the run's
+    # first micro-batch each (engine/precision_guard.py), a cost that grows with the micro-batch.
+    bench.add_run_args(ap, steps=6, warmup=4, rounds=4)
     args = ap.parse_args(argv)
     bench.require_positive(ap, steps=args.steps, warmup=args.warmup, rounds=args.rounds)
     params = {k: _value(v) for k, _, v in (p.partition("=") for p in args.param)}
