@@ -243,11 +243,13 @@ def reference_plan(name: str) -> Plan:
 INFORMED = "chosen from the hardware, not measured"
 # The knobs the default plan chooses, in the order its provenance and the output say them.
 INFORMED_KNOBS = ("precision", "tf32", "fused_optimizer", "micro_batch", "loader")
+# In bf16 on a CPU the default micro-batch may be 16 when 16 samples hold at most this many tokens (`default_plan`).
+CPU_BF16_TOKENS = 2048
 
 
 def default_plan(effective_batch: int, device_type: str, supports: dict[str, bool], world_size: int = 1, *,
                  cores: int | None = None, fused_optimizer: bool | None = None,
-                 memory_cap: tuple[int, str] | None = None) -> Plan:
+                 memory_cap: tuple[int, str] | None = None, tokens_per_sample: int | None = None) -> Plan:
     """The informed starting plan: what an expert would pick from the probed hardware alone, before any trial.
 
     Where saturate does not measure (`train` without a plan, a job too short to tune, the doctor's seed
@@ -267,7 +269,12 @@ def default_plan(effective_batch: int, device_type: str, supports: dict[str, boo
       with `memory_cap` (the largest micro-batch a measured peak predicts to fit, and the line that says how),
       within it instead on a GPU, and within both on a CPU — a CPU gains nothing from a micro-batch beyond
       what fills its cores (GPT-2-shaped, fp32, on the 2-core AVX2 EPYC: 32 × 1 measured −12.4 % against
-      8 × 4, 4 × 8 −30 %; gpt-tiny's grid best there was 8 × 4; 2026-11-26), so memory only lowers it;
+      8 × 4, 4 × 8 −30 %; gpt-tiny's grid best there was 8 × 4; 2026-11-26), so memory only lowers it. In bf16
+      on a CPU, for samples of `tokens_per_sample` tokens where 16 of them hold at most `CPU_BF16_TOKENS`, up
+      to 16: the native bf16 matmuls run ~2× fp32's and want more rows to stay busy (GPT-2-shaped at 128
+      tokens on the 2-core Zen 4: 16 × 2 over 8 × 4 measured +6.7 % and +16.0 % in the tuner's alternating
+      pairs, +15 % in gpt-tiny's grid, +2.5 to +7.0 % trained in interleaved rounds — never slower; 32 × 1
+      was mixed, −5.8 to +25 %; 2026-11-26/27, docs/benchmarks.md);
     - the loader: on a GPU, workers from the `cores` each process has, one kept for the training process (at
       most 4), pinned memory and non-blocking copies; elsewhere none (the step uses every core).
 
@@ -293,14 +300,22 @@ def default_plan(effective_batch: int, device_type: str, supports: dict[str, boo
     why["fused_optimizer"] = ("on: a fused AdamW kernel exists on this device" if fused else
                               "off: no fused AdamW kernel on this device")
     cap = 8 if device_type == "cpu" else 16
+    short = tokens_per_sample is not None and 1 < tokens_per_sample <= CPU_BF16_TOKENS // 16  # tokens, not rows
+    if device_type == "cpu" and precision == "bf16" and short:
+        cap = 16
+    cpu_rule = (f"up to 16 on a CPU in bf16 for samples of {tokens_per_sample} tokens (bf16's faster matmuls want "
+                "more rows)" if cap == 16 else "up to 8 on a CPU (a larger one does not run faster there)")
     if memory_cap is not None and device_type == "cpu":
         fit = max(1, memory_cap[0])
         cap = min(cap, fit)
-        rule = (f"the largest that divides the per-process batch {per_rank} up to 8 on a CPU (a larger one does not "
-                f"run faster there), within the {fit} predicted to fit ({memory_cap[1]})")
+        rule = (f"the largest that divides the per-process batch {per_rank} {cpu_rule}, within the {fit} "
+                f"predicted to fit ({memory_cap[1]})")
     elif memory_cap is not None:
         cap, how = max(1, memory_cap[0]), memory_cap[1]
         rule = f"the largest that divides the per-process batch {per_rank} within the {cap} predicted to fit ({how})"
+    elif device_type == "cpu":
+        rule = (f"the largest that divides the per-process batch {per_rank} {cpu_rule}: no memory was measured, "
+                "and the memory model predicts only from a measured peak")
     else:
         rule = (f"the largest that divides the per-process batch {per_rank} up to {cap}: no memory was measured, "
                 "and the memory model predicts only from a measured peak"

@@ -6,7 +6,7 @@ where naive was measured once to size the tuning budget, that measurement adds t
 - the micro-batch: naive's measured peak memory, in proportion to the micro-batch, predicts the largest that
   fits within the headroom (the tuner's upper-bound rule, `tune.batch.largest_proportional`: peak = fixed +
   per sample, both ≥ 0), so the informed plan takes the largest divisor of the per-process batch within it — on
-  a GPU; on a CPU memory only lowers the rule's 8 (a larger micro-batch is no faster there: `plan.default_plan`);
+  a GPU; on a CPU memory only lowers the rule's 8, or 16 in bf16 for short samples (`plan.default_plan`);
 - the guard, one short measurement of the informed plan on the same samples from the same weights (the same
   measurer as naive's): a lower precision is kept only when its first losses are within `LOSS_TOLERANCE` of
   fp32's (`search.loss_drift`, the tuner's check), and a larger micro-batch with it only when its first steps

@@ -86,7 +86,8 @@ def workload_default_plan(workload: Workload, hardware: Any, world_size: int = 1
     else the whole effective batch per process) and the line says so. `memory_cap`: see `default_plan`."""
     fused = fused_adamw_available(torch.device(hardware.torch_device))
     plan = default_plan(workload.optim.effective_batch, hardware.device_type, dict(hardware.supports), world_size,
-                        cores=getattr(hardware, "cpu_cores", None), fused_optimizer=fused, memory_cap=memory_cap)
+                        cores=getattr(hardware, "cpu_cores", None), fused_optimizer=fused, memory_cap=memory_cap,
+                        tokens_per_sample=getattr(workload, "tokens_per_sample", None))
     if plan.grad_accum == 1 and workload.micro_batch is None:
         return plan, None  # the whole batch per process in one micro-batch: nothing split
     # Only a meta-device look: a default plan must not load a large model's weights twice to decide this.
