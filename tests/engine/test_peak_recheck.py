@@ -35,7 +35,7 @@ def test_a_run_over_the_suspect_share_of_a_measured_peak_measures_it_again(measu
     peak, label, note = recheck_peak(hardware(), plan, 209 * G, "bf16 matmul peak (stored)", 182 * G)  # 87 %
     assert measured == [("bf16", True)] and peak == 400 * G and label.startswith("bf16 matmul peak (measured now")
     assert note.startswith("the bf16 matmul peak read at the start (209 GFLOP/s) was below what a peak must be") \
-        and "182 GFLOP/s (87 % of it)" in note and "measured again at the end: 400 GFLOP/s" in note
+        and "182 GFLOP/s (87 % of it)" in note and "measured again: 400 GFLOP/s, the MFU's denominator" in note
 
 
 @pytest.mark.parametrize(("achieved", "datasheet"), [
@@ -55,11 +55,9 @@ def test_a_second_reading_no_higher_changes_nothing(monkeypatch):
 
 
 def test_train_divides_by_the_peak_measured_again_and_says_so(tmp_path, monkeypatch):
-    import torch
 
-    from saturate.engine import trainer
+    from saturate.engine import session
     from saturate.engine.trainer import RunConfig, train
-    from saturate.workloads import custom_workload
 
     seen = []
 
@@ -67,12 +65,61 @@ def test_train_divides_by_the_peak_measured_again_and_says_so(tmp_path, monkeypa
         seen.append(achieved)
         return 2 * achieved, "measured again", "the peak read low (a test)"
 
-    monkeypatch.setattr(trainer, "recheck_peak", again)
-    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
-    workload = custom_workload("tiny", model=lambda: torch.nn.Linear(4, 1), dataset=data,
-                               loss=torch.nn.functional.mse_loss, effective_batch=8, lr=1e-3, flops_per_sample=1e6)
-    result = train(workload, Plan(micro_batch=8, grad_accum=1), RunConfig(steps=4, run_dir=tmp_path / "run",
-                                                                           progress=False, quiet=True))
-    assert len(seen) == 1 and seen[0] == pytest.approx(result.samples_per_s * 1e6)
+    monkeypatch.setattr(session, "recheck_peak", again)
+    result = train(_workload(), Plan(micro_batch=8, grad_accum=1), RunConfig(steps=4, run_dir=tmp_path / "run",
+                                                                             progress=False, quiet=True))
+    assert len(seen) == 1 and seen[0] == pytest.approx(result.samples_per_s * FLOPS)  # one window: the run's rate
     assert result.mfu == pytest.approx(0.5) and result.peak_label == "measured again"
     assert "the peak read low (a test)" in result.notes
+
+
+FLOPS = 1e15  # a sample's model FLOPs: any step out-runs any real peak
+
+
+def _workload():
+    import torch
+
+    from saturate.workloads import custom_workload
+
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    return custom_workload("tiny", model=lambda: torch.nn.Linear(4, 1), dataset=data,
+                           loss=torch.nn.functional.mse_loss, effective_batch=8, lr=1e-3, flops_per_sample=FLOPS)
+
+
+def test_the_peak_is_measured_again_at_the_first_window_that_out_ran_it_and_once(tmp_path, monkeypatch):
+    from saturate.engine import session
+    from saturate.engine.metrics import read_jsonl
+    from saturate.engine.trainer import RunConfig, train
+
+    seen = []
+
+    def again(hw, plan, peak, label, achieved):
+        seen.append(achieved)
+        return 2 * achieved, "measured again", "the peak read low (a test)"
+
+    monkeypatch.setattr(session, "recheck_peak", again)
+    result = train(_workload(), Plan(micro_batch=8, grad_accum=1), RunConfig(
+        steps=12, log_every=4, run_dir=tmp_path / "run", progress=False, quiet=True))
+    lines = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "throughput/samples_per_s" in r]
+    assert len(lines) == 3 and len(seen) == 1  # measured at the first window, not again at the end
+    assert seen[0] == pytest.approx(lines[0]["throughput/samples_per_s"] * FLOPS)
+    # Every line from the first on divides by what was measured (the first window's own: 50 % of it).
+    assert lines[0]["throughput/mfu"] == pytest.approx(0.5)
+    assert all("throughput/mfu" in r or "throughput/achieved_over_peak" in r for r in lines)
+    assert result.peak_label == "measured again" and result.notes.count("the peak read low (a test)") == 1
+
+
+def test_a_peak_measured_again_no_higher_is_not_measured_at_every_window(tmp_path, monkeypatch):
+    from saturate.engine import session
+    from saturate.engine.trainer import RunConfig, train
+
+    seen = []
+
+    def same(hw, plan, peak, label, achieved):  # the second reading was no higher: nothing changes
+        seen.append(achieved)
+        return peak, label, None
+
+    monkeypatch.setattr(session, "recheck_peak", same)
+    result = train(_workload(), Plan(micro_batch=8, grad_accum=1), RunConfig(
+        steps=12, log_every=4, run_dir=tmp_path / "run", progress=False, quiet=True))
+    assert len(seen) == 1 and result.steps == 12  # once a run, though every window out-ran the peak

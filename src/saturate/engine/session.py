@@ -49,7 +49,7 @@ from saturate.engine.runfile import recorded_cadence, run_settings, write_run_to
 from saturate.engine.schedule import WarmupCosine, scaled_lr
 from saturate.engine.signals import StopFlag
 from saturate.engine.step import Stepper, to_device
-from saturate.engine.summary import mfu_peak, write_json
+from saturate.engine.summary import SUSPECT_MFU, mfu_peak, recheck_peak, write_json
 from saturate.engine.trackers import make_sinks, parse_log_to
 from saturate.engine.watch import TrainingWatch
 from saturate.errors import CheckpointError, ConfigError, SaturateError
@@ -161,6 +161,7 @@ class Training:
     last_ckpt: Path | None = None
     extra_metrics: dict[str, float] = field(default_factory=dict)
     hw: Any = None  # the probed hardware (the MFU denominator is measured again on it when the run out-ran it)
+    peak_rechecked: bool = False  # the peak was measured again (once a run: `recheck_peak`)
 
     @property
     def world(self) -> int:
@@ -169,6 +170,21 @@ class Training:
     @property
     def model(self) -> torch.nn.Module:
         return self.stepper.model
+
+    def recheck_peak(self, steps: int, seconds: float) -> None:
+        """The MFU's denominator measured again (summary.recheck_peak) when `steps` in `seconds` ran the model's
+        FLOPs over `SUSPECT_MFU` of a measured peak — at most once a run, from the first window that did: the lines
+        from there on, the summary and the stored peak use what it found, said in a note. One process only."""
+        if self.peak_rechecked or self.world != 1 or self.hw is None or not self.peak or steps <= 0 or seconds <= 0:
+            return
+        achieved = steps * self.effective / seconds * (self.workload.flops_per_sample or 0)
+        if achieved <= SUSPECT_MFU * self.peak:
+            return
+        self.peak_rechecked = True
+        self.peak, self.peak_label, note = recheck_peak(self.hw, self.plan, self.peak, self.peak_label, achieved)
+        if note:
+            self.notes.append(note)
+            self.console.note(note)
 
     def restart_loaders(self) -> None:
         """New loaders for the plan in force, reading on from the current step."""

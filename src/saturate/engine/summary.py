@@ -95,7 +95,7 @@ def recheck_peak(hw: Any, plan: Plan, peak: float | None, label: str,
         return peak, label, None
     note = (f"the {dtype} matmul peak read at the start ({peak / 1e9:.3g} GFLOP/s) was below what a peak must be: the "
             f"steps ran their model FLOPs at {achieved / 1e9:.3g} GFLOP/s ({100 * achieved / peak:.0f} % of it); "
-            f"measured again at the end: {again / 1e9:.3g} GFLOP/s, the MFU's denominator")
+            f"measured again: {again / 1e9:.3g} GFLOP/s, the MFU's denominator from here on")
     return again, again_label, note
 
 

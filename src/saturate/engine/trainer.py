@@ -44,7 +44,6 @@ from saturate.engine.summary import (
     RunResult,
     export_weights,
     fill_summary,
-    recheck_peak,
     step_metrics,
     steps_for_budget,
 )
@@ -213,6 +212,7 @@ def _log_window(t: Training) -> float:
     if not math.isfinite(loss):  # every rank raises: they stop together
         raise SaturateError(f"training loss became {loss} at step {t.step}; lower the learning "
                             "rate or use fp32/bf16 (the last checkpoint is kept)")
+    t.recheck_peak(t.window_steps, seconds)  # before the line: every MFU it and later lines print uses it
     if t.dist.is_main:
         metrics = step_metrics(t.workload, t.plan, t.effective, t.window_steps, seconds, loss,
                                t.stepper.grad_norm, t.schedule.lr(t.step - 1), t.peak, t.device)
@@ -342,12 +342,8 @@ def _finish(t: Training) -> RunResult:
         metrics=t.extra_metrics, paused=t.paused is not None,
     )
     steps = t.step - t.start_step
-    if t.world == 1 and t.hw is not None and steps > 0 and t.train_seconds > 0:  # a peak the run out-ran read low
-        achieved = steps * t.effective / t.train_seconds * (t.workload.flops_per_sample or 0)
-        t.peak, result.peak_label, note = recheck_peak(t.hw, t.plan, t.peak, t.peak_label, achieved)
-        if note:
-            t.notes.append(note)
-            t.console.note(note)
+    t.recheck_peak(steps, t.train_seconds)  # the whole session's rate, where no window's out-ran the peak
+    result.peak_label = t.peak_label
     fill_summary(result, t.workload, t.effective, steps, t.peak, t.device, t.run_dir, t.dist)
     t.console.finish(result)
     return result
