@@ -54,52 +54,44 @@ def test_a_second_reading_no_higher_changes_nothing(monkeypatch):
     assert summary.SUSPECT_MFU < 1
 
 
-def test_train_divides_by_the_peak_measured_again_and_says_so(tmp_path, monkeypatch):
+def _train(tmp_path, monkeypatch, *, raise_peak: bool, steps: int, log_every: int | None = None):
+    """train() on a model whose every step out-runs any real peak, with summary.recheck_peak replaced: it returns
+    twice what it is given (`raise_peak`) or the peak as it was; the achieved rates it was called with, the result."""
+    import torch
 
     from saturate.engine import session
     from saturate.engine.trainer import RunConfig, train
+    from saturate.workloads import custom_workload
 
     seen = []
 
     def again(hw, plan, peak, label, achieved):
         seen.append(achieved)
-        return 2 * achieved, "measured again", "the peak read low (a test)"
+        return (2 * achieved, "measured again", "the peak read low (a test)") if raise_peak else (peak, label, None)
 
     monkeypatch.setattr(session, "recheck_peak", again)
-    result = train(_workload(), Plan(micro_batch=8, grad_accum=1), RunConfig(steps=4, run_dir=tmp_path / "run",
-                                                                             progress=False, quiet=True))
-    assert len(seen) == 1 and seen[0] == pytest.approx(result.samples_per_s * FLOPS)  # one window: the run's rate
-    assert result.mfu == pytest.approx(0.5) and result.peak_label == "measured again"
-    assert "the peak read low (a test)" in result.notes
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    workload = custom_workload("tiny", model=lambda: torch.nn.Linear(4, 1), dataset=data,
+                               loss=torch.nn.functional.mse_loss, effective_batch=8, lr=1e-3, flops_per_sample=FLOPS)
+    result = train(workload, Plan(micro_batch=8, grad_accum=1), RunConfig(
+        steps=steps, log_every=log_every, run_dir=tmp_path / "run", progress=False, quiet=True))
+    return seen, result
 
 
 FLOPS = 1e15  # a sample's model FLOPs: any step out-runs any real peak
 
 
-def _workload():
-    import torch
-
-    from saturate.workloads import custom_workload
-
-    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
-    return custom_workload("tiny", model=lambda: torch.nn.Linear(4, 1), dataset=data,
-                           loss=torch.nn.functional.mse_loss, effective_batch=8, lr=1e-3, flops_per_sample=FLOPS)
+def test_train_divides_by_the_peak_measured_again_and_says_so(tmp_path, monkeypatch):
+    seen, result = _train(tmp_path, monkeypatch, raise_peak=True, steps=4)
+    assert len(seen) == 1 and seen[0] == pytest.approx(result.samples_per_s * FLOPS)  # one window: the run's rate
+    assert result.mfu == pytest.approx(0.5) and result.peak_label == "measured again"
+    assert "the peak read low (a test)" in result.notes
 
 
 def test_the_peak_is_measured_again_at_the_first_window_that_out_ran_it_and_once(tmp_path, monkeypatch):
-    from saturate.engine import session
     from saturate.engine.metrics import read_jsonl
-    from saturate.engine.trainer import RunConfig, train
 
-    seen = []
-
-    def again(hw, plan, peak, label, achieved):
-        seen.append(achieved)
-        return 2 * achieved, "measured again", "the peak read low (a test)"
-
-    monkeypatch.setattr(session, "recheck_peak", again)
-    result = train(_workload(), Plan(micro_batch=8, grad_accum=1), RunConfig(
-        steps=12, log_every=4, run_dir=tmp_path / "run", progress=False, quiet=True))
+    seen, result = _train(tmp_path, monkeypatch, raise_peak=True, steps=12, log_every=4)
     lines = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "throughput/samples_per_s" in r]
     assert len(lines) == 3 and len(seen) == 1  # measured at the first window, not again at the end
     assert seen[0] == pytest.approx(lines[0]["throughput/samples_per_s"] * FLOPS)
@@ -110,16 +102,5 @@ def test_the_peak_is_measured_again_at_the_first_window_that_out_ran_it_and_once
 
 
 def test_a_peak_measured_again_no_higher_is_not_measured_at_every_window(tmp_path, monkeypatch):
-    from saturate.engine import session
-    from saturate.engine.trainer import RunConfig, train
-
-    seen = []
-
-    def same(hw, plan, peak, label, achieved):  # the second reading was no higher: nothing changes
-        seen.append(achieved)
-        return peak, label, None
-
-    monkeypatch.setattr(session, "recheck_peak", same)
-    result = train(_workload(), Plan(micro_batch=8, grad_accum=1), RunConfig(
-        steps=12, log_every=4, run_dir=tmp_path / "run", progress=False, quiet=True))
+    seen, result = _train(tmp_path, monkeypatch, raise_peak=False, steps=12, log_every=4)
     assert len(seen) == 1 and result.steps == 12  # once a run, though every window out-ran the peak

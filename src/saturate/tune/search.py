@@ -316,7 +316,8 @@ class _Search(SearchState):
             t.verdict = t.error + (f": a longer compilation cannot pay back over {s.planned_steps} steps"
                                    if limit >= payback else
                                    f": what the tuning budget had left for it (compiling could take up to "
-                                   f"{payback:.0f} s and still pay back over {s.planned_steps} steps)")
+                                   f"{payback:.0f} s and still pay back over {s.planned_steps} steps, a prediction "
+                                   f"for steps at most {s.compile_speedup_bound:g}× faster)")
             self.decisions.append(f"compile: {kept} ({t.verdict})")
             return best
         if not t.ok:
