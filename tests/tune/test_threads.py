@@ -68,6 +68,16 @@ class BusyCPU(FakeMachine):
         return t
 
 
+class Uneven(BusyCPU):
+    """Busy during every trial, but the load moves: `busy` cores in odd trials, half as many in even ones."""
+
+    def model_trial(self, plan: Plan, stage: str, **kw) -> Trial:
+        t = super().model_trial(plan, stage, **kw)
+        if len(self.tried) % 2 == 0:
+            t.busy_cores = self.busy / 2
+        return t
+
+
 def _tune(machine: FakeMachine):
     return search(machine, Plan(), settings(effective_batch=8, try_compile=False, supports={}, fused_available=False))
 
@@ -77,12 +87,20 @@ def test_a_busy_machine_trains_with_the_threads_the_others_leave_when_that_is_fa
     busy = BusyCPU(busy=1.0, speedup=2.5, cores=DEFAULT_THREADS)
     result = _tune(busy)
     free = DEFAULT_THREADS - 1
-    # the machine was busy during both trials: the default count measured again to confirm (no pairs on this fake)
-    assert busy.tried[2].threads is None
-    assert result.plan.threads == free and all(p.threads == free for p in busy.tried[3:])  # the rest at that count
+    # the same load during both trials (a steady neighbour): the two trials compare as quiet ones do, and a decisive
+    # gain is taken without measuring torch's count again
+    assert busy.tried[1].threads == free
+    assert result.plan.threads == free and all(p.threads == free for p in busy.tried[2:])  # the rest at that count
     line = next(d for d in result.decisions if d.startswith("threads"))
     assert f"threads: {free} of {DEFAULT_THREADS}" in line and "kept 1.0 of" in line and "tune again" in line
+    assert f"both trials under the same load (1.0 and 1.0 of {DEFAULT_THREADS} cores busy)" in line
     assert "chosen while other processes kept 1.0" in result.plan.provenance["threads"]
+
+    uneven = Uneven(busy=1.0, speedup=2.5, cores=DEFAULT_THREADS)  # the load moved between the trials
+    moved = _tune(uneven)
+    # the default count measured again to confirm (no pairs on this fake), and the gain held against it
+    assert uneven.tried[2].threads is None and moved.plan.threads == free
+    assert "under the same load" not in next(d for d in moved.decisions if d.startswith("threads"))
 
     no_gain = _tune(BusyCPU(busy=1.0, speedup=0.9, cores=DEFAULT_THREADS))
     assert no_gain.plan.threads is None

@@ -35,6 +35,10 @@ LOADER_TRIAL_S = 1.0  # what a loader trial is expected to take before one has r
 # by more than either one's windows show: the same plan built again read 45-55 samples/s on the quiet 2-core
 # machine (bench/side_by_side.py, 2026-11-23) while each trial's own windows agreed within a few percent.
 CONFIRM_BELOW = 0.15
+# Two trials that both ran under load compare like two quiet ones when the load was the same: other processes' mean
+# CPU use during each (Trial.busy_cores) within this many cores. A steady neighbour reads 1.0 and 1.0 of 2 cores;
+# a burst that spans one trial whole, the case that makes loaded trials suspect, reads apart (0.0 against 0.7-1.0).
+SAME_LOAD_CORES = 0.2
 # The share of a found saving the search may spend on finding more (`SearchState.earn`). Half: the rest is the
 # user's, and `saturate run`'s side-by-side may spend no more than the search left of it (`sizing.least_allowance`).
 SAVING_SHARE = 0.5
@@ -46,6 +50,20 @@ def gib(n: float | None) -> str:
 
 def rate(t: Trial) -> str:
     return rate_text(t.samples_per_s, t.spread)
+
+
+def same_load(a: Trial, b: Trial) -> bool:
+    """Both trials ran under load, and under the same: each saw other processes keep the machine busy, their mean
+    CPU use within `SAME_LOAD_CORES` of each other."""
+    return (a.contended and b.contended and a.busy_cores is not None and b.busy_cores is not None
+            and abs(a.busy_cores - b.busy_cores) <= SAME_LOAD_CORES)
+
+
+def loads_text(a: Trial, b: Trial, cores: int | str) -> str:
+    """What other processes kept busy during two trials, e.g. "1.0 and 1.0 of 2 cores"."""
+    def one(t: Trial) -> str:
+        return "?" if t.busy_cores is None else f"{t.busy_cores:.1f}"
+    return f"{one(a)} and {one(b)} of {cores} cores"
 
 
 class SearchState:
@@ -238,20 +256,26 @@ class SearchState:
 
         A comparison of two separate trials decides alone only when it is decisive — a gain of at least
         `CONFIRM_BELOW` and twice the noise, or a loss that rules out a worthwhile gain even at twice the noise — and
-        neither trial saw other processes keep the machine busy (`Trial.contended`). Otherwise, where the measurer
-        can (a CPU, one process, eager plans: paired.py), both plans are timed again in alternating windows and the
-        pairs decide; elsewhere a small gain is confirmed by measuring the
-        incumbent again right after the candidate (the candidate must beat that too: a drift of the machine
-        between the two trials moves the new one with it). A gain the budget has no room to confirm is not
-        taken, and said so. Pairs stop once the candidate cannot be shown faster (stats/pairs.py: one-sided), unless
-        the caller also reads a loss from the comparison (`either_way`). Returns (taken, the comparison that decided,
-        the incumbent's and the candidate's latest trials: what later candidates are compared with)."""
+        neither trial saw other processes keep the machine busy (`Trial.contended`) — or both saw the same load
+        (`same_load`: a steady neighbour, which two trials share as windows a second apart do; the issue-28 steady
+        check: one thread +401 % over torch's two, both trials at 1.0 of 2 cores busy, was left unconfirmed by a
+        budget with no room for pairs). Otherwise, where the measurer can (a CPU, one process, eager plans:
+        paired.py), both plans are timed again in alternating windows and the pairs decide; elsewhere a small gain is
+        confirmed by measuring the incumbent again right after the candidate (the candidate must beat that too: a
+        drift of the machine between the two trials moves the new one with it). A gain the budget has no room to
+        confirm is not taken, and said so. Pairs stop once the candidate cannot be shown faster (stats/pairs.py:
+        one-sided), unless the caller also reads a loss from the comparison (`either_way`). Returns (taken, the
+        comparison that decided, the incumbent's and the candidate's latest trials: what later candidates are compared
+        with)."""
         c = compare(candidate, incumbent, self.s.min_gain)
         # Two trials one after another decide alone only on a quiet machine: a burst that spanned one of them whole
         # moves its figure without widening its spread (issue 28: "+1093 %" read for a setting worth +8 %).
         loaded = bool(candidate.contended or incumbent.contended)
-        if c.faster and c.gain >= max(CONFIRM_BELOW, 2 * c.noise) and not loaded:
-            return True, c, incumbent, candidate
+        alike = loaded and c.noise_known and same_load(candidate, incumbent)
+        if c.faster and c.gain >= max(CONFIRM_BELOW, 2 * c.noise) and (alike or not loaded):
+            return True, (c.said(f"both trials under the same load ({self._loads(candidate, incumbent)} busy)")
+                          if alike else c), incumbent, candidate
+        loaded = loaded and not alike
         pairable = getattr(self.m, "can_pair", lambda a, b: False)(incumbent.plan, candidate.plan)
         if pairable and (loaded or c.faster or c.gain + 2 * c.noise > c.min_gain):  # could be a worthwhile gain
             return self._pair(candidate, incumbent, c, loaded, either_way)
@@ -284,11 +308,13 @@ class SearchState:
         other = plan_text(incumbent.plan)
         if not self.affordable(f"timing {plan_text(candidate.plan)} and {other} in alternating windows ({first})",
                                need=predicted_seconds(incumbent, candidate)):
-            if c.faster:
-                return False, c.said(f"not confirmed: a gain under {100 * CONFIRM_BELOW:.0f} % or twice the noise "
-                                     "is confirmed in alternating windows, and the budget had no room"), \
-                    incumbent, candidate
-            return False, c, incumbent, candidate
+            if not c.faster:
+                return False, c, incumbent, candidate
+            why = (f"other processes kept the machine busy, unevenly ({self._loads(candidate, incumbent)} during the "
+                   "two trials), and two trials under different loads decide nothing alone" if loaded else
+                   f"a gain under {100 * CONFIRM_BELOW:.0f} % or twice the noise decides nothing alone")
+            return False, c.said(f"not confirmed: {why}; timing both in alternating windows would, and the budget "
+                                 "had no room"), incumbent, candidate
         cap = self.window_cap()
         pairs = self.m.paired(incumbent, candidate, candidate.stage, cap_s=None if cap is None else 2 * cap,
                               min_gain=self.s.min_gain, one_sided=not either_way)
@@ -306,6 +332,9 @@ class SearchState:
         p = paired_comparison(pairs.ratios, self.s.min_gain)
         pairs.a.verdict = f"paired with {plan_text(candidate.plan)}"
         return p.faster, p.said(f"{p.note}; {first}"), pairs.a, pairs.b
+
+    def _loads(self, candidate: Trial, incumbent: Trial) -> str:
+        return loads_text(candidate, incumbent, getattr(self.m, "cores", None) or "?")
 
     def trial(self, plan: Plan, stage: str, **kw: Any) -> Trial:
         if hasattr(self.m, "deadline"):  # the measurer stops a trial whose first step predicts an overrun
