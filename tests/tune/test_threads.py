@@ -251,3 +251,38 @@ def test_a_plan_given_by_the_user_keeps_its_count_unread(small_corpus, cpu, monk
     reads = _load_now(monkeypatch, 0.0)
     assert choose_plan(Plan(micro_batch=8, threads=1), None, workload, cpu, True, []).threads == 1
     assert reads == []
+
+
+class SlowAtTorchsCount(BusyCPU):
+    """A BusyCPU whose trials at torch's count take `slow` seconds and at fewer threads `fast` (a steady neighbour:
+    torch's 2 threads ran 4-5x slower, and their trial was as long as that allows)."""
+
+    def __init__(self, slow: float, fast: float, **kw) -> None:
+        super().__init__(**kw)
+        self.slow, self.fast = slow, fast
+
+    def model_trial(self, plan: Plan, stage: str, **kw) -> Trial:
+        t = super().model_trial(plan, stage, **kw)
+        t.seconds = self.fast if plan.threads else self.slow
+        return t
+
+
+@pytest.mark.skipif(DEFAULT_THREADS < 2, reason="one intra-op thread by default: nothing to lower")
+def test_a_thread_count_left_behind_does_not_predict_the_trials_after_it():
+    # Under the steady neighbour torch's two threads took a 16-s trial, one thread's took 4-9 s; once one thread was
+    # kept, "a trial takes up to 16 s" left fp32's check and every micro-batch untried in a 60-s budget.
+    def tune(speedup: float):
+        machine = SlowAtTorchsCount(16.0, 4.0, busy=1.0, speedup=speedup, cores=DEFAULT_THREADS)
+        result = search(machine, Plan(), settings(effective_batch=8, try_compile=False, supports={},
+                                                  fused_available=False, busy_before=1.0, budget_s=30.0))
+        return machine, result
+
+    machine, result = tune(4.0)
+    assert result.plan.threads == DEFAULT_THREADS - 1
+    assert machine.tried[1].threads is None and all(p.threads for p in machine.tried[2:])
+    assert len({p.micro_batch for p in machine.tried}) > 1  # the micro-batch search ran at the fewer threads
+    assert not any("a trial takes up to 16 s" in s for s in result.skipped), result.skipped
+    # torch's count kept: the trials after it run at that count, and its long trial still predicts them
+    even, still = tune(1.0)
+    assert still.plan.threads is None and any("a trial takes up to 16 s" in s for s in still.skipped), still.skipped
+    assert len({p.micro_batch for p in even.tried}) == 1

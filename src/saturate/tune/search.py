@@ -150,6 +150,7 @@ class _Search(SearchState):
         taken, c, ref, t = self.beats(t, ref) if t.ok else (False, None, ref, t)
         busy = f"other processes kept {ref.busy_cores or t.busy_cores or 0:.1f} of {self.m.cores} cores busy"
         if taken:
+            self.leave_threads(free)
             ref.verdict = f"{free} thread{'s' if free > 1 else ''}: {c.text()}"
             self.decisions.append(f"{head}: {free} of {using} ({busy}; {c.text()}); a plan for a machine this "
                                   "busy — on a quiet one, tune again")

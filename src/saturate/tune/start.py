@@ -79,6 +79,7 @@ def all_threads(st: SearchState, ref: Trial) -> Trial:
         st.decisions.append(f"threads: torch's {using} ({busy}; {fewer} thread{plural} measured {c.text()} against "
                             "it)")
         return t
+    st.leave_threads(fewer)
     ref.verdict = f"{fewer} thread{plural}: {c.text()}"
     st.decisions.append(f"threads: {fewer} of {using} ({busy}; {c.text()} against torch's {using}); a plan for a "
                         "machine this busy — on a quiet one, tune again")

@@ -86,6 +86,10 @@ class SearchState:
         self.first_budget = s.budget_s  # before `earn` grew it
         self.found: list[float] = []  # the gain of each change taken, as the comparison that decided it measured
         self.budget_spent = False  # a trial stopped after its first step: it would have ended past the budget
+        # Trials at a thread count the search left for fewer (tune/start.py `all_threads`, search.py `threads`): every
+        # later trial runs at the fewer, so their length predicts none (torch's 2 threads beside a steady neighbour:
+        # a 16-s trial where the next ones took 4-9 s, and fp32's check was skipped for a "trial of up to 16 s").
+        self.left_behind: list[Trial] = []
         self.memory_capped = False  # the micro-batch climb was stopped by memory (predicted or an OOM)
         self.planned = 1  # model trials the search expects to run in all (set by the search before its stages)
         self.loader_settings = 0  # loader settings the loader stage expects to measure
@@ -155,10 +159,20 @@ class SearchState:
         budget = self.s.search_budget()
         return None if budget is None else budget - (self.now() - self.started)
 
+    def leave_threads(self, kept: int) -> None:
+        """The search keeps `kept` intra-op threads from here on: every trial at another count is `left_behind`."""
+        self.left_behind += [t for t in self.trials if t.plan.threads != kept]
+
+    def predictive(self, trials: list[Trial]) -> list[Trial]:
+        """`trials` less those `left_behind`."""
+        return [t for t in trials if not any(t is x for x in self.left_behind)]
+
     def longest(self) -> float:
-        """The longest model trial so far: the prediction for the next one. The first trial also warms the
-        process up (and is timed before the budget is shared out), so it counts only until another has run."""
-        return max((t.seconds for t in self.trials[1:] or self.trials), default=0.0)
+        """The longest model trial so far (of those `predictive`): the prediction for the next one. The first trial
+        also warms the process up (and is timed before the budget is shared out), so it counts only until another
+        has run."""
+        later = self.predictive(self.trials[1:])
+        return max((t.seconds for t in later or self.trials[:1]), default=0.0)
 
     def verifying(self) -> float:
         """The time kept for the verification: a quarter more than the longest model trial (it adds the real
@@ -229,8 +243,8 @@ class SearchState:
         done = len(model) - sum(t.paired for t in model) / 2  # a pair of plans in alternating windows: one trial
         todo = max(1, math.ceil(self.planned - done)) + (1 if self.s.verify else 0)
         loader = 0.0 if self.loader_trials else self.loader_settings * LOADER_TRIAL_S
-        setup = max((t.seconds - t.steps * t.step_s for t in model[1:] or model  # the first also warmed up
-                     if t.ok and t.step_s and t.steps and not t.paired), default=0.0)
+        setup = max((t.seconds - t.steps * t.step_s for t in self.predictive(model[1:]) or model[:1]  # the first
+                     if t.ok and t.step_s and t.steps and not t.paired), default=0.0)  # also warmed up
         return max(0.0, (left - loader) / todo - setup)
 
     def measure(self, run: Callable[[], Trial]) -> Trial:
