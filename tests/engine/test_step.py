@@ -116,3 +116,30 @@ def test_split_batch_keeps_structure():
     dparts = split_batch({"a": x, "b": y}, 3)
     assert torch.equal(dparts[1]["b"], y[3:])
     assert [largest_divisor_below(12, m) for m in (12, 6, 4, 2)] == [6, 3, 2, 1]
+
+
+def test_an_oom_during_the_precision_guards_steps_keeps_the_step_the_same_samples(tmp_path, workload):
+    # The guard's verdict (after its 4 checked steps) put the trainer's plan, already at the halved micro-batch, into
+    # the Stepper while the loader still gave batches of the first: each step then trained twice its samples.
+    build = workload.build_model
+    calls: list[int] = []
+
+    def build_model():
+        model = build()
+
+        def hook(module, args):
+            if torch.is_grad_enabled():  # training's forwards (the guard's run under no_grad)
+                calls.append(args[0].shape[0])
+                if args[0].shape[0] > 4:
+                    raise OutOfMemoryError(f"simulated: {args[0].shape[0]} samples > 4")
+
+        model.register_forward_pre_hook(hook)
+        return model
+
+    hw = probe(measure_peaks=False, device="cpu")
+    config = RunConfig(run_dir=tmp_path / "run", steps=6, progress=False, tensorboard=False, log_every=1,
+                       guard_precision=True)
+    result = train(dataclasses.replace(workload, build_model=build_model),
+                   Plan(micro_batch=8, grad_accum=1, precision="bf16"), config, hardware=hw)
+    assert result.steps == 6 and (result.plan.micro_batch, result.plan.grad_accum) == (4, 2)
+    assert calls == [8] + [4] * 12  # the failed try, then two micro-batches of 4 in each of the 6 steps

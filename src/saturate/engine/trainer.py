@@ -251,7 +251,8 @@ def _guard_precision(t: Training) -> None:
     t.plan, line = guard.verdict(t.plan)  # type: ignore[union-attr]
     if t.plan.precision != t.stepper.precision.name:
         t.stepper.precision = make_precision(t.plan.precision, t.device.type, t.plan.attention)
-    t.stepper.plan = t.plan
+    # the precision only: the Stepper's plan is the loader's (its micro-batch may have changed since: `current_plan`)
+    t.stepper.plan = t.stepper.plan.replace(precision=t.plan.precision)
     t.save_plan()
     t.notes.append(line)
     t.console.note(line)
