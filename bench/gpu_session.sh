@@ -6,10 +6,10 @@
 #   bash bench/gpu_session.sh tests small     # some sections
 #
 # A session is lent 15 minutes of device time in all (2026-11-27), the machine's start included, and one
-# call runs at most 600 s: the first call is `bash bench/gpu_session.sh env newtests tuner124` (timeout_s
-# 590: about 60 + 150 + 330 s), the second, while time is left, `script` or `script_tune`.
+# call runs at most 600 s: the first call is `bash bench/gpu_session.sh env newtests informed` (timeout_s
+# 590: about 30 + 90 + 330 s), the second, while time is left, `tuner124` or `script_tune`.
 #
-# Sections: env tests newtests small mfu profile tuner tuner124 doctor fsdp hf script script_tune train.
+# Sections: env tests newtests informed small mfu profile tuner tuner124 doctor fsdp hf script script_tune train.
 # The lent image has torch but not every dependency (tomli-w is missing there): carry wheels in
 # .whl/ as the device README explains; they are installed to /tmp/site first when present.
 set -uo pipefail
@@ -43,8 +43,11 @@ for s in $sections; do
       TAIL=40 section pytest_gpu 420 python3 -m pytest -q -m gpu ${TESTS:-tests} --ignore=tests/test_layout.py \
         -p no:cacheprovider --timeout 150 -rfEs ;;
     newtests)  # only the GPU tests of what was built since the last GPU session (a short call's first check)
-      TAIL=15 section pytest_gpu_new ${NEWTESTS_LIMIT:-150} python3 -m pytest -q -m gpu tests/run/test_first_steps_gpu.py \
-        tests/tune/test_bound_gpu.py -p no:cacheprovider --timeout 80 -rfEs ;;
+      TAIL=15 section pytest_gpu_new ${NEWTESTS_LIMIT:-90} python3 -m pytest -q -m gpu tests/engine/test_grow_gpu.py \
+        -p no:cacheprovider --timeout 80 -rfEs ;;
+    informed)  # issue 30: gpt-small's informed plan (its micro-batch grown from its first steps) against the tuned
+      section informed_gpt_small ${INFORMED_LIMIT:-330} python3 bench/informed_vs_tuned.py --preset gpt-small \
+        --device cuda --budget ${BUDGET_INFORMED:-150} --rounds 2 --steps 8 --warmup 3 --json "$out/informed_gpt_small.json" ;;
     small)  # gpt-small as the repo trains it (byte vocabulary), compile vs eager
       section gpu_small 300 python3 bench/gpu_small.py --rounds 2 --steps 20 --warmup 10 --json "$out/gpu_small.json" ;;
     mfu)  # the GPT-2 124M shape nanoGPT and llm.c report (vocabulary 50257 padded to 50304)

@@ -265,7 +265,8 @@ def default_plan(effective_batch: int, device_type: str, supports: dict[str, boo
     - the fused AdamW kernel where it exists (`fused_optimizer`: the caller's check on the device; None: on a
       GPU only);
     - the micro-batch: the largest divisor of the per-process batch up to 8 on a CPU, 16 on a GPU (no memory
-      model predicts without a measured peak; a GPU step that runs out of memory halves it: engine/step.py);
+      model predicts without a measured peak; a GPU step that runs out of memory halves it: engine/step.py; on a
+      GPU the first steps' measured peak then grows it: engine/grow.py);
       with `memory_cap` (the largest micro-batch a measured peak predicts to fit, and the line that says how),
       within it instead on a GPU, and within both on a CPU — a CPU gains nothing from a micro-batch beyond
       what fills its cores (GPT-2-shaped, fp32, on the 2-core AVX2 EPYC: 32 × 1 measured −12.4 % against
@@ -320,7 +321,8 @@ def default_plan(effective_batch: int, device_type: str, supports: dict[str, boo
     else:
         rule = (f"the largest that divides the per-process batch {per_rank} up to {cap}: no memory was measured, "
                 "and the memory model predicts only from a measured peak"
-                + ("; a step that runs out of memory halves it" if gpu else ""))
+                + ("; its first steps' measured peak may grow it, a step that runs out of memory halves it" if gpu
+                   else ""))
     micro = max(d for d in range(1, min(cap, per_rank) + 1) if per_rank % d == 0)
     why["micro_batch"] = f"{micro} × {per_rank // micro} accumulation: {rule}"
     if gpu:

@@ -7,7 +7,8 @@ its share of the mean loss, then the optimizer steps. No host sync happens insid
 
 An out-of-memory error inside forward/backward halves the micro-batch and doubles the
 accumulation, then retries the same samples, so the step's result is unchanged (`adapt_oom`).
-An OOM anywhere else (the optimizer step) is raised.
+An OOM anywhere else (the optimizer step) is raised. The micro-batch may also grow between steps
+(`grow`: engine/grow.py, the informed plan on a GPU), several loader batches then joined into one.
 
 Under DDP, gradients are synchronised only in the last micro-step's backward (`no_sync` before
 it). Ranks agree on an OOM before that synchronising backward, so all of them shrink and retry
@@ -144,7 +145,7 @@ class Stepper:
             self.notes.append(f"fused AdamW is not available on {device.type}; using the foreach implementation")
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.step_model: nn.Module = self.wrapped
-        self.micro_batch = plan.micro_batch  # may shrink on OOM; the loader keeps plan.micro_batch
+        self.micro_batch = plan.micro_batch  # may shrink on OOM, or grow (`grow`); the loader keeps plan.micro_batch
         # DDP: the micro-batch at which a whole step ran with optimizer state allocated, so the
         # synchronising backward is known to fit and may overlap its all-reduce (see _forward_backward_ddp).
         self._proven_micro: int | None = None
@@ -167,6 +168,15 @@ class Stepper:
         if self.micro_batch == self.plan.micro_batch:
             return self.plan
         return self.plan.replace(micro_batch=self.micro_batch, grad_accum=self.grad_accum)
+
+    def grow(self, micro: int) -> None:
+        """From the next step, `micro` samples per forward/backward: a multiple of the loader's batch
+        (`plan.micro_batch`, that many of them joined: `join_batches`) that divides the step's samples. An OOM at it
+        halves it as any micro-batch (`_recover_from_oom`)."""
+        m, per_step = self.plan.micro_batch, self.plan.micro_batch * self.plan.grad_accum
+        if micro <= self.micro_batch or micro % m or per_step % micro:
+            raise ValueError(f"micro-batch {micro} is not a larger multiple of {m} within a step of {per_step}")
+        self.micro_batch = micro
 
     def step(self, batches: Iterator[Any], timer: Timer | None = None) -> None:
         """One optimizer step over `plan.grad_accum` loader batches of `plan.micro_batch` samples."""
@@ -205,13 +215,17 @@ class Stepper:
     def _micro_batches(self, batches: Iterator[Any], fetched: list[Any], timer: Timer) -> Iterator[Any]:
         """The step's micro-batches on the device; `fetched` keeps host batches for an OOM retry."""
         plan, micro = self.plan, self.micro_batch
-        for k in range(plan.grad_accum):
-            if k == len(fetched):
+        join = max(1, micro // plan.micro_batch)  # loader batches per micro-batch: more than one when grown
+        for k in range(0, plan.grad_accum, join):
+            while len(fetched) < k + join:
                 with timer("data"):
                     fetched.append(next(batches))
             with timer("h2d"):
-                on_device = to_device(fetched[k], self.device, plan.non_blocking)
-            yield from [on_device] if micro == plan.micro_batch else split_batch(on_device, micro)
+                on_device = [to_device(b, self.device, plan.non_blocking) for b in fetched[k:k + join]]
+            if join > 1:
+                yield join_batches(on_device)
+            else:
+                yield from on_device if micro == plan.micro_batch else split_batch(on_device[0], micro)
 
     def _micro_step(self, chunk: Any, total_micro: int, timer: Timer) -> torch.Tensor:
         """Forward and backward of one micro-batch; returns its (detached) share of the step's mean loss."""
@@ -310,8 +324,10 @@ class Stepper:
         if self.micro_batch == 1:
             raise MicroBatchOOM(f"out of memory in forward/backward even at micro-batch 1 ({message}); enable "
                                 "activation_checkpointing or use a device with more memory")
-        old = self.micro_batch
-        self.micro_batch = largest_divisor_below(self.plan.micro_batch, old)
+        old, m = self.micro_batch, self.plan.micro_batch
+        # a grown micro-batch goes back through the multiples of the loader's batch first, then its divisors
+        joined = [d for d in range(2 * m, old // 2 + 1, m) if (m * self.plan.grad_accum) % d == 0]
+        self.micro_batch = max(joined) if joined else largest_divisor_below(m, old)
         reason = f"out of memory at micro-batch {old} ({message})"
         self.adaptations.append(Adaptation(self.steps_done, self.micro_batch, self.grad_accum, reason))
         self.notes.append(f"step {self.steps_done + 1}: {reason}; retrying the same samples at micro-batch "
@@ -392,6 +408,18 @@ def largest_divisor_below(n: int, below: int) -> int:
     """The largest divisor of n that is <= below // 2 (at least 1): the next micro-batch after an OOM."""
     target = max(1, below // 2)
     return max(d for d in range(1, target + 1) if n % d == 0)
+
+
+def join_batches(batches: list[Any]) -> Any:
+    """Batches of one structure (tensor, tuple/list or dict of tensors) joined along dim 0: `split_batch` undone."""
+    first = batches[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(batches)
+    if isinstance(first, (list, tuple)):
+        return type(first)(join_batches(list(parts)) for parts in zip(*batches, strict=True))
+    if isinstance(first, dict):
+        return {k: join_batches([b[k] for b in batches]) for k in first}
+    raise ConfigError(f"cannot join batches of type {type(first).__name__} into a larger micro-batch")
 
 
 def split_batch(batch: Any, size: int) -> list[Any]:

@@ -34,6 +34,7 @@ from saturate.engine.distributed import (
     stuck_after_s,
     teardown_distributed,
 )
+from saturate.engine.grow import GROW_AFTER, grow_micro_batch
 from saturate.engine.hostmem import relieve
 from saturate.engine.metrics import Sinks
 from saturate.engine.precision import Precision, make_precision
@@ -137,6 +138,8 @@ def _loop(t: Training) -> RunResult:
             if len(t.stepper.adaptations) > adapted:
                 _absorbed_oom(t)
             t.step += 1
+            if t.step == t.start_step + GROW_AFTER:
+                grow_micro_batch(t)  # the informed plan's on a GPU, from its measured peak (grow.py)
             t.window_steps += 1
             t.console.advance(t.step)  # host-only: moves the bar and ETA, reads nothing from the device
             stopping = _stop_due(t)
