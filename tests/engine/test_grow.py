@@ -151,3 +151,19 @@ def test_a_run_that_cannot_join_its_batches_keeps_its_micro_batch(tmp_path, work
     result = _grown_run(tmp_path, workload, monkeypatch, (GiB, 10 * GiB))
     assert result.plan.micro_batch == 2
     assert any("the micro-batch stays 2 (cannot join" in n for n in result.notes)
+
+
+def test_batches_that_differ_in_shape_go_back_to_the_loaders_micro_batch_for_the_same_samples(workload):
+    # a dataset whose samples change length from one loader batch to the next (bucketed by length): torch.cat fails
+    torch.manual_seed(1)
+    x = torch.randint(0, 200, (4, 17))
+    steps = [(x[:2, :16], x[:2, 1:17]), (x[2:, :12], x[2:, 1:13])]
+    grown = run_steps(workload, Plan(micro_batch=2, grad_accum=2), steps=0)
+    kept = run_steps(workload, Plan(micro_batch=2, grad_accum=2), steps=0)
+    grown.grow(4)
+    grown.step(iter(steps))
+    kept.step(iter(steps))
+    assert grown.micro_batch == 2 and grown.grad_accum == 2
+    assert "cannot be joined into micro-batch 4" in grown.adaptations[-1].reason
+    assert "retrying the same samples at micro-batch 2 × 2" in grown.notes[-1]
+    assert torch.equal(grown.take_loss_sum(), kept.take_loss_sum())

@@ -67,6 +67,10 @@ class MicroBatchOOM(SaturateError):
     """Out of memory in forward/backward at micro-batch 1: nothing smaller is left to try."""
 
 
+class CannotJoin(SaturateError):
+    """Loader batches a grown micro-batch was to join differ in shape or structure (`Stepper.grow`)."""
+
+
 class DistributedOOM(SaturateError):
     """Out of memory where the other ranks are already inside a collective: it cannot be retried in lock-step."""
 
@@ -197,6 +201,9 @@ class Stepper:
                     if not self.adapt_oom:
                         raise
                     message = _first_line(e)
+                except CannotJoin as e:  # a grown micro-batch: back to the loader's, the same samples again
+                    self._back_to_loader_batches(str(e))
+                    continue
                 self._recover_from_oom(message)  # outside the except block, so the failed frames are freed
         with timer("optimizer"):
             grad_norm = optimizer_step(self.optimizer, self.precision, self.params, self.workload.optim.grad_clip)
@@ -223,7 +230,11 @@ class Stepper:
             with timer("h2d"):
                 on_device = [to_device(b, self.device, plan.non_blocking) for b in fetched[k:k + join]]
             if join > 1:
-                yield join_batches(on_device)
+                try:
+                    joined = join_batches(on_device)
+                except (ConfigError, RuntimeError) as e:  # torch.cat: shapes that differ beyond dim 0
+                    raise CannotJoin(_first_line(e)) from None
+                yield joined
             else:
                 yield from on_device if micro == plan.micro_batch else split_batch(on_device[0], micro)
 
@@ -316,6 +327,14 @@ class Stepper:
             raise
         self._compiled_unproven = False
         return step_loss
+
+    def _back_to_loader_batches(self, message: str) -> None:
+        self.optimizer.zero_grad(set_to_none=True)  # drop the partial step's gradients
+        old, self.micro_batch = self.micro_batch, self.plan.micro_batch
+        reason = f"the loader's batches cannot be joined into micro-batch {old} ({message})"
+        self.adaptations.append(Adaptation(self.steps_done, self.micro_batch, self.grad_accum, reason))
+        self.notes.append(f"step {self.steps_done + 1}: {reason}; retrying the same samples at micro-batch "
+                          f"{self.micro_batch} × {self.grad_accum} accumulation (effective batch unchanged)")
 
     def _recover_from_oom(self, message: str) -> None:
         self.optimizer.zero_grad(set_to_none=True)  # drop the partial step's gradients
