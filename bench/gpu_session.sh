@@ -7,9 +7,11 @@
 #
 # A session is lent 15 minutes of device time in all (2026-11-27), the machine's start included, and one
 # call runs at most 600 s: the first call is `bash bench/gpu_session.sh env newtests informed` (timeout_s
-# 590: about 30 + 90 + 330 s), the second, while time is left, `tuner124` or `script_tune`.
+# 560: about 30 + 90 + 330 s), the second, while time is left, `nanogpt` (timeout_s 360, carrying .gl/nanogpt:
+# see its section), then `tuner124` or `script_tune`.
 #
-# Sections: env tests newtests informed small mfu profile tuner tuner124 doctor fsdp hf script script_tune train.
+# Sections: env tests newtests informed small mfu profile tuner tuner124 doctor fsdp hf nanogpt script script_tune
+# train.
 # The lent image has torch but not every dependency (tomli-w is missing there): carry wheels in
 # .whl/ as the device README explains; they are installed to /tmp/site first when present.
 set -uo pipefail
@@ -72,6 +74,15 @@ for s in $sections; do
       # ts-lstm against the time-series guide's plans, then GPT-2 124M through --hf against rocm-after
       section hf 540 python3 bench/timeseries.py --hf-gpt2 --device cuda --budget 120 --rounds 2 \
         --json "$out/timeseries_gpu.json" ;;
+    nanogpt)  # issue 32: nanoGPT's own train.py, GPT-2 124M config, --compile=False as written; prepared here with
+      # `python3 bench/real_scripts.py prepare --cases nanogpt && cp -r /tmp/real/nanogpt .gl/nanogpt` and carried
+      # (device tool: carry [".whl", ".gl/nanogpt"]); shakespeare_char's data (offline), wandb off, 20 eval batches
+      if [ ! -f .gl/nanogpt/train.py ]; then echo "nanogpt: .gl/nanogpt missing (see the comment above)"; else
+        NANO="python3 train.py config/train_gpt2.py --compile=False --dataset=shakespeare_char --wandb_log=False"
+        NANO="$NANO --eval_iters=20 --max_iters=${NANOGPT_ITERS:-2000}"
+        section nanogpt_doctor 150 bash -c "cd .gl/nanogpt && python3 -m saturate doctor -- $NANO"
+        section nanogpt_tune 200 bash -c "cd .gl/nanogpt && python3 -m saturate tune --json -- $NANO"
+      fi ;;
     script)
       section doctor_script 150 python3 -m saturate doctor -- python3 examples/scripts/gpt_pretrain/train.py --max-steps 5000 ;;
     script_tune)  # tune -- CMD on guide 1's script twice: paired on the GPU, the two tunings should agree
