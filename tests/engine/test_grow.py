@@ -3,16 +3,14 @@ joins loader batches for it (engine/step.py `Stepper.grow`)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
-from test_step import CPU, run_steps
+from test_step import CPU, oom_above, run_steps
 
 from saturate.data.loaders import make_loader
 from saturate.engine import grow
 from saturate.engine.metrics import read_jsonl
-from saturate.engine.step import OutOfMemoryError, Stepper, join_batches, split_batch
+from saturate.engine.step import Stepper, join_batches, split_batch
 from saturate.engine.trainer import RunConfig, train
 from saturate.errors import ConfigError
 from saturate.hardware import probe
@@ -31,23 +29,8 @@ def _leaves(batch):
 
 
 def training_forwards(workload, limit: int, calls: list[int]):
-    """The workload, its model's training forwards (grad enabled: not validation's) counted by their samples into
-    `calls`, out of memory above `limit` samples."""
-    build = workload.build_model
-
-    def build_model():
-        model = build()
-
-        def hook(module, args):
-            if torch.is_grad_enabled():
-                calls.append(args[0].shape[0])
-                if args[0].shape[0] > limit:
-                    raise OutOfMemoryError(f"simulated: {args[0].shape[0]} samples > {limit}")
-
-        model.register_forward_pre_hook(hook)
-        return model
-
-    return dataclasses.replace(workload, build_model=build_model)
+    """The workload, its training forwards counted into `calls` and out of memory above `limit` samples."""
+    return oom_above(workload, limit, calls, training_only=True)
 
 
 @pytest.fixture

@@ -18,14 +18,18 @@ from saturate.workloads import build_workload
 CPU = torch.device("cpu")
 
 
-def oom_above(workload, limit: int, calls: list[int] | None = None):
-    """The workload, with a model whose forward raises OutOfMemoryError above `limit` samples."""
+def oom_above(workload, limit: int, calls: list[int] | None = None, training_only: bool = False):
+    """The workload, with a model whose forward raises OutOfMemoryError above `limit` samples (`training_only`:
+    only its training forwards, with grad enabled — not validation's, nor the precision guard's); each forward's
+    samples counted into `calls`."""
     build = workload.build_model
 
     def build_model():
         model = build()
 
         def hook(module, args):
+            if training_only and not torch.is_grad_enabled():
+                return
             if calls is not None:
                 calls.append(args[0].shape[0])
             if args[0].shape[0] > limit:
@@ -121,25 +125,11 @@ def test_split_batch_keeps_structure():
 def test_an_oom_during_the_precision_guards_steps_keeps_the_step_the_same_samples(tmp_path, workload):
     # The guard's verdict (after its 4 checked steps) put the trainer's plan, already at the halved micro-batch, into
     # the Stepper while the loader still gave batches of the first: each step then trained twice its samples.
-    build = workload.build_model
     calls: list[int] = []
-
-    def build_model():
-        model = build()
-
-        def hook(module, args):
-            if torch.is_grad_enabled():  # training's forwards (the guard's run under no_grad)
-                calls.append(args[0].shape[0])
-                if args[0].shape[0] > 4:
-                    raise OutOfMemoryError(f"simulated: {args[0].shape[0]} samples > 4")
-
-        model.register_forward_pre_hook(hook)
-        return model
-
     hw = probe(measure_peaks=False, device="cpu")
     config = RunConfig(run_dir=tmp_path / "run", steps=6, progress=False, tensorboard=False, log_every=1,
                        guard_precision=True)
-    result = train(dataclasses.replace(workload, build_model=build_model),
+    result = train(oom_above(workload, 4, calls, training_only=True),
                    Plan(micro_batch=8, grad_accum=1, precision="bf16"), config, hardware=hw)
     assert result.steps == 6 and (result.plan.micro_batch, result.plan.grad_accum) == (4, 2)
     assert calls == [8] + [4] * 12  # the failed try, then two micro-batches of 4 in each of the 6 steps
