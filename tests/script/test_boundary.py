@@ -39,6 +39,9 @@ def test_merged_adds_fields_section_by_section_the_later_winning():
     assert a.merged(b).to_dict() == {"loader": {"num_workers": 2, "prefetch_factor": 4}, "trainer": {"bf16": True},
                                      "tf32": True}
     assert a.to_dict() == {"loader": {"num_workers": 2, "prefetch_factor": 2}, "trainer": {"bf16": True}}
+    autocast = Overrides(bf16_autocast="cuda")
+    assert Overrides.from_dict(autocast.to_dict()) == autocast and b.merged(autocast).to_dict() == {
+        "loader": {"prefetch_factor": 4}, "tf32": True, "bf16_autocast": "cuda"}
 
 
 @pytest.mark.parametrize("data, message", [
@@ -47,6 +50,7 @@ def test_merged_adds_fields_section_by_section_the_later_winning():
     ({"steps": 5}, "unknown setting(s) steps"),
     ({"tf32": "yes"}, '"tf32" must be true or false'),
     ({"optimizer": ["fused"]}, '"optimizer" must be an object of optimizer settings'),
+    ({"bf16_autocast": "mps"}, '"bf16_autocast" must be one of cuda, cpu'),
 ])
 def test_a_bad_override_is_one_error_naming_the_key(data, message):
     with pytest.raises(ConfigError) as e:

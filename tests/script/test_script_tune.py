@@ -128,14 +128,53 @@ def test_a_plain_adamw_script_gets_fused_tried_at_its_line(tmp_path, monkeypatch
         return run
 
     tuning = tune_command([sys.executable, "adam.py", "1000000"], steps=2, runner=runner, quiet_stdout=True,
-                          rule=window_rule(max_seconds=1.0), window_s=0.2)
+                          rule=window_rule(max_seconds=1.0), window_s=0.2, supports={"bf16": False})
     assert [t.name for t in tuning.trials] == ["as written", "AdamW(fused=True)"]
+    assert "precision: fp32 (bf16 is not native on cpu)" in tuning.decisions
     assert tuning.optimizer["site"] == line_of(script, "AdamW(") and not tuning.optimizer["fused"]
     assert reports[1]["optimizer"]["fused"] is True  # applied at the constructor, from outside
     assert len(reports[0]["windows"]["rates"]) >= 3 and tuning.baseline.windows >= 3  # timed in windows
     assert any(d.startswith("fused optimizer: AdamW(fused=True) ") for d in tuning.decisions)
     tuning.best = tuning.trials[1]  # kept or not (timing decides), its edit is said at the script's line
     assert edits(tuning) == [f"{line_of(script, 'AdamW(')}: AdamW(..., fused=True)"]
+
+
+def test_a_plain_loop_gets_bf16_autocast_tried_from_outside_and_checked_against_its_own_losses(tmp_path,
+                                                                                                monkeypatch):
+    (tmp_path / "sgd.py").write_text(PLAIN.replace("OPTIMIZER", "torch.optim.SGD(model.parameters(), lr=0.1)"))
+    monkeypatch.chdir(tmp_path)
+    reports = []
+
+    def runner(*args, **kw):
+        run = run_instrumented(*args, **kw)
+        reports.append(run.report)
+        return run
+
+    tuning = tune_command([sys.executable, "sgd.py", "1000000"], steps=2, runner=runner, quiet_stdout=True,
+                          rule=window_rule(max_seconds=1.0), window_s=0.2, supports={"bf16": True}, confirm=False)
+    assert [t.name for t in tuning.trials] == ["as written", "bf16 autocast"]
+    assert reports[0]["loop"]["bf16_autocast"] is None and reports[1]["loop"]["bf16_autocast"] == "cpu"
+    base, bf16 = tuning.trials
+    assert len(base.losses) >= 3 and len(bf16.losses) >= 3  # each step's loss, from the backward passes
+    # the same seed and batches: the losses differ by bf16's rounding alone, so they differ, a little
+    assert bf16.losses[:3] != base.losses[:3] and bf16.losses[:3] == pytest.approx(base.losses[:3], rel=0.02)
+    assert "losses within" in bf16.note
+    assert any(d.startswith("precision: bf16 autocast ") for d in tuning.decisions)
+    tuning.best = bf16  # kept or not (timing decides), its edit is said
+    assert "around each forward and its loss: with torch.autocast('cpu', dtype=torch.bfloat16):" in edits(tuning)
+
+
+@pytest.mark.slow
+def test_a_loop_that_autocasts_itself_is_not_given_another_precision(tmp_path, monkeypatch):
+    own = PLAIN.replace("OPTIMIZER", "torch.optim.SGD(model.parameters(), lr=0.1)").replace(
+        "    loss = nn.functional.mse_loss(model(x), y)",
+        "    with torch.autocast('cpu', dtype=torch.bfloat16):\n        loss = nn.functional.mse_loss(model(x), y)")
+    (tmp_path / "own.py").write_text(own)
+    monkeypatch.chdir(tmp_path)
+    tuning = tune_command([sys.executable, "own.py", "1000000"], steps=2, quiet_stdout=True,
+                          rule=window_rule(max_seconds=1.0), window_s=0.2, supports={"bf16": True}, confirm=False)
+    assert [t.name for t in tuning.trials] == ["as written"]
+    assert "precision: the script already trains in bf16 (its own torch.autocast)" in tuning.decisions
 
 
 @pytest.mark.slow  # a tuning trial, then the whole script

@@ -13,7 +13,10 @@ Each section is optional; together they are `overrides.json`:
 - `tf32`: TF32 matmuls at start-up;
 - `threads`: torch's intra-op threads (`torch.set_num_threads`), kept whatever the script sets itself;
 - `host_alloc`: glibc's malloc thresholds raised in the script's environment (`engine/host_alloc.py`: a CPU
-  step's buffers reused, not mapped afresh every step).
+  step's buffers reused, not mapped afresh every step);
+- `bf16_autocast`: a device type ("cuda", "cpu") whose ops run under bf16 autocast from start-up, as if the whole
+  script were inside `with torch.autocast(device, dtype=torch.bfloat16):` (forward and loss; the weights and
+  the optimizer stay fp32) — for a plain loop that trains in fp32 (`child/precision.py`).
 
 Only the knobs saturate tunes are accepted, so the training stays the same: anything else is one
 `ConfigError` naming the key. Both sides import this module; it imports nothing of either.
@@ -39,6 +42,7 @@ LIGHTNING_TUNABLE = ("precision", "accumulate_grad_batches")  # Lightning Traine
 SECTIONS: dict[str, tuple[str, ...]] = {"loader": LOADER_KNOBS, "trainer": TRAINER_TUNABLE,
                                         "lightning": LIGHTNING_TUNABLE, "optimizer": ("fused",),
                                         "train_loader": ("site", "batch_size")}
+AUTOCAST_DEVICES = ("cuda", "cpu")  # device types `bf16_autocast` may name
 _KINDS = {"trainer": "TrainingArguments fields", "lightning": "Lightning Trainer arguments"}
 
 
@@ -55,6 +59,7 @@ class Overrides:
     tf32: bool = False
     threads: int | None = None
     host_alloc: bool = False
+    bf16_autocast: str | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in SECTIONS.items():
@@ -75,6 +80,9 @@ class Overrides:
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
                                          or self.threads < 1):
             raise ConfigError(f"\"threads\" must be a positive integer, got {self.threads!r}")
+        if self.bf16_autocast is not None and self.bf16_autocast not in AUTOCAST_DEVICES:
+            raise ConfigError(f"\"bf16_autocast\" must be one of {', '.join(AUTOCAST_DEVICES)}, got "
+                              f"{self.bf16_autocast!r}")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None, where: str = "") -> Overrides:
@@ -87,7 +95,7 @@ class Overrides:
         known = [f.name for f in fields(cls)]
         if unknown := sorted(set(data) - set(known)):
             raise ConfigError(f"{prefix}unknown setting(s) {', '.join(unknown)} (saturate applies "
-                              f"{', '.join((*SECTIONS, 'tf32', 'threads', 'host_alloc'))})")
+                              f"{', '.join((*SECTIONS, 'tf32', 'threads', 'host_alloc', 'bf16_autocast'))})")
         try:
             return cls(**{k: v for k, v in data.items() if v is not None})
         except ConfigError as e:
@@ -112,7 +120,10 @@ class Overrides:
             out["threads"] = self.threads
         if self.host_alloc:
             out["host_alloc"] = True
-        order = ("loader", "train_loader", "trainer", "lightning", "optimizer", "tf32", "threads", "host_alloc")
+        if self.bf16_autocast is not None:
+            out["bf16_autocast"] = self.bf16_autocast
+        order = ("loader", "train_loader", "trainer", "lightning", "optimizer", "tf32", "threads", "host_alloc",
+                 "bf16_autocast")
         return {k: out[k] for k in order if k in out}
 
     def __bool__(self) -> bool:
@@ -123,7 +134,8 @@ class Overrides:
         return Overrides(**{name: {**getattr(self, name), **getattr(other, name)} for name in SECTIONS},
                          tf32=self.tf32 or other.tf32,
                          threads=other.threads if other.threads is not None else self.threads,
-                         host_alloc=self.host_alloc or other.host_alloc)
+                         host_alloc=self.host_alloc or other.host_alloc,
+                         bf16_autocast=other.bf16_autocast or self.bf16_autocast)
 
     def loader_changes(self, bound: Any, resized: bool) -> dict[str, Any]:
         """The DataLoader arguments to change in one `DataLoader(...)` call (`bound`: its bound arguments): the

@@ -85,7 +85,7 @@ class ScriptTrial:
         profiled = m["step_s"]
         per_step = m.get("samples_per_step")
         data = m["phases"].get("data", 0.0) / profiled if profiled > 0 else 0.0
-        losses = (report.get("trainer") or report.get("lightning") or {}).get("losses") or []
+        losses = (report.get("trainer") or report.get("lightning") or report.get("loop") or {}).get("losses") or []
         t = cls(name, overrides, profiled, None, data, m["steps"], losses=losses,
                 first_step_s=report.get("first_step_s"), samples_per_step=per_step,
                 trainer_error=(report.get("trainer") or {}).get("error"), host_peak=m.get("main_peak"),

@@ -25,7 +25,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from saturate.script.overrides import Overrides
+from saturate.script.overrides import AUTOCAST_DEVICES, Overrides
 from saturate.tune.results import LOSS_TOLERANCE
 from saturate.tune.start import loss_drift
 
@@ -115,6 +115,24 @@ def trainer_stages(search: Search, fw: Framework, supports: dict[str, bool], mod
                   "back; try it where the model runs on a GPU)")
     best = search.result.best
     trial(fw.compile_knob, option, lambda t: _compile_problem(t, best, fw.planned_steps or 0))
+
+
+def loop_precision(search: Search, loop: dict[str, Any] | None, supports: dict[str, bool]) -> None:
+    """A plain loop's precision: bf16 autocast from outside (`Overrides.bf16_autocast`, child/precision.py) where
+    bf16 is native on its device, kept only when faster and when its first losses are within the tuner's tolerance
+    of the script's own (`loop`: the as-written run's report of its own autocast and losses)."""
+    decisions, device, loop = search.result.decisions, search.result.device_type, loop or {}
+    if own := loop.get("own_autocast"):
+        decisions.append(f"precision: the script already trains in {own} (its own torch.autocast)")
+    elif device not in AUTOCAST_DEVICES or not supports.get("bf16"):
+        decisions.append(f"precision: fp32 (bf16 is not native on {device})")
+    elif not loop.get("losses"):
+        decisions.append("precision: bf16 autocast not tried (the script's losses were not seen: nothing to check "
+                         "a lower precision against)")
+    else:
+        base = search.result.baseline
+        stage(search, "precision", ("bf16 autocast", Overrides(bf16_autocast=device)),
+              lambda t: _loss_problem(t, base))
 
 
 def stage(search: Search, knob: str, option: Option, check: Callable[[Any], str | None] | None = None) -> None:

@@ -21,7 +21,9 @@ For a Transformers `Trainer` or a Lightning `Trainer` (`trainer_stages`' stages,
 framework's terms from `frameworks.py`): precision, checked against the script's own first losses;
 micro-batch × accumulation at the same effective batch; activation checkpointing where memory stopped a
 larger micro-batch; the fused optimizer; compile, where the planned steps pay back its compile time.
-For a plain script (no Trainer): the fused optimizer, when the optimizer the script steps is torch's
+For a plain script (no Trainer): bf16 autocast from outside where bf16 is native (`trainer_stages.loop_precision`,
+checked against the script's own first losses as a Trainer's precision is); the fused optimizer, when the
+optimizer the script steps is torch's
 `Adam`/`AdamW`, not fused, and torch has the fused kernel on the script's device (`fused=True` given at
 its constructor from outside; the edit said at that line).
 For every script:
@@ -51,7 +53,7 @@ from saturate.script.host_stages import alloc_stage, loader_stages, threads_stag
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.script_trial import MIN_GAIN, WINDOW_S, ScriptTrial, TrialOptions, window_rule
 from saturate.script.short_job import prior_overrides, too_short
-from saturate.script.trainer_stages import Option, stage, trainer_stages, worth_fusing
+from saturate.script.trainer_stages import Option, loop_precision, stage, trainer_stages, worth_fusing
 from saturate.script.tuning import ScriptTuning
 from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule
@@ -114,13 +116,14 @@ def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[
             supports: dict[str, bool] | None, cores: int, allow_micro_batch_change: bool) -> None:
     device = result.device_type
     alloc_stage(search, device)
-    if framework is not None:
-        if supports is None:
-            from saturate.hardware import probe
+    if supports is None:
+        from saturate.hardware import probe
 
-            supports = probe(measure_peaks=False, device=device).supports
+        supports = probe(measure_peaks=False, device=device).supports
+    if framework is not None:
         trainer_stages(search, framework, supports, report.get("model"), allow_micro_batch_change)
     else:
+        loop_precision(search, report.get("loop"), supports)
         stage(search, "fused optimizer", worth_fusing(_plain_fused(result.optimizer or {}, device), result))
     loader_stages(search, cores)
     threads_stage(search, cores)
@@ -129,8 +132,8 @@ def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[
     else:
         result.decisions.append(f"TF32: not on {device}")
     if framework is None:
-        result.decisions.append("micro-batch, precision and compile: need the script's training code (a "
-                                "Transformers or a Lightning Trainer's arguments); not tried from outside")
+        result.decisions.append("micro-batch and compile: need the script's training code (a Transformers or a "
+                                "Lightning Trainer's arguments); not tried from outside")
 
 
 def tune_with_progress(command: Sequence[str], options: TrialOptions, console: Console, *,

@@ -112,6 +112,9 @@ def edits(tuning: ScriptTuning) -> list[str]:
                      "torch.backends.cudnn.allow_tf32 = True")
     if over.threads:
         lines.append(f"at start-up: torch.set_num_threads({over.threads})")
+    if over.bf16_autocast:
+        lines.append(f"around each forward and its loss: with torch.autocast({over.bf16_autocast!r}, "
+                     "dtype=torch.bfloat16):")
     return lines + _alloc_edit(over)
 
 

@@ -127,3 +127,9 @@ def weights_changed(roots: list[Any], last: tuple[int, Any] | None) -> tuple[boo
     with torch.no_grad():
         sample = (id(weight), weight.detach().reshape(-1)[:8].to("cpu", copy=True))
     return last is not None and last[0] == sample[0] and not torch.equal(last[1], sample[1]), sample
+
+
+def torch_threads() -> int | None:
+    """torch's intra-op threads in this process now."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None

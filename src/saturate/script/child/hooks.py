@@ -58,6 +58,7 @@ from saturate.script.boundary import (
 from saturate.script.child import found, lightning_hooks
 from saturate.script.child.found import caller_site
 from saturate.script.child.patches import Patches
+from saturate.script.child.precision import LoopPrecision
 from saturate.script.child.trainer_hooks import TrainerWatch
 from saturate.script.child.trial_windows import StepWindows
 from saturate.script.overrides import FUSED_OPTIMIZERS
@@ -122,6 +123,7 @@ class Script:
         scratch = None if self.mode == "apply" else folder / "trainer"
         self.trainer = TrainerWatch(self.overrides.trainer, scratch, caller_site)
         self.lightning = lightning_hooks.LightningWatch(self.overrides.lightning, scratch, caller_site)
+        self.loop = LoopPrecision(self.overrides.bf16_autocast, keep_losses=self.mode == "trial")  # a plain loop's
 
     # --- installing ---------------------------------------------------------------------------
 
@@ -164,6 +166,7 @@ class Script:
 
             self.patches.replace(torch, "set_num_threads", asked_threads)
         self._fuse_optimizers()
+        self.loop.install(torch, self.patches)
         signature = inspect.signature(loader_init)
         changing = bool(self.overrides.loader or self.overrides.train_loader)
 
@@ -214,6 +217,7 @@ class Script:
         autograd_backward = torch.autograd.backward
 
         def backward(*args: Any, **kwargs: Any) -> Any:
+            script.loop.backward(args, kwargs)
             if script.optimizer_steps == 0:
                 script._count_backward()
             return autograd_backward(*args, **kwargs)
@@ -279,6 +283,7 @@ class Script:
             self.first_step_s = time.perf_counter() - self.started
         self.trainer.end_step()
         self.lightning.end_step()
+        self.loop.end_step()
         if not self.profile:
             if self.optimizer_steps == 1:
                 self._write(FIRST_STEP, "")
@@ -355,9 +360,10 @@ class Script:
                           "fused": defaults.get("fused"), "foreach": defaults.get("foreach")},
             "model": self.model_info, "optimizer_steps": self.optimizer_steps,
             "first_step_s": self.first_step_s, "windows": self.windows.record(),
-            "threads": {"in_force": torch_threads(), "asked_by_script": self.threads_asked},
+            "threads": {"in_force": found.torch_threads(), "asked_by_script": self.threads_asked},
             "trainer": self.trainer.report(),
             "lightning": self.lightning.report(),
+            "loop": self.loop.report(),
             "instrumentation": self.profiler.instrumentation,
         }, default=str))
 
@@ -392,9 +398,3 @@ class Script:
                          f"fewer than the {self.steps} asked for")
         elif self.rank == 0:
             self._write(STATUS.format(pid=os.getpid()), json.dumps({"optimizer_steps": self.optimizer_steps}))
-
-
-def torch_threads() -> int | None:
-    """torch's intra-op threads in this process now."""
-    torch = sys.modules.get("torch")
-    return torch.get_num_threads() if torch is not None else None
