@@ -394,3 +394,11 @@ def test_a_read_inside_a_library_is_placed_at_the_librarys_line_and_the_users_ca
     sites = json.loads(out.stdout)["measurements"]["syncs_by_site"]
     where = f"fakelib.py:{line_of(library / 'fakelib.py', 'loss.item()').split(':')[1]}"
     assert sites == {f"{where} (from {line_of(tmp_path / 'loop.py', 'fakelib.log_every_step(')})": 1}
+
+
+def test_a_fix_no_model_predicts_says_what_measures_it_for_a_command():
+    from saturate.script.doctor_script import trial_for
+
+    assert trial_for({"precision": "bf16"}, framework=False) == "(`saturate tune -- CMD` measures it)"
+    assert trial_for({"compile": "default"}, framework=True) == "(`saturate tune -- CMD` measures it)"
+    assert "needs your training code" in trial_for({"compile": "default"}, framework=False)

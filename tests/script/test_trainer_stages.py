@@ -175,3 +175,46 @@ def test_the_tuned_settings_are_said_as_one_training_arguments_edit():
                              "per_device_train_batch_size=16, gradient_accumulation_steps=1, "
                              "optim='adamw_torch_fused', dataloader_num_workers=2, "
                              "dataloader_persistent_workers=True)"]
+
+
+class FakeLoop:
+    """A plain loop (no Trainer): `compute` of its step in forward and backward, which bf16 autocast runs 1.6× as
+    fast; bf16's losses drift by `drift`."""
+
+    def __init__(self, compute: float = 0.8, drift: float = 0.001) -> None:
+        self.compute, self.drift = compute, drift
+        self.runs: list[Overrides] = []
+
+    def __call__(self, command: list[str], settings: ChildSettings, **kw: Any) -> ScriptRun:
+        over = settings.overrides
+        self.runs.append(over)
+        bf16 = over.bf16_autocast is not None
+        step = (1 - self.compute) + self.compute / (1.6 if bf16 else 1.0)
+        losses = [x * (1 + self.drift) for x in LOSSES] if bf16 else list(LOSSES)
+        phases = {"data": 0.0, "forward": step * 0.4 * self.compute, "backward": step * 0.6 * self.compute}
+        report = {"measurements": {"step_s": step, "samples_per_step": 16, "phases": phases, "steps": 3,
+                                   "device_type": "cpu"},
+                  "loaders": [], "first_step_s": 5.0, "model": {"class": "Net"}, "trainer": None,
+                  "loop": {"bf16_autocast": over.bf16_autocast, "own_autocast": None, "losses": losses}}
+        return ScriptRun(list(command), 0, report, None, 5, 1.0)
+
+
+def test_a_plain_loop_keeps_bf16_autocast_only_when_faster_and_its_losses_stay_close():
+    kept = tune_command(["python", "loop.py"], runner=FakeLoop(), supports={"bf16": True})
+    assert kept.best.overrides.bf16_autocast == "cpu"
+    assert "losses within 0.10 %" in by_name(kept)["bf16 autocast"].outcome
+    far = tune_command(["python", "loop.py"], runner=FakeLoop(drift=0.05), supports={"bf16": True})
+    assert far.best.overrides.bf16_autocast is None
+    assert by_name(far)["bf16 autocast"].outcome.startswith("not kept: its first 5 losses differ")
+
+
+def test_a_plain_loop_whose_compute_is_a_sliver_of_its_step_or_without_bf16_gets_no_precision_trial():
+    bound = FakeLoop(compute=0.01)  # input-bound: forward and backward 1 % of the step
+    tuning = tune_command(["python", "loop.py"], runner=bound, supports={"bf16": True})
+    assert [o.bf16_autocast for o in bound.runs] == [None]
+    line = next(d for d in tuning.decisions if d.startswith("precision:"))
+    assert line.startswith("precision: bf16 autocast not tried (forward and backward took 1.0 % of the step")
+    plain = FakeLoop()
+    tuning = tune_command(["python", "loop.py"], runner=plain, supports={"bf16": False})
+    assert [o.bf16_autocast for o in plain.runs] == [None]
+    assert "precision: fp32 (bf16 is not native on cpu)" in tuning.decisions

@@ -50,9 +50,20 @@ def doctor_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, 
         m.notes.append("no model owning the optimizer's parameters was seen in a forward: forward and backward "
                        "are part of \"everything else\"")
     d = decide(m)
+    framework = bool(run.report.get("trainer") or run.report.get("lightning"))
     for fix in d.fixes:
         fix.title = in_your_terms(fix, run.report, m.device_type)
+        fix.prediction.basis = fix.prediction.basis.replace(  # a command has no --apply: say what measures it
+            "(--apply measures it)", trial_for(fix.changes, framework))
     return d, run
+
+
+def trial_for(changes: dict[str, Any], framework: bool) -> str:
+    """What measures a fix no model predicts, for a command: `saturate tune -- CMD` where it sets the knob from
+    outside (precision always; the rest for a Transformers or a Lightning Trainer), else a run of your own."""
+    if "precision" in changes or framework:
+        return "(`saturate tune -- CMD` measures it)"
+    return "(a run of your own with the change measures it: it needs your training code)"
 
 
 def trainer_arguments(changes: dict[str, Any], trainer: dict[str, Any],

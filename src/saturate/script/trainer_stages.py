@@ -117,15 +117,28 @@ def trainer_stages(search: Search, fw: Framework, supports: dict[str, bool], mod
     trial(fw.compile_knob, option, lambda t: _compile_problem(t, best, fw.planned_steps or 0))
 
 
-def loop_precision(search: Search, loop: dict[str, Any] | None, supports: dict[str, bool]) -> None:
+def loop_precision(search: Search, report: dict[str, Any], supports: dict[str, bool]) -> None:
     """A plain loop's precision: bf16 autocast from outside (`Overrides.bf16_autocast`, child/precision.py) where
     bf16 is native on its device, kept only when faster and when its first losses are within the tuner's tolerance
-    of the script's own (`loop`: the as-written run's report of its own autocast and losses)."""
-    decisions, device, loop = search.result.decisions, search.result.device_type, loop or {}
+    of the script's own (`report`: the as-written run's, its "loop" the script's own autocast and losses) — not
+    tried where its forward and backward take too small a share of the step for any precision to gain the minimum
+    gain (tune/bound.py's bound: an input-bound loop)."""
+    from saturate.script.script_trial import MIN_GAIN
+    from saturate.tune.bound import BOUND_MARGIN, most_gained, not_worth
+
+    decisions, device, loop = search.result.decisions, search.result.device_type, report.get("loop") or {}
+    m = report.get("measurements") or {}
+    phases, step = m.get("phases") or {}, m.get("step_s") or 0.0
+    share = ((phases.get("forward", 0.0) + phases.get("backward", 0.0)) / step
+             if report.get("model") and step > 0 and "forward" in phases else None)  # no model seen: not split
     if own := loop.get("own_autocast"):
         decisions.append(f"precision: the script already trains in {own} (its own torch.autocast)")
     elif device not in AUTOCAST_DEVICES or not supports.get("bf16"):
         decisions.append(f"precision: fp32 (bf16 is not native on {device})")
+    elif not_worth(share, MIN_GAIN):
+        decisions.append(f"precision: bf16 autocast not tried (forward and backward took {100 * share:.1f} % of the "
+                         f"step (measured): a lower precision can gain at most {100 * most_gained(share):.1f} %, "
+                         f"under {1 / BOUND_MARGIN:.0%} of the {100 * MIN_GAIN:.0f} % a change must gain)")
     elif not loop.get("losses"):
         decisions.append("precision: bf16 autocast not tried (the script's losses were not seen: nothing to check "
                          "a lower precision against)")

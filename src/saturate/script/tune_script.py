@@ -123,7 +123,7 @@ def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[
     if framework is not None:
         trainer_stages(search, framework, supports, report.get("model"), allow_micro_batch_change)
     else:
-        loop_precision(search, report.get("loop"), supports)
+        loop_precision(search, report, supports)
         stage(search, "fused optimizer", worth_fusing(_plain_fused(result.optimizer or {}, device), result))
     loader_stages(search, cores)
     threads_stage(search, cores)
