@@ -16,7 +16,7 @@ Each section is optional; together they are `overrides.json`:
   step's buffers reused, not mapped afresh every step);
 - `bf16_autocast`: a device type ("cuda", "cpu") whose ops run under bf16 autocast from start-up, as if the whole
   script were inside `with torch.autocast(device, dtype=torch.bfloat16):` (forward and loss; the weights and
-  the optimizer stay fp32) — for a plain loop that trains in fp32 (`child/precision.py`).
+  the optimizer stay fp32) — for a plain loop that trains in fp32 (`child/loop_precision.py`).
 
 Only the knobs saturate tunes are accepted, so the training stays the same: anything else is one
 `ConfigError` naming the key. Both sides import this module; it imports nothing of either.

@@ -118,11 +118,11 @@ def trainer_stages(search: Search, fw: Framework, supports: dict[str, bool], mod
 
 
 def loop_precision(search: Search, report: dict[str, Any], supports: dict[str, bool]) -> None:
-    """A plain loop's precision: bf16 autocast from outside (`Overrides.bf16_autocast`, child/precision.py) where
-    bf16 is native on its device, kept only when faster and when its first losses are within the tuner's tolerance
-    of the script's own (`report`: the as-written run's, its "loop" the script's own autocast and losses) — not
-    tried where its forward and backward take too small a share of the step for any precision to gain the minimum
-    gain (tune/bound.py's bound: an input-bound loop)."""
+    """A plain loop's precision: bf16 autocast from outside (`Overrides.bf16_autocast`, child/loop_precision.py)
+    where bf16 is native on its device, kept only when faster and when its first losses are within the tuner's
+    tolerance of the script's own (`report`: the as-written run's, its "loop" the script's own autocast and
+    losses) — not tried where its forward and backward take too small a share of the step for any precision to
+    gain the minimum gain (tune/bound.py's bound: an input-bound loop)."""
     from saturate.script.script_trial import MIN_GAIN
     from saturate.tune.bound import BOUND_MARGIN, most_gained, not_worth
 

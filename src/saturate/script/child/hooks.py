@@ -57,8 +57,8 @@ from saturate.script.boundary import (
 )
 from saturate.script.child import found, lightning_hooks
 from saturate.script.child.found import caller_site
+from saturate.script.child.loop_precision import LoopPrecision
 from saturate.script.child.patches import Patches
-from saturate.script.child.precision import LoopPrecision
 from saturate.script.child.trainer_hooks import TrainerWatch
 from saturate.script.child.trial_windows import StepWindows
 from saturate.script.overrides import FUSED_OPTIMIZERS
