@@ -117,21 +117,26 @@ def test_the_edit_is_said_at_the_loader_call():
     assert merged.to_dict() == {"loader": {"num_workers": 2, "prefetch_factor": 4}, "tf32": True}
 
 
+def tune_recorded(script: str, reports: list, **kw) -> ScriptTuning:
+    """`tune_command` on `script` (its argument: a million steps) in short trials, each trial's report kept in
+    `reports`."""
+    def runner(*args, **k):
+        run = run_instrumented(*args, **k)
+        reports.append(run.report)
+        return run
+
+    return tune_command([sys.executable, script, "1000000"], steps=2, runner=runner, quiet_stdout=True,
+                        rule=window_rule(max_seconds=1.0), window_s=0.2, **kw)
+
+
 @pytest.mark.slow
 def test_a_plain_adamw_script_gets_fused_tried_at_its_line(tmp_path, monkeypatch):
     script = tmp_path / "adam.py"
     script.write_text(PLAIN.replace("OPTIMIZER", "torch.optim.AdamW(model.parameters(), lr=1e-3)"))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    reports = []
-
-    def runner(*args, **kw):
-        run = run_instrumented(*args, **kw)
-        reports.append(run.report)
-        return run
-
-    tuning = tune_command([sys.executable, "adam.py", "1000000"], steps=2, runner=runner, quiet_stdout=True,
-                          rule=window_rule(max_seconds=1.0), window_s=0.2, supports={"bf16": False})
+    reports: list = []
+    tuning = tune_recorded("adam.py", reports, supports={"bf16": False})
     assert [t.name for t in tuning.trials] == ["as written", "AdamW(fused=True)"]
     assert "precision: fp32 (bf16 is not native on cpu)" in tuning.decisions
     assert tuning.optimizer["site"] == line_of(script, "AdamW(") and not tuning.optimizer["fused"]
@@ -146,15 +151,8 @@ def test_a_plain_loop_gets_bf16_autocast_tried_from_outside_and_checked_against_
                                                                                                 monkeypatch):
     (tmp_path / "sgd.py").write_text(PLAIN.replace("OPTIMIZER", "torch.optim.SGD(model.parameters(), lr=0.1)"))
     monkeypatch.chdir(tmp_path)
-    reports = []
-
-    def runner(*args, **kw):
-        run = run_instrumented(*args, **kw)
-        reports.append(run.report)
-        return run
-
-    tuning = tune_command([sys.executable, "sgd.py", "1000000"], steps=2, runner=runner, quiet_stdout=True,
-                          rule=window_rule(max_seconds=1.0), window_s=0.2, supports={"bf16": True}, confirm=False)
+    reports: list = []
+    tuning = tune_recorded("sgd.py", reports, supports={"bf16": True}, confirm=False)
     assert [t.name for t in tuning.trials] == ["as written", "bf16 autocast"]
     assert reports[0]["loop"]["bf16_autocast"] is None and reports[1]["loop"]["bf16_autocast"] == "cpu"
     base, bf16 = tuning.trials
