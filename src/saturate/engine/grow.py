@@ -5,7 +5,7 @@
 +8 % (eager; 2026-11-27, docs/benchmarks.md) — a run that trains the informed plan (`train` without a plan, a
 `run` too short to tune) left that on the table. So after `GROW_AFTER` steps (the second is the first with the
 optimizer's state allocated, so the peak holds it), the measured peak in proportion to the micro-batch predicts
-the largest that fits within `HEADROOM` of the device's memory (the tuner's bound, tune/batch.py
+the largest that fits within `HEADROOM` of the device's memory (the tuner's bound,
 `largest_proportional`: an upper bound on the memory, peak = fixed + per sample, both ≥ 0), and the micro-batch
 grows to the largest multiple of the loader's batch within it that divides the step — the same samples per step,
 several loader batches joined per forward (engine/step.py `Stepper.grow`). The guard is the one every GPU step
@@ -28,8 +28,16 @@ from saturate.engine.step import join_batches
 from saturate.errors import ConfigError
 
 GROW_AFTER = 2  # steps of this session before the micro-batch may grow
-HEADROOM = 0.9  # share of the device's memory a plan may use (the tuner's: tune/results.SearchSettings.headroom)
+HEADROOM = 0.9  # share of the memory a plan may use: here, in the tuner (tune/results.SearchSettings.headroom), in run
 UNMEASURED = "no memory was measured"  # plan.default_plan's micro-batch rule when it had no memory to go by
+
+
+def largest_proportional(peak: int, micro: int, limit: int) -> int:
+    """The largest micro-batch whose memory, in proportion to the micro-batch from `peak` bytes measured at
+    `micro`, stays within `limit`: an upper bound on the memory (peak = fixed + per sample, both ≥ 0), so what
+    it allows fits (a prediction); 0 when not even one sample does. The informed plan (run/informed.py) is
+    sized by it too, and `grow_micro_batch` here."""
+    return limit * micro // peak if peak > 0 else 2**31
 
 
 def device_memory(device: torch.device) -> tuple[int, int] | None:
@@ -55,7 +63,7 @@ def grow_micro_batch(t: Any) -> None:
     peak, capacity = memory
     m0, per_step = stepper.plan.micro_batch, stepper.plan.micro_batch * stepper.plan.grad_accum
     limit = int(HEADROOM * capacity)
-    bound = limit * m0 // peak if peak > 0 else per_step
+    bound = largest_proportional(peak, m0, limit)
     fits = [d for d in range(2 * m0, min(bound, per_step) + 1, m0) if per_step % d == 0]
     if not fits:
         return

@@ -4,7 +4,7 @@
 where naive was measured once to size the tuning budget, that measurement adds two things before training:
 
 - the micro-batch: naive's measured peak memory, in proportion to the micro-batch, predicts the largest that
-  fits within the headroom (the tuner's upper-bound rule, `tune.batch.largest_proportional`: peak = fixed +
+  fits within the headroom (the tuner's upper-bound rule, `engine.grow.largest_proportional`: peak = fixed +
   per sample, both ≥ 0), so the informed plan takes the largest divisor of the per-process batch within it — on
   a GPU; on a CPU memory only lowers the rule's 8, or 16 in bf16 for short samples (`plan.default_plan`);
 - the guard, one short measurement of the informed plan on the same samples from the same weights (the same
@@ -25,17 +25,15 @@ from typing import Any
 
 from rich.console import Console
 
+from saturate.engine.grow import HEADROOM, largest_proportional
 from saturate.engine.live import stage
 from saturate.plan import Plan, informed_summary
-from saturate.tune.batch import largest_proportional
-from saturate.tune.results import LOSS_TOLERANCE, SearchSettings
+from saturate.tune.results import LOSS_TOLERANCE
 from saturate.tune.start import loss_drift
 from saturate.tune.state import gib
 from saturate.tune.trial import Trial
 from saturate.workloads.base import Workload
 from saturate.workloads.coupling import workload_default_plan
-
-HEADROOM: float = SearchSettings.__dataclass_fields__["headroom"].default  # the tuner's share of the memory
 
 
 def informed_plan(workload: Workload, hw: Any, world_size: int, naive: Trial | None, measurer: Any = None,

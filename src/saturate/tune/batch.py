@@ -12,18 +12,11 @@ when memory stopped a climb that was still gaining.
 
 from __future__ import annotations
 
+from saturate.engine.grow import largest_proportional
 from saturate.stats.comparison import compare
 from saturate.tune.results import MemoryFit, fit_memory
 from saturate.tune.state import SearchState, gib, rate
 from saturate.tune.trial import Trial
-
-
-def largest_proportional(peak: int, micro: int, limit: int) -> int:
-    """The largest micro-batch whose memory, in proportion to the micro-batch from `peak` bytes measured at
-    `micro`, stays within `limit`: an upper bound on the memory (peak = fixed + per sample, both ≥ 0), so what
-    it allows fits (a prediction); 0 when not even one sample does. The informed plan (run/informed.py) is
-    sized by it too."""
-    return limit * micro // peak if peak > 0 else 2**31
 
 
 def proportional_bound(st: SearchState, best: Trial, top: int) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from saturate.engine.grow import HEADROOM
 from saturate.engine.precision_guard import LOSS_TOLERANCE
 from saturate.hardware.contention import Contention
 from saturate.plan import Plan
@@ -37,7 +38,7 @@ class SearchSettings:
     # `training_s` (the untuned training, predicted) from its best trial over its first. None: a fixed budget.
     budget_cap_s: float | None = None
     training_s: float | None = None
-    headroom: float = 0.9  # share of the memory capacity a plan may use
+    headroom: float = HEADROOM  # share of the memory capacity a plan may use (engine/grow.py)
     min_gain: float = 0.03  # a change is taken only when it gains more than this, and more than the noise
     verify_tolerance: float = 0.10  # the verification may be this much below its plan's model trial (the loader)
     # The loader must feed this many times the model's rate, beyond both figures' noise (loader_stage.py).
