@@ -6,7 +6,9 @@ autocast noticed, and its per-step losses kept for the check a lower precision m
   torch.autocast(device, dtype=torch.bfloat16):` — the forward and the loss in bf16 where autocast lists an op,
   the weights, gradients and optimizer in fp32, no GradScaler needed. Its cache of cast weights is turned off:
   an autocast region that is never left would otherwise keep a weight's bf16 copy from before an optimizer step.
-  Only the main thread (autocast's state is per thread), where a plain loop trains.
+  Only the main thread (autocast's state is per thread), where a plain loop trains; a process forked from it (a
+  DataLoader's worker) starts with autocast off again, as the script wrote it: its collate and transforms are
+  not the training's forward.
 - The script's own autocast: a `torch.autocast` region it enters in bf16 or fp16 is noted; `tune -- CMD` then
   says the script already trains in that precision and tries no other.
 - Losses: in a trial, each backward pass's tensor (a scalar: the loss, already divided by the accumulation in
@@ -17,6 +19,7 @@ autocast noticed, and its per-step losses kept for the check a lower precision m
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from saturate.script.child.losses import StepLosses
@@ -37,6 +40,7 @@ class LoopPrecision:
             torch.set_autocast_enabled(self.device, True)
             torch.set_autocast_dtype(self.device, torch.bfloat16)
             torch.set_autocast_cache_enabled(False)
+            os.register_at_fork(after_in_child=lambda: torch.set_autocast_enabled(self.device, False))
         autocast = torch.amp.autocast_mode.autocast
         enter, loop = autocast.__enter__, self
 
