@@ -43,6 +43,7 @@ def test_drift_is_a_share_of_the_loss_scale_and_infinite_for_a_non_finite_loss()
 
 def test_a_chosen_bf16_is_checked_in_its_first_steps_and_kept_when_it_agrees(tmp_path, small_corpus, cpu):
     plan = Plan(micro_batch=4, grad_accum=2, precision="bf16", provenance=CHOSEN)
+    cpu = dataclasses.replace(cpu, measured_peak_flops={"bf16": 1e30}, measured_peak_source={"bf16": "given"})
     result = train(tiny(small_corpus), plan, config(tmp_path, steps=GUARD_STEPS + 1), hardware=cpu)
     assert result.plan.precision == "bf16"
     line = next(n for n in result.notes if n.startswith("guard:"))

@@ -28,6 +28,7 @@ def run(tmp_path: Path, corpus: Path, plan: Plan, hw, name: str = "run", model: 
 
 
 ONE_BLOCK = {"n_layer": 1}
+SMALL_BLOCK = {"n_layer": 1, "n_embd": 32, "n_head": 2}  # where bf16 is emulated (an AVX2 CPU) it is ~50× slower
 
 
 def final_weights(result) -> dict[str, torch.Tensor]:
@@ -162,9 +163,9 @@ def test_compile_failure_falls_back_to_eager(tmp_path, small_corpus, cpu, monkey
 @pytest.mark.slow
 def test_compile_probe_leaves_the_run_unchanged(tmp_path, small_corpus, cpu):
     """A real torch.compile on the CPU: same losses as eager (the trial step leaves no trace)."""
-    _, eager = run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=1), cpu, "eager", steps=2)
+    _, eager = run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=1), cpu, "eager", steps=2, model=SMALL_BLOCK)
     _, compiled = run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=1, compile="default"), cpu,
-                      "compiled", steps=2)
+                      "compiled", steps=2, model=SMALL_BLOCK)
     assert not any("failed" in n for n in compiled.notes), compiled.notes
     le = [r["train/loss"] for r in read_jsonl(eager.run_dir / "metrics.jsonl") if "train/loss" in r]
     lc = [r["train/loss"] for r in read_jsonl(compiled.run_dir / "metrics.jsonl") if "train/loss" in r]
@@ -199,7 +200,8 @@ def test_steps_for_budget_predicts_from_measured_step_time():
 
 @pytest.mark.slow
 def test_bf16_autocast_trains(tmp_path, small_corpus, cpu):
-    _, result = run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=1, precision="bf16"), cpu, steps=3)
+    _, result = run(tmp_path, small_corpus, Plan(micro_batch=4, grad_accum=1, precision="bf16"), cpu, steps=3,
+                    model=SMALL_BLOCK)
     assert result.train_loss is not None and result.train_loss < 6.0
     assert "bf16" in result.peak_label or "measured" in result.peak_label
 
