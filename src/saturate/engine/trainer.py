@@ -28,6 +28,7 @@ from saturate.engine.distributed import (
     agree_any,
     all_reduce_mean_,
     all_reduce_scalar,
+    barrier,
     broadcast_object,
     gather_objects,
     init_distributed,
@@ -83,7 +84,8 @@ class JobSizing:
 
 def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None = None,
           hardware: Any = None, *, on_log: Callback | None = None, on_validation: Callback | None = None,
-          on_sized: Callable[[int, float], str | None] | None = None) -> RunResult:
+          on_sized: Callable[[int, float], str | None] | None = None,
+          on_stopped: Callable[[RunResult], None] | None = None) -> RunResult:
     """Train `workload` with `plan`; resume from the run folder when config.resume is set.
 
     plan=None means the checkpoint's plan when resuming, else the seed plan (`default_plan`).
@@ -94,7 +96,8 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     on_sized(steps_done, seconds_per_step) is called once, in rank 0, with the time of `SIZE_STEPS` steps after
     this session's first `SIZE_AFTER` (warm, the precision guard's checks behind them); a reason returned pauses
     the run there, with a checkpoint and without exporting anything (`RunResult.stop_reason` says it), to be
-    continued with `resume` (with another plan of the same effective batch, say).
+    continued with `resume` (with another plan of the same effective batch, say). on_stopped(result) on every rank
+    when a signal stopped the run, then a barrier (torchrun stops every rank once the first exits).
     Under torchrun, joins the process group and, if it made it, destroys it at the end (after an
     error, `saturate.engine.distributed.teardown_distributed()` does, once the error is handled).
     """
@@ -114,10 +117,12 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
         if on_sized is not None:
             t.size_job = JobSizing(t.step + SIZE_AFTER, t.step + SIZE_AFTER + SIZE_STEPS, on_sized)
         result = _loop(t)
+        if result.interrupted and on_stopped is not None:
+            on_stopped(result)
+            barrier()
     finally:  # the run folder's lock, taken by prepare (rank 0)
         release_run_dirs()
-    # On an error the group is left up: the traceback still holds DDP/DCP objects that must be freed
-    # before the group is destroyed, so the CLI tears it down once the error is handled.
+    # On an error the group is left up: the traceback holds DDP/DCP objects to free first (the CLI tears it down).
     if made_group:
         teardown_distributed()
     return result
