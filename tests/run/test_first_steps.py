@@ -64,6 +64,40 @@ def test_a_short_job_trains_the_default_plan_from_its_first_step_with_nothing_me
     assert doc["timing"]["tuning_s"] == 0.0 and doc["timing"]["predicted_training_s"] > 0
 
 
+@pytest.mark.parametrize("stopped_in", ["the first steps", "the tuned plan's training"])
+def test_a_run_stopped_by_a_signal_says_where_and_how_to_resume_before_it_returns(
+        tmp_path, small_corpus, cpu, monkeypatch, capsys, stopped_in):
+    """The line is said by `train(on_stopped=)`, before the ranks part: said after `run` returns, torchrun could
+    stop rank 0 first (rank 1, with nothing to print, exits at once)."""
+    import os
+    import signal
+
+    w, tuned, sent = tiny(small_corpus), [], []
+    real = w.loss_fn
+
+    def loss_fn(model, batch):  # a scheduler's preemption, once, in the session the case names
+        if model.training and not sent and (tuned or stopped_in == "the first steps"):
+            sent.append(os.kill(os.getpid(), signal.SIGTERM))
+        return real(model, batch)
+
+    def fake_tune(*a, **kw):
+        tuned.append(kw["steps"])
+        return run_module.Tuning(Plan(micro_batch=4, grad_accum=2, name="tuned"), None, 1.5, 30.0, "fake")
+
+    w.loss_fn = loss_fn
+    monkeypatch.setattr(first_steps, "tuning_budget", lambda predicted, informed: (30.0, 60.0))  # long enough to tune
+    monkeypatch.setattr(run_module, "_tune", fake_tune)
+    monkeypatch.setattr(run_module, "side_by_side", lambda *a, **k: (None, Sizing([], 2, 0.5, False, 0.0, None,
+                                                                                  skipped="not measured here")))
+    report = run_module.run(w, cpu, steps=40, run_dir=tmp_path / "run", progress=False, console=QUIET,
+                            try_compile=False)
+    assert report.training.interrupted and report.training.stop_signal == "SIGTERM" and len(sent) == 1
+    assert (f"saturate: stopped by SIGTERM at step {report.training.steps}; checkpoint {report.training.checkpoint} "
+            f"written; resume with: saturate train --resume --run-dir {report.training.run_dir}"
+            ) in capsys.readouterr().err
+    assert tuned == ([40] if stopped_in != "the first steps" else [])
+
+
 def test_a_long_job_pauses_after_its_first_steps_is_tuned_and_goes_on_from_there(tmp_path, small_corpus, cpu,
                                                                                 monkeypatch):
     workload = tiny(small_corpus)

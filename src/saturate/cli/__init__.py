@@ -29,6 +29,7 @@ from saturate.cli.output import (
     tidy_console,
     verbosity,
 )
+from saturate.engine.console import say_stopped
 from saturate.engine.signals import (
     EXIT_INTERRUPTED,
     EXIT_PREEMPTED,
@@ -170,21 +171,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         hw = probe(measure_peaks=False, device=args.device)
         show_machine(args, hw)
         workload = from_source(src)
-        result = train(workload, plan, config, hardware=hw, on_stopped=_say_stopped)
+        result = train(workload, plan, config, hardware=hw, on_stopped=say_stopped)
         show_plan(args, result.plan, "the plan trained")
         emit(run_result_dict(result))
     return stop_exit_code(result.stop_signal) if result.interrupted else 0
-
-
-def _say_stopped(result: Any) -> None:
-    """The stopped run's line, from rank 0 before the ranks part (torchrun stops the others once one exits)."""
-    if _rank() != 0:
-        return
-    saved = f"checkpoint {result.checkpoint} written" if result.checkpoint else "no checkpoint written"
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    launch = f"torchrun --nproc_per_node={world} -m saturate" if world > 1 else "saturate"
-    print(f"saturate: stopped by {result.stop_signal} at step {result.steps}; {saved}; resume with: "
-          f"{launch} train --resume --run-dir {result.run_dir}", file=sys.stderr, flush=True)
 
 
 def entry() -> None:

@@ -236,3 +236,17 @@ class ConsoleSink:
         if self._progress is not None:  # an error ended the loop: leave the terminal usable
             self._progress.stop()
             self._progress = None
+
+
+def say_stopped(result: Any) -> None:
+    """A stopped run's line, from rank 0 before the ranks part (`train(on_stopped=)`: torchrun stops the other ranks
+    once one exits, so a line said after `train` returns may never be said)."""
+    import os
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    saved = f"checkpoint {result.checkpoint} written" if result.checkpoint else "no checkpoint written"
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    launch = f"torchrun --nproc_per_node={world} -m saturate" if world > 1 else "saturate"
+    print(f"saturate: stopped by {result.stop_signal} at step {result.steps}; {saved}; resume with: "
+          f"{launch} train --resume --run-dir {result.run_dir}", file=sys.stderr, flush=True)

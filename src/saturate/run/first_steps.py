@@ -28,6 +28,7 @@ from typing import Any
 
 from rich.console import Console
 
+from saturate.engine.console import say_stopped
 from saturate.engine.distributed import DistInfo, broadcast_object
 from saturate.engine.trainer import SIZE_AFTER, SIZE_STEPS, RunConfig, RunResult, train
 from saturate.plan import Plan, informed_summary
@@ -92,7 +93,7 @@ def train_first(workload: Workload, hw: Any, dist: DistInfo, steps: int, config:
 
     started = time.monotonic()
     out.result = train(workload, plan, dataclasses.replace(config, guard_precision=True), hardware=hw,
-                       on_sized=sized)
+                       on_sized=sized, on_stopped=say_stopped)
     out.seconds = time.monotonic() - started
     out.step_s, out.predicted_s, out.why, out.to_tune = broadcast_object(
         (out.step_s, out.predicted_s, out.why, out.to_tune) if dist.is_main else None)

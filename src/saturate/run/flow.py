@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.text import Text
 
 from saturate.atomic import atomic_write_bytes
-from saturate.engine.console import tidy_console
+from saturate.engine.console import say_stopped, tidy_console
 from saturate.engine.distributed import DistInfo, broadcast_object, init_distributed, teardown_distributed
 from saturate.engine.live import stage
 from saturate.engine.trainer import RunConfig, RunResult, train
@@ -254,7 +254,7 @@ def _tuned(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pl
     timing.update(first_steps_s=first_s, before_training_s=training_started - tuning_started - first_s
                   - tuning.seconds - timing["side_by_side_s"])
     training = train(workload, cmp.row(trained).plan if cmp else tuning.plan,  # type: ignore[union-attr]
-                     dataclasses.replace(config, resume=first is not None), hardware=hw)
+                     dataclasses.replace(config, resume=first is not None), hardware=hw, on_stopped=say_stopped)
     return tuning, cmp, sizing, trained, verdicts, notes, timing, training, training_started
 
 
