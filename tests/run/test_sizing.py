@@ -164,7 +164,7 @@ def fake_run(monkeypatch, tmp_path):
         return run_module.Tuning(tuned, result, 5.0, 20.0, "test budget", steps * NAIVE_STEP, naive=naive,
                                  naive_s=once)
 
-    def fake_train(workload, plan, config, hardware):
+    def fake_train(workload, plan, config, hardware, on_stopped=None):
         config.run_dir.mkdir(parents=True, exist_ok=True)
         (config.run_dir / "summary.json").write_text("{}")
         return RunResult(config.run_dir, plan, config.steps, config.steps, config.steps * TUNED_STEP, 30.0, 30.0,

@@ -6,9 +6,9 @@ autocast noticed, and its per-step losses kept for the check a lower precision m
   torch.autocast(device, dtype=torch.bfloat16):` — the forward and the loss in bf16 where autocast lists an op,
   the weights, gradients and optimizer in fp32, no GradScaler needed. Its cache of cast weights is turned off:
   an autocast region that is never left would otherwise keep a weight's bf16 copy from before an optimizer step.
-  Only the main thread (autocast's state is per thread), where a plain loop trains; a process forked from it (a
-  DataLoader's worker) starts with autocast off again, as the script wrote it: its collate and transforms are
-  not the training's forward.
+  Only the main thread (autocast's state is per thread), where a plain loop trains; a DataLoader's worker, forked
+  or spawned, runs with autocast off again, as the script wrote it: its collate and transforms are not the
+  training's forward.
 - The script's own autocast: a `torch.autocast` region it enters in bf16 or fp16 is noted; `tune -- CMD` then
   says the script already trains in that precision and tries no other.
 - Losses: in a trial, each backward pass's tensor (a scalar: the loss, already divided by the accumulation in
@@ -41,6 +41,7 @@ class LoopPrecision:
             torch.set_autocast_dtype(self.device, torch.bfloat16)
             torch.set_autocast_cache_enabled(False)
             os.register_at_fork(after_in_child=lambda: torch.set_autocast_enabled(self.device, False))
+            self._spawned_workers_off(torch, patches)
         autocast = torch.amp.autocast_mode.autocast
         enter, loop = autocast.__enter__, self
 
@@ -51,6 +52,25 @@ class LoopPrecision:
             return enter(region)
 
         patches.replace(autocast, "__enter__", entered)
+
+    def _spawned_workers_off(self, torch: Any, patches: Any) -> None:
+        """A loader's worker started by spawn (`multiprocessing_context="spawn"`, or macOS's default) is a fresh
+        interpreter: the shim installs the hooks in it too, with autocast on. In such a child (and only there: the
+        parent pickles the worker's function by its name) the worker's loop is wrapped to turn autocast off first.
+        A process spawned to train (`torch.multiprocessing.spawn`'s ranks) does not run that loop: it keeps it."""
+        import multiprocessing
+
+        if multiprocessing.parent_process() is None:
+            return
+        from torch.utils.data._utils import worker
+
+        real, device = worker._worker_loop, self.device
+
+        def worker_loop(*args: Any, **kwargs: Any) -> Any:
+            torch.set_autocast_enabled(device, False)
+            return real(*args, **kwargs)
+
+        patches.replace(worker, "_worker_loop", worker_loop)
 
     def backward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A backward pass's tensor (`torch.autograd.backward`'s first argument), kept when it is one value."""
