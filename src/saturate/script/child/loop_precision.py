@@ -60,8 +60,8 @@ class LoopPrecision:
         A process spawned to train (`torch.multiprocessing.spawn`'s ranks) does not run that loop: it keeps it."""
         import multiprocessing
 
-        if multiprocessing.parent_process() is None:
-            return
+        if multiprocessing.current_process().name == "MainProcess":  # a spawned child is named as it starts (its
+            return  # parent_process() is set only once its target runs; its sys.argv is its parent's)
         from torch.utils.data._utils import worker
 
         real, device = worker._worker_loop, self.device
