@@ -64,6 +64,20 @@ def test_a_short_job_trains_the_default_plan_from_its_first_step_with_nothing_me
     assert doc["timing"]["tuning_s"] == 0.0 and doc["timing"]["predicted_training_s"] > 0
 
 
+def tuned_without_a_search(monkeypatch, found, tuned):
+    """A job long enough to tune, whose tuning (without a search) finds `found`, and no side-by-side: each tuning's
+    planned steps go in `tuned`."""
+
+    def fake_tune(w, hw, dist, refs, **kw):  # what _tune returns, without the search
+        tuned.append(kw["steps"])
+        return run_module.Tuning(found, None, 1.5, 30.0, "tuning budget 30 s")
+
+    monkeypatch.setattr(first_steps, "tuning_budget", lambda predicted, informed: (30.0, 60.0))  # long enough to tune
+    monkeypatch.setattr(run_module, "_tune", fake_tune)
+    monkeypatch.setattr(run_module, "side_by_side", lambda *a, **k: (None, Sizing([], 2, 0.5, False, 0.0, None,
+                                                                                  skipped="not measured here")))
+
+
 @pytest.mark.parametrize("stopped_in", ["the first steps", "the tuned plan's training"])
 def test_a_run_stopped_by_a_signal_says_where_and_how_to_resume_before_it_returns(
         tmp_path, small_corpus, cpu, monkeypatch, capsys, stopped_in):
@@ -80,15 +94,8 @@ def test_a_run_stopped_by_a_signal_says_where_and_how_to_resume_before_it_return
             sent.append(os.kill(os.getpid(), signal.SIGTERM))
         return real(model, batch)
 
-    def fake_tune(*a, **kw):
-        tuned.append(kw["steps"])
-        return run_module.Tuning(Plan(micro_batch=4, grad_accum=2, name="tuned"), None, 1.5, 30.0, "fake")
-
     w.loss_fn = loss_fn
-    monkeypatch.setattr(first_steps, "tuning_budget", lambda predicted, informed: (30.0, 60.0))  # long enough to tune
-    monkeypatch.setattr(run_module, "_tune", fake_tune)
-    monkeypatch.setattr(run_module, "side_by_side", lambda *a, **k: (None, Sizing([], 2, 0.5, False, 0.0, None,
-                                                                                  skipped="not measured here")))
+    tuned_without_a_search(monkeypatch, Plan(micro_batch=4, grad_accum=2, name="tuned"), tuned)
     report = run_module.run(w, cpu, steps=40, run_dir=tmp_path / "run", progress=False, console=QUIET,
                             try_compile=False)
     assert report.training.interrupted and report.training.stop_signal == "SIGTERM" and len(sent) == 1
@@ -101,17 +108,8 @@ def test_a_run_stopped_by_a_signal_says_where_and_how_to_resume_before_it_return
 def test_a_long_job_pauses_after_its_first_steps_is_tuned_and_goes_on_from_there(tmp_path, small_corpus, cpu,
                                                                                 monkeypatch):
     workload = tiny(small_corpus)
-    found = Plan(micro_batch=4, grad_accum=2, name="tuned")
-    tuned = []
-
-    def fake_tune(w, hw, dist, refs, **kw):  # what _tune returns, without the search
-        tuned.append(kw["steps"])
-        return run_module.Tuning(found, None, 1.5, 30.0, "tuning budget 30 s")
-
-    monkeypatch.setattr(first_steps, "tuning_budget", lambda predicted, informed: (30.0, 60.0))  # long enough to tune
-    monkeypatch.setattr(run_module, "_tune", fake_tune)
-    monkeypatch.setattr(run_module, "side_by_side", lambda *a, **k: (None, Sizing([], 2, 0.5, False, 0.0, None,
-                                                                                  skipped="not measured here")))
+    tuned: list[int] = []
+    tuned_without_a_search(monkeypatch, Plan(micro_batch=4, grad_accum=2, name="tuned"), tuned)
     report = run_module.run(workload, cpu, steps=16, run_dir=tmp_path / "run", progress=False, console=QUIET,
                             try_compile=False)
     assert tuned == [16] and report.trained == "tuned"
