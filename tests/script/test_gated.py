@@ -332,6 +332,42 @@ def test_a_run_dies_with_saturate_even_when_saturate_is_killed(tmp_path, state):
         parent.kill()
 
 
+# A script that ends the way a timed trial's does (at once, os._exit) while a worker process it started still runs:
+# a DataLoader's workers notice their parent's end only every few seconds.
+LEFT_BEHIND = """
+import multiprocessing, os, sys, time
+from pathlib import Path
+def work():
+    Path(sys.argv[1]).write_text(str(os.getpid()))
+    time.sleep(60)
+if __name__ == "__main__":
+    multiprocessing.get_context("fork").Process(target=work).start()
+    while not Path(sys.argv[1]).exists():
+        time.sleep(0.02)
+    os._exit(0)
+"""
+
+
+def test_what_an_ended_command_leaves_in_its_group_is_ended_without_a_keyboardinterrupt(tmp_path, capfd):
+    from saturate.script.boundary import ChildSettings
+    from saturate.script.command import Child
+
+    (tmp_path / "left.py").write_text(LEFT_BEHIND)
+    (tmp_path / "f").mkdir()
+    child = Child([sys.executable, str(tmp_path / "left.py"), str(tmp_path / "worker.pid")], ChildSettings(),
+                  tmp_path / "f").start()
+    deadline = time.monotonic() + 60
+    while child.alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    worker = int((tmp_path / "worker.pid").read_text())
+    assert not child.alive() and _alive(worker)
+    started = time.monotonic()
+    child.stop()
+    assert not _alive(worker) and time.monotonic() - started < 3  # not after SIGINT's 3-s wait
+    # a SIGINT would have interrupted the worker: "Process Process-1: Traceback … KeyboardInterrupt"
+    assert "KeyboardInterrupt" not in "".join(child.tail) + capfd.readouterr().err
+
+
 # A plain loop whose speed changes by itself every 1.5 s (a neighbour's bursts, played by the script): the fused
 # AdamW it is offered changes nothing measurable on a model this small; trials one after another could read the
 # bursts as a gain of several times, alternating windows must not.

@@ -283,3 +283,35 @@ def test_the_host_allocator_is_tried_only_on_a_cpu_that_faults_pages_in_fast(dev
     assert bool(search.result.decisions) != tried
     if not tried and device == "cpu":
         assert "minor page faults while timed" in search.result.decisions[0]
+
+
+MANY_WORKERS = """
+import sys, torch
+from torch.utils.data import DataLoader, TensorDataset
+loader = DataLoader(TensorDataset(torch.randn(4096, 8), torch.randn(4096, 1)), batch_size=8)
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step, (x, y) in enumerate(loader):
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step(); opt.zero_grad()
+    if step == int(sys.argv[1]):
+        break
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["trial", "apply"])
+def test_torchs_warning_of_more_workers_than_cores_is_left_out_of_trials_only(tmp_path, monkeypatch, capfd, mode):
+    import os
+
+    from saturate.script.boundary import ChildSettings
+
+    (tmp_path / "many.py").write_text(MANY_WORKERS)
+    monkeypatch.chdir(tmp_path)
+    workers = Overrides(loader={"num_workers": (os.cpu_count() or 1) + 1})
+    settings = (ChildSettings(mode="trial", warmup=1, count_steps=0, steps=2, stop=True, overrides=workers)
+                if mode == "trial" else ChildSettings(mode="apply", profile=False, stop=False, overrides=workers))
+    run = run_instrumented([sys.executable, "many.py", "6"], settings, quiet_stdout=True)
+    assert run.returncode == 0
+    # every trial of a worker count saturate is measuring would say it twice; the user's own run still does
+    assert ("This DataLoader will create" in capfd.readouterr().err) is (mode == "apply")

@@ -287,10 +287,14 @@ def _echo(stream: Any, tail: collections.deque[str]) -> None:
 
 def _stop(proc: subprocess.Popen) -> None:
     """End the command's whole process group: SIGINT (a script's own Ctrl-C handling), then SIGTERM,
-    then SIGKILL, a few seconds apart."""
+    then SIGKILL, a few seconds apart. Once the command itself has ended (a trial's script exits at once when
+    it is timed), what is left of its group — DataLoader workers on their way out — starts at SIGTERM: a SIGINT
+    would interrupt each worker's exit and print its KeyboardInterrupt traceback amid the user's output."""
     for sig, wait in ((signal.SIGINT, 3.0), (signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
         if not _group_alive(proc.pid):
             break
+        if sig == signal.SIGINT and proc.poll() is not None:
+            continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
         deadline = time.monotonic() + wait

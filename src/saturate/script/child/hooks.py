@@ -40,6 +40,7 @@ import os
 import random
 import sys
 import time
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any
@@ -155,16 +156,13 @@ class Script:
         if self.mode == "trial":  # trials start from the same weights and batches even if the script never seeds
             random.seed(0)
             torch.manual_seed(0)
+            # torch's warning that the workers outnumber the cores, twice per loader, in every trial of a count
+            warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)  # that it is measuring
         if self.overrides.tf32:
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         if self.overrides.threads is not None:  # kept whatever the script sets: its own call is noted, not done
             torch.set_num_threads(self.overrides.threads)
-
-            def asked_threads(n: int) -> None:
-                script.threads_asked = n
-
-            self.patches.replace(torch, "set_num_threads", asked_threads)
+            self.patches.replace(torch, "set_num_threads", lambda n: setattr(script, "threads_asked", n))
         self._fuse_optimizers()
         self.loop.install(torch, self.patches)
         signature = inspect.signature(loader_init)
