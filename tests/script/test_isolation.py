@@ -36,6 +36,7 @@ if os.path.exists(snap):
     model.load_state_dict(state["model"])
     start = state["step"]
     print("RESUMED", start, flush=True)
+print("from", start, flush=True)
 loader = DataLoader(TensorDataset(torch.randn(512, 8)), batch_size=16)
 step = start
 while step < steps:
@@ -169,9 +170,9 @@ def test_off_says_so_in_one_line(monkeypatch):
         unavailable.cache_clear()
 
 
-def _saturate(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(saturate_cmd(*args), env={**cli_env(), "OMP_NUM_THREADS": "1", "COLUMNS": "200"}, cwd=cwd,
-                          capture_output=True, text=True, timeout=600)
+def _saturate(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(saturate_cmd(*args), env={**cli_env(), "OMP_NUM_THREADS": "1", "COLUMNS": "200", **env},
+                          cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 @needs_overlay
@@ -197,12 +198,16 @@ def test_run_leaves_what_a_plain_run_leaves_and_its_full_run_starts_fresh(tmp_pa
     assert done.returncode == 0 and "RESUMED" not in done.stdout, done.stderr
 
     work, runs = _project(tmp_path / "saturated")
+    logs = tmp_path / "trial-logs"
     out = _saturate("run", "--trial-steps", "4", "--trial-seconds", "2", "--json", "--", sys.executable, "loop.py",
-                    steps, "--snapshot", str(runs / "snap.pt"), cwd=work)
+                    steps, "--snapshot", str(runs / "snap.pt"), cwd=work, SATURATE_TRIAL_LOGS=str(logs))
     assert out.returncode == 0, out.stderr[-3000:]
     d = json.loads(out.stdout)
     assert d["full_run"]["optimizer_steps"] == int(steps)
-    assert "RESUMED" not in out.stderr  # no trial, no round and not the full run resumed from a trial's snapshot
+    # no trial, no round (each one's output in its log) and not the full run resumed from a trial's snapshot
+    trials = [p.read_text() for p in sorted(logs.glob("*.log"))]
+    assert len(trials) >= 3 and all(t.startswith("from 0") and "RESUMED" not in t for t in trials), trials
+    assert "from 0" in out.stderr and "RESUMED" not in out.stderr
     # the same files as the plain run, the log written once by the full run from step 0
     assert _tree(tmp_path / "saturated").keys() == _tree(tmp_path / "plain").keys()
     assert (work / "log.txt").read_text() == f"ran 0..{steps}\n"

@@ -315,3 +315,27 @@ def test_torchs_warning_of_more_workers_than_cores_is_left_out_of_trials_only(tm
     assert run.returncode == 0
     # every trial of a worker count saturate is measuring would say it twice; the user's own run still does
     assert ("This DataLoader will create" in capfd.readouterr().err) is (mode == "apply")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["trial", "doctor"])
+def test_a_trials_own_output_goes_to_its_log_and_its_failure_names_it(tmp_path, monkeypatch, capfd, mode):
+    from saturate.errors import SaturateError
+    from saturate.script.boundary import ChildSettings
+
+    (tmp_path / "fails.py").write_text("import sys, torch\nprint('config: width 64')\n"
+                                       "sys.exit('ValueError: no such dataset')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SATURATE_TRIAL_LOGS", str(tmp_path / "logs"))
+    with pytest.raises(SaturateError) as e:
+        run_instrumented([sys.executable, "fails.py"], ChildSettings(mode=mode, stop=True), quiet_stdout=True)
+    said = str(e.value)
+    assert said.startswith("the script failed before its first optimizer step (exit code 1: ValueError: no such")
+    printed = capfd.readouterr().err
+    if mode == "trial":  # its log holds both of its streams, in order; the terminal neither
+        log = next((tmp_path / "logs").glob("*.log"))
+        assert said.endswith(f" (its output: {log})")
+        assert log.read_text() == "config: width 64\nValueError: no such dataset\n"
+        assert "config: width 64" not in printed and "no such dataset" not in printed
+    else:
+        assert "its output" not in said and "config: width 64" in printed and "no such dataset" in printed

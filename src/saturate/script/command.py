@@ -7,18 +7,23 @@ folder put first on PYTHONPATH whose `sitecustomize.py` loads `child/hooks.py` o
 settings (`ChildSettings`) travel in the environment, results come back as files in a temporary folder —
 what crosses, both ways, is `boundary.py`. The command
 runs in a process group of its own so that saturate can stop all of it (launcher, ranks, loader
-workers) on Ctrl-C, at a time limit, or once it has what it measured.
+workers) on Ctrl-C, at a time limit, or once it has what it measured. A tuning trial's or a side-by-side
+round's own output (stdout and stderr) goes to a log file of its own in `trial_logs()`, not to the terminal:
+a Trainer script prints its arguments, its model's config and its progress bar in every one of them; its
+last lines are kept for an error message, which names the file. A doctor run and the full run print theirs.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -45,6 +50,7 @@ SOURCE = Path(__file__).resolve().parents[2]  # the folder holding this saturate
 # a failure's kind is read from text, the script's own, so that no decision parses saturate's messages
 OOM_MARKERS = ("OutOfMemoryError", "out of memory", "DefaultCPUAllocator: can't allocate memory")
 LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
+ENV_TRIAL_LOGS = "SATURATE_TRIAL_LOGS"  # where trials' own output goes (default: a fresh temporary folder)
 USAGE = "python SCRIPT …, python -m MODULE …, torchrun …, accelerate launch …"
 
 
@@ -76,6 +82,22 @@ class ScriptRun:
     # where its writes went: the files it created or changed in the user's folders, kept in a scratch layer
     # (isolation.py) and removed; None when the run was not covered (the full run, or isolation unavailable)
     written: list[str] | None = None
+    log: str | None = None  # where its own output went (a trial or a round), else None: it was printed
+
+
+_logs: list[Path] = []
+_numbers = itertools.count(1)
+
+
+def trial_logs() -> Path:
+    """The folder of this saturate process's trial logs, made when first asked: `SATURATE_TRIAL_LOGS`, or a
+    fresh `saturate-trials-…` folder in the system's temporary folder."""
+    if not _logs:
+        given = os.environ.get(ENV_TRIAL_LOGS)
+        folder = Path(given) if given else Path(tempfile.mkdtemp(prefix="saturate-trials-"))
+        folder.mkdir(parents=True, exist_ok=True)
+        _logs.append(folder)
+    return _logs[0]
 
 
 def check_command(command: Sequence[str]) -> list[str]:
@@ -159,6 +181,7 @@ class Child:
         self._reaper: subprocess.Popen | None = None
         self.layers: Layers | None = None
         self._echo: threading.Thread | None = None
+        self.log: Path | None = None
         self.started = 0.0
         self.seconds = 0.0
 
@@ -169,13 +192,23 @@ class Child:
         # full run of `run --` ("apply") is the user's own run
         self.layers = Layers.of(self.cmd, self.folder) if self.settings.mode != "apply" else None
         cmd = self.layers.wrap(self.cmd) if self.layers is not None else self.cmd
-        self.proc = subprocess.Popen(cmd, env=_env(self.folder, self.settings), stderr=subprocess.PIPE,
-                                     start_new_session=True,
-                                     stdout=sys.stderr.fileno() if self.quiet_stdout else None)
+        stdout: Any = sys.stderr.fileno() if self.quiet_stdout else None
+        stderr: Any = subprocess.PIPE
+        sink = None
+        if self.settings.mode == "trial":  # both of its streams, in order, through one pipe to its log
+            self.log = trial_logs() / f"{next(_numbers):03d}.log"
+            sink = open(self.log, "w", errors="replace")  # noqa: SIM115 (closed by the echo)
+            read, stdout = os.pipe()
+            stderr = stdout
+        self.proc = subprocess.Popen(cmd, env=_env(self.folder, self.settings), stderr=stderr,
+                                     start_new_session=True, stdout=stdout)
+        if sink is not None:
+            os.close(stdout)
+            self.proc.stderr = os.fdopen(read, "rb")
         self._reaper = subprocess.Popen([sys.executable, "-S", "-c", REAPER, str(os.getpid()), str(self.proc.pid)],
                                         start_new_session=True, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self._echo = threading.Thread(target=_echo, args=(self.proc.stderr, self.tail), daemon=True)
+        self._echo = threading.Thread(target=_echo, args=(self.proc.stderr, self.tail, sink), daemon=True)
         self._echo.start()
         return self
 
@@ -195,11 +228,15 @@ class Child:
             self.stop()
             raise SaturateError(f"no optimizer step within {first_step_timeout:g} s (--first-step-timeout); "
                                 "the script was stopped. saturate times optimizer steps (torch.optim): does "
-                                "the script reach one?")
+                                f"the script reach one?{self.its_output()}")
         if timeout is not None and waited > timeout:
             self.stop()
             raise SaturateError(f"the script did not finish its measured steps within {timeout:g} s; "
-                                "it was stopped")
+                                f"it was stopped{self.its_output()}")
+
+    def its_output(self) -> str:
+        """Where a trial's own output went, for its error message: what printing it would have shown."""
+        return f" (its output: {self.log})" if self.log is not None else ""
 
     def signal(self, sig: int) -> None:
         """Send `sig` to the command's whole process group (its loader workers too)."""
@@ -242,9 +279,10 @@ class Child:
         if self.layers is not None:
             written = [os.path.relpath(p) if p.is_relative_to(Path.cwd()) else str(p) for p in self.layers.written()]
         run = ScriptRun(self.cmd, self.proc.returncode, report, summary, steps, self.seconds, list(self.tail),
-                        written)
+                        written, str(self.log) if self.log is not None else None)
         if (settings.profile and report is None) or (not settings.profile and summary is None):
-            raise ScriptFailed(_why_no_report(run, settings.needed_steps if settings.profile else 2),
+            raise ScriptFailed(_why_no_report(run, settings.needed_steps if settings.profile else 2)
+                               + self.its_output(),
                                out_of_memory=bool(run.returncode) and ran_out_of_memory(run.stderr_tail))
         return run
 
@@ -268,21 +306,24 @@ def _why_no_report(run: ScriptRun, needed: int) -> str:
             f"window of {needed}; run it for longer or lower --warmup/--steps")
 
 
-def _echo(stream: Any, tail: collections.deque[str]) -> None:
-    """Copy the script's stderr to ours as it comes, keeping its last lines for an error message. A last line
-    without its newline (a progress bar's `\r` updates, cut off when the script was stopped) gets one, so what
-    saturate prints next starts on a line of its own."""
+def _echo(stream: Any, tail: collections.deque[str], sink: Any = None) -> None:
+    """Copy the script's stderr to ours (or to `sink`, a trial's log, closed at the end) as it comes, keeping
+    its last lines for an error message. A last line without its newline (a progress bar's `\r` updates, cut
+    off when the script was stopped) gets one, so what saturate prints next starts on a line of its own."""
+    out = sink if sink is not None else sys.stderr
     line = ""
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace")
         tail.append(line)
         with contextlib.suppress(OSError, ValueError):
-            sys.stderr.write(line)
-            sys.stderr.flush()
+            out.write(line)
+            out.flush()
     if line and not line.endswith("\n"):
         with contextlib.suppress(OSError, ValueError):
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+            out.write("\n")
+            out.flush()
+    if sink is not None:
+        sink.close()
 
 
 def _stop(proc: subprocess.Popen) -> None:

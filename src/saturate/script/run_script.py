@@ -35,7 +35,7 @@ from rich.text import Text
 
 from saturate.errors import ConfigError
 from saturate.script.boundary import ChildSettings
-from saturate.script.command import ScriptRun, run_instrumented
+from saturate.script.command import ScriptRun, run_instrumented, trial_logs
 from saturate.script.gated import Gated, PairedTrials, again, time_pairs
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.script_trial import MIN_GAIN, ScriptTrial, TrialOptions, window_rule
@@ -198,7 +198,8 @@ def run_script(command: Sequence[str], options: TrialOptions, console: Console, 
                         "is the script as written, nothing applied")
     elif overrides:
         reason = None
-        console.print("[dim]run: the script as written and tuned, in alternating rounds …[/]")
+        console.print(f"[dim]run: the script as written and tuned, in alternating rounds (their own output goes to "
+                      f"{trial_logs()}) …[/]")
 
         def on_round(r: int, name: str) -> None:
             console.print(f"[dim]  measuring side by side: round {r + 1}/{rounds} ({name})[/]")

@@ -142,11 +142,13 @@ def tune_with_progress(command: Sequence[str], options: TrialOptions, console: C
     """`saturate tune -- CMD` (and `run -- CMD`'s tuning): `tune_command` on this machine's usable cores, each
     trial's step time printed as it ends."""
     from saturate.hardware import usable_cores
+    from saturate.script.command import trial_logs
     from saturate.script.isolation import notice
 
     console.print(f"[dim]tune: each trial runs your command's first {options.warmup + options.steps} optimizer "
                   "steps with saturate's hooks, then times its steps in windows until they agree (at most "
-                  f"{options.seconds:g} s), then stops it; {notice(command)} …[/]")
+                  f"{options.seconds:g} s), then stops it; {notice(command)}; each trial's own output goes to "
+                  f"{trial_logs()} …[/]")
 
     def show(t: ScriptTrial) -> None:
         spread = f" ±{100 * t.spread:.1f} %" if t.spread is not None else ""
