@@ -85,19 +85,18 @@ class ScriptRun:
     log: str | None = None  # where its own output went (a trial or a round), else None: it was printed
 
 
-_logs: list[Path] = []
+_made: dict[str, Path] = {}
 _numbers = itertools.count(1)
 
 
 def trial_logs() -> Path:
-    """The folder of this saturate process's trial logs, made when first asked: `SATURATE_TRIAL_LOGS`, or a
-    fresh `saturate-trials-…` folder in the system's temporary folder."""
-    if not _logs:
-        given = os.environ.get(ENV_TRIAL_LOGS)
-        folder = Path(given) if given else Path(tempfile.mkdtemp(prefix="saturate-trials-"))
-        folder.mkdir(parents=True, exist_ok=True)
-        _logs.append(folder)
-    return _logs[0]
+    """The folder of the trial logs: `SATURATE_TRIAL_LOGS`, or else one fresh `saturate-trials-…` folder in the
+    system's temporary folder for this saturate process, made when first asked."""
+    given = os.environ.get(ENV_TRIAL_LOGS, "")
+    if given not in _made:
+        _made[given] = Path(given) if given else Path(tempfile.mkdtemp(prefix="saturate-trials-"))
+    _made[given].mkdir(parents=True, exist_ok=True)
+    return _made[given]
 
 
 def check_command(command: Sequence[str]) -> list[str]:
@@ -200,10 +199,13 @@ class Child:
             sink = open(self.log, "w", errors="replace")  # noqa: SIM115 (closed by the echo)
             read, stdout = os.pipe()
             stderr = stdout
-        self.proc = subprocess.Popen(cmd, env=_env(self.folder, self.settings), stderr=stderr,
-                                     start_new_session=True, stdout=stdout)
+        try:
+            self.proc = subprocess.Popen(cmd, env=_env(self.folder, self.settings), stderr=stderr,
+                                         start_new_session=True, stdout=stdout)
+        finally:
+            if sink is not None:
+                os.close(stdout)
         if sink is not None:
-            os.close(stdout)
             self.proc.stderr = os.fdopen(read, "rb")
         self._reaper = subprocess.Popen([sys.executable, "-S", "-c", REAPER, str(os.getpid()), str(self.proc.pid)],
                                         start_new_session=True, stdin=subprocess.DEVNULL,
