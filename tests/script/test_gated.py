@@ -475,3 +475,19 @@ def test_a_threads_override_holds_whatever_the_script_sets(tmp_path):
     settings = trial_settings(Overrides(threads=1), 1, 3, window_rule(0.5))
     run = run_instrumented([sys.executable, str(tmp_path / "threads.py")], settings)
     assert run.report["threads"] == {"in_force": 1, "asked_by_script": 2}
+
+
+def test_a_trial_that_cannot_start_leaves_no_log_or_pipe_open(tmp_path, monkeypatch):
+    from saturate.script import command
+    from saturate.script.boundary import ChildSettings
+
+    def refused(*args, **kwargs):
+        raise OSError("fork failed")
+
+    monkeypatch.setenv("SATURATE_TRIAL_LOGS", str(tmp_path / "logs"))
+    monkeypatch.setattr(command.subprocess, "Popen", refused)
+    before = set(os.listdir("/proc/self/fd"))
+    child = command.Child([sys.executable, "x.py"], ChildSettings(mode="trial"), tmp_path)
+    with pytest.raises(OSError, match="fork failed"):
+        child.start()
+    assert child.log is not None and set(os.listdir("/proc/self/fd")) == before  # its log and both pipe ends

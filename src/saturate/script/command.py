@@ -202,6 +202,11 @@ class Child:
         try:
             self.proc = subprocess.Popen(cmd, env=_env(self.folder, self.settings), stderr=stderr,
                                          start_new_session=True, stdout=stdout)
+        except BaseException:
+            if sink is not None:  # not started: nothing will read the pipe or close the log
+                sink.close()
+                os.close(read)
+            raise
         finally:
             if sink is not None:
                 os.close(stdout)
