@@ -491,3 +491,42 @@ def test_a_trial_that_cannot_start_leaves_no_log_or_pipe_open(tmp_path, monkeypa
     with pytest.raises(OSError, match="fork failed"):
         child.start()
     assert child.log is not None and set(os.listdir("/proc/self/fd")) == before  # its log and both pipe ends
+
+
+def test_older_temporary_trial_logs_are_pruned_to_the_newest_few_and_recent_ones_are_kept(tmp_path, monkeypatch):
+    from saturate.script import command
+
+    now = time.time()
+    folders = []
+    for i in range(14):  # 14 earlier runs' folders, the newest first; the first 3 were written within the hour
+        path = tmp_path / f"{command.TRIALS_PREFIX}{i:02d}"
+        (path / "001.log").parent.mkdir()
+        (path / "001.log").write_text("trial output\n")
+        touched = now - (60 * i if i < 3 else 7200 + 3600 * i)
+        os.utime(path / "001.log", (touched, touched))
+        os.utime(path, (touched, touched))
+        folders.append(path)
+    (tmp_path / "saturate-other").mkdir()  # not ours: never touched
+    (tmp_path / "saturate-other" / "x").write_text("")
+    os.utime(tmp_path / "saturate-other", (now - 10**6, now - 10**6))
+    for i in (11, 12):  # an old folder with a log written a minute ago (a run still going) is kept
+        os.utime(folders[i] / "001.log", (now - 60, now - 60))
+    this = tmp_path / f"{command.TRIALS_PREFIX}this"
+    this.mkdir()
+    removed = command.prune_trial_logs(tmp_path, keep=this)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    # this run's and the 9 newest earlier ones (two old folders among them, with a log touched a minute ago) stay
+    assert set(removed) == {folders[i] for i in (7, 8, 9, 10, 13)}, removed
+    assert f"{command.TRIALS_PREFIX}this" in left and "saturate-other" in left and len(left) == 2 + 9
+
+    monkeypatch.setattr(command.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("SATURATE_TRIAL_LOGS", raising=False)
+    monkeypatch.setattr(command, "_made", {})
+    made = command.trial_logs()  # a fresh folder: the oldest of the 11 others goes (idle for hours)
+    assert made.parent == tmp_path and made.name.startswith(command.TRIALS_PREFIX)
+    assert len(list(tmp_path.glob(command.TRIALS_PREFIX + "*"))) == 10 and not folders[6].exists()
+    monkeypatch.setenv("SATURATE_TRIAL_LOGS", str(tmp_path / "mine"))  # a folder the user names prunes nothing
+    assert command.trial_logs() == tmp_path / "mine" and len(list(tmp_path.glob(command.TRIALS_PREFIX + "*"))) == 10
+    command.prune_trial_logs(tmp_path, keep=this, newest=1)  # beyond the newest: only what was written an hour ago
+    assert {p.name for p in tmp_path.glob(command.TRIALS_PREFIX + "*")} == {
+        made.name, this.name, *(folders[i].name for i in (0, 1, 2, 11, 12))}

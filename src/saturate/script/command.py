@@ -51,6 +51,8 @@ SOURCE = Path(__file__).resolve().parents[2]  # the folder holding this saturate
 OOM_MARKERS = ("OutOfMemoryError", "out of memory", "DefaultCPUAllocator: can't allocate memory")
 LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
 ENV_TRIAL_LOGS = "SATURATE_TRIAL_LOGS"  # where trials' own output goes (default: a fresh temporary folder)
+TRIALS_PREFIX = "saturate-trials-"
+KEEP_TRIAL_LOGS = 10  # the temporary trial-log folders kept: this run's and the newest earlier ones
 USAGE = "python SCRIPT …, python -m MODULE …, torchrun …, accelerate launch …"
 
 
@@ -91,12 +93,32 @@ _numbers = itertools.count(1)
 
 def trial_logs() -> Path:
     """The folder of the trial logs: `SATURATE_TRIAL_LOGS`, or else one fresh `saturate-trials-…` folder in the
-    system's temporary folder for this saturate process, made when first asked."""
+    system's temporary folder for this saturate process, made when first asked (older ones are pruned)."""
     given = os.environ.get(ENV_TRIAL_LOGS, "")
     if given not in _made:
-        _made[given] = Path(given) if given else Path(tempfile.mkdtemp(prefix="saturate-trials-"))
+        _made[given] = Path(given) if given else Path(tempfile.mkdtemp(prefix=TRIALS_PREFIX))
+        if not given:
+            prune_trial_logs(_made[given].parent, keep=_made[given])
     _made[given].mkdir(parents=True, exist_ok=True)
     return _made[given]
+
+
+def prune_trial_logs(folder: Path, keep: Path, newest: int = KEEP_TRIAL_LOGS, idle_s: float = 3600.0) -> list[Path]:
+    """Remove this user's `saturate-trials-…` folders in `folder` beyond the `newest` few, those untouched for
+    `idle_s` only (another saturate may still be writing to a recent one); `keep` is never removed. Returns what
+    was removed. The folders a user asked for (`SATURATE_TRIAL_LOGS`) are never pruned."""
+    found = []
+    for path in folder.glob(TRIALS_PREFIX + "*"):
+        with contextlib.suppress(OSError):
+            if path != keep and path.is_dir() and not path.is_symlink() and path.stat().st_uid == os.getuid():
+                found.append((max([path.stat().st_mtime, *(f.stat().st_mtime for f in path.iterdir())]), path))
+    found.sort(reverse=True)
+    removed = []
+    for touched, path in found[max(newest - 1, 0):]:
+        if time.time() - touched >= idle_s:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def check_command(command: Sequence[str]) -> list[str]:
