@@ -191,7 +191,9 @@ def test_the_doctor_leaves_the_folders_as_they_were_and_says_where_its_writes_we
 @needs_overlay
 def test_run_leaves_what_a_plain_run_leaves_and_its_full_run_starts_fresh(tmp_path):
     plain_work, plain_runs = _project(tmp_path / "plain")
-    steps = "3000"
+    # long enough that the first trial cannot reach the script's end (a short job gets no other trial): 3000 steps
+    # did on a Zen 4 (0.43 ms a step)
+    steps = "12000"
     done = subprocess.run([sys.executable, "loop.py", steps, "--snapshot", str(plain_runs / "snap.pt")],
                           cwd=plain_work, env={**cli_env(), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                           timeout=300)
