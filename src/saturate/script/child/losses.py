@@ -58,10 +58,10 @@ class StepLosses:
     def read(self) -> list[float]:
         """The losses as floats (read from the device now, one copy), those of the steps ended."""
         if self._buffer is None:
-            tensors = [0.0] * self.count
+            kept = [0.0] * self.count
         else:
             try:
-                tensors = self._buffer[:self.count].tolist()
+                kept = self._buffer[:self.count].tolist()
             except RuntimeError:  # the device is gone (a CUDA error): no losses
                 return []
-        return [value + self._floats.get(i, 0.0) for i, value in enumerate(tensors)]
+        return [value + self._floats.get(i, 0.0) for i, value in enumerate(kept)]
