@@ -43,50 +43,68 @@ from typing import Any
 
 import _harness as bench
 from _harness import neighbour
+from saturate.engine.host_alloc import ENV_MMAP, ENV_TRIM, thresholds
 from saturate.hardware import probe
-from saturate.script.overrides import Overrides
+from saturate.script.overrides import NONE, Overrides
 from saturate.script.run_script import side_by_side
-from saturate.stats.rounds import Ratio
+from saturate.stats.rounds import Ratio, interleaved
 
 PY = sys.executable
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "scripts"
 
-INPUT = """
-import sys, time, torch, torch.nn as nn
-from torch.utils.data import DataLoader, Dataset
-torch.set_num_threads(1)
+def script(case: str, over: Overrides = NONE, seconds: float | None = None) -> str | None:
+    """The input or fused loop as Python source: as written (`over` empty, the step count from argv: what the tunes
+    are given), or with `over` written in by hand and, with `seconds`, timing itself — steps/s in 2-s windows for
+    `seconds`, printed as JSON — for the bare reference. None where `over` holds a setting this cannot write in."""
+    if over.trainer or over.lightning or over.train_loader or (over.optimizer and case != "fused"):
+        return None
+    loader = ", ".join(f"{k}={v!r}" for k, v in ({"num_workers": 0} | dict(over.loader)).items())
+    if (over.loader and case != "input") or over.bf16_autocast not in (None, "cpu"):
+        return None
+    fused = ", fused=True" if over.optimizer.get("fused") else ""
+    head = (f"import json, sys, time, torch, torch.nn as nn\ntorch.set_num_threads({over.threads or 1})\n"
+            + ("torch.backends.cuda.matmul.allow_tf32 = True\n" if over.tf32 else ""))
+    if case == "input":
+        body = f"""from torch.utils.data import DataLoader, Dataset
 class Slow(Dataset):
     def __len__(self):
         return 10**6
     def __getitem__(self, i):
         time.sleep(0.004)
         return torch.randn(16), torch.randn(1)
-loader = DataLoader(Slow(), batch_size=8, num_workers=0)
+loader = DataLoader(Slow(), batch_size=8, {loader})
 model = nn.Linear(16, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for step, (x, y) in enumerate(loader):
-    loss = nn.functional.mse_loss(model(x), y)
-    opt.zero_grad(); loss.backward(); opt.step()
-    if step + 1 == int(sys.argv[1]):
-        break
+batches = iter(loader)
 """
-
-FUSED = """
-import sys, torch, torch.nn as nn
-torch.set_num_threads(1)
-torch.manual_seed(0)
+        batch = "x, y = next(batches)\n    "
+    else:
+        body = f"""torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 512))
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4{fused})
 x, y = torch.randn(8, 512), torch.randn(8, 512)
-for step in range(int(sys.argv[1])):
-    loss = nn.functional.mse_loss(model(x), y)
+"""
+        batch = ""
+    cast = "with torch.autocast('cpu', dtype=torch.bfloat16):\n        " if over.bf16_autocast else ""
+    step = f"""def step():
+    {batch}{cast}loss = nn.functional.mse_loss(model(x), y)
     opt.zero_grad(); loss.backward(); opt.step()
+"""
+    if seconds is None:
+        return head + body + step + "for _ in range(int(sys.argv[1])):\n    step()\n"
+    return head + body + step + f"""t0 = last = time.perf_counter(); n = 0; rates = []
+while last - t0 < {seconds}:
+    step()
+    n += 1
+    if (now := time.perf_counter()) - last >= 2.0:
+        rates.append(n / (now - last)); n = 0; last = now
+print(json.dumps(rates))
 """
 
 
 def commands(folder: Path) -> dict[str, list[str]]:
-    (folder / "input.py").write_text(INPUT)
-    (folder / "fused.py").write_text(FUSED)
+    for case in ("input", "fused"):
+        (folder / f"{case}.py").write_text(script(case) or "")
     return {"input": [PY, "input.py", "1000000"], "fused": [PY, "fused.py", "1000000"],
             "trainer": [PY, str(EXAMPLES / "gpt2_finetune" / "train.py"), "--size", "toy", "--max-length", "64",
                         "--max-steps", "100000", "--output-dir", "user-out"]}
@@ -143,16 +161,42 @@ def run_once(cmd: list[str], folder: Path, args: argparse.Namespace) -> dict[str
             "short_job": d["short_job"], "side_by_side": side, "full_s": d["full_run"]["seconds"], "tried": []}
 
 
-def reference(cmd: list[str], overrides: dict[str, Any], folder: Path, args: argparse.Namespace) -> Ratio | None:
-    """Tuned ÷ as written, quiet, in alternating rounds of whole trials (independent of the tuner's pairs)."""
-    cwd = os.getcwd()
-    os.chdir(folder)
-    try:
-        written, tuned = side_by_side(cmd, Overrides.from_dict(overrides), rounds=args.ref_rounds,
-                                      steps=args.trial_steps, quiet_stdout=True)
-    finally:
-        os.chdir(cwd)
-    return Ratio.between([a.step_s for a in written], [t.step_s for t in tuned])
+def reference(case: str, cmd: list[str], overrides: dict[str, Any], folder: Path,
+              args: argparse.Namespace) -> tuple[Ratio | None, str]:
+    """Tuned ÷ as written, quiet, in `--ref-rounds` alternating rounds, independent of the tuner: (ratio, how).
+
+    "bare" where the setting can be written into the script by hand (`script`): no saturate in the process, each
+    run timing itself for `--ref-seconds` with its first 2-s window left out (start-up, loader workers, a fresh
+    heap), a round's figure the median of its windows — what a user's long run sees. Else "trials": rounds of
+    whole trials under saturate's hooks (run_script.side_by_side), which time a fresh process's first seconds
+    (on the fused loop they read fused + the host allocator 2.72–2.98× where the bare loop reads 2.18×,
+    docs/benchmarks.md 2026-11-28)."""
+    over = Overrides.from_dict(overrides)
+    tuned = script(case, over, args.ref_seconds) if case in ("input", "fused") else None
+    if tuned is None:
+        cwd = os.getcwd()
+        os.chdir(folder)
+        try:
+            written, trials = side_by_side(cmd, over, rounds=args.ref_rounds, steps=args.trial_steps,
+                                           quiet_stdout=True)
+        finally:
+            os.chdir(cwd)
+        return Ratio.between([a.step_s for a in written], [t.step_s for t in trials]), "trials"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | {"OMP_NUM_THREADS": "1"}
+    mmap, trim = thresholds()
+    runs = {"as written": (script(case, NONE, args.ref_seconds), env),
+            "tuned": (tuned, env | ({ENV_MMAP: str(mmap), ENV_TRIM: str(trim)} if over.host_alloc else {}))}
+    rates: dict[str, list[float | None]] = {"as written": [], "tuned": []}
+    for _, name in interleaved(list(runs), args.ref_rounds):
+        text, run_env = runs[name]
+        path = folder / f"bare_{case}.py"
+        path.write_text(text or "")
+        out = subprocess.run([PY, str(path)], cwd=folder, env=run_env, capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"bare reference {case} {name}: {(out.stderr.strip().splitlines() or ['(no output)'])[-1]}")
+        windows = json.loads(out.stdout.strip().splitlines()[-1])[1:] if out.returncode == 0 else []
+        rates[name].append(statistics.median(windows) if windows else None)
+    return Ratio.between(rates["tuned"], rates["as written"]), "bare"
 
 
 def key(overrides: dict[str, Any]) -> str:
@@ -168,6 +212,8 @@ def main() -> int:
     ap.add_argument("--trial-steps", type=int, default=4)
     ap.add_argument("--trial-seconds", type=float, default=4.0)
     ap.add_argument("--ref-rounds", type=int, default=4)
+    ap.add_argument("--ref-seconds", type=float, default=10.0,
+                    help="each bare reference run's length (its first 2-s window left out)")
     ap.add_argument("--verb", choices=("tune", "run"), default="tune",
                     help="tune -- CMD (the default), or run -- CMD: tune, side by side, and the whole run (its steps: "
                          "RUN_STEPS), where the decision is what the whole run applied")
@@ -195,10 +241,12 @@ def main() -> int:
                           + (f" ({r['reason'] or r['withheld']})" if r.get("reason") or r.get("withheld") else ""),
                           flush=True)
     refs: dict[tuple[str, str], Ratio | None] = {}
+    how: dict[tuple[str, str], str] = {}
     for r in runs:  # every setting any tune tried or kept, measured quiet against as written
         for over in [t["overrides"] for t in r.get("tried", [])] + [r.get("overrides") or {}, r.get("found") or {}]:
             if over and (r["case"], key(over)) not in refs:
-                refs[(r["case"], key(over))] = reference(cmds[r["case"]], over, folder, args)
+                refs[(r["case"], key(over))], how[(r["case"], key(over))] = reference(r["case"], cmds[r["case"]],
+                                                                                     over, folder, args)
     rows, slower, off, found = [], 0, 0, {}
     for r in runs:
         over = r.get("overrides") or {}
@@ -216,7 +264,8 @@ def main() -> int:
         found.setdefault((r["condition"], r["case"]), []).append((hit, bool(real)))
         rows.append([r["condition"], r["case"], str(r["rep"]), key(over) if over else ("error: " + r["error"]
                                                                                         if "error" in r else "{}"),
-                     f"{printed:.3f}×" if printed else "-", ref.fmt() if ref else "-",
+                     f"{printed:.3f}×" if printed else "-",
+                     f"{ref.fmt()} {how[(r['case'], key(over))]}" if ref else "-",
                      f"{r['wall_s']:.0f} s", "; ".join(bad) or "ok"])
     bench.print_table(f"{args.verb} -- CMD: decision, printed ratio, quiet reference",
                       ["condition", "case", "rep", "kept", "printed", "reference", "wall", "check"], rows)
@@ -230,8 +279,9 @@ def main() -> int:
     hw = probe(measure_peaks=False)
     bench.write_json(args.json, {"benchmark": "busy_scripts", "environment": bench.environment(hw),
                                  "args": vars(args), "runs": runs,
-                                 "references": {f"{c} {k}": (v.to_dict() if v else None) for (c, k), v in
-                                                refs.items()}, "kept_slower": slower, "printed_off": off})
+                                 "references": {f"{c} {k}": (v.to_dict() | {"how": how[(c, k)]} if v else None)
+                                                for (c, k), v in refs.items()},
+                                 "kept_slower": slower, "printed_off": off})
     return 0
 
 
