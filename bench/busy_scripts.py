@@ -12,7 +12,9 @@ seeded neighbour, `../shared/tools/neighbour.py --profile bursty`, started outsi
 Each tune's decision is read from its JSON: the overrides kept, the printed ratio (the paired confirmation against
 the script as written) and every trial's paired ratio. The reference is independent and quiet: after the tunes,
 each distinct setting any tune tried is measured against the script as written in `--ref-rounds` alternating
-rounds of whole trials (run_script.side_by_side, the neighbour stopped). Checked, per the issue's goals:
+rounds, the neighbour stopped: bare where the setting can be written into the loop by hand (`reference`: no
+saturate in the process, the loop timing itself), else whole trials (run_script.side_by_side). Checked, per the
+issue's goals:
 
 * zero confident wrong decisions: nothing kept that the reference measures ≥ 5 % slower than as written, and no
   printed ratio outside ±15 % of the reference;
