@@ -64,12 +64,14 @@ def val_losses(run_dir: Path) -> dict[int, float]:
 def assert_same_run(run_dir: Path, reference: Path) -> None:
     got, want = losses(run_dir), losses(reference)
     assert sorted(got) == list(range(1, STEPS + 1))
-    assert got == want  # bit-identical: floats compared exactly
-    assert val_losses(run_dir) == val_losses(reference)
     a, b = load_file(run_dir / "model.safetensors"), load_file(reference / "model.safetensors")
     assert a.keys() == b.keys()
-    for k in a:
-        assert a[k].equal(b[k]), k
+    weights = [k for k in a if not a[k].equal(b[k])]
+    steps = {s: (got[s], want[s]) for s in want if got[s] != want[s]}  # bit-identical: floats compared exactly
+    # Both said at once: a logged loss off by an ulp with the final weights equal (seen once, 2026-11-28) is a
+    # different fault from a resume that trained differently.
+    assert not steps and not weights, f"losses differ at {steps}; weights differ in {weights or 'none'}"
+    assert val_losses(run_dir) == val_losses(reference)
 
 
 def wait_for(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> None:
