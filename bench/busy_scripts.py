@@ -58,11 +58,10 @@ def script(case: str, over: Overrides = NONE, seconds: float | None = None) -> s
     """The input or fused loop as Python source: as written (`over` empty, the step count from argv: what the tunes
     are given), or with `over` written in by hand and, with `seconds`, timing itself — steps/s in 2-s windows for
     `seconds`, printed as JSON — for the bare reference. None where `over` holds a setting this cannot write in."""
-    if over.trainer or over.lightning or over.train_loader or (over.optimizer and case != "fused"):
+    if (over.trainer or over.lightning or over.train_loader or (over.optimizer and case != "fused")
+            or (over.loader and case != "input") or over.bf16_autocast not in (None, "cpu")):
         return None
     loader = ", ".join(f"{k}={v!r}" for k, v in ({"num_workers": 0} | dict(over.loader)).items())
-    if (over.loader and case != "input") or over.bf16_autocast not in (None, "cpu"):
-        return None
     fused = ", fused=True" if over.optimizer.get("fused") else ""
     head = (f"import json, sys, time, torch, torch.nn as nn\ntorch.set_num_threads({over.threads or 1})\n"
             + ("torch.backends.cuda.matmul.allow_tf32 = True\n" if over.tf32 else ""))
