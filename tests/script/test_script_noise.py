@@ -356,6 +356,7 @@ def test_a_small_gain_is_timed_again_on_fresh_runs_before_it_is_kept_and_a_large
     from saturate.script.gated import Window
 
     made: list[str] = []
+    short = False
 
     class OwnSpeed:
         def __init__(self, name: str, overrides: Any, *a: Any, **kw: Any) -> None:
@@ -364,6 +365,7 @@ def test_a_small_gain_is_timed_again_on_fresh_runs_before_it_is_kept_and_a_large
             first = name not in made
             made.append(name)
             self.rate = 10.0 * (2.0 if workers >= 2 else 1.044 if workers == 1 and first else 1.0)
+            self.windows = 2 if workers == 1 and not first and short else 24  # `short`: a fresh run ends early
 
         def open(self) -> ScriptTrial:
             return self.trial([])
@@ -382,7 +384,7 @@ def test_a_small_gain_is_timed_again_on_fresh_runs_before_it_is_kept_and_a_large
 
         def window(self) -> Window | None:
             self.n += 1
-            return Window(self.rate, 10, 0.0) if self.n <= 24 else None
+            return Window(self.rate, 10, 0.0) if self.n <= self.windows else None
 
         def trial(self, windows: list) -> ScriptTrial:
             return ScriptTrial(self.name, self.overrides, 1 / self.rate, None, 0.5, 10)
@@ -394,3 +396,11 @@ def test_a_small_gain_is_timed_again_on_fresh_runs_before_it_is_kept_and_a_large
     assert one.outcome.startswith("not kept") and "over two pairs of runs: 1.044× and 1.000×" in one.outcome
     assert made.count("1 workers") == 2  # timed again on a fresh pair
     assert tuning.best.name == "2 workers" and made.count("2 workers") == 1  # 2×: one pair of runs is enough
+
+    # The fresh pair's runs end before their windows decide anything: one pair of runs' +4.4 % is not kept.
+    made.clear()
+    short = True
+    tuning = tune_command(["python", "train.py"], runner=NoisyMachine(gain=0.0, noise=0.0), cores=1, paired=True,
+                          confirm=False, supports={})
+    one = next(t for t in tuning.trials if t.name == "1 workers")
+    assert one.outcome.startswith("not kept: +4.4 %, within noise (±4.4 %)") and "ended before" in one.outcome

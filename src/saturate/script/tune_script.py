@@ -38,9 +38,8 @@ For every script:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from rich.console import Console
@@ -288,10 +287,9 @@ class _Search:
                 pairs = again(pairs, lambda: (self.gated(best.name, best.overrides), self.gated(name, overrides)),
                               MIN_GAIN, cap_s=2 * self.rule.max_seconds)
                 if pairs.comparison is None:  # the second pair decided nothing: one pair of runs is not enough
-                    pairs = dataclasses.replace(pairs, comparison=dataclasses.replace(c, noise=max(c.noise, c.gain),
-                                                note=f"{c.note + '; ' if c.note else ''}not timed again: a run of "
-                                                "the second pair ended first, and one pair of runs can be off by "
-                                                "this much"))
+                    said = (f"{c.note}; " if c.note else "") + ("a run of the second pair of runs ended before its "
+                                                                "windows decided; one pair alone can be off by this")
+                    pairs = replace(pairs, comparison=replace(c, noise=max(c.noise, c.gain), note=said))
         except BaseException:  # Ctrl-C, or a failure: neither run is left behind (the incumbent: `close`)
             candidate.close()
             raise
