@@ -181,8 +181,8 @@ class FakeLoop:
     """A plain loop (no Trainer): `compute` of its step in forward and backward, which bf16 autocast runs 1.6× as
     fast; bf16's losses drift by `drift`."""
 
-    def __init__(self, compute: float = 0.8, drift: float = 0.001) -> None:
-        self.compute, self.drift = compute, drift
+    def __init__(self, compute: float = 0.8, drift: float = 0.001, windows: list[float] | None = None) -> None:
+        self.compute, self.drift, self.windows = compute, drift, windows or []
         self.runs: list[Overrides] = []
 
     def __call__(self, command: list[str], settings: ChildSettings, **kw: Any) -> ScriptRun:
@@ -193,7 +193,8 @@ class FakeLoop:
         losses = [x * (1 + self.drift) for x in LOSSES] if bf16 else list(LOSSES)
         phases = {"data": 0.0, "forward": step * 0.4 * self.compute, "backward": step * 0.6 * self.compute}
         report = {"measurements": {"step_s": step, "samples_per_step": 16, "phases": phases, "steps": 3,
-                                   "device_type": "cpu"},
+                                   "device_type": "cpu",
+                                   "window_shares": [{"forward": 0.4 * c, "backward": 0.6 * c} for c in self.windows]},
                   "loaders": [], "first_step_s": 5.0, "model": {"class": "Net"}, "trainer": None,
                   "loop": {"bf16_autocast": over.bf16_autocast, "own_autocast": None, "losses": losses}}
         return ScriptRun(list(command), 0, report, None, 5, 1.0)
@@ -214,6 +215,13 @@ def test_a_plain_loop_whose_compute_is_a_sliver_of_its_step_or_without_bf16_gets
     assert [o.bf16_autocast for o in bound.runs] == [None]
     line = next(d for d in tuning.decisions if d.startswith("precision:"))
     assert line.startswith("precision: bf16 autocast not tried (forward and backward took 1.0 % of the step")
+    # one of four timed windows slowed in its forward (a neighbour's burst): the mean over the stretch reads 4.6 %,
+    # the median of the windows what the loop's compute takes
+    burst = FakeLoop(compute=0.046, windows=[0.005, 0.006, 0.006, 0.17])
+    tuning = tune_command(["python", "loop.py"], runner=burst, supports={"bf16": True})
+    assert [o.bf16_autocast for o in burst.runs] == [None]
+    line = next(d for d in tuning.decisions if d.startswith("precision:"))
+    assert "took 0.6 % of the step (measured, the median of 4 timed windows)" in line, line
     plain = FakeLoop()
     tuning = tune_command(["python", "loop.py"], runner=plain, supports={"bf16": False})
     assert [o.bf16_autocast for o in plain.runs] == [None]

@@ -22,6 +22,7 @@ set from outside. Order:
 from __future__ import annotations
 
 import functools
+import statistics
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -127,17 +128,14 @@ def loop_precision(search: Search, report: dict[str, Any], supports: dict[str, b
     from saturate.tune.bound import BOUND_MARGIN, most_gained, not_worth
 
     decisions, device, loop = search.result.decisions, search.result.device_type, report.get("loop") or {}
-    m = report.get("measurements") or {}
-    phases, step = m.get("phases") or {}, m.get("step_s") or 0.0
-    share = ((phases.get("forward", 0.0) + phases.get("backward", 0.0)) / step
-             if report.get("model") and step > 0 and "forward" in phases else None)  # no model seen: not split
+    share, over = _compute_share(report)
     if own := loop.get("own_autocast"):
         decisions.append(f"precision: the script already trains in {own} (its own torch.autocast)")
     elif device not in AUTOCAST_DEVICES or not supports.get("bf16"):
         decisions.append(f"precision: fp32 (bf16 is not native on {device})")
     elif not_worth(share, MIN_GAIN):
         decisions.append(f"precision: bf16 autocast not tried (forward and backward took {100 * share:.1f} % of the "
-                         f"step (measured): a lower precision can gain at most {100 * most_gained(share):.1f} %, "
+                         f"step (measured{over}): a lower precision can gain at most {100 * most_gained(share):.1f} %, "
                          f"under {1 / BOUND_MARGIN:.0%} of the {100 * MIN_GAIN:.0f} % a change must gain)")
     elif not loop.get("losses"):
         decisions.append("precision: bf16 autocast not tried (the script's losses were not seen: nothing to check "
@@ -146,6 +144,21 @@ def loop_precision(search: Search, report: dict[str, Any], supports: dict[str, b
         base = search.result.baseline
         stage(search, "precision", ("bf16 autocast", Overrides(bf16_autocast=device)),
               lambda t: _loss_problem(t, base))
+
+
+def _compute_share(report: dict[str, Any]) -> tuple[float | None, str]:
+    """The share of the step a trial's forward and backward took (None: no model seen, so not split), and how it
+    was taken: the median over the Profiler's timed windows where there are several — one window a neighbour's
+    burst or a page fault slowed must not make an input-bound loop's compute look large enough to try a precision
+    for (a suite run read it so once) — else over the whole timed stretch."""
+    m = report.get("measurements") or {}
+    phases, step = m.get("phases") or {}, m.get("step_s") or 0.0
+    if not report.get("model") or step <= 0 or "forward" not in phases:
+        return None, ""
+    windows = [w.get("forward", 0.0) + w.get("backward", 0.0) for w in m.get("window_shares") or []]
+    if len(windows) > 1:
+        return statistics.median(windows), f", the median of {len(windows)} timed windows"
+    return (phases["forward"] + phases.get("backward", 0.0)) / step, ""
 
 
 def stage(search: Search, knob: str, option: Option, check: Callable[[Any], str | None] | None = None) -> None:
