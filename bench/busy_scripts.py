@@ -12,8 +12,9 @@ seeded neighbour, `../shared/tools/neighbour.py --profile bursty`, started outsi
 Each tune's decision is read from its JSON: the overrides kept, the printed ratio (the paired confirmation against
 the script as written) and every trial's paired ratio. The reference is independent and quiet: after the tunes,
 each distinct setting any tune tried is measured against the script as written in `--ref-rounds` alternating
-rounds, the neighbour stopped: bare where the setting can be written into the loop by hand (`reference`: no
-saturate in the process, the loop timing itself), else whole trials (run_script.side_by_side). Checked, per the
+rounds, the neighbour stopped: bare where the setting can be written in by hand — into the loop, or into the
+Trainer example's `TrainingArguments` (`reference`: no saturate in the process, the script timing itself) — else
+whole trials (run_script.side_by_side). Checked, per the
 issue's goals:
 
 * zero confident wrong decisions: nothing kept that the reference measures ≥ 5 % slower than as written, and no
@@ -103,12 +104,55 @@ print(json.dumps(rates))
 """
 
 
+TRAINER = [str(EXAMPLES / "gpt2_finetune" / "train.py"), "--size", "toy", "--max-length", "64", "--max-steps",
+           "100000", "--output-dir", "user-out"]
+
+
+def trainer_script(over: Overrides, seconds: float) -> str | None:
+    """The Trainer example with `over`'s `TrainingArguments` fields written in by hand (what the edit saturate prints
+    does), timing its optimizer steps in 2-s windows for `seconds` with a callback of its own, printed as JSON, then
+    ending (no save) — the bare reference of the trainer case. None where `over` holds a setting that is not a
+    `TrainingArguments` field (threads and the host allocator are the process's: set as for the loops)."""
+    if over.loader or over.train_loader or over.lightning or over.optimizer or over.bf16_autocast or over.tf32:
+        return None
+    return f"""import json, os, sys, time
+import torch
+torch.set_num_threads({over.threads or 1})
+sys.path.insert(0, {str(EXAMPLES / "gpt2_finetune")!r})
+sys.argv = {TRAINER!r}
+import train
+from transformers import TrainerCallback
+class Windows(TrainerCallback):
+    def __init__(self):
+        self.t0 = self.last = time.perf_counter(); self.n = 0; self.rates = []
+    def on_step_end(self, args, state, control, **kw):
+        self.n += 1
+        now = time.perf_counter()
+        if now - self.last >= 2.0:
+            self.rates.append(self.n / (now - self.last)); self.n = 0; self.last = now
+        if now - self.t0 >= {seconds}:
+            print(json.dumps(self.rates), flush=True)
+            os._exit(0)
+made, base = train.TrainingArguments, train.Trainer
+train.TrainingArguments = lambda **kw: made(**{{**kw, **{dict(over.trainer)!r}}})
+class Timed(base):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.add_callback(Windows())
+train.Trainer = Timed
+train.main()
+"""
+
+
+def bare(case: str, over: Overrides, seconds: float) -> str | None:
+    """`case` with `over` written in by hand, timing itself (`script`, `trainer_script`); None where it cannot be."""
+    return trainer_script(over, seconds) if case == "trainer" else script(case, over, seconds)
+
+
 def commands(folder: Path) -> dict[str, list[str]]:
     for case in ("input", "fused"):
         (folder / f"{case}.py").write_text(script(case) or "")
-    return {"input": [PY, "input.py", "1000000"], "fused": [PY, "fused.py", "1000000"],
-            "trainer": [PY, str(EXAMPLES / "gpt2_finetune" / "train.py"), "--size", "toy", "--max-length", "64",
-                        "--max-steps", "100000", "--output-dir", "user-out"]}
+    return {"input": [PY, "input.py", "1000000"], "fused": [PY, "fused.py", "1000000"], "trainer": [PY, *TRAINER]}
 
 
 def saturate_json(verb: list[str], cmd: list[str], folder: Path,
@@ -166,14 +210,14 @@ def reference(case: str, cmd: list[str], overrides: dict[str, Any], folder: Path
               args: argparse.Namespace) -> tuple[Ratio | None, str]:
     """Tuned ÷ as written, quiet, in `--ref-rounds` alternating rounds, independent of the tuner: (ratio, how).
 
-    "bare" where the setting can be written into the script by hand (`script`): no saturate in the process, each
+    "bare" where the setting can be written into the script by hand (`bare`): no saturate in the process, each
     run timing itself for `--ref-seconds` with its first 2-s window left out (start-up, loader workers, a fresh
     heap), a round's figure the median of its windows — what a user's long run sees. Else "trials": rounds of
     whole trials under saturate's hooks (run_script.side_by_side), which time a fresh process's first seconds
     (on the fused loop they read fused + the host allocator 2.72–2.98× where the bare loop reads 2.18×,
     docs/benchmarks.md 2026-11-28)."""
     over = Overrides.from_dict(overrides)
-    tuned = script(case, over, args.ref_seconds) if case in ("input", "fused") else None
+    tuned = bare(case, over, args.ref_seconds)
     if tuned is None:
         cwd = os.getcwd()
         os.chdir(folder)
@@ -185,7 +229,7 @@ def reference(case: str, cmd: list[str], overrides: dict[str, Any], folder: Path
         return Ratio.between([a.step_s for a in written], [t.step_s for t in trials]), "trials"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | {"OMP_NUM_THREADS": "1"}
     mmap, trim = thresholds()
-    runs = {"as written": (script(case, NONE, args.ref_seconds), env),
+    runs = {"as written": (bare(case, NONE, args.ref_seconds), env),
             "tuned": (tuned, env | ({ENV_MMAP: str(mmap), ENV_TRIM: str(trim)} if over.host_alloc else {}))}
     rates: dict[str, list[float | None]] = {"as written": [], "tuned": []}
     for _, name in interleaved(list(runs), args.ref_rounds):
