@@ -443,6 +443,17 @@ def test_run_tunes_and_confirms_in_alternating_windows_then_applies(tmp_path):
     assert len(d["as_written"]) == len(d["tuned"]) == 2 and d["tuned"][0]["windows"] >= 6
     assert d["full_run"]["optimizer_steps"] == 6000 and "trained 6000 steps" in out.stderr
     assert side["text"].startswith("+") and "alternating pairs" in side["text"]
+    # what the tuning tried and decided, in the run's JSON as `tune -- CMD --json` prints it
+    tuning = d["tuning"]
+    assert tuning["baseline"]["data_share"] > 0.5, tuning  # as written, the step waits for its samples
+    assert tuning["overrides"] == d["overrides"] and tuning["paired"] is True
+    assert all(t["windows"] >= 1 and t["window_steps_per_s"] for t in tuning["trials"])  # each timed in windows
+    assert tuning["loaders"][0]["site"] == "slow.py:11"  # the DataLoader(...) line
+    assert [t["name"] for t in tuning["trials"]][:2] == ["as written", "1 workers"]
+    # no precision trial for a loop that waits for its samples (or where bf16 is not native)
+    assert any(x.startswith(("precision: bf16 autocast not tried (forward and backward took", "precision: fp32"))
+               for x in tuning["decisions"]), tuning["decisions"]
+    assert (tmp_path / "slow.py").read_text() == SLOW_DATA
 
 
 def test_a_progress_line_cut_off_without_its_newline_gets_one(capsys):

@@ -41,6 +41,9 @@ def test_the_full_run_is_as_written_when_the_side_by_side_does_not_confirm(monke
         paired = "not asked for"  # trials one after another: the side-by-side is in rounds
         short = None  # long enough to tune
 
+        def to_dict(self) -> dict[str, Any]:
+            return {"trials": ["…"]}
+
     def side_by_side(command: list[str], overrides: Overrides, **kw: Any) -> tuple[list, list]:
         return [_trial("as written", 1.0)] * 3, [_trial("tuned", s) for s in tuned_steps]
 
@@ -57,7 +60,7 @@ def test_the_full_run_is_as_written_when_the_side_by_side_does_not_confirm(monke
     report = run_script.run_script(["python", "train.py"], TrialOptions(), console)
     assert (seen["overrides"] == WORKERS) is applied and report.applied is applied
     d = report.to_dict()
-    assert d["overrides"] == WORKERS.to_dict() and d["applied"] is applied
+    assert d["overrides"] == WORKERS.to_dict() and d["applied"] is applied and d["tuning"] == {"trials": ["…"]}
     run_script.render(report, console)
     text = out.getvalue()
     if applied:

@@ -40,6 +40,7 @@ from saturate.script.gated import Gated, PairedTrials, again, time_pairs
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.script_trial import MIN_GAIN, ScriptTrial, TrialOptions, window_rule
 from saturate.script.tune_script import trial_settings, tune_with_progress
+from saturate.script.tuning import ScriptTuning
 from saturate.script.tuning import render as render_tuning
 from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule
@@ -62,6 +63,7 @@ class ScriptRunReport:
     withheld: str | None = None  # why the full run is as written although overrides were found, or a warning
     pairs: PairedTrials | None = None  # the side-by-side in alternating windows (then one trial each above)
     short: dict[str, Any] | None = None  # a job too short to tune: why, and the settings chosen, not measured
+    tuning: ScriptTuning | None = None  # what the tuning tried and decided (None: `--overrides` given)
 
     @property
     def ratios(self) -> list[float]:
@@ -95,7 +97,7 @@ class ScriptRunReport:
         return {"command": self.command, "overrides": self.overrides.to_dict(), "ratios": self.ratios,
                 "applied": self.applied and bool(self.overrides), "withheld": self.withheld,
                 "speedup": ratio.to_dict() if ratio else None, "reason": self.reason, "side_by_side": side,
-                "short_job": self.short,
+                "short_job": self.short, "tuning": self.tuning.to_dict() if self.tuning is not None else None,
                 "as_written": [t.to_dict() for t in self.as_written], "tuned": [t.to_dict() for t in self.tuned],
                 "full_run": {"returncode": self.full.returncode, "optimizer_steps": self.full.optimizer_steps,
                              "steps_per_s": rate, "seconds": self.full.seconds,
@@ -165,6 +167,7 @@ def run_script(command: Sequence[str], options: TrialOptions, console: Console, 
     """`saturate run -- CMD`: the tuned settings (tuned here, or `overrides` read from `overrides_file`), the
     script as written and tuned in `rounds` alternating rounds, then the whole script with them applied."""
     paired = False
+    tuning = None
     if overrides is not None:
         reason = f"{overrides_file} sets nothing; the script runs as written (no side-by-side)"
     else:
@@ -177,7 +180,7 @@ def run_script(command: Sequence[str], options: TrialOptions, console: Console, 
                             quiet_stdout=options.quiet_stdout)
             return ScriptRunReport(list(full.command), tuning.prior, [], [], full,
                                    f"a short job: {tuning.short}; {said}", applied=bool(tuning.prior),
-                                   short=tuning.to_dict()["short_job"])
+                                   short=tuning.to_dict()["short_job"], tuning=tuning)
         render_tuning(tuning, console)
         overrides, reason = tuning.best.overrides, NOTHING_FOUND
         paired = tuning.paired is None  # its comparisons were paired: so is the side-by-side
@@ -216,7 +219,8 @@ def run_script(command: Sequence[str], options: TrialOptions, console: Console, 
         console.print("[dim]run: nothing to apply; the whole script as written …[/]")
     full = full_run(command, overrides if applied else NONE, first_step_timeout=options.first_step_timeout,
                     quiet_stdout=options.quiet_stdout)
-    return ScriptRunReport(list(full.command), overrides, written, tuned, full, reason, applied, withheld, pairs)
+    return ScriptRunReport(list(full.command), overrides, written, tuned, full, reason, applied, withheld, pairs,
+                           tuning=tuning)
 
 
 def confirmed(found: Ratio | Comparison | None, given: bool, source: str | None = None) -> tuple[bool, str | None]:
