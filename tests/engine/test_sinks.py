@@ -149,8 +149,16 @@ def wandb_history(folder: Path) -> list[dict[str, float]]:
     return out
 
 
-def test_wandb_offline_writes_the_runs_metrics(tmp_path, small_corpus, cpu, monkeypatch):
-    pytest.importorskip("wandb")
+@pytest.fixture
+def wandb_service():
+    """W&B's service process (wandb-core) lives as long as the process that started it: here the test session's,
+    where it would keep running beside every later test; ended after the test."""
+    wandb = pytest.importorskip("wandb")
+    yield
+    wandb.teardown()
+
+
+def test_wandb_offline_writes_the_runs_metrics(tmp_path, small_corpus, cpu, monkeypatch, wandb_service):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -150,7 +150,7 @@ def _compute_share(report: dict[str, Any]) -> tuple[float | None, str]:
     """The share of the step a trial's forward and backward took (None: no model seen, so not split), and how it
     was taken: the median over the Profiler's timed windows where there are several — one window a neighbour's
     burst or a page fault slowed must not make an input-bound loop's compute look large enough to try a precision
-    for (a suite run read it so once) — else over the whole timed stretch."""
+    for (a suite run once tried bf16 on such a loop; the likely reading) — else over the whole timed stretch."""
     m = report.get("measurements") or {}
     phases, step = m.get("phases") or {}, m.get("step_s") or 0.0
     if not report.get("model") or step <= 0 or "forward" not in phases:
