@@ -368,12 +368,11 @@ def test_what_an_ended_command_leaves_in_its_group_is_ended_without_a_keyboardin
     assert "KeyboardInterrupt" not in "".join(child.tail) + capfd.readouterr().err
 
 
-# A plain loop whose speed changes by itself every 1.5 s (a neighbour's bursts, played by the script): the fused
-# AdamW it is offered changes nothing measurable on a model this small; trials one after another could read the
-# bursts as a gain of several times, alternating windows must not.
-# A loop whose step is a sleep that changes 6× every 1.5 s. Its AdamW (65 k parameters, ~0.3 ms a step) is 2 % of
-# the slow phase's step at least, so the fused stage's bound (tune/bound.py) tries it in either phase (with 9
-# parameters, ~0.1 ms, a slow phase's as-written trial read 1.5 % and the fused trial the test reads was not run).
+# A plain loop whose speed changes by itself 6× every 1.5 s (a neighbour's bursts, played by a sleep): trials one
+# after another could read the bursts as a gain of several times, alternating windows must not. Its AdamW (65 k
+# parameters, ~0.3 ms a step) is 2 % of the slow phase's step at least, so the fused stage's bound (tune/bound.py)
+# tries the fused kernel in either phase — at most a few percent to gain; with 9 parameters (~0.1 ms) a slow phase's
+# as-written trial read 1.5 % and the fused trial the test reads was not run.
 BURSTY = """
 import sys, time, torch, torch.nn as nn
 torch.set_num_threads(1)
