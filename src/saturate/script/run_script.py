@@ -62,8 +62,12 @@ class ScriptRunReport:
     applied: bool = True  # the full run had the overrides (False: withheld, or nothing to apply)
     withheld: str | None = None  # why the full run is as written although overrides were found, or a warning
     pairs: PairedTrials | None = None  # the side-by-side in alternating windows (then one trial each above)
-    short: dict[str, Any] | None = None  # a job too short to tune: why, and the settings chosen, not measured
     tuning: ScriptTuning | None = None  # what the tuning tried and decided (None: `--overrides` given)
+
+    @property
+    def short(self) -> dict[str, Any] | None:
+        """A job too short to tune: why, and the settings chosen, not measured (None: tuned, or given)."""
+        return None if self.tuning is None or self.tuning.short is None else self.tuning.to_dict()["short_job"]
 
     @property
     def ratios(self) -> list[float]:
@@ -180,7 +184,7 @@ def run_script(command: Sequence[str], options: TrialOptions, console: Console, 
                             quiet_stdout=options.quiet_stdout)
             return ScriptRunReport(list(full.command), tuning.prior, [], [], full,
                                    f"a short job: {tuning.short}; {said}", applied=bool(tuning.prior),
-                                   short=tuning.to_dict()["short_job"], tuning=tuning)
+                                   tuning=tuning)
         render_tuning(tuning, console)
         overrides, reason = tuning.best.overrides, NOTHING_FOUND
         paired = tuning.paired is None  # its comparisons were paired: so is the side-by-side
