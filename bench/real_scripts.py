@@ -20,6 +20,10 @@ across invocations, so one case can be rerun); OUT/table.md.
     PYTHONPATH=src python bench/real_scripts.py run --out bench/results/cpu-2026-11-26-real
     PYTHONPATH=src python bench/real_scripts.py run --cases nanogpt --verbs plain,doctor --out ...
     python bench/real_scripts.py table --out bench/results/cpu-2026-11-26-real
+    PYTHONPATH=src python bench/real_scripts.py run --condition bursty --seed 0 --verbs doctor,tune,run --out ...
+
+--condition starts the shared seeded neighbour (../shared/tools/neighbour.py) in its own session for the whole run
+of the commands, so every verb meets the same load profile; `quiet` (the default) starts none.
 
 The sources are bare git directories (as the `fetch` tool or `git clone --bare` leaves them):
 --nanogpt-git (karpathy/nanoGPT), --examples-git (pytorch/examples), --lightning-git (Lightning-AI/pytorch-lightning),
@@ -440,14 +444,20 @@ def summarize(rec: dict[str, Any]) -> dict[str, str]:
             else fmt_ratio(j.get("speedup"))}
 
 
+CONDITION_TEXT = {
+    "quiet": "Load: none started (quiet; nothing else of ours ran on the machine).",
+    **{p: f"Load: the shared neighbour, profile `{p}`, started for the whole run of the commands (seed in "
+          "results.json)." for p in ("bursty", "steady", "spiky")},
+}
+
+
 def table(out: Path) -> str:
     data = load(out)
     runs = data["runs"]
     lines = [f"# `saturate doctor|tune|run -- CMD` on five public training scripts ({data.get('date', '?')})", "",
              f"Machine: {data.get('machine', {}).get('cpu')}, {data.get('machine', {}).get('vcpus')} vCPUs, "
              f"torch {data.get('machine', {}).get('torch')}, Python {data.get('machine', {}).get('python')}; no GPU. "
-             "Another engineer's jobs (a test suite, saturate runs) shared the machine throughout, so timings are noisy "  # noqa: E501
-             "and several verdicts say `contended`.", "",
+             + CONDITION_TEXT.get(data.get("condition", ""), "Load: not recorded."), "",
              f"saturate: {data.get('saturate', '?')}, run as `PYTHONPATH=<worktree>/src python -m saturate …` from "
              "each script's folder; every command bounded at 900 s; the folder reset to its commit "
              "(`git clean -fdx`, `git checkout .`) before and after each; 'files left' is `git status --porcelain "
@@ -490,6 +500,8 @@ def main() -> int:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--verbs", default=",".join(VERBS))
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--condition", choices=["quiet", "bursty", "steady", "spiky"], default="quiet")
+    ap.add_argument("--seed", type=int, default=0, help="the neighbour's seed (with --condition other than quiet)")
     ap.add_argument("--nanogpt-git", type=Path, default=MIRRORS / "karpathy+nanoGPT" / "repo")
     ap.add_argument("--examples-git", type=Path, default=MIRRORS / "pytorch+examples" / "repo")
     ap.add_argument("--lightning-git", type=Path, default=MIRRORS / "Lightning-AI+pytorch-lightning" / "repo")
@@ -518,13 +530,17 @@ def main() -> int:
         here = Path(__file__).resolve().parent.parent
         with contextlib.suppress(Exception):
             data["saturate"] = "commit " + sh(["git", "rev-parse", "--short", "HEAD"], cwd=here).strip() + f" ({here})"
-        for c in cases:
-            for verb in a.verbs.split(","):
-                print(f"{time.strftime('%H:%M:%S')} {c.name} {verb} …", flush=True)
-                rec = run_one(c, verb, a.root / c.name, a.out, a.timeout)
-                data["runs"][f"{c.name}/{verb}"] = rec
-                save(a.out, data)
-                print(f"   rc={rec['returncode']} {rec['wall_s']} s left={rec['git_status_after']}", flush=True)
+        from _harness import neighbour  # imports torch and saturate: only a run needs them
+        data["condition"], data["seed"] = a.condition, a.seed
+        load_ctx = contextlib.nullcontext() if a.condition == "quiet" else neighbour(a.condition, a.seed, 7200.0)
+        with load_ctx:
+            for c in cases:
+                for verb in a.verbs.split(","):
+                    print(f"{time.strftime('%H:%M:%S')} {c.name} {verb} …", flush=True)
+                    rec = run_one(c, verb, a.root / c.name, a.out, a.timeout)
+                    data["runs"][f"{c.name}/{verb}"] = rec
+                    save(a.out, data)
+                    print(f"   rc={rec['returncode']} {rec['wall_s']} s left={rec['git_status_after']}", flush=True)
     (a.out / "table.md").write_text(table(a.out))
     print((a.out / "table.md").read_text())
     return 0
