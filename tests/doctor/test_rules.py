@@ -50,6 +50,26 @@ def test_bf16_is_offered_but_not_predicted_when_the_device_has_it():
     assert d.fixes[0].prediction.after is None  # no model predicts it: no number is made up
 
 
+def test_bf16_is_bounded_by_the_share_of_forward_and_backward():
+    # A tiny step that is mostly the script's own code (the DDP tutorial on a CPU: 78 % "everything else").
+    small = {"data": 0.005, "forward": 0.003, "backward": 0.004, "optimizer": 0.003, "other": 0.085}
+    d = decide(measured(supports_bf16=True, phases=small))
+    assert d.verdict == "compute-bound" and d.fixes == []
+    assert "forward and backward 7 % of the step: a faster precision could make the step at most 1.08× faster, " \
+           "so bf16 is not proposed" in d.evidence
+    # Its highest window decides (the cautious side; from five windows on the extremes are trimmed): one window of
+    # four at 20 % keeps the fix, with its bound.
+    windows = [{"forward": 0.03, "backward": 0.04}] * 3 + [{"forward": 0.08, "backward": 0.12}]
+    kept = decide(measured(supports_bf16=True, phases=small, window_shares=windows))
+    assert [f.changes for f in kept.fixes] == [{"precision": "bf16"}]
+    assert kept.fixes[0].prediction.basis.endswith("at most 1.25×, were forward and backward to take no time")
+    assert "forward and backward 7 % of the step" in kept.evidence
+    # Not hooked (no model seen in a forward): the share is unknown and the fix stands unbounded.
+    unhooked = decide(measured(supports_bf16=True, phases={"data": 0.01, "optimizer": 0.01, "other": 0.08}))
+    assert [f.changes for f in unhooked.fixes] == [{"precision": "bf16"}]
+    assert "at most" not in unhooked.fixes[0].prediction.basis
+
+
 def test_waiting_for_data_is_input_bound_and_workers_are_the_fix():
     # 60 ms of every 100 ms waiting, the main thread idle meanwhile (I/O-like): 2 workers hide it.
     m = measured(phases={"data": 0.060, "forward": 0.013, "backward": 0.025, "optimizer": 0.001, "other": 0.001},

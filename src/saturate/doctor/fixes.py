@@ -8,9 +8,10 @@ the rest of the step. The figure formatters here are shared with the rules' evid
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from saturate.doctor.findings import MEMORY_TARGET, Fix, Measurements, Prediction, ScalingProbe
+from saturate.doctor.findings import GAIN_MIN, MEMORY_TARGET, Fix, Measurements, Prediction, ScalingProbe
 
 _GIB = 1024**3
 
@@ -154,3 +155,25 @@ def worker_fix(m: Measurements) -> Fix | None:
         changes.update(prefetch_factor=2, persistent_workers=True)
     return Fix(f"{knob(m, 'num_workers')} {workers} → {best}", changes, Prediction("step_s", m.step_s, after, basis),
                "batches are then produced in parallel while the model trains")
+
+
+def bf16_fix(m: Measurements) -> tuple[Fix | None, str | None]:
+    """bf16 autocast for an fp32 step on a device with native bf16, and an evidence line on how much of the step it
+    can reach. A faster precision speeds forward and backward only, so the step gains at most 1 / (1 − their share)
+    even if they took no time (the share's highest window, the cautious side). Below GAIN_MIN it is not proposed:
+    the time is elsewhere. Without forward/backward phases (not hooked) the bound is unknown and the fix stands."""
+    if m.precision != "fp32" or not m.supports_bf16:
+        return None, None
+    title, basis = "precision fp32 → bf16 autocast", "not predicted: needs a trial (--apply measures it)"
+    why = "the device has native bf16 matrix units; the loss is then compared against fp32"
+    if m.phases.get("forward", 0.0) + m.phases.get("backward", 0.0) <= 0:
+        return Fix(title, {"precision": "bf16"}, Prediction("step_s", m.step_s, None, basis), why), None
+    share = m.share_range("forward", "backward")[1]
+    ceiling = 1 / (1 - share) if share < 1 else math.inf
+    line = f"forward and backward {pct(m.share('forward', 'backward'))} of the step"
+    if ceiling < GAIN_MIN:
+        return None, (f"{line}: a faster precision could make the step at most {ceiling:.2f}× faster, so bf16 is "
+                      "not proposed")
+    if math.isfinite(ceiling):
+        basis += f"; at most {ceiling:.2f}×, were forward and backward to take no time"
+    return Fix(title, {"precision": "bf16"}, Prediction("step_s", m.step_s, None, basis), why), line

@@ -18,7 +18,8 @@ The rules:
                          probe, the device is idle ≥ 40 % with no data wait and no sync to blame
 6. device memory under-used  peak < 50 % of the device and a larger micro-batch that fits is
                          predicted ≥ 10 % faster
-7. compute-bound (healthy), when none of the above holds.
+7. compute-bound (healthy), when none of the above holds; bf16 where the device has it, unless forward and
+                         backward are too small a share of the step for it to gain 10 %
 8. contended             other processes kept a significant share of our cores busy (or held our
                          GPU) while we measured (hardware.contention): the timings are partly the
                          neighbours', so no fix is proposed from a finding their load could have
@@ -39,15 +40,13 @@ step only when every counted step synced. The memory figures (1, 2, 6) are peaks
 what was allocated, read by sampling rather than timed, and are compared as they are.
 
 The memory risks (1, 2) win whenever they hold, then, on a busy machine, a finding that stands under load,
-then contention. Otherwise, of the rules that hold, the verdict is
-the one whose best fix (keeping the training the same) is predicted to gain the most, ties going
-to the order above: a tiny model at micro-batch 1 also waits a little for each of its many
-batches, but it is the per-micro-step cost, not the data, that a fix removes. The other rules
-that hold are listed as further findings.
+then contention. Otherwise, of the rules that hold, the verdict is the one whose best fix (keeping the
+training the same) is predicted to gain the most, ties going to the order above: a tiny model at micro-batch
+1 also waits a little for each of its many batches, but it is the per-micro-step cost, not the data, that a
+fix removes. The other rules that hold are listed as further findings.
 
-Predictions are labelled as such and say how they were made. A fix with no model behind it
-carries no number ("not predicted"). The types are in findings.py, the fix builders and their
-cost models in fixes.py.
+Predictions are labelled as such and say how they were made; a fix with no model behind it carries no number
+("not predicted"). The types are in findings.py, the fix builders and their cost models in fixes.py.
 """
 
 from __future__ import annotations
@@ -82,7 +81,18 @@ from saturate.doctor.findings import (
     Prediction,
     sites_line,
 )
-from saturate.doctor.fixes import divisors, gib, knob, micro_batch_fix, micro_cost, ms, pct, step_at, worker_fix
+from saturate.doctor.fixes import (
+    bf16_fix,
+    divisors,
+    gib,
+    knob,
+    micro_batch_fix,
+    micro_cost,
+    ms,
+    pct,
+    step_at,
+    worker_fix,
+)
 
 
 def _past(low: float, high: float, threshold: float) -> bool | None:
@@ -332,12 +342,10 @@ def _compute_bound(m: Measurements) -> Finding:
         evidence.append(f"fixed per-micro-step cost {pct(m.scaling.fixed_share(m.micro_batch))} of a micro-step")
     if m.device_util.mean is not None:
         evidence.append(f"device utilisation {m.device_util.mean:.0f} % mean")
-    fixes = []
-    if m.precision == "fp32" and m.supports_bf16:
-        fixes.append(Fix("precision fp32 → bf16 autocast", {"precision": "bf16"},
-                         Prediction("step_s", m.step_s, None, "not predicted: needs a trial (--apply measures it)"),
-                         "the device has native bf16 matrix units; the loss is then compared against fp32"))
-    return Finding("compute-bound", evidence, fixes)
+    fix, line = bf16_fix(m)
+    if line is not None:
+        evidence.append(line)
+    return Finding("compute-bound", evidence, [fix] if fix is not None else [])
 
 
 def _rank(fixes: list[Fix]) -> list[Fix]:
