@@ -258,10 +258,12 @@ CASES = {c.name: c for c in [
          notes="unchanged, its bundled wikitext-2, except that the fetched snapshot lacks train.txt's 10 MB blob: "
                "train.txt is its valid.txt followed by its test.txt; CPU is its default (no --accel); no --use-optimizer, so "  # noqa: E501
                "weights are updated by hand (p.data.add_) with no torch.optim step"),
-    Case("word_lm_adamw", "pytorch/examples word_language_model/main.py --use-optimizer (torch.optim.AdamW)",
-         [PY, "main.py", "--emsize", "32", "--nhid", "32", "--epochs", "1", "--use-optimizer"],
+    Case("word_lm_adamw", "pytorch/examples word_language_model/main.py --model Transformer --use-optimizer",
+         [PY, "main.py", "--model", "Transformer", "--use-optimizer", "--lr", "0.001", "--emsize", "32", "--nhid",
+          "32", "--epochs", "1"],
          prep_wlm,
-         notes="as word_lm, with the script's own --use-optimizer flag: AdamW (not fused) steps the weights"),
+         notes="as word_lm, run as its README's AdamW line (`--model Transformer --use-optimizer --lr 0.001`, "
+               "without --accel: the CPU), smaller: AdamW (not fused) steps the weights"),
     Case("lightning", "Lightning-AI/pytorch-lightning examples/pytorch/basics/transformer.py",
          [PY, "transformer.py"],
          prep_lightning, env={"PL_DISABLE_FORK": "1"},
