@@ -543,3 +543,18 @@ def test_older_temporary_trial_logs_are_pruned_to_the_newest_few_and_recent_ones
     command.prune_trial_logs(tmp_path, keep=this, newest=1)  # beyond the newest: only what was written an hour ago
     assert {p.name for p in tmp_path.glob(command.TRIALS_PREFIX + "*")} == {
         made.name, this.name, *(folders[i].name for i in (0, 1, 2, 11, 12))}
+
+
+def test_a_live_runs_speed_is_checked_against_its_own_first_paired_windows():
+    from saturate.script.drift import moved
+
+    settle = [Window(5.0, 10, 0.0, alone=True)] * 3  # warming up, alone: not its speed when young
+    young = [Window(10.0, 10, 0.0)] * 6
+    assert moved(settle + young, since=3) is None  # fresh for this comparison: nothing before it was paired
+    assert moved(settle + young + [Window(9.0, 10, 0.0)] * 6, since=9) is None  # -10 %: held
+    slowed = moved(settle + young + [Window(3.0, 10, 0.0)] * 6, since=9)
+    assert slowed.startswith("timed again on a fresh pair of runs: the best so far's run timed 10 steps/s in its "
+                             "first paired windows and 3 in these")
+    busy = moved(settle + young + [Window(6.0, 10, 1.2)] * 6, since=9)  # a neighbour came: not known
+    assert "other processes kept 0.0 cores busy in the best so far's first paired windows and 1.2" in busy
+    assert moved(settle + [Window(10.0, 10, 1.0)] * 6 + [Window(10.5, 10, 1.1)] * 6, since=9) is None  # steady load

@@ -365,7 +365,8 @@ def test_a_small_gain_is_timed_again_on_fresh_runs_before_it_is_kept_and_a_large
             first = name not in made
             made.append(name)
             self.rate = 10.0 * (2.0 if workers >= 2 else 1.044 if workers == 1 and first else 1.0)
-            self.windows = 2 if workers == 1 and not first and short else 24  # `short`: a fresh run ends early
+            self.limit = 2 if workers == 1 and not first and short else 24  # `short`: a fresh run ends early
+            self.windows: list[Window] = []
 
         def open(self) -> ScriptTrial:
             return self.trial([])
@@ -384,7 +385,10 @@ def test_a_small_gain_is_timed_again_on_fresh_runs_before_it_is_kept_and_a_large
 
         def window(self) -> Window | None:
             self.n += 1
-            return Window(self.rate, 10, 0.0) if self.n <= self.windows else None
+            if self.n > self.limit:
+                return None
+            self.windows.append(Window(self.rate, 10, 0.0))
+            return self.windows[-1]
 
         def trial(self, windows: list) -> ScriptTrial:
             return ScriptTrial(self.name, self.overrides, 1 / self.rate, None, 0.5, 10)
@@ -404,3 +408,49 @@ def test_a_small_gain_is_timed_again_on_fresh_runs_before_it_is_kept_and_a_large
                           confirm=False, supports={})
     one = next(t for t in tuning.trials if t.name == "1 workers")
     assert one.outcome.startswith("not kept: +4.4 %, within noise (±4.4 %)") and "ended before" in one.outcome
+
+
+def test_a_gain_against_a_live_run_whose_speed_moved_with_its_age_is_timed_again_on_fresh_runs(monkeypatch):
+    # word_language_model's AdamW at lr 20 diverges and its run slows as it goes (10 → 3 steps/s): beside the live
+    # "as written" run, hundreds of steps along, a fresh run of any setting reads faster (fused AdamW: 2.2× in 6 of
+    # 6 pairs, twice, 2026-11-28). Here no setting changes the speed; only a run's age does.
+    from saturate.script import tune_script
+    from saturate.script.gated import Window
+
+    made: list[str] = []
+
+    class Ageing:
+        def __init__(self, name: str, overrides: Any, *a: Any, **kw: Any) -> None:
+            self.name, self.overrides, self.parked = name, overrides, True
+            self.windows: list[Window] = []
+            made.append(name)
+
+        def open(self) -> ScriptTrial:
+            return self.trial([])
+
+        def close(self) -> None:
+            pass
+
+        def __enter__(self) -> Ageing:
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            self.close()
+
+        def settle(self, cap_s: float) -> list:
+            return []
+
+        def window(self) -> Window | None:
+            self.windows.append(Window(10.0 / (1 + len(self.windows) / 8), 10, 0.0))  # slower with every window
+            return self.windows[-1]
+
+        def trial(self, windows: list) -> ScriptTrial:
+            return ScriptTrial(self.name, self.overrides, 0.1, None, 0.5, 10)
+
+    monkeypatch.setattr(tune_script, "Gated", Ageing)
+    tuning = tune_command(["python", "train.py"], runner=NoisyMachine(gain=0.0, noise=0.0), cores=1, paired=True,
+                          confirm=False, supports={})
+    later = [t for t in tuning.trials if t.pair is not None][1:]  # paired with a live run already timed
+    assert later and all(not t.outcome.startswith("kept") for t in later), [t.outcome for t in later]
+    assert any("timed again on a fresh pair of runs: the best so far's run timed" in t.outcome for t in later)
+    assert tuning.best.name == "as written"

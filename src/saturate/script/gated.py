@@ -87,6 +87,7 @@ class Window:
     rate: float
     steps: int
     other_cores: float | None
+    alone: bool = False  # timed alone while the run settled (`Gated.settle`), not in a pair
 
 
 class Gated:
@@ -194,6 +195,7 @@ class Gated:
             w = self.window()
             if w is None:
                 break
+            w.alone = True
             own.append(w)
             timed += w.steps / w.rate
         self.settled = True

@@ -12,10 +12,10 @@ least `MIN_GAIN` (`stats.comparison.compare`; otherwise "within noise (±x %)"):
 For a command of one process, on a CPU and on a GPU where two runs fit in its memory (`gated.can_gate`), every such
 comparison is paired (`gated.py`): the best run so far and the candidate are alive at once and timed in alternating
 windows, and the median of the per-pair ratios and its interval decide (stats/pairs.py), so a neighbour's burst
-during one trial cannot pass for a gain; the best run stays alive for the next comparison. A tuning that kept a
-change then confirms it against the script as written, paired again (`confirm`), and keeps nothing it could not
-confirm. Elsewhere (a launcher, a GPU the script fills) trials run one after another and compare by their windows'
-spreads.
+during one trial cannot pass for a gain; the best run stays alive for the next comparison (a gain against it is
+timed again on fresh runs when its speed moved with its age: `drift.py`). A tuning that kept a change then confirms
+it against the script as written, paired again (`confirm`), and keeps nothing it could not confirm. Elsewhere (a
+launcher, a GPU the script fills) trials run one after another and compare by their windows' spreads.
 
 For a Transformers `Trainer` or a Lightning `Trainer` (`trainer_stages`' stages, the knobs in each
 framework's terms from `frameworks.py`): precision, checked against the script's own first losses;
@@ -23,9 +23,8 @@ micro-batch × accumulation at the same effective batch; activation checkpointin
 larger micro-batch; the fused optimizer; compile, where the planned steps pay back its compile time.
 For a plain script (no Trainer): bf16 autocast from outside where bf16 is native (`trainer_stages.loop_precision`,
 checked against the script's own first losses as a Trainer's precision is); the fused optimizer, when the
-optimizer the script steps is torch's
-`Adam`/`AdamW`, not fused, and torch has the fused kernel on the script's device (`fused=True` given at
-its constructor from outside; the edit said at that line).
+optimizer the script steps is torch's `Adam`/`AdamW`, not fused, and torch has the fused kernel on the script's
+device (`fused=True` given at its constructor from outside; the edit said at that line).
 For every script:
 6. loader workers (only when the as-written run waits for data): 1, 2, 4, … up to the usable cores, and on to
    4 per core while the best run still waits for data and host memory allows (a dataset waiting on I/O needs
@@ -47,6 +46,7 @@ from rich.console import Console
 from saturate.errors import SaturateError
 from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
+from saturate.script.drift import moved
 from saturate.script.frameworks import framework_of, fused_option
 from saturate.script.gated import Gated, again, can_gate, time_pairs
 from saturate.script.host_stages import alloc_stage, loader_stages, threads_stage
@@ -58,9 +58,9 @@ from saturate.script.tuning import ScriptTuning
 from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule
 
-# A stage's gain under this is timed again on a fresh pair of runs before it is kept (gated.again): a run's speed has
-# a part that stays with its process, so one pair of runs can read a few percent either way — a data-bound loop's
-# bf16 autocast read +4.4 % in 6 of 6 pairs (2026-11-28), where it cannot gain 1 %. A larger gain stands on one.
+# A stage's gain under this is timed again on a fresh pair of runs before it is kept (gated.again): a run's speed has a
+# part that stays with its process (a data-bound loop's bf16 read +4.4 % in 6 of 6 pairs, 2026-11-28, where it cannot
+# gain 1 %). A larger gain stands on one pair, unless the live run's speed moved with its age (drift.moved).
 AGAIN_BELOW = 0.25
 Runner = Callable[..., ScriptRun]  # run_instrumented's signature; tests pass a fake machine
 
@@ -276,6 +276,7 @@ class _Search:
             result.trials.append(t)
             return t
         try:
+            since = len(self.incumbent.windows)  # the live run's windows before this comparison (drift.moved)
             pairs = time_pairs(self.incumbent, candidate, MIN_GAIN, cap_s=2 * self.rule.max_seconds)
             if pairs.comparison is None and not self.incumbent.parked and candidate.parked:
                 # the best run reached its script's end (a short job timed many windows): a fresh one, once
@@ -283,9 +284,12 @@ class _Search:
                 self.incumbent = self.gated(best.name, best.overrides)
                 self.incumbent.open()
                 pairs = time_pairs(self.incumbent, candidate, MIN_GAIN, cap_s=2 * self.rule.max_seconds)
-            if (c := pairs.comparison) is not None and c.faster and c.gain < AGAIN_BELOW:
+            aged = moved(self.incumbent.windows, since)
+            if (c := pairs.comparison) is not None and c.faster and (c.gain < AGAIN_BELOW or aged):
                 pairs = again(pairs, lambda: (self.gated(best.name, best.overrides), self.gated(name, overrides)),
                               MIN_GAIN, cap_s=2 * self.rule.max_seconds)
+                if aged and (c2 := pairs.comparison) is not None:
+                    pairs.comparison = c2.said("; ".join(x for x in (aged, c2.note) if x))
                 if pairs.comparison is None:  # the second pair decided nothing: one pair of runs is not enough
                     said = (f"{c.note}; " if c.note else "") + ("a run of the second pair of runs ended before its "
                                                                 "windows decided; one pair alone can be off by this")

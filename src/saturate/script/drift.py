@@ -1,0 +1,53 @@
+"""Whether a live run's speed still stands for its setting beside a fresh run.
+
+The script tuner keeps the best run so far alive and pairs it with each new candidate (`gated.py`), so the two
+runs of a comparison are of different ages: the incumbent may be hundreds of steps further into its training.
+Most scripts run at one speed once warm, and then age does not matter. Some do not: pytorch/examples'
+word_language_model with AdamW at its default learning rate of 20 diverges, its loss going from 10 to 780 in its
+first steps, and its run slowed from 10 to 3 steps/s as it did; beside it, a fresh run read fused AdamW 2.2× in 6 of
+6 pairs, twice, on a quiet machine, where two fresh runs side by side read 1.02× (2026-11-28). A schedule that grows
+the sequence length, or a cache that fills, moves a run's speed the same way.
+
+So before a gain against a live run is kept on one pair of runs, the live run's speed in this comparison is set
+against its speed in its own first paired windows: when it moved by more than `DRIFT`, or the load from other
+processes differed too much between the two stretches to tell, the gain is timed again on a fresh pair of runs of
+the same age (`gated.again`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Protocol
+
+from saturate.script.gated import UNEVEN_CORES  # a load this different between the two stretches: not known
+from saturate.stats.pairs import MIN_PAIRS as FIRST  # its first paired windows: its speed when young
+
+DRIFT = 0.25  # a live run whose speed moved this much since its first paired windows is not compared as it is
+
+
+class Timed(Protocol):
+    rate: float
+    other_cores: float | None
+    alone: bool
+
+
+def moved(windows: Sequence[Timed], since: int) -> str | None:
+    """Why the live run whose timed `windows` from index `since` are this comparison's cannot be compared as it is
+    with a fresh run (said as why the gain is timed again), or None: it was fresh for this comparison (no paired
+    window before it), or its speed held."""
+    earlier = [w for w in windows[:since] if not w.alone][:FIRST]
+    now = [w for w in windows[since:] if not w.alone]
+    if not earlier or not now:
+        return None
+    load_then = statistics.median(w.other_cores or 0.0 for w in earlier)
+    load_now = statistics.median(w.other_cores or 0.0 for w in now)
+    again = "timed again on a fresh pair of runs: "
+    if abs(load_now - load_then) >= UNEVEN_CORES:
+        return (f"{again}other processes kept {load_then:.1f} cores busy in the best so far's first paired windows "
+                f"and {load_now:.1f} in these, so whether its speed held since is not known")
+    then, later = statistics.median(w.rate for w in earlier), statistics.median(w.rate for w in now)
+    if abs(later / then - 1) <= DRIFT:
+        return None
+    return (f"{again}the best so far's run timed {then:.3g} steps/s in its first paired windows and {later:.3g} in "
+            "these: its speed moves with its progress, so it is not compared with a fresh run as it is")
