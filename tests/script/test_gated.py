@@ -126,8 +126,7 @@ class _Run:
 
 def test_a_fresh_run_times_windows_alone_until_its_speed_settles_once(tmp_path):
     from saturate.script.gated import Gated
-    from saturate.script.script_trial import window_rule
-    from saturate.script.tune_script import trial_settings
+    from saturate.script.script_trial import trial_settings, window_rule
 
     rule = window_rule()
     run = Gated("fresh", NONE, [sys.executable, "x.py"], trial_settings(NONE, 2, 4, rule), rule)
@@ -481,8 +480,7 @@ for _ in range(200):
 def test_a_threads_override_holds_whatever_the_script_sets(tmp_path):
     from saturate.script.command import run_instrumented
     from saturate.script.overrides import Overrides
-    from saturate.script.script_trial import window_rule
-    from saturate.script.tune_script import trial_settings
+    from saturate.script.script_trial import trial_settings, window_rule
 
     (tmp_path / "threads.py").write_text(THREADS)
     settings = trial_settings(Overrides(threads=1), 1, 3, window_rule(0.5))

@@ -454,3 +454,71 @@ def test_a_gain_against_a_live_run_whose_speed_moved_with_its_age_is_timed_again
     assert later and all(not t.outcome.startswith("kept") for t in later), [t.outcome for t in later]
     assert any("timed again on a fresh pair of runs: the best so far's run timed" in t.outcome for t in later)
     assert tuning.best.name == "as written"
+
+
+def test_trials_timed_apart_under_different_loads_are_not_compared():
+    # nanoGPT under the bursty neighbour (2026-11-28): its as-written trial was timed in a burst (1.0 of 2 cores
+    # taken), its fused AdamW run ended before a pair decided and fell back on trials one after another, quiet:
+    # "+262.2 %, beyond noise (±129.2 %)".
+    from saturate.script.overrides import NONE
+
+    written = ScriptTrial("as written", NONE, 0.0337, None, 0.0, 14, spread=1.236, other_cores=1.0)
+    fused = ScriptTrial("AdamW(fused=True)", NONE, 0.0093, None, 0.0, 3, spread=0.056, other_cores=0.0)
+    c = fused.against(written)
+    assert not c.faster and c.within_noise and c.gain == pytest.approx(0.0337 / 0.0093 - 1)
+    assert c.text().endswith("timed apart while other processes kept 1.0 and then 0.0 cores busy: not the same "
+                             "conditions, so not compared")
+    # The same load on both (a steady neighbour), or the load not read: compared by their spreads, as before.
+    steady = ScriptTrial("as written", NONE, 0.0337, None, 0.0, 14, spread=0.05, other_cores=1.0)
+    assert ScriptTrial("fused", NONE, 0.0093, None, 0.0, 3, spread=0.05, other_cores=0.8).against(steady).faster
+    unread = ScriptTrial("as written", NONE, 0.0337, None, 0.0, 14, spread=0.05)
+    assert ScriptTrial("fused", NONE, 0.0093, None, 0.0, 3, spread=0.05, other_cores=0.0).against(unread).faster
+
+
+def test_the_confirmation_takes_a_fresh_best_run_when_the_live_one_reaches_its_scripts_end(monkeypatch):
+    # run_clm.py, 200 steps, under the bursty neighbour (2026-11-28): the live best run had timed most of its script
+    # in the stages before, ended during the confirmation, and a gain it had measured at 1.46× was not kept.
+    from saturate.script import tune_script
+    from saturate.script.gated import Window
+
+    made: list[str] = []
+
+    class Ending:
+        def __init__(self, name: str, overrides: Any, *a: Any, **kw: Any) -> None:
+            self.name, self.overrides, self.parked = name, overrides, True
+            self.windows: list[Window] = []
+            self.rate = 20.0 if overrides.loader.get("num_workers", 0) >= 2 else 10.0
+            self.limit = 20 if name == "2 workers" and name not in made else 100  # the first one ends early
+            made.append(name)
+
+        def open(self) -> ScriptTrial:
+            return self.trial([])
+
+        def close(self) -> None:
+            pass
+
+        def __enter__(self) -> Ending:
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            self.close()
+
+        def settle(self, cap_s: float) -> list:
+            return []
+
+        def window(self) -> Window | None:
+            if len(self.windows) >= self.limit:
+                self.parked = False
+                return None
+            self.windows.append(Window(self.rate, 10, 0.0))
+            return self.windows[-1]
+
+        def trial(self, windows: list) -> ScriptTrial:
+            return ScriptTrial(self.name, self.overrides, 1 / self.rate, None, 0.5, 10, ran_to_end=not self.parked)
+
+    monkeypatch.setattr(tune_script, "Gated", Ending)
+    tuning = tune_command(["python", "train.py"], runner=NoisyMachine(gain=0.0, noise=0.0), cores=1, paired=True,
+                          confirm=True, supports={})
+    assert tuning.best.name == "2 workers", tuning.decisions
+    assert any(d.startswith("confirmed against the script as written, paired: +100.0 %") for d in tuning.decisions)
+    assert made.count("2 workers") >= 2  # a fresh best run took over from the one that ended

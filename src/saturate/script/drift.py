@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Protocol
 
-from saturate.script.gated import UNEVEN_CORES  # a load this different between the two stretches: not known
+from saturate.script.script_trial import UNEVEN_CORES  # a load this different between the two stretches: not known
 from saturate.stats.pairs import MIN_PAIRS as FIRST  # its first paired windows: its speed when young
 
 DRIFT = 0.25  # a live run whose speed moved this much since its first paired windows is not compared as it is

@@ -53,12 +53,11 @@ from saturate.script.boundary import GATE, GATE_GO, GATE_READY, GATE_STOP, REPOR
 from saturate.script.command import LAUNCHERS, Child, ScriptRun, check_command
 from saturate.script.isolation import remove, run_folder
 from saturate.script.overrides import Overrides
-from saturate.script.script_trial import ScriptTrial
+from saturate.script.script_trial import UNEVEN_CORES, ScriptTrial
 from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule, summarize
 from saturate.stats.pairs import MAX_PAIRS, MIN_PAIRS, ended_comparison, pair_order, paired_comparison, settled
 
-UNEVEN_CORES = 0.5  # a pair whose windows' neighbour load differs by this many cores is left out of the decision
 GPU_SHARE = 8  # on a GPU, gated when the script as written used at most 1/8 of the device's memory
 WINDOW_TIMEOUT_S = 300.0  # one window of steps this long means the run is stuck: it is stopped
 

@@ -38,8 +38,8 @@ from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented, trial_logs
 from saturate.script.gated import Gated, PairedTrials, again, time_pairs
 from saturate.script.overrides import NONE, Overrides
-from saturate.script.script_trial import MIN_GAIN, ScriptTrial, TrialOptions, window_rule
-from saturate.script.tune_script import trial_settings, tune_with_progress
+from saturate.script.script_trial import MIN_GAIN, ScriptTrial, TrialOptions, trial_settings, window_rule
+from saturate.script.tune_script import tune_with_progress
 from saturate.script.tuning import ScriptTuning
 from saturate.script.tuning import render as render_tuning
 from saturate.stats.comparison import Comparison

@@ -9,9 +9,10 @@ added and `MIN_GAIN` (`Comparison.verdict`). `TrialOptions` is how every run of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun
 from saturate.script.overrides import Overrides
 from saturate.stats.comparison import Comparison, compare
@@ -20,6 +21,7 @@ from saturate.stats.noise import WindowRule
 MIN_GAIN = 0.03  # a setting is kept only when faster by this share at least, and beyond both trials' noise
 WINDOW_S = 0.5  # a trial's timed windows last at least this long (whole steps)
 TRIAL_SECONDS = 10.0  # the cap on a trial's timed windows, doubled on a busy machine
+UNEVEN_CORES = 0.5  # other processes' cores: a difference this large between two timings is not the same load
 
 
 @dataclass(frozen=True)
@@ -117,8 +119,17 @@ class ScriptTrial:
 
     def against(self, other: ScriptTrial) -> Comparison:
         """This trial's speed against `other`'s, given both spreads (steps per second: every trial of a tuning
-        keeps the script's effective batch)."""
-        return compare(_Speed(1 / self.step_s, self.spread), _Speed(1 / other.step_s, other.spread), MIN_GAIN)
+        keeps the script's effective batch). Two trials timed apart while other processes kept the machine busy to
+        a different degree (by `UNEVEN_CORES` or more) were not measured under the same conditions: their ratio is
+        the load's as much as the setting's, so it is said to be within the noise, and why (nanoGPT's fused AdamW
+        read 3.6× "beyond noise" against an as-written trial timed in a burst, 2026-11-28)."""
+        c = compare(_Speed(1 / self.step_s, self.spread), _Speed(1 / other.step_s, other.spread), MIN_GAIN)
+        mine, theirs = self.other_cores, other.other_cores
+        if mine is None or theirs is None or abs(mine - theirs) < UNEVEN_CORES:
+            return c
+        return replace(c, noise=max(c.noise, abs(c.gain)), note=(
+            f"timed apart while other processes kept {theirs:.1f} and then {mine:.1f} cores busy: not the same "
+            "conditions, so not compared"))
 
 
 @dataclass(frozen=True)
@@ -127,3 +138,19 @@ class _Speed:
 
     samples_per_s: float
     spread: float | None
+
+
+def trial_settings(overrides: Overrides, warmup: int, steps: int, rule: WindowRule,
+                   window_s: float = WINDOW_S) -> ChildSettings:
+    """What the child is told for one trial: warm up (draining the loader's buffer), time `steps` steps with the
+    Profiler, then windows of at least `window_s` until `rule` says they are enough, then stop."""
+    return ChildSettings(mode="trial", warmup=drained(warmup, overrides), count_steps=0, steps=steps, stop=True,
+                         overrides=overrides, windows={"window_s": window_s, "window_steps": steps, **asdict(rule)})
+
+
+def drained(warmup: int, overrides: Overrides) -> int:
+    """Warm-up steps that also drain what loader workers prepared while the script started (workers ×
+    prefetch batches, at least one batch a step), so a trial times the loader's steady rate, not its buffer."""
+    loader = overrides.loader
+    workers = loader.get("num_workers") or 0
+    return warmup + workers * (loader.get("prefetch_factor") or 2)

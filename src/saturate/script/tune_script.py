@@ -38,20 +38,19 @@ For every script:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
 
 from saturate.errors import SaturateError
-from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
 from saturate.script.drift import moved
 from saturate.script.frameworks import framework_of, fused_option
-from saturate.script.gated import Gated, again, can_gate, time_pairs
+from saturate.script.gated import Gated, PairedTrials, again, can_gate, time_pairs
 from saturate.script.host_stages import alloc_stage, loader_stages, threads_stage
 from saturate.script.overrides import NONE, Overrides
-from saturate.script.script_trial import MIN_GAIN, WINDOW_S, ScriptTrial, TrialOptions, window_rule
+from saturate.script.script_trial import MIN_GAIN, WINDOW_S, ScriptTrial, TrialOptions, trial_settings, window_rule
 from saturate.script.short_job import prior_overrides, too_short
 from saturate.script.trainer_stages import Option, loop_precision, stage, trainer_stages, worth_fusing
 from saturate.script.tuning import ScriptTuning
@@ -276,14 +275,7 @@ class _Search:
             result.trials.append(t)
             return t
         try:
-            since = len(self.incumbent.windows)  # the live run's windows before this comparison (drift.moved)
-            pairs = time_pairs(self.incumbent, candidate, MIN_GAIN, cap_s=2 * self.rule.max_seconds)
-            if pairs.comparison is None and not self.incumbent.parked and candidate.parked:
-                # the best run reached its script's end (a short job timed many windows): a fresh one, once
-                self.incumbent.close()
-                self.incumbent = self.gated(best.name, best.overrides)
-                self.incumbent.open()
-                pairs = time_pairs(self.incumbent, candidate, MIN_GAIN, cap_s=2 * self.rule.max_seconds)
+            pairs, since = self._with_best(candidate, best_first=True)
             aged = moved(self.incumbent.windows, since)
             if (c := pairs.comparison) is not None and c.faster and (c.gain < AGAIN_BELOW or aged):
                 pairs = again(pairs, lambda: (self.gated(best.name, best.overrides), self.gated(name, overrides)),
@@ -319,6 +311,23 @@ class _Search:
             candidate.close()
         return t
 
+    def _with_best(self, other: Gated, *, best_first: bool) -> tuple[PairedTrials, int]:
+        """The live best run and `other` timed in alternating windows (A: the best when `best_first`), and how many
+        windows the best run had timed before them (`drift.moved`). When the best run reaches its script's end
+        first (a short job, timed many windows), a fresh one of it, once."""
+        for fresh in (False, True):
+            if fresh:
+                best = self.result.best
+                self.incumbent.close()
+                self.incumbent = self.gated(best.name, best.overrides)
+                self.incumbent.open()
+            since = len(self.incumbent.windows)
+            runs = (self.incumbent, other) if best_first else (other, self.incumbent)
+            pairs = time_pairs(*runs, MIN_GAIN, cap_s=2 * self.rule.max_seconds)
+            if pairs.comparison is not None or self.incumbent.parked or not other.parked:
+                break
+        return pairs, since
+
     def confirm(self) -> None:
         """The best against the script as written, paired (when comparisons were): kept only when faster beyond
         the pairs' interval and `MIN_GAIN` — what the tuning's trials, one comparison at a time, found in all."""
@@ -332,7 +341,7 @@ class _Search:
             written = self.gated("as written", NONE)
             with written:
                 written.open()
-                pairs = time_pairs(written, self.incumbent, MIN_GAIN, cap_s=2 * self.rule.max_seconds)
+                pairs, _ = self._with_best(written, best_first=False)
             best = result.best
             pairs = again(pairs, lambda: (self.gated("as written", NONE), self.gated(best.name, best.overrides)),
                           MIN_GAIN, cap_s=2 * self.rule.max_seconds)
@@ -383,18 +392,3 @@ def _figures(t: ScriptTrial) -> dict[str, Any]:
     return {"name": t.name, "step_s": t.step_s, "spread": t.spread, "windows": t.windows,
             "steps_per_s": t.window_steps_per_s}
 
-
-def trial_settings(overrides: Overrides, warmup: int, steps: int, rule: WindowRule,
-                   window_s: float = WINDOW_S) -> ChildSettings:
-    """What the child is told for one trial: warm up (draining the loader's buffer), time `steps` steps with the
-    Profiler, then windows of at least `window_s` until `rule` says they are enough, then stop."""
-    return ChildSettings(mode="trial", warmup=drained(warmup, overrides), count_steps=0, steps=steps, stop=True,
-                         overrides=overrides, windows={"window_s": window_s, "window_steps": steps, **asdict(rule)})
-
-
-def drained(warmup: int, overrides: Overrides) -> int:
-    """Warm-up steps that also drain what loader workers prepared while the script started (workers ×
-    prefetch batches, at least one batch a step), so a trial times the loader's steady rate, not its buffer."""
-    loader = overrides.loader
-    workers = loader.get("num_workers") or 0
-    return warmup + workers * (loader.get("prefetch_factor") or 2)
