@@ -556,3 +556,14 @@ def test_a_live_runs_speed_is_checked_against_its_own_first_paired_windows():
     busy = moved(settle + young + [Window(6.0, 10, 1.2)] * 6, since=9)  # a neighbour came: not known
     assert "other processes kept 0.0 cores busy in the best so far's first paired windows and 1.2" in busy
     assert moved(settle + [Window(10.0, 10, 1.0)] * 6 + [Window(10.5, 10, 1.1)] * 6, since=9) is None  # steady load
+
+
+def test_pairs_on_a_busy_machine_may_take_twice_the_time_to_decide():
+    # Lightning's bf16-mixed under the bursty neighbour (2026-11-28): faster in 5 of 6 pairs when the cap came, so
+    # nothing was kept; a trial's windows get twice the time on a busy machine, and so do its pairs now.
+    a = [10.0] * 24
+    b = [5.0] + [20.0] * 23  # one pair against, in a burst's first window; every other pair 2×
+    quiet = time_pairs(_Run(a, [0.0] * 24), _Run(b, [0.0] * 24), 0.03, cap_s=7.0)
+    assert len(quiet.ratios) == 6 and not quiet.comparison.faster  # at the cap: 5 of 6 is not enough
+    busy = time_pairs(_Run(a, [1.0] * 24), _Run(b, [1.0] * 24), 0.03, cap_s=7.0)
+    assert len(busy.ratios) > 6 and busy.comparison.faster

@@ -289,7 +289,8 @@ class PairedTrials:
 def time_pairs(a: Gated, b: Gated, min_gain: float, *, min_pairs: int = MIN_PAIRS, cap_s: float | None = None,
                rng: random.Random | None = None) -> PairedTrials:
     """Time two parked runs in alternating windows until the pairs are settled (stats/pairs.py: decisive at one of
-    its checks, or `cap_s` timed seconds; `min_pairs` at least; `MAX_PAIRS` at most) or a run ends — then its 3 to 5
+    its checks, or `cap_s` timed seconds, doubled once other processes kept a core busy in any window; `min_pairs`
+    at least; `MAX_PAIRS` at most) or a run ends — then its 3 to 5
     pairs under the same load decide only when they are one-sided and tight (`stats.pairs.ended_comparison`), else
     there is no comparison. A run not yet timed is first let run alone until its speed settles (`Gated.settle`).
     Each pair's order is drawn from `rng` (`stats.pairs.pair_order`; None: a fresh generator)."""
@@ -325,7 +326,9 @@ def time_pairs(a: Gated, b: Gated, min_gain: float, *, min_pairs: int = MIN_PAIR
         else:
             even.append(ratio)
         deciding = even if len(even) >= min_pairs else all_ratios
-        if settled(deciding, min_gain, min_pairs=min_pairs, timed_s=timed, cap_s=cap_s):
+        busy = any(x is not None and x >= UNEVEN_CORES for pair in loads for x in pair)
+        cap = None if cap_s is None else cap_s * (2 if busy else 1)  # doubled on a busy machine, as a trial's is
+        if settled(deciding, min_gain, min_pairs=min_pairs, timed_s=timed, cap_s=cap):
             break
     deciding = even if len(even) >= min_pairs else all_ratios
     left_out = uneven if deciding is even else []
