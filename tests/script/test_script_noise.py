@@ -349,6 +349,48 @@ def test_on_a_gpu_a_small_script_is_paired_and_a_candidate_out_of_memory_beside_
     assert "more than 1/8" in big.paired and big.best.name != "as written"  # alone, as before
 
 
+class FakeGated:
+    """A run as `tune_script` drives a `gated.Gated` one (open, settle, windows, trial, close), no process behind it:
+    each run's windows come from `next_window` (None: the script ended)."""
+
+    rate = 10.0
+
+    def __init__(self, name: str, overrides: Any, *a: Any, **kw: Any) -> None:
+        from saturate.script.gated import Window
+
+        self.name, self.overrides, self.parked = name, overrides, True
+        self.windows: list[Window] = []
+
+    def open(self) -> ScriptTrial:
+        return self.trial([])
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> FakeGated:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def settle(self, cap_s: float) -> list:
+        return []
+
+    def window(self) -> Any:
+        w = self.next_window()
+        if w is None:
+            self.parked = False
+            return None
+        self.windows.append(w)
+        return w
+
+    def next_window(self) -> Any:
+        raise NotImplementedError
+
+    def trial(self, windows: list) -> ScriptTrial:
+        return ScriptTrial(self.name, self.overrides, 1 / self.rate, None, 0.5, 10, ran_to_end=not self.parked)
+
+
 def test_a_small_gain_is_timed_again_on_fresh_runs_before_it_is_kept_and_a_large_one_is_not(monkeypatch):
     # Each process keeps a speed of its own (where its memory landed): the first "1 workers" run reads +4.4 %, as a
     # data-bound loop's bf16 autocast once did in 6 of 6 pairs (2026-11-28); a fresh one reads as written.
@@ -358,40 +400,17 @@ def test_a_small_gain_is_timed_again_on_fresh_runs_before_it_is_kept_and_a_large
     made: list[str] = []
     short = False
 
-    class OwnSpeed:
+    class OwnSpeed(FakeGated):
         def __init__(self, name: str, overrides: Any, *a: Any, **kw: Any) -> None:
-            self.name, self.overrides, self.parked, self.n = name, overrides, True, 0
+            super().__init__(name, overrides)
             workers = overrides.loader.get("num_workers", 0)
             first = name not in made
             made.append(name)
             self.rate = 10.0 * (2.0 if workers >= 2 else 1.044 if workers == 1 and first else 1.0)
             self.limit = 2 if workers == 1 and not first and short else 24  # `short`: a fresh run ends early
-            self.windows: list[Window] = []
 
-        def open(self) -> ScriptTrial:
-            return self.trial([])
-
-        def close(self) -> None:
-            pass
-
-        def __enter__(self) -> OwnSpeed:
-            return self
-
-        def __exit__(self, *exc: Any) -> None:
-            self.close()
-
-        def settle(self, cap_s: float) -> list:
-            return []
-
-        def window(self) -> Window | None:
-            self.n += 1
-            if self.n > self.limit:
-                return None
-            self.windows.append(Window(self.rate, 10, 0.0))
-            return self.windows[-1]
-
-        def trial(self, windows: list) -> ScriptTrial:
-            return ScriptTrial(self.name, self.overrides, 1 / self.rate, None, 0.5, 10)
+        def next_window(self) -> Window | None:
+            return Window(self.rate, 10, 0.0) if len(self.windows) < self.limit else None
 
     monkeypatch.setattr(tune_script, "Gated", OwnSpeed)
     tuning = tune_command(["python", "train.py"], runner=NoisyMachine(gain=0.0, noise=0.0), cores=1, paired=True,
@@ -417,35 +436,9 @@ def test_a_gain_against_a_live_run_whose_speed_moved_with_its_age_is_timed_again
     from saturate.script import tune_script
     from saturate.script.gated import Window
 
-    made: list[str] = []
-
-    class Ageing:
-        def __init__(self, name: str, overrides: Any, *a: Any, **kw: Any) -> None:
-            self.name, self.overrides, self.parked = name, overrides, True
-            self.windows: list[Window] = []
-            made.append(name)
-
-        def open(self) -> ScriptTrial:
-            return self.trial([])
-
-        def close(self) -> None:
-            pass
-
-        def __enter__(self) -> Ageing:
-            return self
-
-        def __exit__(self, *exc: Any) -> None:
-            self.close()
-
-        def settle(self, cap_s: float) -> list:
-            return []
-
-        def window(self) -> Window | None:
-            self.windows.append(Window(10.0 / (1 + len(self.windows) / 8), 10, 0.0))  # slower with every window
-            return self.windows[-1]
-
-        def trial(self, windows: list) -> ScriptTrial:
-            return ScriptTrial(self.name, self.overrides, 0.1, None, 0.5, 10)
+    class Ageing(FakeGated):
+        def next_window(self) -> Window:
+            return Window(10.0 / (1 + len(self.windows) / 8), 10, 0.0)  # slower with every window
 
     monkeypatch.setattr(tune_script, "Gated", Ageing)
     tuning = tune_command(["python", "train.py"], runner=NoisyMachine(gain=0.0, noise=0.0), cores=1, paired=True,
@@ -483,38 +476,15 @@ def test_the_confirmation_takes_a_fresh_best_run_when_the_live_one_reaches_its_s
 
     made: list[str] = []
 
-    class Ending:
+    class Ending(FakeGated):
         def __init__(self, name: str, overrides: Any, *a: Any, **kw: Any) -> None:
-            self.name, self.overrides, self.parked = name, overrides, True
-            self.windows: list[Window] = []
+            super().__init__(name, overrides)
             self.rate = 20.0 if overrides.loader.get("num_workers", 0) >= 2 else 10.0
             self.limit = 20 if name == "2 workers" and name not in made else 100  # the first one ends early
             made.append(name)
 
-        def open(self) -> ScriptTrial:
-            return self.trial([])
-
-        def close(self) -> None:
-            pass
-
-        def __enter__(self) -> Ending:
-            return self
-
-        def __exit__(self, *exc: Any) -> None:
-            self.close()
-
-        def settle(self, cap_s: float) -> list:
-            return []
-
-        def window(self) -> Window | None:
-            if len(self.windows) >= self.limit:
-                self.parked = False
-                return None
-            self.windows.append(Window(self.rate, 10, 0.0))
-            return self.windows[-1]
-
-        def trial(self, windows: list) -> ScriptTrial:
-            return ScriptTrial(self.name, self.overrides, 1 / self.rate, None, 0.5, 10, ran_to_end=not self.parked)
+        def next_window(self) -> Window | None:
+            return Window(self.rate, 10, 0.0) if len(self.windows) < self.limit else None
 
     monkeypatch.setattr(tune_script, "Gated", Ending)
     tuning = tune_command(["python", "train.py"], runner=NoisyMachine(gain=0.0, noise=0.0), cores=1, paired=True,
