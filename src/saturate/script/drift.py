@@ -50,4 +50,5 @@ def moved(windows: Sequence[Timed], since: int) -> str | None:
     if abs(later / then - 1) <= DRIFT:
         return None
     return (f"{again}the best so far's run timed {then:.3g} steps/s in its first paired windows and {later:.3g} in "
-            "these: its speed moves with its progress, so it is not compared with a fresh run as it is")
+            "these: a run whose speed moved (with its progress, or with a load the meter does not see) is not "
+            "compared with a fresh run as it is")
