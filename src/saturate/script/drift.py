@@ -11,7 +11,8 @@ the sequence length, or a cache that fills, moves a run's speed the same way.
 So before a gain against a live run is kept on one pair of runs, the live run's speed in this comparison is set
 against its speed in its own first paired windows: when it moved by more than `DRIFT`, or the load from other
 processes differed too much between the two stretches to tell, the gain is timed again on a fresh pair of runs of
-the same age (`gated.again`).
+the same age (`gated.again`). The check cannot tell age from a load the meter does not see; either way the
+gain is retimed, at the cost of one more pair of runs.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ For a command of one process, on a CPU and on a GPU where two runs fit in its me
 comparison is paired (`gated.py`): the best run so far and the candidate are alive at once and timed in alternating
 windows, and the median of the per-pair ratios and its interval decide (stats/pairs.py), so a neighbour's burst
 during one trial cannot pass for a gain; the best run stays alive for the next comparison (a gain against it is
-timed again on fresh runs when its speed moved with its age: `drift.py`). A tuning that kept a change then confirms
+timed again on fresh runs when its speed moved since first timed: `drift.py`). A tuning that kept a change then confirms
 it against the script as written, paired again (`confirm`), and keeps nothing it could not confirm. Elsewhere (a
 launcher, a GPU the script fills) trials run one after another and compare by their windows' spreads.
 
@@ -59,7 +59,7 @@ from saturate.stats.noise import WindowRule
 
 # A stage's gain under this is timed again on a fresh pair of runs before it is kept (gated.again): a run's speed has a
 # part that stays with its process (a data-bound loop's bf16 read +4.4 % in 6 of 6 pairs, 2026-11-28, where it cannot
-# gain 1 %). A larger gain stands on one pair, unless the live run's speed moved with its age (drift.moved).
+# gain 1 %). A larger gain stands on one pair, unless the live run's speed moved since first paired (drift.moved).
 AGAIN_BELOW = 0.25
 Runner = Callable[..., ScriptRun]  # run_instrumented's signature; tests pass a fake machine
 
