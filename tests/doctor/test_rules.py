@@ -496,13 +496,21 @@ def test_a_fixed_share_from_back_to_back_rounds_stands_on_a_busy_machine_and_a_b
     assert high - low < 0.01 and low > 0.9  # the burst's round is left out of the range
     alone = ScalingProbe((1, 4), (0.0105, 0.0105 * 1.143), spread=(0.05, 1.0))  # the same, from the fastest of each
     assert alone.fixed_share_range(1)[0] < low - 0.2
-    overhead = dict(micro_batch=1, grad_accum=32, step_s=32 * 0.012 + 0.004, scaling=probe,
+    overhead = dict(micro_batch=1, grad_accum=32, step_s=32 * 0.012 + 0.004, scaling=probe, cpu_threads=1,
                     phases={"data": 0.001, "forward": 0.13, "backward": 0.25, "optimizer": 0.003, "other": 0.002})
     quiet = decide(measured(**overhead))
     busy = decide(measured(**overhead, contention=_busy()))
     assert quiet.verdict == busy.verdict == "overhead-bound"
     assert [f.title for f in busy.fixes] == [f.title for f in quiet.fixes] and busy.fixes
     assert "two micro-batch sizes timed back to back" in busy.evidence[0]
+    # Two threads: a preempted one holds up each parallel region whatever the size, which reads as a fixed part
+    # (nanoGPT under the bursty neighbour, 2026-11-28: 62 % fixed, 39 % quiet). Listed, no fix.
+    threads = decide(measured(**{**overhead, "cpu_threads": 2}, contention=_busy()))
+    assert threads.verdict == "contended" and threads.fixes == []
+    listed = next(f for f in threads.findings if f.verdict == "overhead-bound")
+    assert listed.evidence[0].startswith("measured on a busy machine; this may be the load's: with torch's 2 "
+                                         "intra-op threads, a thread a neighbour preempts holds up every parallel")
+    assert decide(measured(**{**overhead, "cpu_threads": 2})).verdict == "overhead-bound"  # quiet: as measured
     # two rounds only: the fastest of each stands for the probe, which a neighbour could have made: withheld
     few = decide(measured(**{**overhead, "scaling": ScalingProbe((1, 4), (0.0105, 0.012), ratios=(1.14, 1.15))},
                           contention=_busy()))

@@ -567,3 +567,15 @@ def test_pairs_on_a_busy_machine_may_take_twice_the_time_to_decide():
     assert len(quiet.ratios) == 6 and not quiet.comparison.faster  # at the cap: 5 of 6 is not enough
     busy = time_pairs(_Run(a, [1.0] * 24), _Run(b, [1.0] * 24), 0.03, cap_s=7.0)
     assert len(busy.ratios) > 6 and busy.comparison.faster
+
+
+def test_pairs_the_load_changed_within_get_more_time_to_gather_even_ones():
+    # Every other pair caught a burst in B's window only (1 core busy there, B at 0.6× A); in the even pairs B is
+    # 2× A. At the (busy, doubled) cap there were 3 even pairs of 6: deciding on all six mixes the bursts in.
+    n = 24
+    a = [10.0] * n
+    b = [6.0 if i % 2 else 20.0 for i in range(n)]
+    load_b = [1.0 if i % 2 else 0.0 for i in range(n)]
+    p = time_pairs(_Run(a, [0.0] * n), _Run(b, load_b), 0.03, cap_s=6.0)
+    assert len(p.ratios) == 6 and all(r == pytest.approx(2.0) for r in p.ratios)  # the even pairs decide
+    assert len(p.uneven) == 5 and p.comparison.faster and "5 pair(s) left out" in p.comparison.text()

@@ -31,6 +31,7 @@ class FakeMachine:
         self.runs: list[dict[str, Any]] = []
         self.penalty_above: int | None = None  # micro-batches above this are twice as slow per sample
         self.optimizer_share: float | None = None  # the optimizer phase's share of the step (None: not timed)
+        self.step_at: dict[int, float] = {}  # a micro-batch's step time per micro-step, in place of the formula's
 
     def __call__(self, command: list[str], settings: ChildSettings, **kw: Any) -> ScriptRun:
 
@@ -42,7 +43,7 @@ class FakeMachine:
             raise ScriptFailed("the script failed before its first optimizer step (exit code 1: "
                                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB)",
                                out_of_memory=True)
-        step = accum * (0.1 + 0.4 / micro * micro ** 0.5)  # per micro-step: fixed + sublinear in the batch
+        step = accum * self.step_at.get(micro, 0.1 + 0.4 / micro * micro ** 0.5)  # fixed + sublinear in the batch
         if self.penalty_above is not None and micro > self.penalty_above:
             step *= 4
         losses = list(LOSSES)
@@ -96,6 +97,19 @@ def test_the_climb_stops_at_the_first_split_that_does_not_gain_and_goes_one_down
     assert splits_tried(tuning) == [(4, 8), (1, 32)]  # one up (slower: the climb stops), then one down
     assert "micro-batch: 2 × accumulation 16 (as written 2 × 16; the effective batch 32 kept; tried: 4 × 8, " \
            "1 × 32)" in tuning.decisions
+
+
+def test_the_climb_goes_one_split_past_a_level_one_and_no_further():
+    machine = FakeMachine(written={**WRITTEN, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 8})
+    # per micro-step; the step is accumulation × this: 4 × 4 times as 2 × 8 does (a plateau), 8 × 2 twice as fast
+    machine.step_at = {2: 0.1, 4: 0.2, 8: 0.2, 16: 0.4}
+    tuning = tune(machine)
+    assert splits_tried(tuning) == [(4, 4), (8, 2), (16, 1)]  # past the level 4 × 4; 16 × 1 level again: it stops
+    assert by_name(tuning)["micro-batch 4 × 4"].verdict in ("within noise", "under the minimum gain")
+    best = tuning.best.overrides.trainer
+    assert (best["per_device_train_batch_size"], best["gradient_accumulation_steps"]) == (8, 2)
+    machine.step_at = {2: 0.1, 4: 0.21, 8: 0.05}  # 4 × 4 slower, by less than the minimum gain: no further
+    assert splits_tried(tune(machine)) == [(4, 4), (1, 16)]
 
 
 def test_bf16_is_kept_when_its_losses_stay_close_and_refused_when_they_drift():

@@ -77,7 +77,9 @@ class ScriptTrial:
     threads: int | None = None  # torch's intra-op threads in the run
     faults_per_s: float | None = None  # the training process's minor page faults per second of its timed windows
     optimizer_share: float | None = None  # of the step, in the optimizer step (the Profiler's window; None: not timed)
-    pair: dict[str, Any] | None = None  # timed in alternating windows with the best so far (`gated.py`): how
+    pair: dict[str, Any] | None = None  # timed in alternating windows with the best so far (`gated.py`): its pairs
+    gain: float | None = None  # against the best so far, when compared with it (the decision's point estimate)
+    verdict: str | None = None  # that comparison's `Verdict` (its value)
 
     @classmethod
     def of(cls, name: str, overrides: Overrides, run: ScriptRun, rule: WindowRule | None = None) -> ScriptTrial:

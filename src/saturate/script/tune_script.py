@@ -362,6 +362,7 @@ class _Search:
     def _decide(self, t: ScriptTrial, c: Comparison, check: Callable[[ScriptTrial], str | None] | None) -> ScriptTrial:
         """Keep `t` when `check` finds nothing wrong and `c` (it against the best so far) says faster."""
         result = self.result
+        t.gain, t.verdict = c.gain, c.verdict.value
         problem = check(t) if check is not None else None
         if problem:
             t.outcome = f"not kept: {problem}"
