@@ -112,6 +112,17 @@ def test_the_climb_goes_one_split_past_a_level_one_and_no_further():
     assert splits_tried(tune(machine)) == [(4, 4), (1, 16)]
 
 
+def test_a_split_within_the_noise_either_way_is_level_and_one_slower_beyond_it_is_not():
+    from saturate.script.trainer_stages import _level
+
+    def trial(verdict: str, gain: float) -> ScriptTrial:
+        return ScriptTrial("micro-batch 4 × 2", Overrides(), 0.1, None, 0.0, 4, verdict=verdict, gain=gain)
+
+    assert _level(trial("within noise", -0.354)) and _level(trial("within noise", 0.178))  # run_clm's 4 × 2
+    assert _level(trial("under the minimum gain", 0.01)) and not _level(trial("under the minimum gain", -0.02))
+    assert not _level(trial("slower", -0.2)) and not _level(ScriptTrial.failed("micro-batch 8 × 1", Overrides(), "x"))
+
+
 def test_bf16_is_kept_when_its_losses_stay_close_and_refused_when_they_drift():
     close = tune(FakeMachine(bf16_drift=0.001))
     assert close.best.overrides.trainer["bf16"] is True and close.best.overrides.trainer["use_cpu"] is True
