@@ -6,10 +6,10 @@ the fixes only of the findings `stands_under_load` says the load cannot cause �
 allocated), a wait for data inside the training process's own loader (no workers: a neighbour slows loading and
 computing alike, so the share is the workload's), host syncs on an accelerator (counted, not timed), a fixed-cost
 share from the batch-scaling probe's back-to-back rounds (a ratio of two sizes under the same load) on an
-accelerator or one CPU thread — each labelled by `under_load` with how busy the machine was. A fixed-cost share
-read from the device's idle time or on several CPU threads (`stalls`), or workers racing the step, could be the
-neighbours' doing: listed, with no fix. Our own loader workers and torch
-threads oversubscribing a CPU run's cores is a note.
+accelerator, on one CPU thread, or on several whose rounds agree — each labelled by `under_load` with how busy
+the machine was. A fixed-cost share read from the device's idle time or from rounds that disagree on several CPU
+threads (`stalls`), or workers racing the step, could be the neighbours' doing: listed, with no fix. Our own
+loader workers and torch threads oversubscribing a CPU run's cores is a note.
 
 When the load is the only finding — no wait, sync or fixed cost found, none within noise of its threshold — the
 verdict is the workload's own, compute-bound, said as measured on a busy machine (`compute_under_load`), with
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from saturate.doctor.findings import Finding, Measurements
+from saturate.doctor.findings import ROUNDS_AGREE, Finding, Measurements
 
 
 def check_contention(m: Measurements) -> Finding | None:
@@ -76,23 +76,31 @@ def stands_under_load(f: Finding, m: Measurements) -> str | None:
                 "loading and computing alike, so the share is the workload's")
     if f.verdict == "sync-bound":
         return "host-device syncs are counted, not timed"
-    if f.verdict == "overhead-bound" and m.scaling is not None and len(m.scaling.ratios) >= 3 \
-            and (m.accelerator or m.cpu_threads == 1):
-        return ("the fixed part rests on the ratio of two micro-batch sizes timed back to back, round after round: "
-                "a neighbour's load slows both alike")
+    if f.verdict == "overhead-bound" and m.scaling is not None and len(m.scaling.ratios) >= 3:
+        why = ("the fixed part rests on the ratio of two micro-batch sizes timed back to back, round after round: "
+               "a neighbour's load slows both alike")
+        if m.accelerator or m.cpu_threads == 1:
+            return why
+        if m.scaling.rounds_agree():
+            return f"{why}, and the rounds agree (within {100 * ROUNDS_AGREE:.0f} %)"
     return None
 
 
 def stalls(m: Measurements) -> str | None:
-    """Why a fixed part measured on a busy CPU with several intra-op threads may be the load's, or None. A thread a
-    neighbour preempts holds up every parallel region by a time slice whatever the micro-batch, which reads as a
-    fixed cost: nanoGPT's micro-step measured 22 ms fixed (62 %) beside 1.1 busy cores, its rounds' ratios 0.56–2.05,
-    where quiet it is 39 % (2026-11-28)."""
-    if m.accelerator or (m.cpu_threads or 1) == 1 or not (m.contention or {}).get("significant"):
+    """Why a fixed part measured on a busy CPU with several intra-op threads may be the load's, or None (its rounds
+    agree, or it does not apply). A thread a neighbour preempts holds up a parallel region by a time slice whatever
+    the micro-batch, which reads as a fixed cost, and the rounds scatter with the load: nanoGPT's micro-step read
+    22 ms fixed (62 %) beside 1.1 busy cores, its rounds' ratios 0.56–2.05, where quiet it is 39 % (1.36–1.71);
+    run_clm's, beside 0.9 busy cores, 62 % in rounds of 1.33–1.44, as quiet (64–70 %; 2026-11-28)."""
+    p = m.scaling
+    if m.accelerator or (m.cpu_threads or 1) == 1 or p is None or p.rounds_agree() \
+            or not (m.contention or {}).get("significant"):
         return None
+    kept = p.kept_ratios()
     return (f"this may be the load's: with torch's {m.cpu_threads} intra-op threads, a thread a neighbour preempts "
-            "holds up every parallel region by a time slice whatever the micro-batch, which reads as a fixed part; no "
-            "fix from it (one thread, or a quieter machine, measures it)")
+            "holds up a parallel region by a time slice whatever the micro-batch, which reads as a fixed part, and "
+            f"the probe's rounds disagree ({kept[0]:.2f}–{kept[-1]:.2f}× from the smaller micro-batch to the larger); "
+            "no fix from it (one thread, or a quieter machine, measures it)")
 
 
 def under_load(f: Finding, m: Measurements) -> Finding:
@@ -100,7 +108,7 @@ def under_load(f: Finding, m: Measurements) -> Finding:
     leaves those out), else its evidence says how busy and why it stands, its predictions what they rest on."""
     why = None if f.verdict == "contended" else stands_under_load(f, m)
     if why is None:
-        if f.verdict == "overhead-bound" and m.scaling is not None and (stall := stalls(m)):
+        if f.verdict == "overhead-bound" and (stall := stalls(m)):
             return Finding(f.verdict, [f"measured on a busy machine; {stall}", *f.evidence], f.fixes)
         return f
     busy = (m.contention or {}).get("line") or "other processes were using this machine"
