@@ -37,7 +37,6 @@ IDLE_NO_PROBE = 0.40
 MEMORY_LOW = 0.50
 MEMORY_TARGET = 0.80  # a larger micro-batch is proposed only while predicted peak stays under this
 GAIN_MIN = 1.10
-ROUNDS_AGREE = 0.15  # the scaling probe's kept rounds agree when their ratios lie within this of each other
 
 
 @dataclass
@@ -90,12 +89,6 @@ class ScalingProbe:
     def kept_ratios(self) -> list[float]:
         """The rounds' ratios the fixed share rests on, sorted: the single highest and lowest left out from five on."""
         return sorted(self.ratios)[1:-1] if len(self.ratios) >= 5 else sorted(self.ratios)
-
-    def rounds_agree(self, within: float = ROUNDS_AGREE) -> bool:
-        """Whether the kept rounds' ratios agree (the largest within `within` of the smallest) and each has the
-        larger micro-batch slower, as two sizes timed under one load have."""
-        kept = self.kept_ratios()
-        return len(kept) >= 3 and kept[0] > 1.0 and kept[-1] <= kept[0] * (1 + within)
 
     def memory_at(self, b: int) -> float | None:
         (b1, b2), (m1, m2) = self.micro_batches, self.peak_memory

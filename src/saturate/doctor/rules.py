@@ -380,7 +380,7 @@ def decide(m: Measurements) -> Diagnosis:
     elif contended and standing:
         order = {f.verdict: i for i, f in enumerate(standing)}
         main = max(standing, key=lambda f: (_best_gain(f), -order[f.verdict]))
-    elif contended and nothing_but_load(verdicts, notes):
+    elif contended and nothing_but_load(verdicts, notes, m):
         main = compute_under_load(_compute_bound(m), m)
     elif contended:
         main = contended[0]
