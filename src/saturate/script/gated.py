@@ -329,7 +329,7 @@ def time_pairs(a: Gated, b: Gated, min_gain: float, *, min_pairs: int = MIN_PAIR
         busy = any(x is not None and x >= UNEVEN_CORES for pair in loads for x in pair)
         # doubled on a busy machine, as a trial's is; doubled again while pairs the load changed within keep the
         # even ones under `min_pairs`: under bursts half the pairs can be uneven, and a decision on every pair lets
-        # a burst in one window count (run_clm's 8 × 1 confirmed at 1.98× in 7 pairs, 3 of them uneven: 0.70–5.09×)
+        # a burst in one window count (run_clm's 4 × 2 confirmed at 1.98× in 7 pairs, 3 of them uneven: 0.70–5.09×)
         cap = None if cap_s is None else cap_s * (2 if busy else 1) * (2 if uneven and deciding is all_ratios else 1)
         if settled(deciding, min_gain, min_pairs=min_pairs, timed_s=timed, cap_s=cap):
             break
