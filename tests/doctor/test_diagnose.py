@@ -189,3 +189,17 @@ def test_a_sub_millisecond_micro_step_is_timed_in_repeats_so_one_hiccup_cannot_m
     assert max(probe.ratios) < 1.5 and probe.fixed_share_range(1)[0] > 0.5, probe.ratios
     once, memory = time_two_sizes(step, (1, 2), torch.device("cpu"), rounds=5, min_s=0.0)
     assert len(once[2]) == 5 and probe_of((1, 2), once, memory).fixed_share_range(1)[1] < 0.5
+
+
+def test_on_a_busy_cpu_the_scaling_probe_is_taken_again_on_one_thread(cpu, monkeypatch):
+    from saturate.hardware.contention import Contention
+
+    monkeypatch.setattr(Contention, "significant", lambda self: True)
+    torch.set_num_threads(2)  # the fixture's one thread is put back after the test
+    workload = mlp_workload(Samples(), effective_batch=32, hidden=8)
+    config = DoctorConfig(steps=4, warmup=1, count_steps=0, min_seconds=0.3)
+    d = diagnose(workload, Plan(micro_batch=1, grad_accum=32), config, hardware=cpu)
+    m = d.measurements
+    assert m.cpu_threads == 2 and torch.get_num_threads() == 2
+    assert m.scaling is not None and m.scaling_one_thread is not None
+    assert m.scaling_one_thread.micro_batches == (1, 4) and len(m.scaling_one_thread.ratios) == 5

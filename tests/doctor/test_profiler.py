@@ -268,3 +268,27 @@ def test_a_scaling_probe_that_does_not_stand_for_the_step_is_left_out_with_a_not
     m = prof.diagnosis.measurements
     assert m.scaling is None
     assert any(n.startswith("batch-scaling probe left out: its replayed forward+backward") for n in m.notes)
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_on_a_busy_cpu_the_scaling_probe_is_taken_again_on_one_thread_and_the_threads_set_back(monkeypatch, busy):
+    from saturate.hardware.contention import Contention
+
+    monkeypatch.setattr(Contention, "significant", lambda self: busy)
+    torch.set_num_threads(2)  # the fixture's one thread is put back after the test
+    model, opt = small_model()
+    threads: list[int] = []
+    model.register_forward_hook(lambda *a: threads.append(torch.get_num_threads()))
+    prof = Profiler(model, opt, warmup=1, count_steps=0, steps=3, report=False, probe_scaling=True)
+    for _ in range(4):
+        torch.nn.functional.mse_loss(model(torch.randn(4, 16)), torch.randn(4, 1)).backward()
+        opt.step()
+        opt.zero_grad()
+        prof.step()
+    m = prof.diagnosis.measurements
+    assert m.scaling is not None and torch.get_num_threads() == 2
+    if busy:
+        assert m.scaling_one_thread is not None and len(m.scaling_one_thread.ratios) == 5, m.notes
+        assert m.scaling_one_thread.micro_batches == (4, 8) and threads.count(1) >= 12  # warm-ups and 5 rounds
+    else:
+        assert m.scaling_one_thread is None and 1 not in threads

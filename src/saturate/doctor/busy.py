@@ -8,7 +8,12 @@ computing alike, so the share is the workload's), host syncs on an accelerator (
 share from the batch-scaling probe's back-to-back rounds (a ratio of two sizes under the same load) on an
 accelerator or one CPU thread — each labelled by `under_load` with how busy the machine was. A fixed-cost share
 read from the device's idle time or on several CPU threads (`stalls`), or workers racing the step, could be the
-neighbours' doing: listed, with no fix. Our own loader workers and torch threads oversubscribing a CPU run's
+neighbours' doing: listed, with no fix. On several CPU threads the doctor therefore takes the probe again on one
+(`loop_probe.again_on_one_thread`) when the machine was busy, and the share on several is bounded from it
+(`one_thread_bounds`): at least the one thread's, at most what it would be were the per-sample part shared out
+perfectly, plus a margin for the threads' own barriers. A floor over the threshold is overhead-bound and stands; a
+ceiling under it leaves no fixed-cost finding (the verdict, load apart, is compute-bound); between, nothing is
+called. Our own loader workers and torch threads oversubscribing a CPU run's
 cores is a note.
 
 When the load is the only finding — no wait, sync or fixed cost found (on a CPU, the batch-scaling probe ran),
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from saturate.doctor.findings import Finding, Measurements
+from saturate.doctor.findings import Finding, Fix, Measurements, ScalingProbe
 
 
 def check_contention(m: Measurements) -> Finding | None:
@@ -47,6 +52,65 @@ def check_contention(m: Measurements) -> Finding | None:
                    "when the machine is busy) — not measured in this run")
         return Finding("contended", evidence + ([own] if own else []), [])
     return Finding("note", [own]) if own else None
+
+
+# What the fixed share on several threads may exceed the bound from one thread by (`one_thread_bounds`): their own
+# barriers add a fixed part a lone thread does not have. Quiet, on the 2-vCPU Xeon (2026-11-29), the share on two
+# threads read 0.01-0.07 above the bound, for four public scripts.
+BARRIER_MARGIN = 0.10
+
+
+def one_thread_bounds(m: Measurements) -> tuple[float, float] | None:
+    """The range of the fixed share at the run's micro-batch on its `cpu_threads` threads, from the probe taken again
+    on one thread (a busy CPU: `loop_probe.again_on_one_thread`); None without one. On n threads the per-sample work
+    is shared out and the fixed part is not: the share there is at least the one thread's (its low end), and at most
+    what it would be were the per-sample part n times faster (its high end), plus `BARRIER_MARGIN`."""
+    p, b, n = m.scaling_one_thread, m.micro_batch, m.cpu_threads or 1
+    if p is None or not b or m.accelerator or n == 1 or len(p.ratios) < 3:
+        return None
+    low, high = p.fixed_share_range(b)
+    return low, min(1.0, high / (high + (1 - high) / n) + BARRIER_MARGIN)
+
+
+def fixed_share_read(m: Measurements) -> tuple[ScalingProbe, float, float, str]:
+    """The probe a fixed share is read from, the share's range at the run's micro-batch, and how it was timed: from
+    the probe on one thread when it bounds the share (`one_thread_bounds`: ", on one thread"), else from the run's
+    own probe ("")."""
+    assert m.scaling is not None and m.micro_batch
+    if (bounds := one_thread_bounds(m)) is not None and m.scaling_one_thread is not None:
+        return m.scaling_one_thread, *bounds, ", on one thread"
+    return m.scaling, *m.scaling.fixed_share_range(m.micro_batch), ""
+
+
+def one_thread_line(m: Measurements) -> str:
+    """The evidence line for a fixed share read from the probe on one thread."""
+    low, high = one_thread_bounds(m) or (0.0, 0.0)
+    p = m.scaling_one_thread
+    assert p is not None and m.micro_batch
+    return (f"the batch-scaling probe was taken again on one of torch's {m.cpu_threads} intra-op threads, the machine "
+            f"being busy: a lone thread a neighbour preempts slows both sizes alike, where one of several stalls every "
+            f"parallel region whatever the size; there the fixed part is {100 * p.fixed_share(m.micro_batch):.0f} % "
+            f"(rounds {p.kept_ratios()[0]:.2f}–{p.kept_ratios()[-1]:.2f}×), so on {m.cpu_threads} threads, which share "
+            f"out only the per-sample work, it is {100 * low:.0f}..{100 * high:.0f} %")
+
+
+def from_one_thread(fixes: list[Fix], m: Measurements) -> list[Fix]:
+    """`fixes`, their predictions said to rest on the probe on one thread when they do (`one_thread_bounds`)."""
+    if one_thread_bounds(m) is None:
+        return fixes
+    said = (f"the fit timed on one thread, where the fixed part's share is the smaller: on {m.cpu_threads} threads "
+            "the gain should be larger")
+    return [dataclasses.replace(x, prediction=dataclasses.replace(x.prediction, basis=f"{x.prediction.basis}; {said}"))
+            for x in fixes]
+
+
+def fixed_cost_line(m: Measurements) -> str | None:
+    """The fixed part of a micro-step for a compute-bound verdict's evidence, or None without a probe."""
+    if m.scaling is None or not m.micro_batch:
+        return None
+    if one_thread_bounds(m) is not None:
+        return one_thread_line(m)
+    return f"fixed per-micro-step cost {100 * m.scaling.fixed_share(m.micro_batch):.0f} % of a micro-step"
 
 
 UNDECIDED = "within noise of the threshold"  # a note's words for a figure the doctor called neither way
@@ -79,6 +143,9 @@ def stands_under_load(f: Finding, m: Measurements) -> str | None:
                 "loading and computing alike, so the share is the workload's")
     if f.verdict == "sync-bound":
         return "host-device syncs are counted, not timed"
+    if f.verdict == "overhead-bound" and one_thread_bounds(m) is not None:
+        return (f"its floor was timed on one thread, where a neighbour's load slows both micro-batch sizes alike; on "
+                f"{m.cpu_threads} threads the share is higher still")
     if f.verdict == "overhead-bound" and m.scaling is not None and len(m.scaling.ratios) >= 3 \
             and (m.accelerator or m.cpu_threads == 1):
         return ("the fixed part rests on the ratio of two micro-batch sizes timed back to back, round after round: "
@@ -92,10 +159,11 @@ def stalls(m: Measurements) -> str | None:
     fixed cost. Under a burst the rounds scatter (nanoGPT: 62 % fixed beside 1.1 busy cores, rounds 0.56–2.05×,
     where quiet it is 39 %); under a steady load they agree and are still wrong (Lightning's transformer.py: 92 %
     fixed, 2.6 s a micro-step, rounds 1.07–1.10×, beside 1.0 busy core; compute-bound quiet; 2026-11-28) — so the
-    rounds' agreement cannot tell, and on several threads the share does not stand. (What could: the probe again
-    at one thread, where a fixed share at or above the threshold would be higher still at two; not built.)"""
+    rounds' agreement cannot tell, and on several threads the share does not stand — unless the probe taken again on
+    one thread bounds it (`one_thread_bounds`)."""
     p = m.scaling
-    if m.accelerator or (m.cpu_threads or 1) == 1 or p is None or not (m.contention or {}).get("significant"):
+    if m.accelerator or (m.cpu_threads or 1) == 1 or p is None or not (m.contention or {}).get("significant") \
+            or one_thread_bounds(m) is not None:
         return None
     kept = p.kept_ratios()
     return (f"this may be the load's: with torch's {m.cpu_threads} intra-op threads, a thread a neighbour preempts "

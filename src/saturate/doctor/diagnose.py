@@ -19,7 +19,7 @@ from torch.utils.data import default_collate
 
 from saturate.doctor.findings import Diagnosis, ScalingProbe
 from saturate.doctor.instrument import Instrument, contention_record, device_facts, loader_worker_pids
-from saturate.doctor.loop_probe import probe_of, time_two_sizes
+from saturate.doctor.loop_probe import again_on_one_thread, one_thread, probe_of, time_two_sizes
 from saturate.doctor.phase_windows import Windows
 from saturate.doctor.rules import decide
 from saturate.engine.schedule import scaled_lr
@@ -115,8 +115,12 @@ def diagnose(workload: Workload, plan: Plan | None = None, config: DoctorConfig 
         del batches, loader  # stops the loader's workers (persistent ones too) before the probe
         gc.collect()
     probe = None
+    single = None  # the probe on one thread, on a busy CPU (busy.py)
     if cfg.scaling:
         probe = scaling_probe(stepper, workload, plan, dev, notes)
+        if probe is not None and again_on_one_thread(dev, meter.stop().significant()):
+            with one_thread():
+                single = scaling_probe(stepper, workload, plan, dev, notes)
     item_s = time_items(workload, plan, done + warmup + cfg.count_steps) if cfg.scaling else None
     contention = meter.stop()
     m = inst.measurements(
@@ -124,7 +128,7 @@ def diagnose(workload: Workload, plan: Plan | None = None, config: DoctorConfig 
         grad_accum=plan.grad_accum, num_workers=plan.num_workers, prefetch_factor=plan.prefetch_factor,
         pin_memory=pin, non_blocking=plan.non_blocking, precision=plan.precision, compile=plan.compile,
         **device_facts(dev, hw))
-    m.scaling = probe
+    m.scaling, m.scaling_one_thread = probe, single
     m.item_s = item_s
     m.contention = contention_record(contention)
     m.notes = notes + m.notes

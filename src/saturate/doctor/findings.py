@@ -152,6 +152,8 @@ class Measurements:
     cpu_cores: int = 1
     cpu_threads: int | None = None  # torch intra-op threads of the training process
     scaling: ScalingProbe | None = None
+    # The probe again on one intra-op thread: taken on a CPU run with several when the machine was busy (busy.py)
+    scaling_one_thread: ScalingProbe | None = None
     # What other processes used while we measured (hardware.contention.Contention.to_dict() plus its "line")
     contention: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
@@ -194,10 +196,10 @@ class Measurements:
         for name in ("device_util", "host_cpu"):
             if isinstance(d.get(name), dict):
                 d[name] = Stat(**d[name])
-        if isinstance(d.get("scaling"), dict):
-            s = d["scaling"]
-            d["scaling"] = ScalingProbe(tuple(s["micro_batches"]), tuple(s["seconds"]), tuple(s["peak_memory"]),
-                                        tuple(s.get("spread", (0.0, 0.0))), tuple(s.get("ratios", ())))
+        for name in ("scaling", "scaling_one_thread"):
+            if isinstance(s := d.get(name), dict):
+                d[name] = ScalingProbe(tuple(s["micro_batches"]), tuple(s["seconds"]), tuple(s["peak_memory"]),
+                                       tuple(s.get("spread", (0.0, 0.0))), tuple(s.get("ratios", ())))
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 

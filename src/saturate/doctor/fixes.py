@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from saturate.doctor.findings import GAIN_MIN, MEMORY_TARGET, Fix, Measurements, Prediction, ScalingProbe
+from saturate.doctor.findings import GAIN_MIN, MEMORY_TARGET, Finding, Fix, Measurements, Prediction, ScalingProbe
 
 _GIB = 1024**3
 
@@ -177,3 +177,20 @@ def bf16_fix(m: Measurements) -> tuple[Fix | None, str | None]:
     if math.isfinite(ceiling):
         basis += f"; at most {ceiling:.2f}×, were forward and backward to take no time"
     return Fix(title, {"precision": "bf16"}, Prediction("step_s", m.step_s, None, basis), why), line
+
+
+def rank_fixes(fixes: list[Fix]) -> list[Fix]:
+    """Fixes by predicted gain, most first; those not predicted last."""
+
+    def key(f: Fix) -> tuple[int, float]:
+        gain = f.prediction.gain
+        return (0, -gain) if gain is not None else (1, 0.0)
+
+    return sorted(fixes, key=key)
+
+
+def best_gain(f: Finding) -> float:
+    """The largest predicted step-time gain among a finding's fixes that keep the training the same (1 when none)."""
+    gains = [x.prediction.gain for x in f.fixes
+             if x.same_training and x.prediction.metric == "step_s" and x.prediction.gain is not None]
+    return max(gains, default=1.0)

@@ -14,10 +14,11 @@ move BatchNorm's running statistics and the random generators).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -64,6 +65,24 @@ def time_two_sizes(step: Callable[[int], None], sizes: tuple[int, int], device: 
         for b in sizes:
             times[b].append(timed(b, repeats))
     return times, memory
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch's intra-op threads set to one for the block, then set back (the probe again on a busy CPU: busy.py)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def again_on_one_thread(device: torch.device, busy: bool) -> bool:
+    """Whether to take the probe again on one thread: a CPU run on several intra-op threads, the machine busy while
+    it was measured. A neighbour that preempts one of several threads stalls every parallel region whatever the
+    micro-batch, which reads as a fixed part; a lone thread it only slows, both sizes alike."""
+    return busy and device.type == "cpu" and torch.get_num_threads() > 1
 
 
 def probe_of(sizes: tuple[int, int], times: dict[int, list[float]],

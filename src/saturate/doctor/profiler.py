@@ -35,6 +35,7 @@ from saturate.doctor.findings import Diagnosis, Measurements
 from saturate.doctor.instrument import Instrument, device_facts, loader_worker_pids
 from saturate.doctor.rules import decide
 from saturate.errors import SaturateError
+from saturate.hardware.contention import ContentionMeter
 
 T = TypeVar("T")
 
@@ -244,7 +245,7 @@ class Profiler:
 
     def _probe(self, m: Measurements) -> None:
         """The batch-scaling probe on the last inputs seen (`m.scaling`), or a note saying why there is none."""
-        from saturate.doctor.loop_probe import probe_from_inputs
+        from saturate.doctor.loop_probe import again_on_one_thread, one_thread, probe_from_inputs
 
         if self._inputs is None:
             return
@@ -264,6 +265,7 @@ class Profiler:
         micro = m.micro_batch or (int(first.shape[0]) if first is not None else None)
         if not micro:
             return
+        meter = ContentionMeter().start()
         probe, why = probe_from_inputs(model, args, kwargs, micro, self.device, autocast)
         measured = (m.phases.get("forward", 0.0) + m.phases.get("backward", 0.0)) / max(1, m.grad_accum or 1)
         if probe is not None and measured > 0 and not 1 / PROBE_FASTER <= probe.seconds[0] / measured <= PROBE_SLOWER:
@@ -273,6 +275,12 @@ class Profiler:
             probe = None
         if probe is not None:
             m.scaling, m.micro_batch = probe, micro
+            if again_on_one_thread(self.device, bool((m.contention or {}).get("significant"))
+                                   or meter.stop().significant()):
+                with one_thread():
+                    m.scaling_one_thread, why = probe_from_inputs(model, args, kwargs, micro, self.device, autocast)
+                if why:
+                    m.notes.append(f"on one thread, {why}")
         elif why:
             m.notes.append(why)
 

@@ -28,8 +28,9 @@ The rules:
                          cause stands, labelled with how busy the machine was (`stands_under_load`):
                          the memory risks, a wait for data inside the training process's own loader
                          (no workers: a neighbour slows loading and computing alike), host syncs on
-                         an accelerator (counted, not timed). (Our own loader workers and torch
-                         threads oversubscribing a CPU run's cores is a note.)
+                         an accelerator (counted, not timed), a fixed-cost share on a CPU bounded
+                         from the probe taken again on one thread (busy.py). (Our own loader workers
+                         and torch threads oversubscribing a CPU run's cores is a note.)
 
 Thresholds respect the noise. The timed steps are measured in windows (doctor.phase_windows), and a
 timed figure (the wait for data, the device's idle time, the probe's fixed share) crosses its
@@ -57,7 +58,11 @@ from saturate.doctor.busy import (
     UNDECIDED,
     check_contention,
     compute_under_load,
+    fixed_cost_line,
+    fixed_share_read,
+    from_one_thread,
     nothing_but_load,
+    one_thread_line,
     stands_under_load,
     under_load,
 )
@@ -82,6 +87,7 @@ from saturate.doctor.findings import (
     sites_line,
 )
 from saturate.doctor.fixes import (
+    best_gain,
     bf16_fix,
     divisors,
     gib,
@@ -90,6 +96,7 @@ from saturate.doctor.fixes import (
     micro_cost,
     ms,
     pct,
+    rank_fixes,
     step_at,
     worker_fix,
 )
@@ -267,16 +274,16 @@ def _check_sync(m: Measurements) -> Finding | None:
 def _check_overhead(m: Measurements) -> Finding | None:
     probe = m.scaling
     if probe is not None and m.micro_batch:
-        share = probe.fixed_share(m.micro_batch)
-        low, high = probe.fixed_share_range(m.micro_batch)
+        probe, low, high, how = fixed_share_read(m)  # on a busy CPU, maybe from the probe on one thread
         if high < FIXED_SHARE:
             return None
         if low < FIXED_SHARE:  # the threshold lies inside the measurement's spread: say so, call nothing
-            return _within_noise("the fixed part of a micro-step (the batch-scaling probe's timings)", low, high,
-                                 FIXED_SHARE, "overhead-bound")
+            return _within_noise(f"the fixed part of a micro-step (the batch-scaling probe's timings{how})", low,
+                                 high, FIXED_SHARE, "overhead-bound")
         evidence = [f"a micro-step costs {ms(probe.fixed_s)} whatever its size plus {ms(probe.per_sample_s)} per "
-                    f"sample: at micro-batch {m.micro_batch} the fixed part is {pct(share)} of it (measured at "
-                    f"micro-batch {probe.micro_batches[0]} and {probe.micro_batches[1]})"]
+                    f"sample: at micro-batch {m.micro_batch} the fixed part is {pct(probe.fixed_share(m.micro_batch))}"
+                    f" of it (measured at micro-batch {probe.micro_batches[0]} and {probe.micro_batches[1]}{how})"]
+        evidence += [one_thread_line(m)] if how else []
     elif m.accelerator and (idle_range := m.idle_range()) is not None:
         idle = 1 - (m.device_util.mean or 0) / 100
         # Not when the data or a sync could be to blame (even only within the noise of their thresholds).
@@ -314,7 +321,7 @@ def _check_overhead(m: Measurements) -> Finding | None:
                                         "linear fit of forward+backward time over micro-batch size"),
                              "only if a larger batch suits the training: every micro-batch pays the fixed cost once",
                              same_training=False))
-    return Finding("overhead-bound", evidence, fixes)
+    return Finding("overhead-bound", evidence, from_one_thread(fixes, m))
 
 
 def _check_memory_underused(m: Measurements) -> Finding | None:
@@ -338,28 +345,14 @@ def _compute_bound(m: Measurements) -> Finding:
                    if len(m.window_shares) > 1 else "")]
     if m.syncs_per_step is not None:
         evidence.append(f"{m.syncs_per_step:g} synchronisation(s) per step")
-    if m.scaling is not None and m.micro_batch:
-        evidence.append(f"fixed per-micro-step cost {pct(m.scaling.fixed_share(m.micro_batch))} of a micro-step")
+    if (line := fixed_cost_line(m)) is not None:
+        evidence.append(line)
     if m.device_util.mean is not None:
         evidence.append(f"device utilisation {m.device_util.mean:.0f} % mean")
     fix, line = bf16_fix(m)
     if line is not None:
         evidence.append(line)
     return Finding("compute-bound", evidence, [fix] if fix is not None else [])
-
-
-def _rank(fixes: list[Fix]) -> list[Fix]:
-    def key(f: Fix) -> tuple[int, float]:
-        gain = f.prediction.gain
-        return (0, -gain) if gain is not None else (1, 0.0)
-
-    return sorted(fixes, key=key)
-
-
-def _best_gain(f: Finding) -> float:
-    gains = [x.prediction.gain for x in f.fixes
-             if x.same_training and x.prediction.metric == "step_s" and x.prediction.gain is not None]
-    return max(gains, default=1.0)
 
 
 def decide(m: Measurements) -> Diagnosis:
@@ -379,21 +372,21 @@ def decide(m: Measurements) -> Diagnosis:
         main = safety[0]
     elif contended and standing:
         order = {f.verdict: i for i, f in enumerate(standing)}
-        main = max(standing, key=lambda f: (_best_gain(f), -order[f.verdict]))
+        main = max(standing, key=lambda f: (best_gain(f), -order[f.verdict]))
     elif contended and nothing_but_load(verdicts, notes, m):
         main = compute_under_load(_compute_bound(m), m)
     elif contended:
         main = contended[0]
     elif verdicts:
         order = {f.verdict: i for i, f in enumerate(verdicts)}
-        main = max(verdicts, key=lambda f: (_best_gain(f), -order[f.verdict]))
+        main = max(verdicts, key=lambda f: (best_gain(f), -order[f.verdict]))
     else:
         main = _compute_bound(m)
     others = [f for f in verdicts if f is not main]
-    fixes = _rank(main.fixes)
+    fixes = rank_fixes(main.fixes)
     seen = {f.title for f in fixes}
     kept = [o for o in others if not contended or o in standing]  # busy: no fix from what the load could produce
-    for f in _rank([x for o in kept for x in o.fixes]):
+    for f in rank_fixes([x for o in kept for x in o.fixes]):
         if f.title not in seen:
             fixes.append(f)
             seen.add(f.title)
