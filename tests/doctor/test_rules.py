@@ -567,6 +567,13 @@ def test_on_a_busy_cpu_with_several_threads_the_probe_on_one_thread_bounds_the_f
     assert mid.verdict == "contended" and mid.fixes == []
     said = "(the batch-scaling probe's timings, on one thread) is within noise of the threshold (39..68 % vs 50 %)"
     assert any(said in e for f in mid.findings for e in f.evidence)
+    # The run's own probe under its threshold caps the range (the load on two threads only adds a fixed part):
+    # nanoGPT under the steady neighbour, 12 % on two threads, 34 % on one (rounds 1.56–1.85×), 2026-11-29.
+    steady = dict(base, scaling=ScalingProbe((8, 16), (0.010, 0.0188), ratios=(1.86, 1.87, 1.88, 1.89, 1.90)))
+    capped = decide(measured(**steady, scaling_one_thread=one(1.56, 1.60, 1.66, 1.70, 1.85), contention=_busy()))
+    assert capped.verdict == "compute-bound" and capped.fixes
+    said = "on 2 threads, which share out only the per-sample work, it is 13..30 %"
+    assert any(e.endswith(said) for e in capped.evidence)
     # Without it (the probe on one thread failed, or was never taken): as before, the share does not stand.
     assert decide(measured(**base, contention=_busy())).verdict == "contended"
     # A run on one thread: its own probe is read (and stands), the other ignored.

@@ -64,12 +64,15 @@ def one_thread_bounds(m: Measurements) -> tuple[float, float] | None:
     """The range of the fixed share at the run's micro-batch on its `cpu_threads` threads, from the probe taken again
     on one thread (a busy CPU: `loop_probe.again_on_one_thread`); None without one. On n threads the per-sample work
     is shared out and the fixed part is not: the share there is at least the one thread's (its low end), and at most
-    what it would be were the per-sample part n times faster (its high end), plus `BARRIER_MARGIN`."""
+    what it would be were the per-sample part n times faster (its high end), plus `BARRIER_MARGIN` — or the run's own
+    probe's high end where that is lower (on several threads the load adds a fixed part: see `stalls`). Where the two
+    probes disagree (a floor over the ceiling), the range spans both."""
     p, b, n = m.scaling_one_thread, m.micro_batch, m.cpu_threads or 1
-    if p is None or not b or m.accelerator or n == 1 or len(p.ratios) < 3:
+    if p is None or m.scaling is None or not b or m.accelerator or n == 1 or len(p.ratios) < 3:
         return None
     low, high = p.fixed_share_range(b)
-    return low, min(1.0, high / (high + (1 - high) / n) + BARRIER_MARGIN)
+    ceiling = min(1.0, high / (high + (1 - high) / n) + BARRIER_MARGIN, m.scaling.fixed_share_range(b)[1])
+    return min(low, ceiling), max(low, ceiling)
 
 
 def fixed_share_read(m: Measurements) -> tuple[ScalingProbe, float, float, str]:
