@@ -492,3 +492,18 @@ def test_the_confirmation_takes_a_fresh_best_run_when_the_live_one_reaches_its_s
     assert tuning.best.name == "2 workers", tuning.decisions
     assert any(d.startswith("confirmed against the script as written, paired: +100.0 %") for d in tuning.decisions)
     assert made.count("2 workers") >= 2  # a fresh best run took over from the one that ended
+
+
+def test_a_gain_read_from_one_window_is_not_kept_and_a_loss_still_counts():
+    # nanoGPT under the bursty neighbour (2026-11-28): fused AdamW's run ended after one window and fell back on
+    # trials one after another: "kept: +6.9 % (noise not measured: one window)"; its confirmation: within noise.
+    from saturate.script.overrides import NONE
+
+    written = ScriptTrial("as written", NONE, 0.0107, None, 0.0, 224, spread=0.019)
+    fused = ScriptTrial("AdamW(fused=True)", NONE, 0.0100, None, 0.0, 60, spread=None)
+    c = fused.against(written)
+    assert not c.faster and not c.slower and c.gain == pytest.approx(0.0107 / 0.0100 - 1)
+    assert c.text() == "+7.0 % (noise not measured: one window); no gain is kept on one window alone"
+    assert ScriptTrial("bf16", NONE, 0.0122, None, 0.0, 49, spread=None).against(written).slower
+    # With its windows' spread measured, the same gain is a gain.
+    assert ScriptTrial("fused", NONE, 0.0100, None, 0.0, 240, spread=0.01).against(written).faster
