@@ -290,5 +290,6 @@ def test_on_a_busy_cpu_the_scaling_probe_is_taken_again_on_one_thread_and_the_th
     if busy:
         assert m.scaling_one_thread is not None and len(m.scaling_one_thread.ratios) == 5, m.notes
         assert m.scaling_one_thread.micro_batches == (4, 8) and threads.count(1) >= 12  # warm-ups and 5 rounds
+        assert len(m.threads_ratios) == 5 and all(r > 0 for r in m.threads_ratios)  # two threads ÷ one, per round
     else:
-        assert m.scaling_one_thread is None and 1 not in threads
+        assert m.scaling_one_thread is None and 1 not in threads and m.threads_ratios == ()

@@ -582,3 +582,32 @@ def test_on_a_busy_cpu_with_several_threads_the_probe_on_one_thread_bounds_the_f
     assert alone.verdict == "overhead-bound" and not any("on one thread" in e for e in alone.evidence)
     back = Measurements.from_dict(json.loads(json.dumps(measured(**base, scaling_one_thread=ovh).to_dict())))
     assert back.scaling_one_thread == ovh
+
+
+def test_on_a_busy_cpu_one_thread_measured_faster_under_the_load_is_the_fix():
+    """The probe's rounds time a micro-step on two threads and on one back to back; under the steady neighbour two
+    took 3.7–80× as long (2026-11-29). Measured beyond their spread, one thread is contended's fix, and it leads."""
+    base = dict(micro_batch=8, grad_accum=1, step_s=0.500, scaling=LOW, cpu_threads=2, supports_bf16=True,
+                scaling_one_thread=ScalingProbe((8, 16), (0.010, 0.019), ratios=(1.9,) * 5),
+                phases={"data": 0.0, "forward": 0.200, "backward": 0.250, "optimizer": 0.030, "other": 0.020})
+    d = decide(measured(**base, threads_ratios=(60.0, 80.0, 85.0, 82.0, 300.0), contention=_busy(other_cores=1.0)))
+    assert d.verdict == "contended" and d.fixes[0].title == "plan.threads 2 → 1 (while the machine is this busy)"
+    assert d.fixes[0].changes == {"threads": 1}
+    assert d.fixes[0].prediction.after == pytest.approx(0.500 - 0.450 + 0.450 / 82.0)
+    assert [f.title for f in d.fixes[1:]] == ["precision fp32 → bf16 autocast"]  # the workload's own, after it
+    assert [f.verdict for f in d.findings][:2] == ["contended", "compute-bound"]
+    said = [e for e in d.evidence if e.startswith("measured: a micro-step's forward and backward took")]
+    assert said == ["measured: a micro-step's forward and backward took 80.00–85.00× (median 82.00×) as long on 2 "
+                    "intra-op threads as on one, the two timed back to back in 5 rounds on the machine as busy as it "
+                    "was"]
+    assert not any("not measured in this run" in e for e in d.evidence)
+    # Rounds that do not show one thread faster beyond their spread: said, no fix; the workload's verdict.
+    level = decide(measured(**base, threads_ratios=(0.6, 0.9, 1.3, 2.0, 5.0), contention=_busy(other_cores=1.0)))
+    assert level.verdict == "compute-bound" and [f.title for f in level.fixes] == ["precision fp32 → bf16 autocast"]
+    assert any(e.endswith("not faster on one beyond the rounds' spread and by 10 %") for f in level.findings
+               for e in f.evidence)
+    # Quiet (the rounds only run on a busy machine; were they there): no contended finding, no fix from them.
+    quiet = decide(measured(**base, threads_ratios=(60.0, 80.0, 85.0, 82.0, 300.0)))
+    assert quiet.verdict == "compute-bound" and all(f.changes != {"threads": 1} for f in quiet.fixes)
+    back = Measurements.from_dict(json.loads(json.dumps(measured(threads_ratios=(2.0, 3.0, 4.0)).to_dict())))
+    assert back.threads_ratios == (2.0, 3.0, 4.0)

@@ -102,6 +102,8 @@ def test_fixes_are_said_as_lightning_trainer_arguments():
     assert in_your_script(Fix("workers", {"num_workers": 2}, P, ""), REPORT, "cuda") == [
         "fit.py:20: DataLoader(..., num_workers=2)"]
     assert in_your_script(Fix("fused", {"fused": True}, P, ""), REPORT, "cuda") == ["fit.py:15: AdamW(..., fused=True)"]
+    assert in_your_script(Fix("one thread", {"threads": 1}, P, ""), REPORT, "cpu") == [  # the doctor on a busy CPU
+        "torch.set_num_threads(1) before training, or OMP_NUM_THREADS=1 in the script's environment"]
 
 
 def test_fix_titles_name_the_knobs_where_the_user_sets_them():

@@ -13,7 +13,9 @@ neighbours' doing: listed, with no fix. On several CPU threads the doctor theref
 (`one_thread_bounds`): at least the one thread's, at most what it would be were the per-sample part shared out
 perfectly, plus a margin for the threads' own barriers. A floor over the threshold is overhead-bound and stands; a
 ceiling under it leaves no fixed-cost finding (the verdict, load apart, is compute-bound); between, nothing is
-called. Our own loader workers and torch threads oversubscribing a CPU run's
+called. With that second probe, a micro-step is also timed on the run's threads and on one, back to back
+(`loop_probe.time_thread_counts`): one thread measured faster beyond the rounds' spread is contended's own fix
+(`threads_fix`), for a machine this busy. Our own loader workers and torch threads oversubscribing a CPU run's
 cores is a note.
 
 When the load is the only finding — no wait, sync or fixed cost found (on a CPU, the batch-scaling probe ran),
@@ -26,8 +28,10 @@ neighbour, 2026-11-25), though what a neighbour adds is time, not a bottleneck o
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
-from saturate.doctor.findings import Finding, Fix, Measurements, ScalingProbe
+from saturate.doctor.findings import GAIN_MIN, Finding, Fix, Measurements, Prediction, ScalingProbe
+from saturate.doctor.fixes import knob
 
 
 def check_contention(m: Measurements) -> Finding | None:
@@ -49,9 +53,34 @@ def check_contention(m: Measurements) -> Finding | None:
             own = (f"torch's {m.cpu_threads} intra-op threads wait for one another at every parallel region, so one "
                    f"that a neighbour preempts stalls them all: on a CPU this busy, fewer threads can be much faster "
                    f"(torch.set_num_threads({fewer}), or `threads = {fewer}` in a plan; `saturate tune` measures it "
-                   "when the machine is busy) — not measured in this run")
-        return Finding("contended", evidence + ([own] if own else []), [])
+                   "when the machine is busy)" + ("" if m.threads_ratios else " — not measured in this run"))
+        fix, measured = threads_fix(m)
+        return Finding("contended", evidence + [x for x in (own, measured) if x], [fix] if fix else [])
     return Finding("note", [own]) if own else None
+
+
+def threads_fix(m: Measurements) -> tuple[Fix | None, str | None]:
+    """On a busy CPU run on several threads, one thread as a fix for the load when the probe's rounds measured a
+    micro-step on one faster beyond their spread and by `GAIN_MIN` (the rounds: `Measurements.threads_ratios`),
+    with the line saying what they measured; (None, the line) when they did not; (None, None) unmeasured.
+    Under the steady neighbour, two threads took 3.7–80× as long as one (2026-11-29)."""
+    r, n = m.threads_ratios, m.cpu_threads or 1
+    if m.accelerator or n == 1 or len(r) < 3:
+        return None, None
+    kept = sorted(r)[1:-1] if len(r) >= 5 else sorted(r)
+    mid = statistics.median(r)
+    line = (f"measured: a micro-step's forward and backward took {kept[0]:.2f}–{kept[-1]:.2f}× (median {mid:.2f}×) "
+            f"as long on {n} intra-op threads as on one, the two timed back to back in {len(r)} rounds on the "
+            "machine as busy as it was")
+    if kept[0] < GAIN_MIN:
+        return None, f"{line}: not faster on one beyond the rounds' spread and by {100 * (GAIN_MIN - 1):.0f} %"
+    fb = m.phases.get("forward", 0.0) + m.phases.get("backward", 0.0)
+    after = m.step_s - fb + fb / mid
+    return Fix(f"{knob(m, 'threads')} {n} → 1 (while the machine is this busy)", {"threads": 1},
+               Prediction("step_s", m.step_s, after, f"forward and backward as timed, divided by the rounds' median "
+                          f"ratio ({mid:.2f}×); the rest of the step as measured, though it ran on {n} threads too"),
+               "a neighbour that preempts one of several threads stalls every parallel region; a lone thread it only "
+               "slows — a setting for a machine this busy: on a quiet one, measure again"), line
 
 
 # What the fixed share on several threads may exceed the bound from one thread by (`one_thread_bounds`): their own
@@ -141,6 +170,8 @@ def stands_under_load(f: Finding, m: Measurements) -> str | None:
     """Why a finding holds whatever the neighbours did, or None when their load could have produced it."""
     if f.verdict in ("oom-risk", "host-memory-bound"):
         return "what was allocated is not timing"
+    if f.verdict == "contended" and f.fixes:  # one thread, measured against several under the load itself
+        return "measured under the load itself"
     if f.verdict == "input-bound" and m.num_workers == 0:
         return ("the wait is the training process loading its own batches (no loader workers): a neighbour slows "
                 "loading and computing alike, so the share is the workload's")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ from torch.utils.data import default_collate
 
 from saturate.doctor.findings import Diagnosis, ScalingProbe
 from saturate.doctor.instrument import Instrument, contention_record, device_facts, loader_worker_pids
-from saturate.doctor.loop_probe import again_on_one_thread, one_thread, probe_of, time_two_sizes
+from saturate.doctor.loop_probe import again_on_one_thread, one_thread, probe_of, time_thread_counts, time_two_sizes
 from saturate.doctor.phase_windows import Windows
 from saturate.doctor.rules import decide
 from saturate.engine.schedule import scaled_lr
@@ -116,11 +117,14 @@ def diagnose(workload: Workload, plan: Plan | None = None, config: DoctorConfig 
         gc.collect()
     probe = None
     single = None  # the probe on one thread, on a busy CPU (busy.py)
+    ratios: list[float] = []  # with it, a micro-step on the plan's threads ÷ on one, per round
     if cfg.scaling:
         probe = scaling_probe(stepper, workload, plan, dev, notes)
         if probe is not None and again_on_one_thread(dev, meter.stop().significant()):
+            threads = torch.get_num_threads()
             with one_thread():
-                single = scaling_probe(stepper, workload, plan, dev, notes)
+                single = scaling_probe(stepper, workload, plan, dev, notes, also=lambda step: ratios.extend(
+                    time_thread_counts(step, plan.micro_batch, threads, dev)))
     item_s = time_items(workload, plan, done + warmup + cfg.count_steps) if cfg.scaling else None
     contention = meter.stop()
     m = inst.measurements(
@@ -129,16 +133,18 @@ def diagnose(workload: Workload, plan: Plan | None = None, config: DoctorConfig 
         pin_memory=pin, non_blocking=plan.non_blocking, precision=plan.precision, compile=plan.compile,
         **device_facts(dev, hw))
     m.scaling, m.scaling_one_thread = probe, single
+    m.threads_ratios = tuple(ratios)
     m.item_s = item_s
     m.contention = contention_record(contention)
     m.notes = notes + m.notes
     return decide(m)
 
 
-def scaling_probe(stepper: Stepper, workload: Workload, plan: Plan, device: torch.device,
-                  notes: list[str], reps: int = 5) -> ScalingProbe | None:
+def scaling_probe(stepper: Stepper, workload: Workload, plan: Plan, device: torch.device, notes: list[str],
+                  reps: int = 5, also: Callable[[Callable[[int], None]], None] | None = None) -> ScalingProbe | None:
     """Forward+backward seconds and device memory at two micro-batch sizes, timed back to back in `reps` rounds
-    (`loop_probe.time_two_sizes`; the probe built by `loop_probe.probe_of`)."""
+    (`loop_probe.time_two_sizes`; the probe built by `loop_probe.probe_of`); `also` as in
+    `loop_probe.probe_from_inputs`."""
     small = plan.micro_batch
     large = max(2 * small, 4)
     try:
@@ -158,6 +164,8 @@ def scaling_probe(stepper: Stepper, workload: Workload, plan: Plan, device: torc
 
     try:
         times, memory = time_two_sizes(step, (small, large), device, reps)
+        if also is not None:
+            also(step)
     except OutOfMemoryError:
         stepper.model.zero_grad(set_to_none=True)
         if device.type == "cuda":

@@ -154,6 +154,8 @@ class Measurements:
     scaling: ScalingProbe | None = None
     # The probe again on one intra-op thread: taken on a CPU run with several when the machine was busy (busy.py)
     scaling_one_thread: ScalingProbe | None = None
+    # With it, per round: a micro-step's forward+backward on `cpu_threads` threads ÷ on one, timed back to back
+    threads_ratios: tuple[float, ...] = ()
     # What other processes used while we measured (hardware.contention.Contention.to_dict() plus its "line")
     contention: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
@@ -200,6 +202,7 @@ class Measurements:
             if isinstance(s := d.get(name), dict):
                 d[name] = ScalingProbe(tuple(s["micro_batches"]), tuple(s["seconds"]), tuple(s["peak_memory"]),
                                        tuple(s.get("spread", (0.0, 0.0))), tuple(s.get("ratios", ())))
+        d["threads_ratios"] = tuple(d.get("threads_ratios") or ())
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 

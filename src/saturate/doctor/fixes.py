@@ -38,7 +38,7 @@ def knob(m: Measurements, field_name: str) -> str:
         return {"micro_batch": "DataLoader batch_size", "num_workers": "DataLoader num_workers",
                 "prefetch_factor": "DataLoader prefetch_factor", "pin_memory": "DataLoader pin_memory",
                 "grad_accum": "accumulation steps", "precision": "precision", "non_blocking": ".to(non_blocking)",
-                "compile": "torch.compile"}.get(field_name, field_name)
+                "compile": "torch.compile", "threads": "torch.set_num_threads"}.get(field_name, field_name)
     return f"plan.{field_name}"
 
 

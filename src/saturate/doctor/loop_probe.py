@@ -85,6 +85,36 @@ def again_on_one_thread(device: torch.device, busy: bool) -> bool:
     return busy and device.type == "cpu" and torch.get_num_threads() > 1
 
 
+def time_thread_counts(step: Callable[[int], None], size: int, threads: int, device: torch.device,
+                       rounds: int = ROUNDS, min_s: float = MIN_TIMING_S) -> tuple[float, ...]:
+    """Per round, seconds of `step(size)` on `threads` intra-op threads ÷ on one, the two timed back to back (so a
+    neighbour's load is about the same on both), after one call of each; each timing repeated to last `min_s`.
+    Leaves torch on the threads it found."""
+    before = torch.get_num_threads()
+
+    def timed(n: int, repeats: int) -> float:
+        torch.set_num_threads(n)
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            step(size)
+        synchronize(device)
+        return (time.perf_counter() - t0) / repeats
+
+    try:
+        timed(threads, 1)
+        once = timed(1, 1)
+        repeats = max(1, min(MAX_REPEATS, math.ceil(min_s / once))) if once > 0 else MAX_REPEATS
+        ratios = []
+        for _ in range(rounds):
+            many, alone = timed(threads, repeats), timed(1, repeats)
+            if alone > 0:
+                ratios.append(many / alone)
+        return tuple(ratios)
+    finally:
+        torch.set_num_threads(before)
+
+
 def probe_of(sizes: tuple[int, int], times: dict[int, list[float]],
              memory: dict[int, int | None]) -> ScalingProbe:
     """The probe from `time_two_sizes`' timings: the small size at its fastest, the large one at that times the
@@ -116,8 +146,11 @@ class _NoLoss(Exception):
 
 
 def probe_from_inputs(model: nn.Module, args: tuple, kwargs: dict, micro_batch: int, device: torch.device,
-                      autocast: torch.dtype | None, rounds: int = ROUNDS) -> tuple[ScalingProbe | None, str | None]:
-    """(the probe, None) or (None, why not, in one line)."""
+                      autocast: torch.dtype | None, rounds: int = ROUNDS,
+                      also: Callable[[Callable[[int], None]], None] | None = None
+                      ) -> tuple[ScalingProbe | None, str | None]:
+    """(the probe, None) or (None, why not, in one line). `also`, when given, is called with the replayed step
+    (`step(b)` at the micro-batch or twice it) after the probe, before the gradients are restored."""
     doubled = [False]
 
     def double(t: Any) -> Any:
@@ -146,6 +179,8 @@ def probe_from_inputs(model: nn.Module, args: tuple, kwargs: dict, micro_batch: 
 
     try:
         times, memory = time_two_sizes(step, (micro_batch, 2 * micro_batch), device, rounds)
+        if also is not None:
+            also(step)
     except _NoLoss:
         return None, "batch-scaling probe skipped: the model's output holds no tensor that requires grad"
     except torch.OutOfMemoryError:

@@ -245,7 +245,7 @@ class Profiler:
 
     def _probe(self, m: Measurements) -> None:
         """The batch-scaling probe on the last inputs seen (`m.scaling`), or a note saying why there is none."""
-        from saturate.doctor.loop_probe import again_on_one_thread, one_thread, probe_from_inputs
+        from saturate.doctor.loop_probe import again_on_one_thread, one_thread, probe_from_inputs, time_thread_counts
 
         if self._inputs is None:
             return
@@ -277,8 +277,13 @@ class Profiler:
             m.scaling, m.micro_batch = probe, micro
             if again_on_one_thread(self.device, bool((m.contention or {}).get("significant"))
                                    or meter.stop().significant()):
+                threads = torch.get_num_threads()
+                ratios: list[float] = []
                 with one_thread():
-                    m.scaling_one_thread, why = probe_from_inputs(model, args, kwargs, micro, self.device, autocast)
+                    m.scaling_one_thread, why = probe_from_inputs(
+                        model, args, kwargs, micro, self.device, autocast,
+                        also=lambda step: ratios.extend(time_thread_counts(step, micro, threads, self.device)))
+                m.threads_ratios = tuple(ratios)
                 if why:
                     m.notes.append(f"on one thread, {why}")
         elif why:

@@ -29,8 +29,9 @@ The rules:
                          the memory risks, a wait for data inside the training process's own loader
                          (no workers: a neighbour slows loading and computing alike), host syncs on
                          an accelerator (counted, not timed), a fixed-cost share on a CPU bounded
-                         from the probe taken again on one thread (busy.py). (Our own loader workers
-                         and torch threads oversubscribing a CPU run's cores is a note.)
+                         from the probe taken again on one thread (busy.py); and contended's own fix,
+                         one thread, when measured faster under the load itself. (Our own loader
+                         workers and torch threads oversubscribing a CPU run's cores is a note.)
 
 Thresholds respect the noise. The timed steps are measured in windows (doctor.phase_windows), and a
 timed figure (the wait for data, the device's idle time, the probe's fixed share) crosses its
@@ -367,14 +368,15 @@ def decide(m: Measurements) -> Diagnosis:
     if contended:  # on a busy machine only the findings the load cannot cause keep their fixes
         verdicts = [under_load(f, m) for f in verdicts]
         safety = [f for f in verdicts if f.verdict in ("oom-risk", "host-memory-bound")]
-    standing = [f for f in verdicts if f.verdict != "contended" and stands_under_load(f, m) is not None]
+    standing = [f for f in verdicts if stands_under_load(f, m) is not None]  # contended: one thread, measured
+    if contended and nothing_but_load(verdicts, notes, m):
+        verdicts.append(compute_under_load(_compute_bound(m), m))
+        standing.append(verdicts[-1])
     if safety:
         main = safety[0]
     elif contended and standing:
         order = {f.verdict: i for i, f in enumerate(standing)}
         main = max(standing, key=lambda f: (best_gain(f), -order[f.verdict]))
-    elif contended and nothing_but_load(verdicts, notes, m):
-        main = compute_under_load(_compute_bound(m), m)
     elif contended:
         main = contended[0]
     elif verdicts:

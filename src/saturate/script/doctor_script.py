@@ -171,11 +171,15 @@ def in_your_script(fix: Fix, report: dict[str, Any], device_type: str) -> list[s
     """Where and how to make `fix` in the user's own script, as far as the hooks saw it: in a Transformers
     `Trainer`'s `TrainingArguments` when the script has one; a Lightning `Trainer(...)`'s arguments for
     precision and accumulation; else (and for the rest) at its DataLoader, optimizer and model."""
-    if report.get("trainer"):
-        fields, rest = trainer_arguments(fix.changes, report["trainer"], device_type)
-        return ([trainer_edit(fields, report["trainer"])] if fields else []) + [f"{k} = {v!r}" for k, v in rest.items()]
     changes = dict(fix.changes)
     lines: list[str] = []
+    if threads := changes.pop("threads", None):
+        lines.append(f"torch.set_num_threads({threads}) before training, or OMP_NUM_THREADS={threads} in the script's "
+                     "environment")
+    if report.get("trainer"):
+        fields, rest = trainer_arguments(changes, report["trainer"], device_type)
+        return lines + ([trainer_edit(fields, report["trainer"])] if fields else []) \
+            + [f"{k} = {v!r}" for k, v in rest.items()]
     if report.get("lightning"):
         lightning = report["lightning"]
         fields = lightning_arguments(changes, lightning)
