@@ -293,3 +293,24 @@ def test_on_a_busy_cpu_the_scaling_probe_is_taken_again_on_one_thread_and_the_th
         assert len(m.threads_ratios) == 5 and all(r > 0 for r in m.threads_ratios)  # two threads ÷ one, per round
     else:
         assert m.scaling_one_thread is None and 1 not in threads and m.threads_ratios == ()
+
+
+def test_on_a_busy_cpu_the_thread_counts_are_timed_even_when_the_replay_is_left_out(monkeypatch):
+    # nanoGPT under the steady neighbour (2026-11-29): its replay took 34.9 ms, the script's own micro-step 259 ms,
+    # so the probe was left out; the thread counts timed against each other still measure the model under the load.
+    from saturate.hardware.contention import Contention
+
+    monkeypatch.setattr(Contention, "significant", lambda self: True)
+    torch.set_num_threads(2)  # the fixture's one thread is put back after the test
+    model = Sleepy()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    prof = Profiler(model, opt, warmup=1, count_steps=0, steps=3, report=False, probe_scaling=True)
+    for step in range(4):
+        torch.nn.functional.mse_loss(model(torch.randn(4, 16)), torch.randn(4, 1)).backward()
+        opt.step()
+        opt.zero_grad()
+        model.slow = step < 3
+        prof.step()
+    m = prof.diagnosis.measurements
+    assert m.scaling is None and m.scaling_one_thread is None  # the replay does not stand for the step
+    assert len(m.threads_ratios) == 5 and torch.get_num_threads() == 2

@@ -268,26 +268,30 @@ class Profiler:
         meter = ContentionMeter().start()
         probe, why = probe_from_inputs(model, args, kwargs, micro, self.device, autocast)
         measured = (m.phases.get("forward", 0.0) + m.phases.get("backward", 0.0)) / max(1, m.grad_accum or 1)
-        if probe is not None and measured > 0 and not 1 / PROBE_FASTER <= probe.seconds[0] / measured <= PROBE_SLOWER:
+        stands = probe is not None and (measured <= 0
+                                        or 1 / PROBE_FASTER <= probe.seconds[0] / measured <= PROBE_SLOWER)
+        if probe is not None and not stands:
             why = (f"batch-scaling probe left out: its replayed forward+backward at micro-batch {micro} took "
                    f"{1e3 * probe.seconds[0]:.3g} ms, the script's own {1e3 * measured:.3g} ms per micro-step: the "
                    "replay does not stand for the script's step (or the load moved one of them)")
-            probe = None
-        if probe is not None:
+        if stands:
             m.scaling, m.micro_batch = probe, micro
-            if again_on_one_thread(self.device, bool((m.contention or {}).get("significant"))
-                                   or meter.stop().significant()):
-                threads = torch.get_num_threads()
-                ratios: list[float] = []
-                with one_thread():
-                    m.scaling_one_thread, why = probe_from_inputs(
-                        model, args, kwargs, micro, self.device, autocast,
-                        also=lambda step: ratios.extend(time_thread_counts(step, micro, threads, self.device)))
-                m.threads_ratios = tuple(ratios)
-                if why:
-                    m.notes.append(f"on one thread, {why}")
         elif why:
             m.notes.append(why)
+        # On a busy CPU, the probe again on one thread and the thread counts timed against each other — the latter
+        # also when the replay was left out: it times the model's own forward+backward under the load either way
+        if probe is not None and again_on_one_thread(self.device, bool((m.contention or {}).get("significant"))
+                                                     or meter.stop().significant()):
+            threads = torch.get_num_threads()
+            ratios: list[float] = []
+            with one_thread():
+                single, why = probe_from_inputs(
+                    model, args, kwargs, micro, self.device, autocast,
+                    also=lambda step: ratios.extend(time_thread_counts(step, micro, threads, self.device)))
+            m.scaling_one_thread = single if stands else None
+            m.threads_ratios = tuple(ratios)
+            if why:
+                m.notes.append(f"on one thread, {why}")
 
     @selftime.own
     def _step_begin(self, optimizer: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
