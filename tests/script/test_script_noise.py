@@ -499,11 +499,11 @@ def test_a_gain_read_from_one_window_is_not_kept_and_a_loss_still_counts():
     # trials one after another: "kept: +6.9 % (noise not measured: one window)"; its confirmation: within noise.
     from saturate.script.overrides import NONE
 
-    written = ScriptTrial("as written", NONE, 0.0107, None, 0.0, 224, spread=0.019)
-    fused = ScriptTrial("AdamW(fused=True)", NONE, 0.0100, None, 0.0, 60, spread=None)
+    written = ScriptTrial("as written", NONE, 0.0107, None, 0.0, 224, spread=0.019, windows=4)
+    fused = ScriptTrial("AdamW(fused=True)", NONE, 0.0100, None, 0.0, 60, spread=None, windows=1)
     c = fused.against(written)
     assert not c.faster and not c.slower and c.gain == pytest.approx(0.0107 / 0.0100 - 1)
     assert c.text() == "+7.0 % (noise not measured: one window); no gain is kept on one window alone"
-    assert ScriptTrial("bf16", NONE, 0.0122, None, 0.0, 49, spread=None).against(written).slower
+    assert ScriptTrial("bf16", NONE, 0.0122, None, 0.0, 49, spread=None, windows=1).against(written).slower
     # With its windows' spread measured, the same gain is a gain.
-    assert ScriptTrial("fused", NONE, 0.0100, None, 0.0, 240, spread=0.01).against(written).faster
+    assert ScriptTrial("fused", NONE, 0.0100, None, 0.0, 240, spread=0.01, windows=4).against(written).faster
