@@ -61,9 +61,12 @@ class ChatDataset(Dataset):
                 "labels": torch.tensor(labels + [-100] * pad)}
 
 
-def latest_state(folder: Path) -> Path | None:
+def latest_state(folder: Path, processes: int) -> Path | None:
+    """The newest state every process finished saving: a Ctrl-C can land in the middle of `save_state`, which
+    writes each process's RNG state last."""
     states = sorted(folder.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
-    return states[-1] if states else None
+    done = [p for p in states if all((p / f"random_states_{rank}.pkl").exists() for rank in range(processes))]
+    return done[-1] if done else None
 
 
 def main() -> None:
@@ -108,7 +111,7 @@ def main() -> None:
 
     states = Path(args.output_dir) / "states"
     step = 0
-    if args.is_keep_training == "True" and (latest := latest_state(states)) is not None:
+    if args.is_keep_training == "True" and (latest := latest_state(states, accelerator.num_processes)) is not None:
         accelerator.load_state(str(latest))  # model, optimizer, scheduler and RNG states
         step = int(latest.name.split("_")[1])
         accelerator.print(f"resumed from {latest}")

@@ -37,6 +37,16 @@ MIN_TIMING_S = 0.01
 MAX_REPEATS = 100
 
 
+def seconds_per_call(call: Callable[[], None], repeats: int, device: torch.device) -> float:
+    """Mean seconds of `call()` over `repeats` calls back to back, the device synchronised before and after."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        call()
+    synchronize(device)
+    return (time.perf_counter() - t0) / repeats
+
+
 def time_two_sizes(step: Callable[[int], None], sizes: tuple[int, int], device: torch.device, rounds: int,
                    min_s: float = MIN_TIMING_S) -> tuple[dict[int, list[float]], dict[int, int | None]]:
     """Seconds per call of `step(b)` (forward+backward, gradients cleared) for both sizes, interleaved in `rounds`
@@ -47,12 +57,7 @@ def time_two_sizes(step: Callable[[int], None], sizes: tuple[int, int], device: 
     memory: dict[int, int | None] = {}
 
     def timed(b: int, repeats: int) -> float:
-        synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            step(b)
-        synchronize(device)
-        return (time.perf_counter() - t0) / repeats
+        return seconds_per_call(lambda: step(b), repeats, device)
 
     for b in sizes:
         if device.type == "cuda":
@@ -94,12 +99,7 @@ def time_thread_counts(step: Callable[[int], None], size: int, threads: int, dev
 
     def timed(n: int, repeats: int) -> float:
         torch.set_num_threads(n)
-        synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            step(size)
-        synchronize(device)
-        return (time.perf_counter() - t0) / repeats
+        return seconds_per_call(lambda: step(size), repeats, device)
 
     try:
         timed(threads, 1)

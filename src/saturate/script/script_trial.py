@@ -125,9 +125,9 @@ class ScriptTrial:
         a different degree (by `UNEVEN_CORES` or more) were not measured under the same conditions: their ratio is
         the load's as much as the setting's, so it is said to be within the noise, and why (nanoGPT's fused AdamW
         read 3.6× "beyond noise" against an as-written trial timed in a burst, 2026-11-28). A gain read off a trial
-        of one timed window (its noise not measured: the run ended) is not kept either: nanoGPT's fused AdamW read "+6.9 %"
-        so under the bursty neighbour, and its confirmation then measured it within noise (2026-11-28). A loss so
-        read still counts: not keeping a setting is what the trial would have led to anyway."""
+        of one timed window (its noise not measured: the run ended) is not kept either: nanoGPT's fused AdamW read
+        "+6.9 %" so under the bursty neighbour, and its confirmation then measured it within noise (2026-11-28). A
+        loss so read still counts: not keeping a setting is what the trial would have led to anyway."""
         c = compare(_Speed(1 / self.step_s, self.spread), _Speed(1 / other.step_s, other.spread), MIN_GAIN)
         if c.faster and not c.noise_known and 1 in (self.windows, other.windows):
             return replace(c, noise=max(c.noise, abs(c.gain)), note=(
