@@ -255,7 +255,8 @@ class Sleepy(torch.nn.Module):
         return self.net(x)
 
 
-def test_a_scaling_probe_that_does_not_stand_for_the_step_is_left_out_with_a_note():
+def sleepy_measurements():
+    """A loop whose steps sleep in the forward and whose probe's replay does not: the replay does not stand."""
     model = Sleepy()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     prof = Profiler(model, opt, warmup=1, count_steps=0, steps=3, report=False, probe_scaling=True)
@@ -265,7 +266,11 @@ def test_a_scaling_probe_that_does_not_stand_for_the_step_is_left_out_with_a_not
         opt.zero_grad()
         model.slow = step < 3  # the last prof.step() runs the probe: its replay is 20 ms faster per micro-step
         prof.step()
-    m = prof.diagnosis.measurements
+    return prof.diagnosis.measurements
+
+
+def test_a_scaling_probe_that_does_not_stand_for_the_step_is_left_out_with_a_note():
+    m = sleepy_measurements()
     assert m.scaling is None
     assert any(n.startswith("batch-scaling probe left out: its replayed forward+backward") for n in m.notes)
 
@@ -302,15 +307,6 @@ def test_on_a_busy_cpu_the_thread_counts_are_timed_even_when_the_replay_is_left_
 
     monkeypatch.setattr(Contention, "significant", lambda self: True)
     torch.set_num_threads(2)  # the fixture's one thread is put back after the test
-    model = Sleepy()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    prof = Profiler(model, opt, warmup=1, count_steps=0, steps=3, report=False, probe_scaling=True)
-    for step in range(4):
-        torch.nn.functional.mse_loss(model(torch.randn(4, 16)), torch.randn(4, 1)).backward()
-        opt.step()
-        opt.zero_grad()
-        model.slow = step < 3
-        prof.step()
-    m = prof.diagnosis.measurements
+    m = sleepy_measurements()
     assert m.scaling is None and m.scaling_one_thread is None  # the replay does not stand for the step
     assert len(m.threads_ratios) == 5 and torch.get_num_threads() == 2
