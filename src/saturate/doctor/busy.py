@@ -109,21 +109,24 @@ def fixed_share_read(m: Measurements) -> tuple[ScalingProbe, float, float, str]:
     the probe on one thread when it bounds the share (`one_thread_bounds`: ", on one thread"), else from the run's
     own probe ("")."""
     assert m.scaling is not None and m.micro_batch
-    if (bounds := one_thread_bounds(m)) is not None and m.scaling_one_thread is not None:
+    if (bounds := one_thread_bounds(m)) is not None:
+        assert m.scaling_one_thread is not None  # one_thread_bounds needs it
         return m.scaling_one_thread, *bounds, ", on one thread"
     return m.scaling, *m.scaling.fixed_share_range(m.micro_batch), ""
 
 
 def one_thread_line(m: Measurements) -> str:
     """The evidence line for a fixed share read from the probe on one thread."""
-    low, high = one_thread_bounds(m) or (0.0, 0.0)
-    p = m.scaling_one_thread
-    assert p is not None and m.micro_batch
+    bounds, p = one_thread_bounds(m), m.scaling_one_thread
+    assert bounds is not None and p is not None and m.micro_batch
+    low, high = bounds
     return (f"the batch-scaling probe was taken again on one of torch's {m.cpu_threads} intra-op threads, the machine "
             f"being busy: a lone thread a neighbour preempts slows both sizes alike, where one of several stalls every "
             f"parallel region whatever the size; there the fixed part is {100 * p.fixed_share(m.micro_batch):.0f} % "
             f"(rounds {p.kept_ratios()[0]:.2f}–{p.kept_ratios()[-1]:.2f}×), so on {m.cpu_threads} threads, which share "
-            f"out only the per-sample work, it is {100 * low:.0f}..{100 * high:.0f} %")
+            f"out only the per-sample work, it is bounded to {100 * low:.0f}..{100 * high:.0f} % (the upper end as if "
+            f"they shared it perfectly, plus {100 * BARRIER_MARGIN:.0f} points for their own barriers, or the run's "
+            "own probe where lower: a bound, not a measurement)")
 
 
 def from_one_thread(fixes: list[Fix], m: Measurements) -> list[Fix]:
