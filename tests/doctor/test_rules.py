@@ -602,11 +602,14 @@ def test_on_a_busy_cpu_one_thread_measured_faster_under_the_load_is_the_fix():
                     "intra-op threads as on one, the two timed back to back in 5 rounds on the machine as busy as it "
                     "was"]
     assert not any("not measured in this run" in e for e in d.evidence)
+    assert any(e.endswith("quieter for those (the fix here is for the load itself, measured under it)")
+               for e in d.evidence)
     # Rounds that do not show one thread faster beyond their spread: said, no fix; the workload's verdict.
     level = decide(measured(**base, threads_ratios=(0.6, 0.9, 1.3, 2.0, 5.0), contention=_busy(other_cores=1.0)))
     assert level.verdict == "compute-bound" and [f.title for f in level.fixes] == ["precision fp32 → bf16 autocast"]
     assert any(e.endswith("not faster on one beyond the rounds' spread and by 10 %") for f in level.findings
                for e in f.evidence)
+    assert not any("for the load itself" in e for f in level.findings for e in f.evidence)
     # Quiet (the rounds only run on a busy machine; were they there): no contended finding, no fix from them.
     quiet = decide(measured(**base, threads_ratios=(60.0, 80.0, 85.0, 82.0, 300.0)))
     assert quiet.verdict == "compute-bound" and all(f.changes != {"threads": 1} for f in quiet.fixes)

@@ -43,10 +43,12 @@ def check_contention(m: Measurements) -> Finding | None:
                "a CPU run every worker wake-up can stall the training's threads at a barrier; "
                f"torch.set_num_threads({max(1, m.cpu_cores - m.num_workers)}) leaves the workers a core")
     if m.contention and m.contention.get("significant"):
+        fix, measured = threads_fix(m)
         evidence = [m.contention.get("line") or "other processes were using this machine while it was measured",
                     "the timings include the neighbours' share, so they do not describe this workload alone: no fix "
                     "is proposed from a finding their load could have produced; run the doctor again when the "
-                    "machine is quieter for those"]
+                    "machine is quieter for those" + ("" if fix is None else
+                                                      " (the fix here is for the load itself, measured under it)")]
         busy = m.contention.get("other_cores") or 0.0
         if not m.accelerator and m.cpu_threads and m.cpu_threads > 1 and busy >= 0.5 and not own:
             fewer = max(1, min(m.cpu_threads - 1, int((m.cpu_cores or m.cpu_threads) - busy + 0.25)))
@@ -54,7 +56,6 @@ def check_contention(m: Measurements) -> Finding | None:
                    f"that a neighbour preempts stalls them all: on a CPU this busy, fewer threads can be much faster "
                    f"(torch.set_num_threads({fewer}), or `threads = {fewer}` in a plan; `saturate tune` measures it "
                    "when the machine is busy)" + ("" if m.threads_ratios else " — not measured in this run"))
-        fix, measured = threads_fix(m)
         return Finding("contended", evidence + [x for x in (own, measured) if x], [fix] if fix else [])
     return Finding("note", [own]) if own else None
 
