@@ -23,7 +23,7 @@ import pytest
 from conftest import cli_env, saturate_cmd
 from saturate.script.boundary import GATE_GO, GATE_READY, GATE_STOP
 from saturate.script.child.trial_windows import StepWindows
-from saturate.script.gated import UNEVEN_CORES, Window, again, can_gate, time_pairs
+from saturate.script.gated import FRESH_TRIES, UNEVEN_CORES, Window, again, can_gate, time_pairs
 from saturate.script.overrides import NONE
 from saturate.script.script_trial import ScriptTrial
 from saturate.stats.comparison import Verdict
@@ -268,6 +268,18 @@ def test_a_gain_is_timed_again_on_a_fresh_pair_of_runs_and_each_pair_must_find_i
     assert both.comparison.noise >= (1 + both.comparison.gain) - 1.34 - 1e-9  # the interval reaches the lower pair
     assert "over two pairs of runs: 2.410× and 1.340×" in both.comparison.text()
     assert both.to_dict()["run_pairs"] == both.runs and len(both.more) == 1
+    # A fresh pair whose run ends after two windows (a 3-s script: run_clm's 8 × 1 under bursts, 2026-11-29) is
+    # taken afresh once more (FRESH_TRIES): the next one decides.
+    made = iter([(_Fresh([10.0] * 24, quiet), _Fresh([13.4] * 2, quiet)),
+                 (_Fresh([10.0] * 24, quiet), _Fresh([13.4] * 24, quiet))])
+    _Fresh.opened = _Fresh.closed = 0
+    retried = again(first, lambda: next(made), 0.03)
+    assert _Fresh.opened == _Fresh.closed == 4 and retried.comparison.faster and len(retried.more) == 2
+    assert retried.runs == [pytest.approx(2.41), pytest.approx(1.34)]
+    # Every fresh pair ends so: the gain stands on one pair of runs, which decides nothing.
+    _Fresh.opened = 0
+    short = again(first, lambda: (_Fresh([10.0] * 24, quiet), _Fresh([13.4] * 2, quiet)), 0.03)
+    assert short.comparison is None and _Fresh.opened == 2 * FRESH_TRIES and len(short.more) == FRESH_TRIES
     # The second pair of runs finds no gain: the first pair's 2.41× is not a result.
     undone = again(first, lambda: (_Fresh([10.0] * 24, quiet), _Fresh([9.8] * 24, quiet)), 0.03)
     assert not undone.comparison.faster and undone.comparison.verdict is Verdict.WITHIN_NOISE
@@ -278,9 +290,9 @@ def test_only_a_gain_is_timed_again_and_one_pair_of_runs_alone_does_not_decide_i
     same = time_pairs(_Run([10.0] * 24, quiet), _Run([10.1] * 24, quiet), 0.03)
     assert again(same, lambda: pytest.fail("timed again without a gain"), 0.03) is same
     first = time_pairs(_Run([10.0] * 24, quiet), _Run([20.0] * 24, quiet), 0.03)
-    # The second pair of runs ends after two pairs of windows: the first pair's 2× is not confirmed, nothing decided.
+    # Each fresh pair of runs ends after two pairs of windows: the first pair's 2× is not confirmed, nothing decided.
     ended = again(first, lambda: (_Fresh([10.0] * 2, quiet), _Fresh([20.0] * 2, quiet)), 0.03)
-    assert ended.comparison is None and ended.runs == [] and len(ended.more) == 1
+    assert ended.comparison is None and ended.runs == [] and len(ended.more) == FRESH_TRIES  # each fresh pair ended so
     assert first.comparison.faster  # the first result is left as it was
     # Three one-sided, tight pairs before its end still confirm (stats.pairs.ended_comparison).
     short = again(first, lambda: (_Fresh([10.0] * 3, quiet), _Fresh([19.0, 20.0, 21.0, 20.0], quiet)), 0.03)

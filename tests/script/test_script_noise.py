@@ -477,10 +477,14 @@ def test_the_confirmation_takes_a_fresh_best_run_when_the_live_one_reaches_its_s
     made: list[str] = []
 
     class Ending(FakeGated):
+        short = 0
+
         def __init__(self, name: str, overrides: Any, *a: Any, **kw: Any) -> None:
             super().__init__(name, overrides)
             self.rate = 20.0 if overrides.loader.get("num_workers", 0) >= 2 else 10.0
-            self.limit = 20 if name == "2 workers" and name not in made else 100  # the first one ends early
+            # the first one ends early (and the first `short` fresh ones after it end at once)
+            early = made.count(name) if name == "2 workers" else 99
+            self.limit = 20 if early == 0 else 2 if early <= Ending.short else 100
             made.append(name)
 
         def next_window(self) -> Window | None:
@@ -492,6 +496,16 @@ def test_the_confirmation_takes_a_fresh_best_run_when_the_live_one_reaches_its_s
     assert tuning.best.name == "2 workers", tuning.decisions
     assert any(d.startswith("confirmed against the script as written, paired: +100.0 %") for d in tuning.decisions)
     assert made.count("2 workers") >= 2  # a fresh best run took over from the one that ended
+
+    # The fresh one ends before its pairs decide too (a 3-s script whose pairs fell across bursts: run_clm's 8 × 1,
+    # 2026-11-29): another is started, FRESH_TRIES in all.
+    made.clear()
+    Ending.short = 1
+
+    tuning = tune_command(["python", "train.py"], runner=NoisyMachine(gain=0.0, noise=0.0), cores=1, paired=True,
+                          confirm=True, supports={})
+    assert tuning.best.name == "2 workers", tuning.decisions
+    assert made.count("2 workers") >= 3
 
 
 def test_a_gain_read_from_one_window_is_not_kept_and_a_loss_still_counts():

@@ -59,6 +59,9 @@ from saturate.stats.noise import WindowRule, summarize
 from saturate.stats.pairs import MAX_PAIRS, MIN_PAIRS, ended_comparison, pair_order, paired_comparison, settled
 
 GPU_SHARE = 8  # on a GPU, gated when the script as written used at most 1/8 of the device's memory
+# Fresh runs taken, one after another, when a run ends before its pairs of windows decide anything: a short script's
+# few pairs can fall across a burst (run_clm's 8 × 1, 3 s of steps a run: 2 of its 3 pairs uneven, 2026-11-29).
+FRESH_TRIES = 2
 WINDOW_TIMEOUT_S = 300.0  # one window of steps this long means the run is stuck: it is stopped
 
 
@@ -358,19 +361,24 @@ def again(first: PairedTrials, fresh: Callable[[], tuple[Gated, Gated]], min_gai
     core its threads took): fused AdamW on a small MLP measured 2.41× and 1.34× on two pairs of runs, quiet, against
     2.04× (1.76–2.22) over rounds of fresh runs (2026-11-26), while each pair's interval was a few percent wide. So
     one pair's interval overstates what is known, and its ratio can be off by a third. Only a gain is timed again
-    (nothing else is acted on). When a run of the second pair ends before its pairs of windows decide anything, the
-    gain stands on one pair of runs, which is not enough: the result has no comparison (as when the first pair's
-    run ended), and the caller keeps what the user had."""
+    (nothing else is acted on). When a run of the second pair ends before its pairs of windows decide anything, a
+    fresh pair is taken again (`FRESH_TRIES` in all); when every one ends so, the gain stands on one pair of runs,
+    which is not enough: the result has no comparison (as when the first pair's run ended), and the caller keeps
+    what the user had."""
     if first.comparison is None or not first.comparison.faster:
         return first
-    a, b = fresh()
-    with a, b:
-        a.open()
-        b.open()
-        second = time_pairs(a, b, min_gain, cap_s=cap_s)
-    if second.comparison is None:
-        return dataclasses.replace(first, comparison=None, more=[*first.more, (second.a, second.b)])
-    return joined(first, second, min_gain)
+    ended: list[tuple[ScriptTrial, ScriptTrial]] = []
+    for _ in range(FRESH_TRIES):
+        a, b = fresh()
+        with a, b:
+            a.open()
+            b.open()
+            second = time_pairs(a, b, min_gain, cap_s=cap_s)
+        if second.comparison is not None:
+            both = joined(first, second, min_gain)
+            return dataclasses.replace(both, more=[*first.more, *ended, (second.a, second.b)])
+        ended.append((second.a, second.b))
+    return dataclasses.replace(first, comparison=None, more=[*first.more, *ended])
 
 
 def joined(first: PairedTrials, second: PairedTrials, min_gain: float) -> PairedTrials:

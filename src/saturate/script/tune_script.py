@@ -47,7 +47,7 @@ from saturate.errors import SaturateError
 from saturate.script.command import ScriptRun, run_instrumented
 from saturate.script.drift import moved
 from saturate.script.frameworks import framework_of, fused_option
-from saturate.script.gated import Gated, PairedTrials, again, can_gate, time_pairs
+from saturate.script.gated import FRESH_TRIES, Gated, PairedTrials, again, can_gate, time_pairs
 from saturate.script.host_stages import alloc_stage, loader_stages, threads_stage
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.script_trial import MIN_GAIN, WINDOW_S, ScriptTrial, TrialOptions, trial_settings, window_rule
@@ -314,8 +314,8 @@ class _Search:
     def _with_best(self, other: Gated, *, best_first: bool) -> tuple[PairedTrials, int]:
         """The live best run and `other` timed in alternating windows (A: the best when `best_first`), and how many
         windows the best run had timed before them (`drift.moved`). When the best run reaches its script's end
-        first (a short job, timed many windows), a fresh one of it, once."""
-        for fresh in (False, True):
+        first (a short job, timed many windows), a fresh one of it, up to `FRESH_TRIES` times."""
+        for fresh in (False, *[True] * FRESH_TRIES):
             if fresh:
                 best = self.result.best
                 self.incumbent.close()
