@@ -100,6 +100,7 @@ def rows(folder: Path, refs: dict[str, Any]) -> list[dict[str, str]]:
                 row["judgement"] = ("same" + (" (and the load's own fix)" if j.get("verdict") == "contended" else "")
                                     if same and any(want[1] in f for f in fixes) else
                                     "contended, no fix" if j.get("verdict") == "contended" and not fixes else
+                                    "contended, only the load's fix" if j.get("verdict") == "contended" else
                                     "DIFFERENT")
         elif verb in ("tune", "run"):
             if rec.get("returncode") != 0 or not j:
