@@ -214,6 +214,37 @@ def test_a_compilation_the_budget_stopped_is_said_so_not_that_it_cannot_pay_back
     assert result.plan.compile == "none"
 
 
+def _slow_search(**kw):
+    """A search that finds nothing before compile (the start is the best eager plan) on ~7-s steps: its budget
+    does not grow from what it found, and compiling (30 s, the fake's) could pay back over 2000 steps."""
+    machine = FakeMachine(speed=saturating(16, factor=0.01), memory=linear_memory(GiB, 0.1 * GiB))
+    plan = Plan(micro_batch=16, grad_accum=4)
+    return machine, search(machine, plan, settings(planned_steps=2000, budget_s=20, supports={},
+                                                   fused_available=False, **kw))
+
+
+def test_a_runs_budget_stakes_a_share_of_a_long_training_on_compiling():
+    # `saturate run`'s budget (a cap, a predicted training): 20 s had no room for the fake's 30-s compilation;
+    # 5 % of an 800-s training is staked on it, the budget grows for that trial, and compiling is kept.
+    machine, result = _slow_search(budget_cap_s=100, training_s=800)
+    assert result.plan.compile == "default"
+    [grown] = [d for d in result.decisions if d.startswith("budget:") and "for torch.compile" in d]
+    assert grown.startswith("budget: 20 -> ") and "5% of the 800 s training (a prediction)" in grown, grown
+    limit = next(x for x, p in zip(machine.compile_limits, machine.tried, strict=True) if p.compile != "none")
+    assert limit is not None and 30.0 <= limit <= 40.0
+
+
+def test_a_stake_is_a_share_of_the_training_and_a_fixed_budget_has_none():
+    # A 400-s training stakes 20 s: the 30-s compilation is still stopped, and the budget is what it was (the
+    # trial took no time here); a fixed budget (`tune --budget`, no cap) is never grown.
+    for kw, grows in ((dict(budget_cap_s=100, training_s=400), True), (dict(), False)):
+        machine, result = _slow_search(**kw)
+        assert result.plan.compile == "none" and result.budget_s == 20
+        assert any("for torch.compile" in d for d in result.decisions) is grows
+        [line] = [d for d in result.decisions if d.startswith("compile:")]
+        assert "what the tuning budget had left for it" in line, line
+
+
 def test_loader_cheapest_setting_that_feeds_the_model():
     def loader(p: Plan) -> tuple[float, int]:
         return 400.0 * max(p.num_workers, 0.5) * (1.2 if (p.prefetch_factor or 2) > 2 else 1), p.num_workers * GiB

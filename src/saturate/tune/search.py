@@ -296,18 +296,23 @@ class _Search(SearchState):
         # The most compile could save: the planned run at `compile_speedup_bound`× speed. A compile that takes
         # longer than that cannot pay back, so it is the trial's time limit: the compilation is stopped there.
         payback = s.planned_steps * best.step_s * (1 - 1 / s.compile_speedup_bound)
+        what = "torch.compile" if mode == s.compile_mode else f"torch.compile {mode}"
+        if mode == s.compile_mode:  # the gamble on compiling at all: staked (the ladder's modes come after a gain)
+            self.stake(what, payback)
+            s = self.s
         limit, left = payback, self.remaining()
         if left is not None:  # the compilation, then a trial's steps, then the verification
             limit = min(limit, left - self.longest() - self.verifying())
-        what = "torch.compile" if mode == s.compile_mode else f"torch.compile {mode}"
-        if not self.affordable(what):
-            return best
-        if limit <= 0:
+        affordable = self.affordable(what)
+        if affordable and limit <= 0:
             self.skipped.append(f"{what}: not tried, the budget had {max(left or 0, 0):.0f} s left")
+        if not affordable or limit <= 0:
+            self.settle(None)  # nothing ran: the budget is what it was
             return best
         was = "eager" if best.plan.compile == "none" else best.plan.compile
         kept = best.plan.compile  # what the decision line says stays, when this mode is not taken
         t = self.trial(best.plan.replace(compile=mode), "compile", compile_limit_s=limit)
+        self.settle(t)
         # A stopped or failed trial was discarded by the measurer; a rejected one is discarded below.
         if t.status == OVER_BUDGET:
             t.verdict = f"{t.status}: {t.error}"
