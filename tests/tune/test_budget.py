@@ -206,3 +206,41 @@ def test_a_search_from_the_informed_plan_ends_within_a_tenth_of_its_budget(clock
     result = search(machine, informed, settings(budget_s=budget, try_compile=True), started=0.0)
     assert result.chosen.ok and machine.now <= 1.1 * budget, (machine.now, result.skipped)
     assert machine.tried[0].knobs() == informed.knobs()
+
+
+def _staking(machine: Clocked) -> object:
+    """Nothing before compiling gains (every eager plan at 100 samples/s), so a 40-s budget that may grow to 100 s
+    over an 800-s training has found nothing to grow by, and no room for the 30-s compilation after three trials."""
+    return search(machine, Plan(), settings(budget_s=40, budget_cap_s=100, training_s=800, planned_steps=100_000,
+                                            supports={}, fused_available=False, verify=False), started=0.0)
+
+
+def test_a_runs_compile_trial_is_staked_on_with_room_to_confirm_a_small_gain(clocked):
+    # Compiled runs 10 % faster, under the 15 % that is confirmed (the incumbent measured again): 5 % of the
+    # training (40 s) and a trial to confirm are staked on it, and the gain is confirmed and kept.
+    machine = clocked(lambda p, stage: 38.0 if p.compile != "none" else 8.0)
+    machine.speed = lambda p: 110.0 if p.compile != "none" else 100.0
+    result = _staking(machine)
+    [stake] = [d for d in result.decisions if "for torch.compile" in d]
+    assert stake.startswith("budget: 40 -> ") and "5% of the 800 s training (a prediction) is staked" in stake
+    [line] = [d for d in result.decisions if d.startswith("compile:")]
+    assert result.plan.compile == "default" and "confirmed" in line, line
+    assert 40 < machine.now <= result.budget_s <= 100, (machine.now, result.budget_s)
+
+
+def test_what_a_stake_did_not_use_goes_back(monkeypatch):
+    # A compilation that fails at once costs nothing of the stake: the budget is the 40 s it was.
+    class Failing(Clocked):
+        def model_trial(self, plan: Plan, stage: str, **kw) -> Trial:
+            t = super().model_trial(plan, stage, **kw)
+            if plan.compile != "none":
+                t.status, t.error, t.samples_per_s = "failed", "no C++ compiler", None
+            return t
+
+    machine = Failing(lambda p, stage: 2.0 if p.compile != "none" else 8.0)
+    machine.speed = lambda p: 100.0
+    monkeypatch.setattr(importlib.import_module("saturate.tune.state"), "time",
+                        SimpleNamespace(monotonic=lambda: machine.now))
+    result = _staking(machine)
+    assert any("for torch.compile" in d for d in result.decisions)
+    assert result.plan.compile == "none" and result.budget_s == 40 and machine.now <= 40, (machine.now, result)

@@ -35,6 +35,7 @@ from saturate.tune.decide import check_verification
 from saturate.tune.evidence import plan_text
 from saturate.tune.loader_stage import ladder, loader
 from saturate.tune.results import SearchResult, SearchSettings
+from saturate.tune.stake import staked
 from saturate.tune.state import SearchState, gib
 from saturate.tune.trial import OVER_BUDGET, LoaderTrial, Measurer, Trial
 
@@ -297,22 +298,24 @@ class _Search(SearchState):
         # longer than that cannot pay back, so it is the trial's time limit: the compilation is stopped there.
         payback = s.planned_steps * best.step_s * (1 - 1 / s.compile_speedup_bound)
         what = "torch.compile" if mode == s.compile_mode else f"torch.compile {mode}"
-        if mode == s.compile_mode:  # the gamble on compiling at all: staked (the ladder's modes come after a gain)
-            self.stake(what, payback)
-            s = self.s
+        if mode != s.compile_mode:  # the ladder's modes come after a gain: only compiling at all is staked on
+            return self._compile_trial(best, mode, what, payback, None)
+        with staked(self, what, payback) as stake:
+            return self._compile_trial(best, mode, what, payback, stake)
+
+    def _compile_trial(self, best: Trial, mode: str, what: str, payback: float, stake: float | None) -> Trial:
+        s = self.s
         limit, left = payback, self.remaining()
         if left is not None:  # the compilation, then a trial's steps, then the verification
-            limit = min(limit, left - self.longest() - self.verifying())
-        affordable = self.affordable(what)
-        if affordable and limit <= 0:
+            limit = min(limit, left - self.longest() - self.verifying(), *(() if stake is None else (stake,)))
+        if not self.affordable(what):
+            return best
+        if limit <= 0:
             self.skipped.append(f"{what}: not tried, the budget had {max(left or 0, 0):.0f} s left")
-        if not affordable or limit <= 0:
-            self.settle(None)  # nothing ran: the budget is what it was
             return best
         was = "eager" if best.plan.compile == "none" else best.plan.compile
         kept = best.plan.compile  # what the decision line says stays, when this mode is not taken
         t = self.trial(best.plan.replace(compile=mode), "compile", compile_limit_s=limit)
-        self.settle(t)
         # A stopped or failed trial was discarded by the measurer; a rejected one is discarded below.
         if t.status == OVER_BUDGET:
             t.verdict = f"{t.status}: {t.error}"
@@ -344,9 +347,11 @@ class _Search(SearchState):
             t.verdict = f"compiling took {t.compile_s:.1f} s, over the {limit:.1f} s limit"
         elif not c.faster:
             t.verdict = f"{c.text()} steady state; {was} is simpler"
-        elif not (faster and pays_back(best)):
+        elif not pays_back(best):
             t.verdict = (f"{c.text()} steady state; over {s.planned_steps} steps "
                          f"saves {saved:.1f} s < {t.compile_s or 0:.1f} s to compile")
+        elif not faster:  # the confirmation did not hold, or had no room
+            t.verdict = f"{c.text()} (steady state)"
         else:
             best.verdict = f"compiled saves {saved:.0f} s over the run"
             self.decisions.append(f"compile: {mode} ({c.text()} steady "

@@ -42,11 +42,6 @@ SAME_LOAD_CORES = 0.2
 # The share of a found saving the search may spend on finding more (`SearchState.earn`). Half: the rest is the
 # user's, and `saturate run`'s side-by-side may spend no more than the search left of it (`sizing.least_allowance`).
 SAVING_SHARE = 0.5
-# The most a compile trial may run past the budget, as a share of the predicted training (`SearchState.stake`). A
-# compilation is paid before its steps show what it gains, so what the search found before it cannot be what funds
-# it: on the 2-core AMX Xeon a cold compile of the peers' GPT-2 took 24-30 s and its steps ran 7-15 % faster, but
-# the 2000-step job's budget had 9.7 s left for it (2026-11-29). When compiling gains nothing this much is lost.
-COMPILE_STAKE = 0.05
 
 
 def gib(n: float | None) -> str:
@@ -91,7 +86,6 @@ class SearchState:
         self.first_budget = s.budget_s  # before `earn` grew it
         self.found: list[float] = []  # the gain of each change taken, as the comparison that decided it measured
         self.budget_spent = False  # a trial stopped after its first step: it would have ended past the budget
-        self.staked: tuple[float, float] | None = None  # (the budget, the trial's room) before a `stake`
         # Trials at a thread count the search left for fewer (tune/start.py `all_threads`, search.py `threads`): every
         # later trial runs at the fewer, so their length predicts none (torch's 2 threads beside a steady neighbour:
         # a 16-s trial where the next ones took 4-9 s, and fp32's check was skipped for a "trial of up to 16 s").
@@ -176,9 +170,9 @@ class SearchState:
     def longest(self) -> float:
         """The longest model trial so far (of those `predictive`): the prediction for the next one. The first trial
         also warms the process up (and is timed before the budget is shared out), so it counts only until another
-        has run."""
+        has run. A compile trial counts without its compilation, which no later trial repeats in full."""
         later = self.predictive(self.trials[1:])
-        return max((t.seconds for t in later or self.trials[:1]), default=0.0)
+        return max((t.seconds - (t.compile_s or 0.0) for t in later or self.trials[:1]), default=0.0)
 
     def verifying(self) -> float:
         """The time kept for the verification: a quarter more than the longest model trial (it adds the real
@@ -225,31 +219,6 @@ class SearchState:
                 f"to {s.budget_cap_s:.0f} s")
             self.s = dataclasses.replace(s, budget_s=grown)
         return best
-
-    def stake(self, what: str, need_s: float) -> None:
-        """Grow a run's budget (one with a cap) so that a trial which pays `need_s` seconds before its steps are
-        timed (a compilation) has them, by up to `COMPILE_STAKE` of the predicted training, within `budget_cap_s`."""
-        s, left = self.s, self.remaining()
-        if left is None or s.budget_cap_s is None or not s.training_s or self.budget_spent:
-            return
-        room = left - self.longest() - self.verifying()
-        grown = min(s.budget_cap_s, s.budget_s + min(need_s, COMPILE_STAKE * s.training_s) - max(room, 0.0))
-        if grown < s.budget_s + 0.5:
-            return
-        self.decisions.append(
-            f"budget: {s.budget_s:.0f} -> {grown:.0f} s for {what}: a compilation is paid before its steps are "
-            f"timed, so up to {COMPILE_STAKE:.0%} of the {s.training_s:.0f} s training (a prediction) is staked on it")
-        self.s = dataclasses.replace(s, budget_s=grown)
-        self.staked = (s.budget_s, max(room, 0.0))
-
-    def settle(self, t: Trial | None) -> None:
-        """After the trial a `stake` grew the budget for (None: it did not run): the stages after it keep what
-        they had before it, the stake paying only for the seconds the trial ran past its room."""
-        if self.staked is None:
-            return
-        (before, room), ran = self.staked, 0.0 if t is None else t.seconds
-        self.staked = None
-        self.s = dataclasses.replace(self.s, budget_s=min(self.s.budget_s, before + max(0.0, ran - room)))
 
     def deadline(self) -> float | None:
         """When a model trial must end (time.monotonic()): the budget's end less the time kept for verification;
