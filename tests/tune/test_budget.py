@@ -244,3 +244,20 @@ def test_what_a_stake_did_not_use_goes_back(monkeypatch):
     result = _staking(machine)
     assert any("for torch.compile" in d for d in result.decisions)
     assert result.plan.compile == "none" and result.budget_s == 40 and machine.now <= 40, (machine.now, result)
+
+
+def test_nothing_is_staked_on_a_busy_machine(clocked):
+    # The same search with its trials under load: the compilation has only the budget's room, and it is said.
+    machine = clocked(lambda p, stage: 38.0 if p.compile != "none" else 8.0)
+    machine.speed = lambda p: 110.0 if p.compile != "none" else 100.0
+    model_trial = machine.model_trial
+
+    def loaded(plan: Plan, stage: str, **kw) -> Trial:
+        t = model_trial(plan, stage, **kw)
+        t.contended, t.busy_cores = True, 1.0
+        return t
+
+    machine.model_trial = loaded
+    result = _staking(machine)
+    assert not any("for torch.compile" in d for d in result.decisions) and result.plan.compile == "none"
+    assert any(s.startswith("torch.compile: no stake, other processes kept the machine busy") for s in result.skipped)

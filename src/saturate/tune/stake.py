@@ -6,7 +6,8 @@ ran 7-16 % faster, but the 2000-step job's budget had 9.7 s left for it (2026-11
 a run's budget (one that may grow: `SearchSettings.budget_cap_s`) grows by what the compilation lacks, up to
 `COMPILE_STAKE` of the predicted training, plus one trial's length to confirm a gain (the incumbent measured
 again), within the cap. Afterwards the stages that follow keep what they had before it: the stake pays only for
-the seconds the compile stage ran past its room. When compiling gains nothing, that is what is lost.
+the seconds the compile stage ran past its room. When compiling gains nothing, that is what is lost. Nothing is
+staked once a trial ran under load: under the bursty neighbour a cold compile ran past a 50-s stake (2026-11-29).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ def staked(state: Any, what: str, need_s: float) -> Iterator[float | None]:
     want = min(need_s, COMPILE_STAKE * s.training_s)
     grown = min(s.budget_cap_s, s.budget_s + want - room + confirm)
     if want <= room or grown < s.budget_s + 0.5:
+        yield None
+        return
+    if any(t.contended for t in state.trials):  # a compilation's length and gain under load are the load's
+        state.skipped.append(f"{what}: no stake, other processes kept the machine busy during the search")
         yield None
         return
     state.decisions.append(

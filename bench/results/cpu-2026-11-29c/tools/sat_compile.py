@@ -1,14 +1,19 @@
-"""The tuner's model trials, eager vs compiled, on the peers' job (16x2 bf16 fused), then longer timed steps."""
-import dataclasses, sys, time
-sys.path.insert(0, "/work/main/bench")
-import _harness as bench
+"""The tuner's model trials (RealMeasurer), eager and compiled alternately, on the peers' job, in one process.
+
+    PYTHONPATH=src python3 sat_compile.py [STEPS]
+"""
+import dataclasses
+import sys
+import time
+
 from saturate.hardware import probe
-from saturate.workloads.coupling import workload_default_plan
 from saturate.tune.measure import RealMeasurer
+from saturate.workloads.coupling import workload_default_plan
 from saturate.workloads.hf import hf_workload
 
 hw = probe(measure_peaks=False, device="cpu")
-wl = hf_workload("/tmp/peers/gpt-peer", data=["/tmp/peers/train.txt"], seed=0, seq_len=128, lr=2e-3, warmup_steps=20, effective_batch=32)
+wl = hf_workload("/tmp/peers/gpt-peer", data=["/tmp/peers/train.txt"], seed=0, seq_len=128, lr=2e-3,
+                 warmup_steps=20, effective_batch=32)
 wl = dataclasses.replace(wl, val_data=None)
 informed, _ = workload_default_plan(wl, hw)
 print("informed", informed.micro_batch, informed.grad_accum, informed.precision, informed.fused_optimizer)
