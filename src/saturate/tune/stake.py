@@ -37,7 +37,7 @@ def staked(state: Any, what: str, need_s: float) -> Iterator[float | None]:
     if want <= room or grown < s.budget_s + 0.5:
         yield None
         return
-    if any(t.contended for t in state.trials):  # a compilation's length and gain under load are the load's
+    if s.busy_before or any(t.contended for t in state.trials):  # under load, its length and gain are the load's
         state.skipped.append(f"{what}: no stake, other processes kept the machine busy during the search")
         yield None
         return
