@@ -521,7 +521,7 @@ def test_a_trial_that_cannot_start_leaves_no_log_or_pipe_open(tmp_path, monkeypa
 
 
 def test_older_temporary_trial_logs_are_pruned_to_the_newest_few_and_recent_ones_are_kept(tmp_path, monkeypatch):
-    from saturate.script import command
+    from saturate.script import scratch as command
 
     now = time.time()
     folders = []

@@ -4,11 +4,15 @@ when the alternating rounds measured them faster in every round (issue 28: decid
 from __future__ import annotations
 
 import io
+import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 from rich.console import Console
 
+from conftest import run_saturate
 from saturate.script import run_script
 from saturate.script.command import ScriptRun
 from saturate.script.overrides import NONE, Overrides
@@ -68,3 +72,54 @@ def test_the_full_run_is_as_written_when_the_side_by_side_does_not_confirm(monke
     else:
         assert seen["overrides"] == NONE and "not faster in every round" in d["withheld"]
         assert "the full run as written" in text and "not faster in every round" in text
+
+
+# a model updated by hand, no torch.optim: saturate's hooks see no optimizer step, so nothing can be tuned
+HAND_UPDATED_JOB = """
+import torch
+torch.manual_seed(0)
+w = torch.randn(16, requires_grad=True)
+x = torch.randn(64, 16)
+for step in range(20):
+    loss = (x @ w).pow(2).mean()
+    loss.backward()
+    with torch.no_grad():
+        w -= 0.01 * w.grad
+        w.grad = None
+open("model.txt", "w").write(f"{loss.item():.6f}")
+"""
+
+
+@pytest.mark.slow
+def test_run_runs_the_job_as_written_when_it_cannot_tune_it(tmp_path):
+    (tmp_path / "train.py").write_text(HAND_UPDATED_JOB)
+    out = run_saturate("run", "--json", "--", sys.executable, "train.py", cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["reason"].startswith("not tuned: the script ended without an optimizer step")
+    assert d["full_run"]["returncode"] == 0 and d["full_run"]["counted"] is False and not d["applied"]
+    assert (tmp_path / "model.txt").exists()  # the user's own run: its output is where a plain run puts it
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "train.py").write_text(HAND_UPDATED_JOB)
+    subprocess.run([sys.executable, "train.py"], cwd=plain, check=True, timeout=120)
+    assert (tmp_path / "model.txt").read_text() == (plain / "model.txt").read_text()
+
+
+def test_run_refuses_a_command_that_cannot_run_instead_of_running_it_as_written(tmp_path):
+    from saturate.errors import ConfigError
+
+    console = Console(file=io.StringIO(), width=100, color_system=None)
+    with pytest.raises(ConfigError, match="command not found"):
+        run_script.run_script(["no-such-python-here", "train.py"], TrialOptions(), console)
+
+
+def test_a_script_whose_first_trial_fails_is_not_tunable():
+    from saturate.script.command import NotTunable, ScriptFailed
+    from saturate.script.tune_script import tune_command
+
+    def runner(*a: Any, **kw: Any) -> ScriptRun:
+        raise ScriptFailed("the script ended without an optimizer step (exit code 0)")
+
+    with pytest.raises(NotTunable, match="without an optimizer step"):
+        tune_command(["python", "train.py"], runner=runner, paired=False)

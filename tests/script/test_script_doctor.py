@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -266,21 +268,28 @@ def test_the_shim_chains_an_existing_sitecustomize(tmp_path):
     assert out.stdout.split() == ["1", "False"]  # theirs ran; torch is not imported until the script does
 
 
-def test_the_shim_waits_for_torch_and_then_installs_the_hooks(tmp_path):
+@pytest.mark.parametrize("first", ["", "import importlib.util; importlib.util.find_spec('torch')",
+                                   "import importlib.util; importlib.util.find_spec('torch'); "
+                                   "importlib.util.find_spec('torch')"])
+def test_the_shim_waits_for_torch_and_then_installs_the_hooks(tmp_path, first):
+    """Also when torch is looked up before it is imported (`datasets` calls find_spec("torch") at import time,
+    and most Hugging Face scripts import datasets first): the lookup's spec is thrown away, the import is hooked."""
     from saturate.script.boundary import SHIM
 
     env = cli_env()
     env["PYTHONPATH"] = f"{SHIM}:{env['PYTHONPATH']}"
     env["SATURATE_SCRIPT_DIR"] = str(tmp_path)
-    code = textwrap.dedent("""
+    code = textwrap.dedent(f"""
         import sys
-        assert "saturate.script.child.hooks" not in sys.modules
+        {first}
+        assert "saturate.script.child.hooks" not in sys.modules and "torch" not in sys.modules
         import torch
         from saturate.script.child import hooks
-        print(hooks._script is not None, "Script.install" in torch.utils.data.DataLoader.__init__.__qualname__)
+        print(hooks._script is not None, "Script.install" in torch.utils.data.DataLoader.__init__.__qualname__,
+              not any(type(f).__name__ == "_AfterTorch" for f in sys.meta_path))  # gone once torch has run
     """)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert out.stdout.split() == ["True", "True"], out.stderr
+    assert out.stdout.split() == ["True", "True", "True"], out.stderr
 
 
 HAND_UPDATED = """
@@ -402,3 +411,44 @@ def test_a_fix_no_model_predicts_says_what_measures_it_for_a_command():
     assert trial_for({"precision": "bf16"}, framework=False) == "(`saturate tune -- CMD` measures it)"
     assert trial_for({"compile": "default"}, framework=True) == "(`saturate tune -- CMD` measures it)"
     assert "needs your training code" in trial_for({"compile": "default"}, framework=False)
+
+
+# torch looked up before it is imported (as `datasets` does), and loader workers that pass tensors: each worker then
+# opens multiprocessing's `pymp-*` folder in the temporary folder, which nothing removes once the run is stopped
+FIND_SPEC_WORKERS = """
+import importlib.util
+importlib.util.find_spec("torch")
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(4096, 16), torch.randn(4096, 1))
+model = torch.nn.Linear(16, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(50):
+    for x, y in DataLoader(data, batch_size=8, num_workers=2):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+@pytest.mark.slow
+def test_doctor_hooks_a_script_that_looks_torch_up_first_and_leaves_nothing_in_the_temporary_folder(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").write_text(FIND_SPEC_WORKERS)
+    # a temporary folder of its own outside the script's (covered) one, with a short path, as /tmp has: a worker's
+    # listener socket under pytest's long tmp_path would pass the 107-byte limit of a socket's path
+    tmp = Path(tempfile.mkdtemp(prefix="sat-"))
+    try:
+        env = {**cli_env(), "TMPDIR": str(tmp)}
+        out = subprocess.run(saturate_cmd("doctor", *FAST, "--json", "--", sys.executable, "train.py"), env=env,
+                             cwd=work, capture_output=True, text=True, timeout=240)
+        left = sorted(p.name for p in tmp.iterdir())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["script"]["optimizer"]["class"] == "SGD"
+    assert not [name for name in left if name.startswith("pymp-")], left  # the workers' listener folders went too
+    assert sorted(p.name for p in work.iterdir()) == ["train.py"]

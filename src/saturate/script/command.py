@@ -23,7 +23,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -44,15 +43,13 @@ from saturate.script.boundary import (
     steps_reported,
 )
 from saturate.script.isolation import Layers, remove, run_folder
+from saturate.script.scratch import scratch_tmp, trial_logs
 
 SOURCE = Path(__file__).resolve().parents[2]  # the folder holding this saturate package: first for the child too
 # how torch's out-of-memory errors read in a script's stderr (CUDA's, the CPU allocator's, ROCm's): the one place
 # a failure's kind is read from text, the script's own, so that no decision parses saturate's messages
 OOM_MARKERS = ("OutOfMemoryError", "out of memory", "DefaultCPUAllocator: can't allocate memory")
 LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
-ENV_TRIAL_LOGS = "SATURATE_TRIAL_LOGS"  # where trials' own output goes (default: a fresh temporary folder)
-TRIALS_PREFIX = "saturate-trials-"
-KEEP_TRIAL_LOGS = 10  # the temporary trial-log folders kept: this run's and the newest earlier ones
 USAGE = "python SCRIPT …, python -m MODULE …, torchrun …, accelerate launch …"
 
 
@@ -63,6 +60,11 @@ class ScriptFailed(SaturateError):
     def __init__(self, message: str, out_of_memory: bool = False) -> None:
         super().__init__(message)
         self.out_of_memory = out_of_memory
+
+
+class NotTunable(SaturateError):
+    """The script as written could not be measured (its first trial failed, or its hooks saw no optimizer step):
+    there is nothing to compare a setting against."""
 
 
 def ran_out_of_memory(lines: Sequence[str]) -> bool:
@@ -85,40 +87,10 @@ class ScriptRun:
     # (isolation.py) and removed; None when the run was not covered (the full run, or isolation unavailable)
     written: list[str] | None = None
     log: str | None = None  # where its own output went (a trial or a round), else None: it was printed
+    counted: bool = True  # False: run without the hooks (`run_plain`), its optimizer steps not counted
 
 
-_made: dict[str, Path] = {}
 _numbers = itertools.count(1)
-
-
-def trial_logs() -> Path:
-    """The folder of the trial logs: `SATURATE_TRIAL_LOGS`, or else one fresh `saturate-trials-…` folder in the
-    system's temporary folder for this saturate process, made when first asked (older ones are pruned)."""
-    given = os.environ.get(ENV_TRIAL_LOGS, "")
-    if given not in _made:
-        _made[given] = Path(given) if given else Path(tempfile.mkdtemp(prefix=TRIALS_PREFIX))
-        if not given:
-            prune_trial_logs(_made[given].parent, keep=_made[given])
-    _made[given].mkdir(parents=True, exist_ok=True)
-    return _made[given]
-
-
-def prune_trial_logs(folder: Path, keep: Path, newest: int = KEEP_TRIAL_LOGS, idle_s: float = 3600.0) -> list[Path]:
-    """Remove this user's `saturate-trials-…` folders in `folder` beyond the `newest` few, those untouched for
-    `idle_s` only (another saturate may still be writing to a recent one); `keep` is never removed. Returns what
-    was removed. The folders a user asked for (`SATURATE_TRIAL_LOGS`) are never pruned."""
-    found = []
-    for path in folder.glob(TRIALS_PREFIX + "*"):
-        with contextlib.suppress(OSError):
-            if path != keep and path.is_dir() and not path.is_symlink() and path.stat().st_uid == os.getuid():
-                found.append((max([path.stat().st_mtime, *(f.stat().st_mtime for f in path.iterdir())]), path))
-    found.sort(reverse=True)
-    removed = []
-    for touched, path in found[max(newest - 1, 0):]:
-        if time.time() - touched >= idle_s:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
 
 
 def check_command(command: Sequence[str]) -> list[str]:
@@ -162,6 +134,8 @@ def run_instrumented(command: Sequence[str], settings: ChildSettings, *, first_s
 def _env(folder: Path, settings: ChildSettings) -> dict[str, str]:
     env = environment(os.environ, folder, settings, SOURCE)
     env.setdefault("PYTHONUNBUFFERED", "1")  # the script's lines reach the terminal as they are printed
+    if settings.mode != "apply":  # a run saturate stops: its temporary files go with its run folder
+        env.update(scratch_tmp(folder, env))
     if settings.overrides.host_alloc:  # read by glibc as the process starts: only the environment can set them
         env.update(child_env(env))
     return env
@@ -188,6 +162,31 @@ try:
 except (ProcessLookupError, PermissionError):
     pass
 """
+
+
+def _reaper(group: int) -> subprocess.Popen:
+    """The reaper of the process group `group` (REAPER), started."""
+    return subprocess.Popen([sys.executable, "-S", "-c", REAPER, str(os.getpid()), str(group)],
+                            start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def run_plain(command: Sequence[str], *, quiet_stdout: bool = False) -> ScriptRun:
+    """The command as written, without saturate's hooks (`run -- CMD` when it cannot tune it): its own output, its
+    exit code and its time; nothing counted (`ScriptRun.counted` False). Ctrl-C reaches it as a trial's does: SIGINT
+    to its whole process group, then SIGTERM and SIGKILL a few seconds apart; a reaper ends it if saturate dies."""
+    cmd = check_command(command)
+    sys.stdout.flush()
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=sys.stderr.fileno() if quiet_stdout else None, start_new_session=True)
+    reaper = _reaper(proc.pid)
+    try:
+        proc.wait()
+    finally:
+        _stop(proc)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            reaper.wait(timeout=1)
+    return ScriptRun(cmd, proc.returncode, None, None, 0, time.monotonic() - started, counted=False)
 
 
 class Child:
@@ -234,9 +233,7 @@ class Child:
                 os.close(stdout)
         if sink is not None:
             self.proc.stderr = os.fdopen(read, "rb")
-        self._reaper = subprocess.Popen([sys.executable, "-S", "-c", REAPER, str(os.getpid()), str(self.proc.pid)],
-                                        start_new_session=True, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._reaper = _reaper(self.proc.pid)
         self._echo = threading.Thread(target=_echo, args=(self.proc.stderr, self.tail, sink), daemon=True)
         self._echo.start()
         return self

@@ -35,9 +35,10 @@ from rich.text import Text
 
 from saturate.errors import ConfigError
 from saturate.script.boundary import ChildSettings
-from saturate.script.command import ScriptRun, run_instrumented, trial_logs
+from saturate.script.command import NotTunable, ScriptRun, check_command, run_instrumented, run_plain
 from saturate.script.gated import Gated, PairedTrials, again, time_pairs
 from saturate.script.overrides import NONE, Overrides
+from saturate.script.scratch import trial_logs
 from saturate.script.script_trial import MIN_GAIN, ScriptTrial, TrialOptions, trial_settings, window_rule
 from saturate.script.tune_script import tune_with_progress
 from saturate.script.tuning import ScriptTuning
@@ -103,7 +104,8 @@ class ScriptRunReport:
                 "speedup": ratio.to_dict() if ratio else None, "reason": self.reason, "side_by_side": side,
                 "short_job": self.short, "tuning": self.tuning.to_dict() if self.tuning is not None else None,
                 "as_written": [t.to_dict() for t in self.as_written], "tuned": [t.to_dict() for t in self.tuned],
-                "full_run": {"returncode": self.full.returncode, "optimizer_steps": self.full.optimizer_steps,
+                "full_run": {"returncode": self.full.returncode, "counted": self.full.counted,
+                             "optimizer_steps": self.full.optimizer_steps if self.full.counted else None,
                              "steps_per_s": rate, "seconds": self.full.seconds,
                              "trainer": (self.full.summary or {}).get("trainer"),
                              "lightning": (self.full.summary or {}).get("lightning"),
@@ -175,8 +177,14 @@ def run_script(command: Sequence[str], options: TrialOptions, console: Console, 
     if overrides is not None:
         reason = f"{overrides_file} sets nothing; the script runs as written (no side-by-side)"
     else:
-        tuning = tune_with_progress(command, options, console, allow_micro_batch_change=allow_micro_batch_change,
-                                    confirm=False, short_jobs=True)  # the side-by-side below confirms it
+        check_command(command)  # a command that cannot run is refused, not run as written
+        try:
+            tuning = tune_with_progress(command, options, console, allow_micro_batch_change=allow_micro_batch_change,
+                                        confirm=False, short_jobs=True)  # the side-by-side below confirms it
+        except NotTunable as e:  # the job still runs: as written, without the hooks, and the report says why
+            console.print(f"[dim]run: not tuned ({e}); the whole script as written, without saturate's hooks …[/]")
+            full = run_plain(command, quiet_stdout=options.quiet_stdout)
+            return ScriptRunReport(list(full.command), NONE, [], [], full, f"not tuned: {e}", applied=False)
         if tuning.short is not None:  # no tuning, no side-by-side: the risk-free settings, said as not measured
             said = "; ".join(tuning.prior_said)
             console.print("[dim]run: a short job, not tuned; the whole script with the risk-free settings …[/]")
@@ -259,6 +267,10 @@ def render(report: ScriptRunReport, console: Console) -> None:
     which = "with the tuned settings" if report.overrides and report.applied else "as written"
     if report.short is not None:
         which = "with the settings chosen above, not measured" if report.overrides else "as written"
+    if not full.counted:
+        console.print(f"the full run as written, without saturate's hooks: {status} in {full.seconds:.1f} s (its "
+                      "steps not counted)")
+        return
     line = f"the full run {which}: {status} after {full.optimizer_steps} optimizer steps in {full.seconds:.1f} s"
     if rate is not None:
         line += f", {rate:.3g} steps/s after its first steps (measured)"

@@ -44,7 +44,7 @@ from typing import Any
 from rich.console import Console
 
 from saturate.errors import SaturateError
-from saturate.script.command import ScriptRun, run_instrumented
+from saturate.script.command import NotTunable, ScriptRun, run_instrumented
 from saturate.script.drift import moved
 from saturate.script.frameworks import framework_of, fused_option
 from saturate.script.gated import FRESH_TRIES, Gated, PairedTrials, again, can_gate, time_pairs
@@ -83,7 +83,10 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
     takes from the hardware and that trial."""
     rule = rule or window_rule()
     search = _Search(list(command), warmup, steps, first_step_timeout, quiet_stdout, on_trial, runner, rule, window_s)
-    base, run = search.trial("as written", NONE)
+    try:
+        base, run = search.trial("as written", NONE)
+    except SaturateError as e:  # nothing to tune against: `run -- CMD` then runs the script as written
+        raise NotTunable(str(e)) from e
     base.outcome = "the script's own settings"
     report = run.report or {}
     device = report["measurements"]["device_type"]
@@ -145,8 +148,8 @@ def tune_with_progress(command: Sequence[str], options: TrialOptions, console: C
     """`saturate tune -- CMD` (and `run -- CMD`'s tuning): `tune_command` on this machine's usable cores, each
     trial's step time printed as it ends."""
     from saturate.hardware import usable_cores
-    from saturate.script.command import trial_logs
     from saturate.script.isolation import notice
+    from saturate.script.scratch import trial_logs
 
     console.print(f"[dim]tune: each trial runs your command's first {options.warmup + options.steps} optimizer "
                   "steps with saturate's hooks, then times its steps in windows until they agree (at most "

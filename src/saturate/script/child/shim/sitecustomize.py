@@ -9,6 +9,7 @@ the hooks are handed it once it has run, to wrap its `Trainer`/`TrainingArgument
 is imported eagerly).
 """
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -30,23 +31,39 @@ def _chain_other_sitecustomize() -> None:
 
 
 class _AfterTorch(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when `torch` is imported, it wraps torch's loader to install the hooks after it."""
+    """Finds nothing itself: when `torch` is imported, it wraps torch's loader to install the hooks after it.
+
+    It stays first on sys.meta_path until torch has actually run: a library that only looks torch up
+    (`datasets` calls `importlib.util.find_spec("torch")` at import time) gets a spec it throws away, and the
+    import that follows is wrapped again. Each lookup is answered with a fresh spec from the finders after it."""
 
     def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
         if name != "torch":
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
-        if spec is None or spec.loader is None:
+        spec = _spec_from_others(self, name, path, target)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader_exec = spec.loader.exec_module
 
         def exec_module(module):  # type: ignore[no-untyped-def]
+            with contextlib.suppress(ValueError):  # torch runs once: nothing more to watch for
+                sys.meta_path.remove(self)
             loader_exec(module)
             _install()
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
+
+
+def _spec_from_others(me, name, path, target):  # type: ignore[no-untyped-def]
+    """The spec the finders after `me` on sys.meta_path give `name` (None: not found)."""
+    for finder in list(sys.meta_path):
+        if finder is me or not hasattr(finder, "find_spec"):
+            continue
+        spec = finder.find_spec(name, path, target)
+        if spec is not None:
+            return spec
+    return None
 
 
 class _AfterTransformers(importlib.abc.MetaPathFinder):
@@ -58,15 +75,8 @@ class _AfterTransformers(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
         if name not in self.WATCHED:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+        spec = _spec_from_others(self, name, path, target)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader_exec = spec.loader.exec_module
 
