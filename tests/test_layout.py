@@ -118,7 +118,7 @@ def test_the_floor_check_finds_an_import_from_above(tmp_path, monkeypatch):
 # the user's process) is below the parent side (`script`), which launches and judges it.
 LAYERS = (
     ("errors",),
-    ("atomic", "stats", "script.overrides"),
+    ("atomic", "stats", "policy", "script.overrides"),
     ("plan", "script.boundary"),
     ("data",),
     ("hardware", "workloads"),

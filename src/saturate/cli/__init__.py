@@ -206,6 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"`saturate {args.command}` takes no command after `--` (doctor, tune and run do)")
         args.script = script
     try:
+        from saturate import policy
+
+        policy.check()  # a SATURATE_POLICY file that was refused: one line, before anything runs
         with preemption_raises():
             return args.func(args)
     except SaturateError as e:
