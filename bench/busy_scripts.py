@@ -215,7 +215,7 @@ def reference(case: str, cmd: list[str], overrides: dict[str, Any], folder: Path
     heap), a round's figure the median of its windows — what a user's long run sees. Else "trials": rounds of
     whole trials under saturate's hooks (run_script.side_by_side), which time a fresh process's first seconds
     (on the fused loop they read fused + the host allocator 2.72–2.98× where the bare loop reads 2.18×,
-    docs/benchmarks.md 2026-11-28)."""
+    bench/results/cpu-2026-11-28c/README.md)."""
     over = Overrides.from_dict(overrides)
     tuned = bare(case, over, args.ref_seconds)
     if tuned is None:

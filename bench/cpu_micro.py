@@ -23,12 +23,12 @@ import sys
 import _harness as bench
 from saturate.hardware import probe
 from saturate.plan import Plan
+from saturate.policy import POLICY
 from saturate.stats.pairs import paired_comparison
 from saturate.tune.evidence import plan_text
-from saturate.tune.results import SearchSettings
 from saturate.workloads.coupling import workload_default_plan
 
-MIN_GAIN: float = SearchSettings.__dataclass_fields__["min_gain"].default
+MIN_GAIN: float = POLICY.gains.min_gain
 
 
 def _value(text: str) -> object:

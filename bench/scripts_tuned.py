@@ -2,7 +2,7 @@
 tunes what it can change from outside, measures the script as written and tuned side by side in
 alternating rounds, then runs it whole with the tuned settings. Printed: each script's tuned ÷ as-written
 speed (median of the per-round ratios, with their range), the overrides found and the edit they mean,
-for docs/benchmarks.md.
+for the session's bench/results/<folder>/README.md (and docs/results.md).
 
     PYTHONPATH=src python3 bench/scripts_tuned.py                       # all four, their default test sizes
     PYTHONPATH=src python3 bench/scripts_tuned.py --only gpt_pretrain --trial-steps 5 --json out.json

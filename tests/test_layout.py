@@ -297,3 +297,87 @@ def test_the_training_loop_fits_on_one_screen():
 
     lines, _ = inspect.getsourcelines(trainer._loop)
     assert len(lines) <= 60
+
+
+# A threshold the tuners, the doctor or `run` decide with is a named field of the policy (saturate.policy), with its
+# reason, or a named constant saying what it is: never a bare number in a comparison. Allowed: 0 and 1 (a sign, an
+# emptiness, a count of one), 2 as the divisor of `%` or `//` (parity, halving) and an integer subscript (`v[3]`).
+DECIDING = ("tune", "script", "doctor", "run")
+
+
+def _literals_in_comparisons(tree: ast.AST) -> list[ast.Compare]:
+    def allowed(n: ast.Constant, parents: dict[ast.AST, ast.AST]) -> bool:
+        up = parents.get(n)
+        if isinstance(up, ast.UnaryOp):  # -1, -0.5: the sign goes with the number
+            n, up = up, parents.get(up)
+        if isinstance(up, ast.Subscript) and up.slice is n:
+            return True
+        if isinstance(up, ast.BinOp) and up.right is n and isinstance(up.op, (ast.Mod, ast.FloorDiv)):
+            return getattr(n, "value", None) == 2
+        return getattr(n, "value", None) in (0, 1) or getattr(getattr(n, "operand", None), "value", None) in (0, 1)
+
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            numbers = [n for sub in (node.left, *node.comparators) for n in ast.walk(sub)
+                       if isinstance(n, ast.Constant) and isinstance(n.value, (int, float))
+                       and not isinstance(n.value, bool)]
+            if any(not allowed(n, parents) for n in numbers):
+                found.append(node)
+    return found
+
+
+def numbers_in_decisions(root: Path = SRC, packages: tuple[str, ...] = DECIDING) -> list[str]:
+    """"path:line: source" for each comparison in `packages` under `root` holding a bare number."""
+    found = []
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            text = path.read_text()
+            found += [f"{path.relative_to(root)}:{n.lineno}: {ast.get_source_segment(text, n)}"
+                      for n in _literals_in_comparisons(ast.parse(text))]
+    return found
+
+
+def test_no_bare_number_decides_in_the_tuners_the_doctor_or_run():
+    assert numbers_in_decisions() == []
+
+
+def test_the_bare_number_check_finds_a_planted_threshold(tmp_path):
+    (tmp_path / "tune").mkdir()
+    (tmp_path / "tune" / "planted.py").write_text(
+        "def f(busy, r, v, n, POLICY):\n"
+        "    if busy >= 0.5:  # flagged\n"
+        "        return 1\n"
+        "    if len(r) < 3 or n > 2 * busy:  # flagged\n"
+        "        return 2\n"
+        "    if v[3] is None or r % 2 == 0 or n // 2 >= 1 or n != -1:  # allowed\n"
+        "        return 3\n"
+        "    return busy >= POLICY.load.busy_cores\n")
+    assert [line.split(": ", 1)[0] for line in numbers_in_decisions(tmp_path, ("tune",))] == [
+        "tune/planted.py:2", "tune/planted.py:4", "tune/planted.py:4"]  # line 4: two comparisons
+
+
+# One definition per policy concept: the names the drifted twins had (issue 58) are gone from src/, and no module of
+# the deciding packages defines a module-level number under a policy field's name (a second copy of a threshold).
+RETIRED = ("SAME_LOAD_CORES", "UNEVEN_CORES", "SIGNIFICANT_SHARE", "BUSY_NOTE_CORES", "CONFIRM_BELOW", "AGAIN_BELOW",
+           "DRIFT", "MIN_GAIN", "WINDOW_S", "TRIAL_SECONDS", "SIDE_BY_SIDE_ROUNDS", "SAVING_SHARE")
+
+
+def test_each_policy_concept_is_defined_once():
+    import dataclasses
+
+    from saturate.policy import POLICY
+
+    fields = {f.name.upper() for s in dataclasses.fields(POLICY) for f in dataclasses.fields(getattr(POLICY, s.name))}
+    twins = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path.parent.name == "policy":
+            continue
+        for node in ast.parse(path.read_text()).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) else []
+            for t in targets:
+                if isinstance(t, ast.Name) and (t.id in RETIRED or t.id in fields):
+                    twins.append(f"{path.relative_to(SRC)}:{node.lineno}: {t.id}")
+    assert twins == []

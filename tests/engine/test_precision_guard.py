@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from saturate.engine.checkpoint import load_checkpoint
-from saturate.engine.precision_guard import GUARD_STEPS, loss_drift, needs_guard
-from saturate.engine.trainer import SIZE_AFTER, SIZE_STEPS, RunConfig, train
+from saturate.engine.precision_guard import loss_drift, needs_guard
+from saturate.engine.trainer import RunConfig, train
 from saturate.plan import INFORMED, Plan
+from saturate.policy import POLICY
 from saturate.workloads import build_workload
 
 CHOSEN = {"informed": INFORMED, "precision": f"bf16: native here ({INFORMED})"}
@@ -44,10 +45,10 @@ def test_drift_is_a_share_of_the_loss_scale_and_infinite_for_a_non_finite_loss()
 def test_a_chosen_bf16_is_checked_in_its_first_steps_and_kept_when_it_agrees(tmp_path, small_corpus, cpu):
     plan = Plan(micro_batch=4, grad_accum=2, precision="bf16", provenance=CHOSEN)
     cpu = dataclasses.replace(cpu, measured_peak_flops={"bf16": 1e30}, measured_peak_source={"bf16": "given"})
-    result = train(tiny(small_corpus), plan, config(tmp_path, steps=GUARD_STEPS + 1), hardware=cpu)
+    result = train(tiny(small_corpus), plan, config(tmp_path, steps=POLICY.job.guard_steps + 1), hardware=cpu)
     assert result.plan.precision == "bf16"
     line = next(n for n in result.notes if n.startswith("guard:"))
-    assert "within" in line and f"first {GUARD_STEPS} steps" in line
+    assert "within" in line and f"first {POLICY.job.guard_steps} steps" in line
     saved = Plan.load(tmp_path / "run" / "plan.toml")
     assert saved.precision == "bf16" and "(measured, the guard)" in saved.provenance["precision"]
     # Not asked for and not chosen from the hardware: no check at all
@@ -70,7 +71,7 @@ def test_a_chosen_bf16_that_disagrees_with_fp32_goes_on_in_fp32_and_the_plan_say
     workload = tiny(small_corpus)
     workload = dataclasses.replace(workload, loss_fn=Disagrees(workload.loss_fn))
     plan = Plan(micro_batch=4, grad_accum=2, precision="bf16", provenance=CHOSEN)
-    result = train(workload, plan, config(tmp_path, steps=GUARD_STEPS + 2), hardware=cpu)
+    result = train(workload, plan, config(tmp_path, steps=POLICY.job.guard_steps + 2), hardware=cpu)
     assert result.plan.precision == "fp32" and result.finished
     line = next(n for n in result.notes if n.startswith("guard:"))
     assert "bf16 rejected" in line and "20.0 % from fp32's" in line
@@ -81,7 +82,7 @@ def test_a_chosen_bf16_that_disagrees_with_fp32_goes_on_in_fp32_and_the_plan_say
 
 def test_the_job_is_timed_after_its_first_steps_and_a_reason_pauses_it_to_be_continued(tmp_path, small_corpus, cpu):
     calls = []
-    at = SIZE_AFTER + SIZE_STEPS
+    at = POLICY.job.size_after + POLICY.job.size_steps
     workload = tiny(small_corpus)
     goes_on = train(workload, Plan(micro_batch=8), config(tmp_path, "on", steps=at + 2), hardware=cpu,
                     on_sized=lambda done, step_s: calls.append((done, step_s)))

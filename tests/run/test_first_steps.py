@@ -34,7 +34,7 @@ def fake_meter(busy):
 @pytest.fixture(autouse=True)
 def quiet_machine(monkeypatch):
     """Other processes' load as a quiet machine reads (the suite's own subprocesses and a busy CI host would have
-    the job timed again: `trainer.SIZE_TRIES`); the tests of that patch their own."""
+    the job timed again: `POLICY.job.size_tries`); the tests of that patch their own."""
     from saturate.engine import trainer
 
     monkeypatch.setattr(trainer, "ContentionMeter", fake_meter(lambda: False))

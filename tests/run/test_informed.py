@@ -8,7 +8,7 @@ import pytest
 import torch.nn as nn
 
 from saturate.plan import Plan
-from saturate.run import informed
+from saturate.policy import POLICY
 from saturate.run.informed import informed_plan
 from saturate.tune.trial import Trial
 from saturate.workloads.base import Optimization, Workload
@@ -103,4 +103,4 @@ def test_on_a_cpu_the_untuned_micro_batch_stays_at_8_however_much_memory_there_i
 def test_little_memory_keeps_the_micro_batch_small(capacity, micro):
     # 1 GiB at 8 in proportion: 90 % of 2 GiB holds 14 (8 divides 32), 90 % of 1 GiB holds 7 (4 divides 32)
     plan = informed_plan(_workload(), AVX2, 1, naive(), Guard(capacity=capacity))
-    assert plan.micro_batch == micro and informed.HEADROOM == 0.9
+    assert plan.micro_batch == micro and POLICY.job.headroom == 0.9

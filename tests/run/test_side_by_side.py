@@ -13,6 +13,7 @@ from rich.console import Console
 from saturate.hardware.contention import Contention
 from saturate.hardware.mfu import mfu
 from saturate.plan import Plan
+from saturate.policy import POLICY
 from saturate.run import flow as run_module
 from saturate.run import side_by_side as compare_module
 from saturate.run.side_by_side import compare, runner_up
@@ -163,7 +164,7 @@ def test_the_tuning_budget_follows_the_training_time():
     assert budget(400.0) == pytest.approx((40.0, 80.0))  # where 20 % meets 60 s + 5 %
     assert budget(1800.0) == pytest.approx((150.0, 150.0))  # half an hour: 60 s + 5 %, not 20 % (360 s)
     assert budget(8000.0) == pytest.approx((460.0, 460.0))
-    assert budget(1e6) == (run_module.BUDGET_CEILING_S, run_module.BUDGET_CEILING_S)
+    assert budget(1e6) == (POLICY.payback.budget_ceiling_s, POLICY.payback.budget_ceiling_s)
     # from the informed plan: half the share to begin with, the same cap, and nothing under 15 s (300 s of training)
     assert budget(200.0, informed=True) is None and budget(299.0, informed=True) is None
     assert budget(400.0, informed=True) == pytest.approx((20.0, 80.0))

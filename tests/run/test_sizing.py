@@ -16,6 +16,7 @@ from test_side_by_side import Meter
 
 from saturate.engine.summary import RunResult
 from saturate.plan import Plan
+from saturate.policy import POLICY
 from saturate.run import flow as run_module
 from saturate.run import side_by_side as compare_module
 from saturate.run import sizing
@@ -40,7 +41,7 @@ FOUR = rows(("naive", 0.5), ("guide: g", 0.5), ("runner-up", 0.4), ("tuned", 0.2
 def test_rows_then_rounds_are_dropped_in_the_stated_order_each_said():
     everything = sizing.size(FOUR, 100.0)
     assert everything.labels == ["naive", "guide: g", "runner-up", "tuned"] and not everything.dropped
-    assert everything.rounds == 3 and everything.measure_s == sizing.FULL_MEASURE_S and everything.busy_round
+    assert everything.rounds == 3 and everything.measure_s == POLICY.payback.full_measure_s and everything.busy_round
     assert everything.predicted_s <= 100.0
     without_second = sizing.size(FOUR, 13.0)
     assert without_second.labels == ["naive", "guide: g", "tuned"] and len(without_second.dropped) == 1
@@ -67,10 +68,10 @@ def test_rows_then_rounds_are_dropped_in_the_stated_order_each_said():
 
 def test_each_measurement_is_as_long_as_the_share_allows_and_a_busy_round_only_when_it_fits():
     roomy = sizing.size(rows(("naive", 0.1), ("tuned", 0.1)), 8.0)
-    assert sizing.MIN_MEASURE_S < roomy.measure_s < sizing.FULL_MEASURE_S
+    assert POLICY.payback.min_measure_s < roomy.measure_s < POLICY.payback.full_measure_s
     assert 7.0 <= roomy.predicted_s <= 8.0 and not roomy.busy_round  # whole steps: up to 0.8 s short
     spare = sizing.size(rows(("naive", 0.1), ("tuned", 0.1)), 100.0)
-    assert spare.measure_s == sizing.FULL_MEASURE_S and spare.busy_round
+    assert spare.measure_s == POLICY.payback.full_measure_s and spare.busy_round
 
 
 def test_a_gpu_rebuilds_each_plan_every_round():
@@ -151,7 +152,7 @@ def fake_run(monkeypatch, tmp_path):
     monkeypatch.setattr(sizing, "compare", lambda *a, **k: real_compare(*a, **(k | {"measurer": measurer})))
 
     def fake_tune(workload, hw, dist, refs, *, steps, **kw):
-        once = 1.0 + (2 + sizing.NAIVE_WARMUP) * NAIVE_STEP  # a 1 s build, its warm-up and 2 timed steps
+        once = 1.0 + (2 + POLICY.payback.naive_warmup) * NAIVE_STEP  # a 1 s build, its warm-up and 2 timed steps
         naive = Trial(stage="verify", plan=dict(refs)["naive"], samples_per_s=16.0, step_s=NAIVE_STEP, steps=2,
                       seconds=once)
         tuned = naive.plan.replace(name="tuned") if options["tuned_is_naive"] else \
@@ -209,7 +210,7 @@ def test_a_long_job_keeps_every_row(fake_run, cpu):
     assert [r["label"] for r in result["rows"]] == ["naive", "guide: timeseries-after", "runner-up", "tuned",
                                                     "training run"]
     assert not result["sizing"]["dropped"] and "not measured side by side" not in text
-    assert result["sizing"]["measure_s"] == sizing.FULL_MEASURE_S and len(measured) == 12
+    assert result["sizing"]["measure_s"] == POLICY.payback.full_measure_s and len(measured) == 12
 
 
 def test_naive_and_the_tuned_plan_in_two_rounds_may_cost_more_than_the_share(fake_run, cpu):

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_env, saturate_cmd
+from saturate.policy import POLICY
 from saturate.script.boundary import GATE_GO, GATE_READY, GATE_STOP
 from saturate.script.child.trial_windows import StepWindows
-from saturate.script.gated import FRESH_TRIES, UNEVEN_CORES, Window, again, can_gate, time_pairs
+from saturate.script.gated import Window, again, can_gate, time_pairs
 from saturate.script.overrides import NONE
 from saturate.script.script_trial import ScriptTrial
 from saturate.stats.comparison import Verdict
@@ -204,7 +205,7 @@ def test_pairs_whose_load_changed_between_their_windows_are_left_out():
     rate_a = [50.0 if i in burst else 100.0 for i in range(n)]
     p = time_pairs(_Run(rate_a, load_a), _Run([100.0] * n, [0.0] * n), 0.03)
     assert p.uneven and all(r == pytest.approx(2.0) for r in p.uneven)
-    assert all(abs(la - lb) >= UNEVEN_CORES for la, lb in p.loads if la != lb)
+    assert all(abs(la - lb) >= POLICY.load.uneven_cores for la, lb in p.loads if la != lb)
     assert p.comparison.verdict is not Verdict.FASTER  # the burst did not pass for a 2× gain
     assert "left out" in p.comparison.text()
 
@@ -269,7 +270,7 @@ def test_a_gain_is_timed_again_on_a_fresh_pair_of_runs_and_each_pair_must_find_i
     assert "over two pairs of runs: 2.410× and 1.340×" in both.comparison.text()
     assert both.to_dict()["run_pairs"] == both.runs and len(both.more) == 1
     # A fresh pair whose run ends after two windows (a 3-s script: run_clm's 8 × 1 under bursts, 2026-11-29) is
-    # taken afresh once more (FRESH_TRIES): the next one decides.
+    # taken afresh once more (POLICY.windows.fresh_tries): the next one decides.
     made = iter([(_Fresh([10.0] * 24, quiet), _Fresh([13.4] * 2, quiet)),
                  (_Fresh([10.0] * 24, quiet), _Fresh([13.4] * 24, quiet))])
     _Fresh.opened = _Fresh.closed = 0
@@ -279,7 +280,8 @@ def test_a_gain_is_timed_again_on_a_fresh_pair_of_runs_and_each_pair_must_find_i
     # Every fresh pair ends so: the gain stands on one pair of runs, which decides nothing.
     _Fresh.opened = 0
     short = again(first, lambda: (_Fresh([10.0] * 24, quiet), _Fresh([13.4] * 2, quiet)), 0.03)
-    assert short.comparison is None and _Fresh.opened == 2 * FRESH_TRIES and len(short.more) == FRESH_TRIES
+    fresh = POLICY.windows.fresh_tries
+    assert short.comparison is None and _Fresh.opened == 2 * fresh and len(short.more) == fresh
     # The second pair of runs finds no gain: the first pair's 2.41× is not a result.
     undone = again(first, lambda: (_Fresh([10.0] * 24, quiet), _Fresh([9.8] * 24, quiet)), 0.03)
     assert not undone.comparison.faster and undone.comparison.verdict is Verdict.WITHIN_NOISE
@@ -292,7 +294,7 @@ def test_only_a_gain_is_timed_again_and_one_pair_of_runs_alone_does_not_decide_i
     first = time_pairs(_Run([10.0] * 24, quiet), _Run([20.0] * 24, quiet), 0.03)
     # Each fresh pair of runs ends after two pairs of windows: the first pair's 2× is not confirmed, nothing decided.
     ended = again(first, lambda: (_Fresh([10.0] * 2, quiet), _Fresh([20.0] * 2, quiet)), 0.03)
-    assert ended.comparison is None and ended.runs == [] and len(ended.more) == FRESH_TRIES  # each fresh pair ended so
+    assert ended.comparison is None and ended.runs == [] and len(ended.more) == POLICY.windows.fresh_tries
     assert first.comparison.faster  # the first result is left as it was
     # Three one-sided, tight pairs before its end still confirm (stats.pairs.ended_comparison).
     short = again(first, lambda: (_Fresh([10.0] * 3, quiet), _Fresh([19.0, 20.0, 21.0, 20.0], quiet)), 0.03)
@@ -484,6 +486,7 @@ def test_a_progress_line_cut_off_without_its_newline_gets_one(capsys):
 
 THREADS = """
 import torch
+from saturate.policy import POLICY
 torch.set_num_threads(2)
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -30,8 +30,10 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from saturate.doctor.findings import GAIN_MIN, Finding, Fix, Measurements, Prediction, ScalingProbe
+from saturate.doctor.findings import Finding, Fix, Measurements, Prediction, ScalingProbe
 from saturate.doctor.fixes import knob
+from saturate.policy import POLICY, Load
+from saturate.stats.noise import trimmed
 
 
 def check_contention(m: Measurements) -> Finding | None:
@@ -49,9 +51,9 @@ def check_contention(m: Measurements) -> Finding | None:
                     "is proposed from a finding their load could have produced; run the doctor again when the "
                     "machine is quieter for those" + ("" if fix is None else
                                                       " (the fix here is for the load itself, measured under it)")]
-        busy = m.contention.get("other_cores") or 0.0
-        if not m.accelerator and m.cpu_threads and m.cpu_threads > 1 and busy >= 0.5 and not own:
-            fewer = max(1, min(m.cpu_threads - 1, int((m.cpu_cores or m.cpu_threads) - busy + 0.25)))
+        load = Load(m.contention.get("other_cores"), m.contention.get("usable_cores") or m.cpu_cores)
+        if not m.accelerator and m.cpu_threads and m.cpu_threads > 1 and load.busy and not own:
+            fewer = min(m.cpu_threads - 1, load.threads_left(m.cpu_cores or m.cpu_threads))
             own = (f"torch's {m.cpu_threads} intra-op threads wait for one another at every parallel region, so one "
                    f"that a neighbour preempts stalls them all: on a CPU this busy, fewer threads can be much faster "
                    f"(torch.set_num_threads({fewer}), or `threads = {fewer}` in a plan; `saturate tune` measures it "
@@ -62,19 +64,19 @@ def check_contention(m: Measurements) -> Finding | None:
 
 def threads_fix(m: Measurements) -> tuple[Fix | None, str | None]:
     """On a busy CPU run on several threads, one thread as a fix for the load when the probe's rounds measured a
-    micro-step on one faster beyond their spread and by `GAIN_MIN` (the rounds: `Measurements.threads_ratios`),
+    micro-step on one faster beyond their spread and by `POLICY.doctor.gain_min` (the rounds: `threads_ratios`),
     with the line saying what they measured; (None, the line) when they did not; (None, None) unmeasured.
     Under the steady neighbour, two threads took 3.7–80× as long as one (2026-11-29)."""
     r, n = m.threads_ratios, m.cpu_threads or 1
-    if m.accelerator or n == 1 or len(r) < 3:
+    if m.accelerator or n == 1 or len(r) < POLICY.doctor.min_rounds:
         return None, None
-    kept = sorted(r)[1:-1] if len(r) >= 5 else sorted(r)
+    kept = trimmed(list(r))
     mid = statistics.median(r)
     line = (f"measured: a micro-step's forward and backward took {kept[0]:.2f}–{kept[-1]:.2f}× (median {mid:.2f}×) "
             f"as long on {n} intra-op threads as on one, the two timed back to back in {len(r)} rounds on the "
             "machine as busy as it was")
-    if kept[0] < GAIN_MIN:
-        return None, f"{line}: not faster on one beyond the rounds' spread and by {100 * (GAIN_MIN - 1):.0f} %"
+    if kept[0] < (gain := POLICY.doctor.gain_min):
+        return None, f"{line}: not faster on one beyond the rounds' spread and by {100 * (gain - 1):.0f} %"
     fb = m.phases.get("forward", 0.0) + m.phases.get("backward", 0.0)
     after = m.step_s - fb + fb / mid
     return Fix(f"{knob(m, 'threads')} {n} → 1 (while the machine is this busy)", {"threads": 1},
@@ -84,24 +86,19 @@ def threads_fix(m: Measurements) -> tuple[Fix | None, str | None]:
                "slows — a setting for a machine this busy: on a quiet one, measure again"), line
 
 
-# What the fixed share on several threads may exceed the bound from one thread by (`one_thread_bounds`): their own
-# barriers add a fixed part a lone thread does not have. Quiet, on the 2-vCPU Xeon (2026-11-29), the share on two
-# threads read 0.01-0.07 above the bound, for four public scripts.
-BARRIER_MARGIN = 0.10
-
-
 def one_thread_bounds(m: Measurements) -> tuple[float, float] | None:
     """The range of the fixed share at the run's micro-batch on its `cpu_threads` threads, from the probe taken again
     on one thread (a busy CPU: `loop_probe.again_on_one_thread`); None without one. On n threads the per-sample work
     is shared out and the fixed part is not: the share there is at least the one thread's (its low end), and at most
-    what it would be were the per-sample part n times faster (its high end), plus `BARRIER_MARGIN` — or the run's own
-    probe's high end where that is lower (on several threads the load adds a fixed part: see `stalls`). Where the two
-    probes disagree (a floor over the ceiling), the range spans both."""
+    what it would be were the per-sample part n times faster (its high end), plus a margin for the threads' own
+    barriers (POLICY.doctor.barrier_margin) — or the run's own probe's high end where that is lower (on several
+    threads the load adds a fixed part: see `stalls`). Where the two probes disagree (a floor over the ceiling), the
+    range spans both."""
     p, b, n = m.scaling_one_thread, m.micro_batch, m.cpu_threads or 1
-    if p is None or m.scaling is None or not b or m.accelerator or n == 1 or len(p.ratios) < 3:
+    if p is None or m.scaling is None or not b or m.accelerator or n == 1 or len(p.ratios) < POLICY.doctor.min_rounds:
         return None
     low, high = p.fixed_share_range(b)
-    ceiling = min(1.0, high / (high + (1 - high) / n) + BARRIER_MARGIN, m.scaling.fixed_share_range(b)[1])
+    ceiling = min(1.0, high / (high + (1 - high) / n) + POLICY.doctor.barrier_margin, m.scaling.fixed_share_range(b)[1])
     return min(low, ceiling), max(low, ceiling)
 
 
@@ -126,8 +123,8 @@ def one_thread_line(m: Measurements) -> str:
             f"parallel region whatever the size; there the fixed part is {100 * p.fixed_share(m.micro_batch):.0f} % "
             f"(rounds {p.kept_ratios()[0]:.2f}–{p.kept_ratios()[-1]:.2f}×), so on {m.cpu_threads} threads, which share "
             f"out only the per-sample work, it is bounded to {100 * low:.0f}..{100 * high:.0f} % (the upper end as if "
-            f"they shared it perfectly, plus {100 * BARRIER_MARGIN:.0f} points for their own barriers, or the run's "
-            "own probe where lower: a bound, not a measurement)")
+            f"they shared it perfectly, plus {100 * POLICY.doctor.barrier_margin:.0f} points for their own barriers, "
+            "or the run's own probe where lower: a bound, not a measurement)")
 
 
 def from_one_thread(fixes: list[Fix], m: Measurements) -> list[Fix]:
@@ -184,7 +181,7 @@ def stands_under_load(f: Finding, m: Measurements) -> str | None:
     if f.verdict == "overhead-bound" and one_thread_bounds(m) is not None:
         return (f"its floor was timed on one thread, where a neighbour's load slows both micro-batch sizes alike; on "
                 f"{m.cpu_threads} threads the share is higher still")
-    if f.verdict == "overhead-bound" and m.scaling is not None and len(m.scaling.ratios) >= 3 \
+    if f.verdict == "overhead-bound" and m.scaling is not None and len(m.scaling.ratios) >= POLICY.doctor.min_rounds \
             and (m.accelerator or m.cpu_threads == 1):
         return ("the fixed part rests on the ratio of two micro-batch sizes timed back to back, round after round: "
                 "a neighbour's load slows both alike")

@@ -1,4 +1,5 @@
-"""The doctor's vocabulary: the verdicts and their thresholds, what a run measured, and what the rules return.
+"""The doctor's vocabulary: the verdicts (their thresholds: POLICY.doctor), what a run measured, and what the rules
+return.
 
 Measurements (with the batch-scaling probe) go into `decide` (rules.py); a Diagnosis comes out: a
 verdict, its evidence and Fixes, each with a Prediction that says how it was made. Plain data, no
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from saturate.policy import POLICY
 from saturate.stats.noise import trimmed
 from saturate.telemetry import Stat
 
@@ -26,18 +28,6 @@ VERDICTS = {
     "contended": "contended (other processes were using this machine)",
 }
 
-OOM_SHARE = 0.92
-HOST_FREE_MIN = 0.05
-BUDGET_SHARE = 0.90
-SWAP_BYTES = 64 * 1024**2
-INPUT_SHARE = 0.15
-IDLE_SHARE = 0.15
-FIXED_SHARE = 0.50
-IDLE_NO_PROBE = 0.40
-MEMORY_LOW = 0.50
-MEMORY_TARGET = 0.80  # a larger micro-batch is proposed only while predicted peak stays under this
-GAIN_MIN = 1.10
-
 
 @dataclass
 class ScalingProbe:
@@ -49,8 +39,8 @@ class ScalingProbe:
     # Relative spread of each timing over its repeats ((slowest - fastest) / fastest); `seconds` are the fastest.
     spread: tuple[float, float] = (0.0, 0.0)
     # Per round, the large size's time ÷ the small one's, the two timed back to back (the same load on both): the
-    # fixed share rests on these when there are 3 or more (`fixed_share_range`), since a burst of load that spans a
-    # round moves both of its timings alike.
+    # fixed share rests on these when there are POLICY.doctor.min_rounds or more (`fixed_share_range`), since a burst
+    # of load that spans a round moves both of its timings alike.
     ratios: tuple[float, ...] = ()
 
     @property
@@ -71,13 +61,13 @@ class ScalingProbe:
         return self.fixed_s / t if t > 0 else 0.0
 
     def fixed_share_range(self, b: int) -> tuple[float, float]:
-        """The lowest and highest fixed share the timings allow: over the rounds' ratios (the single highest and
-        lowest left out from five rounds on) when there are 3 or more, else within the two timings' spreads.
+        """The lowest and highest fixed share the timings allow: over the rounds' ratios (`kept_ratios`) when
+        there are `POLICY.doctor.min_rounds` or more, else within the two timings' spreads.
 
         A slower small micro-batch (or a faster large one) means a larger fixed part, and the other
         way round; a verdict is only called when the whole range is on one side of its threshold.
         """
-        if len(self.ratios) >= 3:
+        if len(self.ratios) >= POLICY.doctor.min_rounds:
             kept = self.kept_ratios()
             shares = [ScalingProbe(self.micro_batches, (1.0, r)).fixed_share(b) for r in (kept[0], kept[-1])]
             return min(shares + [self.fixed_share(b)]), max(shares + [self.fixed_share(b)])
@@ -87,8 +77,8 @@ class ScalingProbe:
         return min(shares + [self.fixed_share(b)]), max(shares + [self.fixed_share(b)])
 
     def kept_ratios(self) -> list[float]:
-        """The rounds' ratios the fixed share rests on, sorted: the single highest and lowest left out from five on."""
-        return sorted(self.ratios)[1:-1] if len(self.ratios) >= 5 else sorted(self.ratios)
+        """The rounds' ratios the fixed share rests on, sorted and trimmed as stats.noise trims a spread."""
+        return trimmed(list(self.ratios))
 
     def memory_at(self, b: int) -> float | None:
         (b1, b2), (m1, m2) = self.micro_batches, self.peak_memory

@@ -11,9 +11,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from saturate.doctor.findings import GAIN_MIN, MEMORY_TARGET, Finding, Fix, Measurements, Prediction, ScalingProbe
+from saturate.doctor.findings import Finding, Fix, Measurements, Prediction, ScalingProbe
+from saturate.policy import POLICY
 
 _GIB = 1024**3
+# Not a decision: two step times within this are one figure, so the smaller micro-batch keeps a float tie.
+_TIE_S = 1e-12
 
 
 def pct(x: float) -> str:
@@ -78,7 +81,7 @@ def step_at(m: Measurements, probe: ScalingProbe, b2: int) -> float:
 def micro_batch_fix(m: Measurements, probe: ScalingProbe, why: str) -> Fix | None:
     """The best larger micro-batch at the same effective batch, if the probe predicts a gain."""
     b, accum = m.micro_batch, m.grad_accum
-    if not b or not accum or accum < 2:
+    if not b or not accum or accum <= 1:
         return None
     effective = b * accum
     best: tuple[float, int] | None = None
@@ -87,10 +90,10 @@ def micro_batch_fix(m: Measurements, probe: ScalingProbe, why: str) -> Fix | Non
             continue
         if m.accelerator:
             mem = probe.memory_at(b2)
-            if mem is None or m.device_mem_total is None or mem > MEMORY_TARGET * m.device_mem_total:
+            if mem is None or m.device_mem_total is None or mem > POLICY.doctor.memory_target * m.device_mem_total:
                 continue
         step = step_at(m, probe, b2)
-        if best is None or step < best[0] - 1e-12:
+        if best is None or step < best[0] - _TIE_S:
             best = (step, b2)
     if best is None or best[0] >= m.step_s:
         return None
@@ -118,7 +121,7 @@ def worker_fix(m: Measurements) -> Fix | None:
     # The serial time to produce one step's batches: the whole wait without workers; with W
     # workers keeping up at the limit, wait ≈ P/W - rest, so P ≈ W·(wait + rest).
     production = data if workers == 0 else workers * (data + rest)
-    cpu_bound = m.data_cpu_share is not None and m.data_cpu_share >= 0.5
+    cpu_bound = m.data_cpu_share is not None and m.data_cpu_share >= POLICY.doctor.cpu_bound_share
     cores = max(1, m.cpu_cores)
     if not m.accelerator:
         cap = cores  # training on the CPU: more workers than cores only fight the training for them
@@ -137,7 +140,7 @@ def worker_fix(m: Measurements) -> Fix | None:
     best = None
     for w in range(workers + 1, cap + 1):
         best = w
-        if production / min(w, cap) <= 0.8 * rest:
+        if production / min(w, cap) <= POLICY.doctor.worker_headroom * rest:
             break
     if best is None:
         return None
@@ -160,8 +163,9 @@ def worker_fix(m: Measurements) -> Fix | None:
 def bf16_fix(m: Measurements) -> tuple[Fix | None, str | None]:
     """bf16 autocast for an fp32 step on a device with native bf16, and an evidence line on how much of the step it
     can reach. A faster precision speeds forward and backward only, so the step gains at most 1 / (1 − their share)
-    even if they took no time (the share's highest window, the cautious side). Below GAIN_MIN it is not proposed:
-    the time is elsewhere. Without forward/backward phases (not hooked) the bound is unknown and the fix stands."""
+    even if they took no time (the share's highest window, the cautious side). Below POLICY.doctor.gain_min it is not
+    proposed: the time is elsewhere. Without forward/backward phases (not hooked) the bound is unknown and the fix
+    stands."""
     if m.precision != "fp32" or not m.supports_bf16:
         return None, None
     title, basis = "precision fp32 → bf16 autocast", "not predicted: needs a trial (--apply measures it)"
@@ -171,7 +175,7 @@ def bf16_fix(m: Measurements) -> tuple[Fix | None, str | None]:
     share = m.share_range("forward", "backward")[1]
     ceiling = 1 / (1 - share) if share < 1 else math.inf
     line = f"forward and backward {pct(m.share('forward', 'backward'))} of the step"
-    if ceiling < GAIN_MIN:
+    if ceiling < POLICY.doctor.gain_min:
         return None, (f"{line}: a faster precision could make the step at most {ceiling:.2f}× faster, so bf16 is "
                       "not proposed")
     if math.isfinite(ceiling):

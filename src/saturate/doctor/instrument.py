@@ -217,7 +217,7 @@ class Instrument:
             workers = context.get("num_workers") or 0
             if workers == 0 and self.data_wall > 0:
                 m.data_cpu_share = min(1.0, self.data_cpu / self.data_wall)
-            elif workers > 0 and len(with_tree := [s for s in snaps if s.process is not None]) >= 2:
+            elif workers > 0 and len(with_tree := [s for s in snaps if s.process is not None]) > 1:
                 a, b = with_tree[0].process, with_tree[-1].process
                 if a and b and a.children_cpu_seconds is not None and b.children_cpu_seconds is not None:
                     span = with_tree[-1].time - with_tree[0].time
@@ -249,7 +249,7 @@ class Instrument:
 def window_means(snaps: list[Snapshot], windows: int) -> list[float]:
     """The device's mean utilisation in each window: the samples cut into `windows` runs of consecutive samples
     (windows hold equal step counts, so about equal times; the sampler reads at a steady interval)."""
-    if windows < 2 or len(snaps) < windows:
+    if windows <= 1 or len(snaps) < windows:  # one window has no range
         return []
     size = len(snaps) / windows
     chunks = [snaps[round(i * size):round((i + 1) * size)] for i in range(windows)]

@@ -27,14 +27,11 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from saturate.doctor.findings import ScalingProbe
 from saturate.hardware import synchronize
+from saturate.policy import POLICY
 
-ROUNDS = 5
-# One timing lasts at least this long: a micro-step shorter than it is repeated within the timing (as `timeit`'s
-# autorange does) and its mean taken, so a single scheduler hiccup of a few hundred microseconds cannot move a
-# sub-millisecond micro-step's ratio (on a busy 2-core machine one did: ratios of 1.6-1.9 for a step that is
-# nearly all fixed cost).
-MIN_TIMING_S = 0.01
-MAX_REPEATS = 100
+# A timing's rounds, least length and most repeats: POLICY.doctor.probe_rounds, probe_min_timing_s and
+# probe_max_repeats. A call shorter than the least length is repeated within the timing (as `timeit`'s autorange
+# does) and its mean taken.
 
 
 def seconds_per_call(call: Callable[[], None], repeats: int, device: torch.device) -> float:
@@ -48,7 +45,8 @@ def seconds_per_call(call: Callable[[], None], repeats: int, device: torch.devic
 
 
 def time_two_sizes(step: Callable[[int], None], sizes: tuple[int, int], device: torch.device, rounds: int,
-                   min_s: float = MIN_TIMING_S) -> tuple[dict[int, list[float]], dict[int, int | None]]:
+                   min_s: float = POLICY.doctor.probe_min_timing_s
+                   ) -> tuple[dict[int, list[float]], dict[int, int | None]]:
     """Seconds per call of `step(b)` (forward+backward, gradients cleared) for both sizes, interleaved in `rounds`
     rounds after one that warms up each shape (a compiled model compiles it there) and reads the peak device
     memory; each timing repeats the call until it lasts `min_s` (the repeat count set from the small size's
@@ -65,7 +63,8 @@ def time_two_sizes(step: Callable[[int], None], sizes: tuple[int, int], device: 
         timed(b, 1)
         memory[b] = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     once = timed(sizes[0], 1)
-    repeats = max(1, min(MAX_REPEATS, math.ceil(min_s / once))) if once > 0 else MAX_REPEATS
+    most = POLICY.doctor.probe_max_repeats
+    repeats = max(1, min(most, math.ceil(min_s / once))) if once > 0 else most
     for _ in range(rounds):
         for b in sizes:
             times[b].append(timed(b, repeats))
@@ -91,7 +90,8 @@ def again_on_one_thread(device: torch.device, busy: bool) -> bool:
 
 
 def time_thread_counts(step: Callable[[int], None], size: int, threads: int, device: torch.device,
-                       rounds: int = ROUNDS, min_s: float = MIN_TIMING_S) -> tuple[float, ...]:
+                       rounds: int = POLICY.doctor.probe_rounds,
+                       min_s: float = POLICY.doctor.probe_min_timing_s) -> tuple[float, ...]:
     """Per round, seconds of `step(size)` on `threads` intra-op threads ÷ on one, the two timed back to back (so a
     neighbour's load is about the same on both), after one call of each; each timing repeated to last `min_s`.
     Leaves torch on the threads it found."""
@@ -104,7 +104,8 @@ def time_thread_counts(step: Callable[[int], None], size: int, threads: int, dev
     try:
         timed(threads, 1)
         once = timed(1, 1)
-        repeats = max(1, min(MAX_REPEATS, math.ceil(min_s / once))) if once > 0 else MAX_REPEATS
+        most = POLICY.doctor.probe_max_repeats
+        repeats = max(1, min(most, math.ceil(min_s / once))) if once > 0 else most
         ratios = []
         for _ in range(rounds):
             many, alone = timed(threads, repeats), timed(1, repeats)
@@ -146,7 +147,7 @@ class _NoLoss(Exception):
 
 
 def probe_from_inputs(model: nn.Module, args: tuple, kwargs: dict, micro_batch: int, device: torch.device,
-                      autocast: torch.dtype | None, rounds: int = ROUNDS,
+                      autocast: torch.dtype | None, rounds: int = POLICY.doctor.probe_rounds,
                       also: Callable[[Callable[[int], None]], None] | None = None
                       ) -> tuple[ScalingProbe | None, str | None]:
     """(the probe, None) or (None, why not, in one line). `also`, when given, is called with the replayed step

@@ -36,6 +36,7 @@ from saturate.doctor.instrument import Instrument, device_facts, loader_worker_p
 from saturate.doctor.rules import decide
 from saturate.errors import SaturateError
 from saturate.hardware.contention import ContentionMeter
+from saturate.policy import POLICY
 
 T = TypeVar("T")
 
@@ -71,16 +72,6 @@ def _grad_nodes(value: Any, found: list[Any]) -> None:
     elif isinstance(value, (list, tuple)):
         for v in value:
             _grad_nodes(v, found)
-
-
-# The scaling probe's replayed micro-step against the script's own (forward+backward per micro-step), or left out:
-# at most this much slower, and at most PROBE_FASTER faster — a replay repeated back to back runs with warm caches
-# and without the script's own code between its calls, and the probe's figure is its fastest round against the
-# script's mean (a 0.1-ms replay of a 0.2-ms step read 0.46-0.64x quiet, 0.37x once under the test suite's load).
-# When other processes kept the machine busy in the script's timed window, no bound on faster: a load only slows the
-# script's figure (run_clm under the bursty neighbour, 2026-11-29: 52 ms a micro-step in a burst, ~3.5 ms quiet).
-PROBE_SLOWER = 2.5
-PROBE_FASTER = 4.0
 
 
 class Profiler:
@@ -272,12 +263,15 @@ class Profiler:
         measured = (m.phases.get("forward", 0.0) + m.phases.get("backward", 0.0)) / max(1, m.grad_accum or 1)
         busy = bool((m.contention or {}).get("significant"))
         ratio = probe.seconds[0] / measured if probe is not None and measured > 0 else None
-        stands = probe is not None and (ratio is None or ratio <= PROBE_SLOWER and (busy or ratio >= 1 / PROBE_FASTER))
+        # The replay against the script's own micro-step, within POLICY.doctor.probe_slower and probe_faster (no
+        # bound on faster when the machine was busy: a load only slows the script's figure)
+        slower, faster = POLICY.doctor.probe_slower, POLICY.doctor.probe_faster
+        stands = probe is not None and (ratio is None or ratio <= slower and (busy or ratio >= 1 / faster))
         if probe is not None and not stands:
             why = (f"batch-scaling probe left out: its replayed forward+backward at micro-batch {micro} took "
                    f"{1e3 * probe.seconds[0]:.3g} ms, the script's own {1e3 * measured:.3g} ms per micro-step: the "
                    "replay does not stand for the script's step (or the load moved one of them)")
-        elif probe is not None and ratio is not None and ratio < 1 / PROBE_FASTER:
+        elif probe is not None and ratio is not None and ratio < 1 / faster:
             m.notes.append(f"batch-scaling probe's replayed forward+backward at micro-batch {micro} took "
                            f"{1e3 * probe.seconds[0]:.3g} ms, the script's own {1e3 * measured:.3g} ms per micro-step "
                            "while other processes kept the machine busy: a load only slows, so that is not read as "

@@ -1,25 +1,26 @@
 """The verdict: a pure function of measurements -> one verdict, its evidence, ranked fixes.
 
 Nothing here measures or reads the machine, so every rule is testable on constructed numbers.
-The rules:
+The rules, each threshold a field of `POLICY.doctor` (policy/doctor_rules.py), its default given:
 
-1. at risk of OOM        device memory peak ≥ 92 % of the device (accelerators)
-2. host-memory-bound     swapping during the run, host RAM under 5 % free, or the job's processes
-                         over 90 % of its host-memory budget
-3. input-bound           waiting for data (plus, on an accelerator, host-to-device copies) ≥ 15 %
-                         of the step
-4. synchronisation-bound ≥ 1 host-device sync per step while the device is idle ≥ 15 % of the
-                         time (accelerators; a sync costs nothing on a CPU, where reads are
+1. at risk of OOM        device memory peak ≥ oom_share (92 %) of the device, or all processes'
+                         ≥ oom_used_share (95 %) (accelerators)
+2. host-memory-bound     swapping (≥ swap_bytes) during the run, host RAM under host_free_min (5 %)
+                         free, or the job's processes over budget_share (90 %) of its budget
+3. input-bound           waiting for data (plus, on an accelerator, host-to-device copies)
+                         ≥ input_share (15 %) of the step
+4. synchronisation-bound ≥ 1 host-device sync per step while the device is idle ≥ idle_share (15 %)
+                         of the time (accelerators; a sync costs nothing on a CPU, where reads are
                          reported as a note, never as the verdict)
-5. launch/overhead-bound the fixed cost of a micro-step (from the batch-scaling probe) is ≥ 50 %
-                         of its forward+backward over the whole range the probe's timing spread
-                         allows (a range across 50 % is a note, not a verdict, so two runs of the
-                         same job do not flip between this and compute-bound), or, without a
-                         probe, the device is idle ≥ 40 % with no data wait and no sync to blame
-6. device memory under-used  peak < 50 % of the device and a larger micro-batch that fits is
-                         predicted ≥ 10 % faster
+5. launch/overhead-bound the fixed cost of a micro-step (from the batch-scaling probe) is
+                         ≥ fixed_share (50 %) of its forward+backward over the whole range the probe's
+                         timing spread allows (a range across it is a note, not a verdict, so two runs
+                         of the same job do not flip between this and compute-bound), or, without a
+                         probe, the device is idle ≥ idle_no_probe (40 %) with no data wait or sync
+6. device memory under-used  peak < memory_low (50 %) of the device and a larger micro-batch that
+                         fits is predicted gain_min (1.10×) as fast
 7. compute-bound (healthy), when none of the above holds; bf16 where the device has it, unless forward and
-                         backward are too small a share of the step for it to gain 10 %
+                         backward are too small a share of the step for it to gain gain_min
 8. contended             other processes kept a significant share of our cores busy (or held our
                          GPU) while we measured (hardware.contention): the timings are partly the
                          neighbours', so no fix is proposed from a finding their load could have
@@ -68,17 +69,6 @@ from saturate.doctor.busy import (
     under_load,
 )
 from saturate.doctor.findings import (
-    BUDGET_SHARE,
-    FIXED_SHARE,
-    GAIN_MIN,
-    HOST_FREE_MIN,
-    IDLE_NO_PROBE,
-    IDLE_SHARE,
-    INPUT_SHARE,
-    MEMORY_LOW,
-    MEMORY_TARGET,
-    OOM_SHARE,
-    SWAP_BYTES,
     VERDICTS,
     Diagnosis,
     Finding,
@@ -101,6 +91,7 @@ from saturate.doctor.fixes import (
     step_at,
     worker_fix,
 )
+from saturate.policy import POLICY
 
 
 def _past(low: float, high: float, threshold: float) -> bool | None:
@@ -122,7 +113,7 @@ def _check_oom(m: Measurements) -> Finding | None:
         return None
     share = (m.device_mem_peak or 0) / m.device_mem_total
     used = (m.device_mem_used_peak or 0) / m.device_mem_total
-    if share < OOM_SHARE and used < 0.95:
+    if share < POLICY.doctor.oom_share and used < POLICY.doctor.oom_used_share:
         return None
     evidence = [f"device memory peak {gib(m.device_mem_peak)} reserved by this process = {pct(share)} of "
                 f"{gib(m.device_mem_total)}"]
@@ -153,15 +144,15 @@ def _check_oom(m: Measurements) -> Finding | None:
 
 def _check_host_memory(m: Measurements) -> Finding | None:
     reasons = []
-    if m.swap_bytes is not None and m.swap_bytes >= SWAP_BYTES:
+    if m.swap_bytes is not None and m.swap_bytes >= POLICY.doctor.swap_bytes:
         reasons.append(f"{m.swap_bytes / 1024**2:.0f} MiB swapped in and out during the run")
     if m.host_ram_total and m.host_ram_available_min is not None:
         free = m.host_ram_available_min / m.host_ram_total
-        if free < HOST_FREE_MIN:
+        if free < POLICY.doctor.host_free_min:
             reasons.append(f"host RAM available fell to {gib(m.host_ram_available_min)} ({pct(free)} of "
                            f"{gib(m.host_ram_total)})")
     over_budget = (m.tree_peak is not None and m.host_budget is not None
-                   and m.tree_peak > BUDGET_SHARE * m.host_budget)
+                   and m.tree_peak > POLICY.doctor.budget_share * m.host_budget)
     if over_budget:
         reasons.append(f"the job's processes peaked at {gib(m.tree_peak)} ({m.memory_kind.upper()}) against a "
                        f"host-memory budget of {gib(m.host_budget)} ({m.host_budget_source})")
@@ -173,8 +164,8 @@ def _check_host_memory(m: Measurements) -> Finding | None:
                         f"the training process {gib(m.main_peak)}")
     fixes = []
     workers = m.num_workers or 0
-    if workers >= 2 and m.worker_peak and m.tree_peak is not None:
-        target = BUDGET_SHARE * m.host_budget if m.host_budget else 0.5 * m.tree_peak
+    if workers > 1 and m.worker_peak and m.tree_peak is not None:
+        target = POLICY.doctor.budget_share * m.host_budget if m.host_budget else 0.5 * m.tree_peak
         # What each worker holds of its own is what it adds; the rest of the tree stays. With no
         # workers the dataset's work moves into the training process, so fewer than one worker
         # saves nothing more: the floor is one.
@@ -186,7 +177,8 @@ def _check_host_memory(m: Measurements) -> Finding | None:
                                     f"the job's memory less {workers - fit} × the largest worker's own memory "
                                     f"({gib(m.worker_peak)})"),
                          "each worker holds its own copy of what the dataset builds; fewer workers, less RAM"
-                         + (" (the data wait may grow: --apply measures it)" if m.share("data") > 0.05 else "")))
+                         + (" (the data wait may grow: --apply measures it)"
+                            if m.share('data') > POLICY.doctor.data_wait_share else "")))
     fixes.append(Fix("keep the dataset's data in memory-mapped files (saturate's token shards do) instead of "
                      "per-process Python objects", {},
                      Prediction("host_bytes", float(m.tree_peak or 0), None, "not predicted: a code change"),
@@ -198,8 +190,9 @@ def _check_host_memory(m: Measurements) -> Finding | None:
 def _check_input(m: Measurements) -> Finding | None:
     phases = ("data", "h2d") if m.accelerator else ("data",)  # a CPU "copy" is a no-op call
     low, high = m.share_range(*phases)
-    if (past := _past(low, high, INPUT_SHARE)) is not True:
-        return None if past is False else _within_noise("the wait for data", low, high, INPUT_SHARE, "input-bound")
+    threshold = POLICY.doctor.input_share
+    if (past := _past(low, high, threshold)) is not True:
+        return None if past is False else _within_noise("the wait for data", low, high, threshold, "input-bound")
     evidence = [f"{pct(m.share('data'))} of each step ({ms(m.phases.get('data', 0.0))} of {ms(m.step_s)}) "
                 f"waiting for the next batch with {m.num_workers if m.num_workers is not None else '?'} loader workers"
                 + (f" ({100 * low:.0f}..{100 * high:.0f} % over {len(m.window_shares)} timed windows)"
@@ -210,7 +203,7 @@ def _check_input(m: Measurements) -> Finding | None:
     if (fix := worker_fix(m)) is not None:
         fixes.append(fix)
     h2d = m.phases.get("h2d", 0.0)
-    if m.device_type == "cuda" and h2d / m.step_s >= 0.05 and not (m.pin_memory and m.non_blocking):
+    if m.device_type == "cuda" and h2d / m.step_s >= POLICY.doctor.h2d_share and not (m.pin_memory and m.non_blocking):
         fixes.append(Fix("pin_memory and non_blocking copies", {"pin_memory": True, "non_blocking": True},
                          Prediction("step_s", m.step_s, m.step_s - h2d,
                                     "upper bound: the copy overlaps compute entirely"),
@@ -242,10 +235,10 @@ def _check_sync(m: Measurements) -> Finding | None:
     if syncs[0] < 1:  # some counted steps read nothing: the count per step straddles one
         return Finding("note", [f"{syncs[0]:g}..{syncs[1]:g} host-device synchronisations per counted step "
                                 f"({where}): not every step syncs, so synchronisation-bound is not called"])
-    if idle_range is None or (past := _past(*idle_range, IDLE_SHARE)) is False:
+    if idle_range is None or (past := _past(*idle_range, POLICY.doctor.idle_share)) is False:
         return None
     if past is None:
-        return _within_noise("the device's idle time", *idle_range, IDLE_SHARE, "sync-bound")
+        return _within_noise("the device's idle time", *idle_range, POLICY.doctor.idle_share, "sync-bound")
     idle = 1 - (m.device_util.mean or 0) / 100
     evidence = [f"{m.syncs_per_step:g} host-device synchronisation(s) per step ({where}), counted with {m.sync_method}",
                 f"the device was idle {pct(idle)} of the time (utilisation {m.device_util.mean:.0f} % mean over "
@@ -276,11 +269,11 @@ def _check_overhead(m: Measurements) -> Finding | None:
     probe = m.scaling
     if probe is not None and m.micro_batch:
         probe, low, high, how = fixed_share_read(m)  # on a busy CPU, maybe from the probe on one thread
-        if high < FIXED_SHARE:
+        if high < POLICY.doctor.fixed_share:
             return None
-        if low < FIXED_SHARE:  # the threshold lies inside the measurement's spread: say so, call nothing
+        if low < POLICY.doctor.fixed_share:  # the threshold lies inside the measurement's spread: say so, call nothing
             return _within_noise(f"the fixed part of a micro-step (the batch-scaling probe's timings{how})", low,
-                                 high, FIXED_SHARE, "overhead-bound")
+                                 high, POLICY.doctor.fixed_share, "overhead-bound")
         evidence = [f"a micro-step costs {ms(probe.fixed_s)} whatever its size plus {ms(probe.per_sample_s)} per "
                     f"sample: at micro-batch {m.micro_batch} the fixed part is {pct(probe.fixed_share(m.micro_batch))}"
                     f" of it (measured at micro-batch {probe.micro_batches[0]} and {probe.micro_batches[1]}{how})"]
@@ -288,11 +281,11 @@ def _check_overhead(m: Measurements) -> Finding | None:
     elif m.accelerator and (idle_range := m.idle_range()) is not None:
         idle = 1 - (m.device_util.mean or 0) / 100
         # Not when the data or a sync could be to blame (even only within the noise of their thresholds).
-        if m.share_range("data", "h2d")[1] >= INPUT_SHARE or (m.syncs_per_step or 0) >= 1:
+        if m.share_range("data", "h2d")[1] >= POLICY.doctor.input_share or (m.syncs_per_step or 0) >= 1:
             return None
-        if (past := _past(*idle_range, IDLE_NO_PROBE)) is not True:
+        if (past := _past(*idle_range, POLICY.doctor.idle_no_probe)) is not True:
             return None if past is False else _within_noise("the device's idle time with no data wait or sync",
-                                                            *idle_range, IDLE_NO_PROBE, "overhead-bound")
+                                                            *idle_range, POLICY.doctor.idle_no_probe, "overhead-bound")
         evidence = [f"the device was idle {pct(idle)} of the time with no data wait and no sync to blame: the host "
                     "cannot launch work as fast as the device runs it"]
     else:
@@ -312,7 +305,7 @@ def _check_overhead(m: Measurements) -> Finding | None:
         big = 4 * b
         mem = probe.memory_at(big)
         fits = not m.accelerator or (mem is not None and m.device_mem_total is not None
-                                     and mem <= MEMORY_TARGET * m.device_mem_total)
+                                     and mem <= POLICY.doctor.memory_target * m.device_mem_total)
         if fits:
             # One micro-step either way, of b samples now and 4b then; the optimizer step is unchanged.
             after = m.step_s - micro_cost(m, probe, b) + micro_cost(m, probe, big)
@@ -329,10 +322,10 @@ def _check_memory_underused(m: Measurements) -> Finding | None:
     if not m.accelerator or not m.device_mem_total or m.device_mem_peak is None or m.scaling is None:
         return None
     share = m.device_mem_peak / m.device_mem_total
-    if share >= MEMORY_LOW:
+    if share >= POLICY.doctor.memory_low:
         return None
     fix = micro_batch_fix(m, m.scaling, "larger matrix multiplications use the device more efficiently")
-    if fix is None or (fix.prediction.gain or 0) < GAIN_MIN:
+    if fix is None or (fix.prediction.gain or 0) < POLICY.doctor.gain_min:
         return None
     evidence = [f"device memory peak {gib(m.device_mem_peak)} = {pct(share)} of {gib(m.device_mem_total)}",
                 f"a larger micro-batch is predicted {fix.prediction.gain:.2f}× faster"]

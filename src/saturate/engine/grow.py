@@ -3,9 +3,9 @@
 `plan.default_plan` takes up to 16 on a GPU when no memory was measured: it cannot know what fits. On an H200 with
 139 GiB, gpt-small at GPT-2's vocabulary peaked at 15 GiB at 16 × 8, and the tuner then measured 128 × 1 at
 +8 % (eager; 2026-11-27, docs/benchmarks.md) — a run that trains the informed plan (`train` without a plan, a
-`run` too short to tune) left that on the table. So after `GROW_AFTER` steps (the second is the first with the
-optimizer's state allocated, so the peak holds it), the measured peak in proportion to the micro-batch predicts
-the largest that fits within `HEADROOM` of the device's memory (the tuner's bound,
+`run` too short to tune) left that on the table. So after `POLICY.job.grow_after` steps (the second is the first
+with the optimizer's state allocated, so the peak holds it), the measured peak in proportion to the micro-batch
+predicts the largest that fits within `POLICY.job.headroom` of the device's memory (the tuner's bound,
 `largest_proportional`: an upper bound on the memory, peak = fixed + per sample, both ≥ 0), and the micro-batch
 grows to the largest multiple of the loader's batch within it that divides the step — the same samples per step,
 several loader batches joined per forward (engine/step.py `Stepper.grow`). The guard is the one every GPU step
@@ -26,9 +26,8 @@ from saturate.data.loaders import eval_loader, make_loader
 from saturate.engine.distributed import stuck_after_s
 from saturate.engine.step import join_batches
 from saturate.errors import ConfigError
+from saturate.policy import POLICY
 
-GROW_AFTER = 2  # steps of this session before the micro-batch may grow
-HEADROOM = 0.9  # share of the memory a plan may use: here, in the tuner (tune/results.SearchSettings.headroom), in run
 UNMEASURED = "no memory was measured"  # plan.default_plan's micro-batch rule when it had no memory to go by
 
 
@@ -62,7 +61,8 @@ def grow_micro_batch(t: Any) -> None:
         return
     peak, capacity = memory
     m0, per_step = stepper.plan.micro_batch, stepper.plan.micro_batch * stepper.plan.grad_accum
-    limit = int(HEADROOM * capacity)
+    headroom = POLICY.job.headroom
+    limit = int(headroom * capacity)
     bound = largest_proportional(peak, m0, limit)
     fits = [d for d in range(2 * m0, min(bound, per_step) + 1, m0) if per_step % d == 0]
     if not fits:
@@ -76,8 +76,8 @@ def grow_micro_batch(t: Any) -> None:
         return
     stepper.grow(fits[-1])
     gib = 2**30
-    why = (f"{m0}'s first {GROW_AFTER} steps peaked at {peak / gib:.2f} GiB (measured); in proportion to the "
-           f"micro-batch, {fits[-1]} stays within {limit / gib:.2f} GiB ({100 * HEADROOM:.0f} % of the device's "
+    why = (f"{m0}'s first {POLICY.job.grow_after} steps peaked at {peak / gib:.2f} GiB (measured); in proportion "
+           f"to the micro-batch, {fits[-1]} stays within {limit / gib:.2f} GiB ({100 * headroom:.0f} % of the device's "
            f"{capacity / gib:.2f} GiB): a prediction; an out-of-memory step halves it")
     grown = stepper.current_plan()
     t.plan = grown.replace(provenance={**plan.provenance,

@@ -1,12 +1,13 @@
 """A lower precision chosen from the hardware, checked inside training (issue 30: fast from the first step).
 
 The default plan turns on bf16 where the hardware runs it natively, without measuring it first. Its guard is
-taken from the training itself rather than from a separate short run: before each of the first `GUARD_STEPS`
-optimizer steps, one micro-batch (the run's first: the samples its first step trains on) goes through the model
-twice at the weights of that moment, under no_grad and in eval mode (no dropout) — in the plan's precision and in
-fp32. Their losses must agree within `LOSS_TOLERANCE` of the loss's scale (the larger of fp32's loss there and its
-first: `loss_drift`, the tuner's check too); when they do not, the run goes on in fp32 from the next step, the plan
-(plan.toml, the checkpoints') saying so. When they do, the plan's provenance records the figure.
+taken from the training itself rather than from a separate short run: before each of the first
+`POLICY.job.guard_steps` optimizer steps, one micro-batch (the run's first: the samples its first step trains
+on) goes through the model twice at the weights of that moment, under no_grad and in eval mode (no dropout) — in
+the plan's precision and in fp32. Their losses must agree within `POLICY.job.loss_tolerance` of the loss's
+scale (the larger of fp32's loss there and its first: `loss_drift`, the tuner's check too); when they do not, the
+run goes on in fp32 from the next step, the plan (plan.toml, the checkpoints') saying so. When they do, the plan's
+provenance records the figure.
 
 Why losses at the same weights and not two short runs' curves (the tuner's check, and this guard before): the
 difference between them is the precision's error and nothing else — two runs drift apart by their updates too —,
@@ -29,10 +30,7 @@ import torch.nn as nn
 
 from saturate.engine.precision import Precision
 from saturate.plan import INFORMED, Plan
-
-GUARD_STEPS = 4  # optimizer steps checked (before each): as many as the tuner's loss check compares
-# A lower precision's losses may differ from fp32's by this share of the loss's scale (tune/results.py uses it too)
-LOSS_TOLERANCE = 0.02
+from saturate.policy import POLICY
 
 
 def needs_guard(plan: Plan) -> bool:
@@ -64,8 +62,8 @@ def loss_drift(losses: list[float], reference: list[float]) -> float:
 class PrecisionGuard:
     """The checks of one run: `check` before each of the first steps, then `verdict` once."""
 
-    def __init__(self, batch: Any, loss_fn: Callable[[nn.Module, Any], torch.Tensor], steps: int = GUARD_STEPS,
-                 tolerance: float = LOSS_TOLERANCE) -> None:
+    def __init__(self, batch: Any, loss_fn: Callable[[nn.Module, Any], torch.Tensor],
+                 steps: int = POLICY.job.guard_steps, tolerance: float = POLICY.job.loss_tolerance) -> None:
         self.batch, self.loss_fn, self.steps, self.tolerance = batch, loss_fn, steps, tolerance
         self.low: list[float] = []
         self.fp32: list[float] = []

@@ -35,7 +35,7 @@ from saturate.engine.distributed import (
     stuck_after_s,
     teardown_distributed,
 )
-from saturate.engine.grow import GROW_AFTER, grow_micro_batch
+from saturate.engine.grow import grow_micro_batch
 from saturate.engine.hostmem import relieve
 from saturate.engine.metrics import Sinks
 from saturate.engine.precision import Precision, make_precision
@@ -52,21 +52,13 @@ from saturate.engine.summary import (
 from saturate.errors import ConfigError, SaturateError
 from saturate.hardware.contention import ContentionMeter
 from saturate.plan import Plan
+from saturate.policy import POLICY
 from saturate.workloads.base import Workload
 
 __all__ = ["RunConfig", "RunResult", "train"]
 
 
 Callback = Callable[[dict[str, Any]], Any]
-SIZE_AFTER = 4  # train(on_sized=…): steps left out of the timing (cold; the precision guard checks them)
-SIZE_STEPS = 5  # the steps timed
-# Windows at most while other processes keep the machine busy: a neighbour only slows steps, so the fastest window
-# is the nearest to the job's own speed (a burst over steps 5-9 read 1.81 s/step for a 0.78 s/step job under the
-# bursty neighbour, 2026-11-27: a 543-s prediction sized an 87-s search for a 230-s job).
-SIZE_TRIES = 3
-# ...and only while the windows disagree by more than this: a steady load reads every window alike (14.4-15.9 s/step
-# beside the steady neighbour), and timing it again only delays the tuning that finds fewer threads.
-SIZE_AGREE = 0.15
 
 
 @dataclass
@@ -93,11 +85,11 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     workload's end-of-run metrics); on_validation(record) after each validation ({"step": N, "val/loss": …}),
     and returning True stops the run there, with a checkpoint. Both run in rank 0 only; an exception from
     either ends the run (unlike a failing sink).
-    on_sized(steps_done, seconds_per_step) is called once, in rank 0, with the time of `SIZE_STEPS` steps after
-    this session's first `SIZE_AFTER` (warm, the precision guard's checks behind them); a reason returned pauses
-    the run there, with a checkpoint and without exporting anything (`RunResult.stop_reason` says it), to be
-    continued with `resume` (with another plan of the same effective batch, say). on_stopped(result) on every rank
-    when a signal stopped the run, then a barrier (torchrun stops every rank once the first exits).
+    on_sized(steps_done, seconds_per_step) is called once, in rank 0, with the time of `POLICY.job.size_steps`
+    steps after this session's first `size_after` (warm, the precision guard's checks behind them); a reason
+    returned pauses the run there, with a checkpoint and without exporting anything (`RunResult.stop_reason` says
+    it), to be continued with `resume` (with another plan of the same effective batch, say). on_stopped(result) on
+    every rank when a signal stopped the run, then a barrier (torchrun stops every rank once the first exits).
     Under torchrun, joins the process group and, if it made it, destroys it at the end (after an
     error, `saturate.engine.distributed.teardown_distributed()` does, once the error is handled).
     """
@@ -115,7 +107,8 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
         t = prepare(workload, plan, cfg, hw, dist)
         t.on_log, t.on_validation = on_log, on_validation
         if on_sized is not None:
-            t.size_job = JobSizing(t.step + SIZE_AFTER, t.step + SIZE_AFTER + SIZE_STEPS, on_sized)
+            first = t.step + POLICY.job.size_after  # the job's steps timed: the first window
+            t.size_job = JobSizing(first, first + POLICY.job.size_steps, on_sized)
         result = _loop(t)
         if result.interrupted and on_stopped is not None:
             on_stopped(result)
@@ -143,7 +136,7 @@ def _loop(t: Training) -> RunResult:
             if len(t.stepper.adaptations) > adapted:
                 _absorbed_oom(t)
             t.step += 1
-            if t.step == t.start_step + GROW_AFTER:
+            if t.step == t.start_step + POLICY.job.grow_after:
                 grow_micro_batch(t)  # the informed plan's on a GPU, from its measured peak (grow.py)
             t.window_steps += 1
             t.console.advance(t.step)  # host-only: moves the bar and ETA, reads nothing from the device
@@ -232,16 +225,17 @@ def _log_window(t: Training) -> float:
 
 def _size_job(t: Training, seconds_per_step: float) -> bool:
     """train(on_sized=…): at the window's end, another window while the machine was busy and the windows disagree
-    (`SIZE_TRIES` at most), else the callback's decision on the fastest window (rank 0's, for every rank); whether to
-    pause here."""
+    (`POLICY.job.size_tries` at most), else the callback's decision on the fastest window (rank 0's, for every
+    rank); whether to pause here."""
     sizing: JobSizing = t.size_job  # type: ignore[assignment]
-    steady = sizing.last is not None and abs(seconds_per_step - sizing.last) <= SIZE_AGREE * min(seconds_per_step,
-                                                                                                 sizing.last)
+    p = POLICY.job
+    steady = sizing.last is not None and abs(seconds_per_step - sizing.last) <= p.size_agree * min(seconds_per_step,
+                                                                                                   sizing.last)
     sizing.best, sizing.last, sizing.tries = min(sizing.best, seconds_per_step), seconds_per_step, sizing.tries + 1
     busy = sizing.meter is not None and sizing.meter.stop().significant() and not steady
-    if broadcast_object(busy if t.dist.is_main else None) and sizing.tries < SIZE_TRIES \
-            and t.step + SIZE_STEPS <= t.total_steps:
-        sizing.start, sizing.end, sizing.meter = t.step, t.step + SIZE_STEPS, ContentionMeter().start()
+    if broadcast_object(busy if t.dist.is_main else None) and sizing.tries < p.size_tries \
+            and t.step + p.size_steps <= t.total_steps:
+        sizing.start, sizing.end, sizing.meter = t.step, t.step + p.size_steps, ContentionMeter().start()
         return False
     t.size_job = None
     t.paused = broadcast_object(sizing.callback(t.step, sizing.best) if t.dist.is_main else None)

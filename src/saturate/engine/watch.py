@@ -10,9 +10,9 @@ around `next()`, through the Stepper's timer hook, so no device sync), and on a 
 the device there), and `host/other_cores`, the cores other processes kept busy (hardware/contention.py: this
 job's own process tree not counted). A figure not measured is left out, never written as 0.
 
-When the device stays under 50 % busy for a sustained stretch (every record over the last 30 s
-by default), one note names the likeliest cause from these cheap signals, and another only after
-utilisation has recovered and dropped again.
+When the device stays under `POLICY.job.low_util_pct` busy for a sustained stretch (every record over
+the last `sustained_s` by default), one note names the likeliest cause from these cheap signals, and another only
+after utilisation has recovered and dropped again.
 """
 
 from __future__ import annotations
@@ -24,17 +24,17 @@ from collections.abc import Callable
 
 import torch
 
-from saturate.hardware.contention import SIGNIFICANT_SHARE, ContentionMeter
+from saturate.hardware.contention import ContentionMeter
+from saturate.policy import POLICY, Load
 from saturate.telemetry import Sampler, window_means
 
-LOW_UTIL_PCT = 50.0
-SUSTAINED_S = 30.0
 _NULL = contextlib.nullcontext()
 
 
 class TrainingWatch:
     def __init__(self, device: torch.device, note: Callable[[str], None], *, enabled: bool = True,
-                 interval: float = 1.0, low_util_pct: float = LOW_UTIL_PCT, sustained_s: float = SUSTAINED_S) -> None:
+                 interval: float = 1.0, low_util_pct: float = POLICY.job.low_util_pct,
+                 sustained_s: float = POLICY.job.sustained_s) -> None:
         self.device = device
         self.note = note
         self.enabled = enabled
@@ -145,7 +145,7 @@ class TrainingWatch:
         others = [h[4].get("host/other_cores") for h in stretch]
         if all(o is not None for o in others):
             busy = sum(others) / len(others)  # type: ignore[arg-type]
-            if busy >= max(SIGNIFICANT_SHARE * self.cores, 0.5):
+            if Load(busy, self.cores).busy:
                 return head + (f"likeliest cause: other processes (they kept {busy:.1f} of {self.cores} cores "
                                "busy over the stretch, measured)" + (
                                    "; fewer torch threads (torch.set_num_threads) stall less behind them"

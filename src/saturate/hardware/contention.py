@@ -22,11 +22,8 @@ import psutil
 
 from saturate.hardware.cpu import usable_cores
 from saturate.hardware.readings import reason
+from saturate.policy import Load
 
-# Other processes using at least this share of our usable cores (or half a core, whichever is
-# more) make a measurement contended: enough to move a throughput figure by more than the few
-# percent the tuner's decisions rest on.
-SIGNIFICANT_SHARE = 0.25
 # The kernel's CPU time counters (/proc/stat, a process's times) tick every 10 ms (USER_HZ 100): over a shorter
 # window than this a reading is a few ticks either way — a 9 ms doctor window once read "2.0 of 2 cores busy" on
 # a quiet machine — so the CPU share is not read at all (the GPU's process list still is).
@@ -155,7 +152,7 @@ class Contention:
             return True
         if self.other_cores is None:
             return False
-        return self.other_cores >= max(SIGNIFICANT_SHARE * self.usable_cores, 0.5)
+        return Load(self.other_cores, self.usable_cores).busy  # POLICY.load: busy_cores, busy_share
 
     def line(self) -> str:
         """One line for the top of a report: what else was running, measured."""

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from saturate.errors import ConfigError
-from saturate.policy.rules import Policy
+from saturate.policy.thresholds import Policy
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,6 +35,11 @@ def load_policy(path: str | None) -> Policy:
 def overridden() -> str | None:
     """The file the policy in force was read from, or None (the default)."""
     return os.environ.get(ENV) or None
+
+
+def policy_record() -> dict[str, Any]:
+    """What a tuning's JSON records of the policy it decided with: every field, and the file that changed any."""
+    return {"policy": POLICY.to_dict(), "policy_file": overridden()}
 
 
 def check() -> None:

@@ -6,7 +6,7 @@
     load.uneven_with(other)         # not the same load (a pair of windows left out)
     load.threads_left()             # intra-op threads for the cores the neighbours left, at least one
 
-Its thresholds are `POLICY.load` (policy/rules.py); an unknown reading (None) is never busy, never the same as
+Its thresholds are `POLICY.load` (policy/thresholds.py); an unknown reading (None) is never busy, never the same as
 another and never uneven with one.
 """
 
@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from saturate.policy.active import POLICY
-from saturate.policy.rules import LoadRules
+from saturate.policy.thresholds import LoadRules
 
 
 @dataclass(frozen=True)

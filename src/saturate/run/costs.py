@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
+from saturate.policy import POLICY
 from saturate.run.side_by_side import Comparison, same_settings
 from saturate.run.sizing import measured_step
 
@@ -61,15 +62,16 @@ def say_costs(console: Console, cmp: Comparison | None, tuning: Any, trained: st
 
 def untuned_line(timing: dict[str, Any], before_tuning_s: float | None, side_by_side: bool) -> str:
     """The end of the total line: the untuned training's prediction with the measurement it comes from, and the one
-    made before tuning from naive's one measurement when that is another figure (10 % apart or more); "" when
-    nothing was predicted. `before_tuning_s`: `Tuning.predicted_training_s` when naive sized the budget;
-    `side_by_side`: the prediction in `timing` is from the side-by-side (else from naive's one measurement)."""
+    made before tuning from naive's one measurement when that is another figure (`POLICY.payback.untuned_apart` of
+    it apart or more); "" when nothing was predicted. `before_tuning_s`: `Tuning.predicted_training_s` when naive
+    sized the budget; `side_by_side`: the prediction in `timing` is from the side-by-side (else from naive's one
+    measurement)."""
     after = timing.get("predicted_untuned_s")
     if not after:
         return ""
     line = (f"; the untuned training is predicted at {after:.0f} s from {SIDE_BY_SIDE if side_by_side else ONCE} "
             "(a prediction)")
-    if side_by_side and before_tuning_s and abs(before_tuning_s - after) >= 0.1 * after:
+    if side_by_side and before_tuning_s and abs(before_tuning_s - after) >= POLICY.payback.untuned_apart * after:
         line += (f"; {ONCE}, which sized the budget, predicted {before_tuning_s:.0f} s (another measurement: cold, "
                  "under the load of its moment)")
     return line

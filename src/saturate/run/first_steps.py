@@ -8,9 +8,10 @@ and its own first steps do both jobs:
 
 - its lower precision is checked against fp32 at the same weights over the first steps
   (`engine/precision_guard.py`), going on in fp32 from there when they disagree;
-- `SIZE_STEPS` of its steps after the first `SIZE_AFTER` are timed (again, up to `SIZE_TRIES` windows, while other
-  processes keep the machine busy: the fastest window counts), and the whole job predicted at that speed.
-  Too short for a search (`sizing.tuning_budget`: 5 % of it under 15 s) — it trains on, nothing else run.
+- `size_steps` of its steps after the first `size_after` are timed (again, up to `size_tries` windows, while other
+  processes keep the machine busy: the fastest window counts; `POLICY.payback`), and the whole job predicted at
+  that speed. Too short for a search (`sizing.tuning_budget`: `informed_share` of it under `informed_floor_s`) —
+  it trains on, nothing else run.
   Long enough — it pauses there with a checkpoint; the tuning (its budget sized by that prediction: naive is not
   measured for it), the side-by-side and the rest of the training follow, the training resuming from that
   checkpoint with the plan found (the same effective batch: its first steps are not thrown away).
@@ -30,8 +31,9 @@ from rich.console import Console
 
 from saturate.engine.console import say_stopped
 from saturate.engine.distributed import DistInfo, broadcast_object
-from saturate.engine.trainer import SIZE_AFTER, SIZE_STEPS, RunConfig, RunResult, train
+from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.plan import Plan, informed_summary
+from saturate.policy import POLICY
 from saturate.run.informed import informed_plan
 from saturate.run.sizing import budget_rule, tuning_budget
 from saturate.workloads.base import Workload
@@ -75,9 +77,10 @@ def train_first(workload: Workload, hw: Any, dist: DistInfo, steps: int, config:
 
     def sized(done: int, step_s: float) -> str | None:
         out.step_s, out.predicted_s = step_s, steps * step_s
+        after, window = POLICY.job.size_after, POLICY.job.size_steps
         source = (f"{steps} steps at the default plan's {step_s:.3g} s/step, measured over its steps "
-                  f"{SIZE_AFTER + 1}-{done}" + (f" (the fastest {SIZE_STEPS}-step window: other processes kept the "
-                                                "machine busy)" if done > SIZE_AFTER + SIZE_STEPS else ""))
+                  f"{after + 1}-{done}" + (f" (the fastest {window}-step window: other processes kept the "
+                                           "machine busy)" if done > after + window else ""))
         if tuning_budget(out.predicted_s, informed=True) is None:
             share, floor = budget_rule(informed=True)
             out.why = (f"not tuned: the training is predicted at {out.predicted_s:.0f} s ({source}); "

@@ -6,7 +6,7 @@ their ratios are fair on a busy machine; the last row is the training run itself
 `--budget` is given, the plan cached for this workload and hardware is reused with no tuning, or else the tuning
 budget is a share of the training time predicted for the untuned job (the default plan's first steps, else naive
 measured once), within a floor and a ceiling; the tuning runs no verification trial (the side-by-side measures the
-plan again, through its real loader). The side-by-side's measurements are timed for `COMPARE_SHARE` of the predicted
+plan again, through its real loader). The side-by-side's measurements are timed for `compare_share` of the predicted
 training in all — building each plan, warm-ups, every row and round (sizing.py predicts each row's cost from the
 tuning's trials and naive's one measurement) —, dropping the runner-up, then the guide's plan, then rounds (never
 below 2) where they do not fit, one line each; naive and the tuned plan in 2 rounds may cost more, within what
@@ -38,12 +38,12 @@ from saturate.engine.live import stage
 from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.errors import ConfigError, file_not_folder
 from saturate.plan import Plan, informed_choices, reference_plan
+from saturate.policy import POLICY
 from saturate.run.cached import cache_holds, cached_plan, recache  # noqa: F401 - recache: tests
 from saturate.run.costs import say_costs, untuned_line
 from saturate.run.first_steps import FirstSteps, train_first
 from saturate.run.informed import informed_plan
 from saturate.run.side_by_side import (  # noqa: F401 - Row, compare: the side-by-side's API, kept importable here
-    ROUNDS,
     Comparison,
     Row,
     at_effective_batch,
@@ -53,14 +53,6 @@ from saturate.run.side_by_side import (  # noqa: F401 - Row, compare: the side-b
     same_settings,
 )
 from saturate.run.sizing import (  # noqa: F401 - the budget's constants, kept importable here
-    BUDGET_CEILING_S,
-    BUDGET_FLOOR_S,
-    FULL_MEASURE_S,
-    GROWN_SHARE,
-    LONG_BASE_S,
-    LONG_SHARE,
-    NAIVE_WARMUP,
-    TUNING_SHARE,
     Sizing,
     budget_rule,
     measured_once,
@@ -299,10 +291,10 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
             source = f"{steps} steps at the default plan's {first_steps.step_s:.3g} s/step, timed over its first steps"
         else:
             # One window (a step or a few) after the warm-up, no validation pass: a rough figure sizes the budget.
-            # NAIVE_WARMUP steps: the process's first steps are cold (one warm-up step read 0.97 s/step for gpt-tiny
-            # naive where the same plan trained at 0.86 — 13 % on the budget and the predictions made from it).
+            # POLICY.payback.naive_warmup steps first: the process's first steps are cold (its reason says how much).
             measurer = RealMeasurer(dataclasses.replace(workload, val_data=None), hw, seed=seed, min_steps=1,
-                                    warmup=NAIVE_WARMUP, min_seconds=0.0, rule=WindowRule(min_windows=1), dist=dist)
+                                    warmup=POLICY.payback.naive_warmup, min_seconds=0.0,
+                                    rule=WindowRule(min_windows=1), dist=dist)
             with stage(console, f"measuring naive once, to size the tuning budget for {steps} steps"):
                 naive = measurer.verify(dict(refs)["naive"])
             naive_s = time.monotonic() - started
@@ -310,7 +302,8 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
             source = (f"{steps} steps at naive's {naive.step_s:.3g} s/step, measured once" if predicted
                       else f"naive could not be measured ({naive.error})")
         share, floor = budget_rule(informed := bool(first_steps and first_steps.predicted_s and not minutes))
-        budgets = tuning_budget(predicted, informed) if predicted else (BUDGET_CEILING_S, BUDGET_CEILING_S)
+        pay = POLICY.payback
+        budgets = tuning_budget(predicted, informed) if predicted else (pay.budget_ceiling_s, pay.budget_ceiling_s)
         if budgets is None:
             return _untuned(workload, hw, dist, started, predicted, naive, naive_s, measurer, console, (
                 f"not tuned: the untuned training is predicted at {predicted:.0f} s ({source}); "
@@ -323,9 +316,10 @@ def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pla
                 f"to predict it took {naive_s:.0f} s of the {budget_s:.0f} s ({100 * share:.0f} %) tuning may cost, "
                 f"leaving under the {floor:.0f} s a search needs, so the default plan is compared and trained "
                 "(--budget tunes anyway)"), budget_s)
-        grows = (f"; it grows by half of what the search saves, up to {cap_s:.0f} s ({GROWN_SHARE:.0%}, at most "
-                 f"{LONG_BASE_S:.0f} s + {LONG_SHARE:.0%} and {BUDGET_CEILING_S:.0f} s)" if cap_s > budget_s
-                 else f" (at most {LONG_BASE_S:.0f} s + {LONG_SHARE:.0%} of it and {BUDGET_CEILING_S:.0f} s)")
+        most = f"{pay.long_base_s:.0f} s + {pay.long_share:.0%}"
+        grows = (f"; it grows by half of what the search saves, up to {cap_s:.0f} s ({pay.grown_share:.0%}, at most "
+                 f"{most} and {pay.budget_ceiling_s:.0f} s)" if cap_s > budget_s
+                 else f" (at most {most} of it and {pay.budget_ceiling_s:.0f} s)")
         why = (f"tuning budget {budget_s:.0f} s: {100 * budget_s / predicted:.0f} % of the untuned training, "
                f"predicted at {predicted:.0f} s ({source})"
                + (f", naive's {naive_s:.1f} s measurement included" if naive_s else "") + grows
@@ -371,7 +365,7 @@ def _choose(cmp: Comparison, label: str = "tuned") -> tuple[str, list[str], list
     for r in cmp.rows:
         if r.label != "naive" and r.vs_naive is not None:
             short = (not (r.vs_naive.faster or r.vs_naive.slower) and cmp.measure_s is not None
-                     and cmp.measure_s < FULL_MEASURE_S)
+                     and cmp.measure_s < POLICY.payback.full_measure_s)
             lines.append(f"{r.label} vs naive: {r.vs_naive.verdict()}, median of {r.vs_naive.rounds} interleaved "
                          "rounds (range)" + (f"; each measurement was {cmp.measure_s:.1f} s, sized to the job: too "
                                              "short to resolve a gain this small" if short else ""))

@@ -4,14 +4,15 @@
 where naive was measured once to size the tuning budget, that measurement adds two things before training:
 
 - the micro-batch: naive's measured peak memory, in proportion to the micro-batch, predicts the largest that
-  fits within the headroom (the tuner's upper-bound rule, `engine.grow.largest_proportional`: peak = fixed +
-  per sample, both ≥ 0), so the informed plan takes the largest divisor of the per-process batch within it — on
-  a GPU; on a CPU memory only lowers the rule's 8, or 16 in bf16 for short samples (`plan.default_plan`);
+  fits within `POLICY.job.headroom` (the tuner's upper-bound rule, `engine.grow.largest_proportional`: peak =
+  fixed + per sample, both ≥ 0), so the informed plan takes the largest divisor of the per-process batch within it
+  — on a GPU; on a CPU memory only lowers the rule's 8, or 16 in bf16 for short samples (`plan.default_plan`);
 - the guard, one short measurement of the informed plan on the same samples from the same weights (the same
-  measurer as naive's): a lower precision is kept only when its first losses are within `LOSS_TOLERANCE` of
-  fp32's (`search.loss_drift`, the tuner's check), and a larger micro-batch with it only when its first steps
-  ran within the memory limit. What the guard measured is said in the plan's provenance beside what was chosen
-  from the hardware; a plan that fails its guard entirely falls back to naive's settings.
+  measurer as naive's): a lower precision is kept only when its first losses are within
+  `POLICY.job.loss_tolerance` of fp32's (`search.loss_drift`, the tuner's check), and a larger micro-batch with
+  it only when its first steps ran within the memory limit. What the guard measured is said in the plan's
+  provenance beside what was chosen from the hardware; a plan that fails its guard entirely falls back to naive's
+  settings.
 
 The guard runs only for a lower precision (its losses need checking; its memory is checked on the way): a larger
 micro-batch alone is not measured, since the proportional bound is an upper bound on its memory — the tuner's
@@ -25,10 +26,10 @@ from typing import Any
 
 from rich.console import Console
 
-from saturate.engine.grow import HEADROOM, largest_proportional
+from saturate.engine.grow import largest_proportional
 from saturate.engine.live import stage
 from saturate.plan import Plan, informed_summary
-from saturate.tune.results import LOSS_TOLERANCE
+from saturate.policy import POLICY
 from saturate.tune.start import loss_drift
 from saturate.tune.state import gib
 from saturate.tune.trial import Trial
@@ -55,11 +56,12 @@ def _guarded(workload: Workload, hw: Any, world_size: int, naive: Trial | None,
     measured = naive is not None and naive.ok and measurer is not None
     cap, limit = None, None
     if measured and naive.peak_memory_bytes and getattr(measurer, "memory_capacity", None) is not None:  # type: ignore[union-attr]
-        limit = int(measurer.memory_capacity * HEADROOM)
+        headroom = POLICY.job.headroom
+        limit = int(measurer.memory_capacity * headroom)
         m0, peak = naive.plan.micro_batch, naive.peak_memory_bytes  # type: ignore[union-attr]
         cap = (largest_proportional(peak, m0, limit),
                f"naive's measured peak, {gib(peak)} {measurer.memory_kind} at micro-batch {m0}, in proportion to the "
-               f"micro-batch within {gib(limit)} ({100 * HEADROOM:.0f} % of what is free): a prediction")
+               f"micro-batch within {gib(limit)} ({100 * headroom:.0f} % of what is free): a prediction")
     plan, _ = workload_default_plan(workload, hw, world_size, memory_cap=cap)
     if not measured:
         return plan, []
@@ -92,9 +94,10 @@ def _guarded(workload: Workload, hw: Any, world_size: int, naive: Trial | None,
         steps = min(len(guard.losses), len(naive.losses))  # type: ignore[union-attr]
         if drift is None:
             prov["precision"] += "; not checked against fp32's losses (none recorded)"
-        elif drift > LOSS_TOLERANCE:
+        elif drift > POLICY.job.loss_tolerance:
             prov["precision"] = (f"fp32: {plan.precision}'s first {steps} losses differed from fp32's by up to "
-                                 f"{100 * drift:.1f} % (> {100 * LOSS_TOLERANCE:.0f} %; measured, the guard)")
+                                 f"{100 * drift:.1f} % (> {100 * POLICY.job.loss_tolerance:.0f} %; measured, "
+                                 "the guard)")
             lines.append(f"guard: {plan.precision} rejected, its first {steps} losses differ from fp32's by up to "
                          f"{100 * drift:.1f} % (measured); fp32 instead")
             plan = plan.replace(precision="fp32")

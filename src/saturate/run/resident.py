@@ -8,7 +8,7 @@ timed in windows (the rule's minimum, or until `window_cap_s` timed seconds): th
 side-by-side reports is between rounds, not within one measurement.
 
 Every plan stays in memory until `close()`, as long as the plans held (each one's peak while it
-was built and warmed up, and as much again for the next) fit in half the memory capacity; past
+was built and warmed up, and as much again for the next) fit in `POLICY.payback.held_share` of the memory; past
 that, those held are dropped and built again when next measured. side_by_side.py uses it off a GPU
 (host memory); on a GPU it rebuilds per measurement.
 """
@@ -26,11 +26,10 @@ from saturate.data.loaders import make_loader
 from saturate.engine.step import Stepper
 from saturate.hardware import synchronize
 from saturate.plan import Plan
+from saturate.policy import POLICY
 from saturate.tune.measure import RealMeasurer
 from saturate.tune.process import PeakMemory, release
 from saturate.tune.trial import Trial, first_line, is_oom
-
-HEADROOM = 0.5  # the plans held together may use this share of the memory capacity (the loader, the run after)
 
 
 @dataclass
@@ -68,7 +67,7 @@ class ResidentMeasurer(RealMeasurer):
 
     def _build(self, plan: Plan, key: str) -> _Held:
         peaks = [h.peak_memory_bytes or 0 for h in self._held.values()]
-        if peaks and sum(peaks) + max(peaks) > HEADROOM * self.memory_capacity:
+        if peaks and sum(peaks) + max(peaks) > POLICY.payback.held_share * self.memory_capacity:
             self.close()  # another plan would not fit beside those held: they are built again when measured
         torch.manual_seed(self.seed)
         pin = plan.pin_memory and self.device.type == "cuda"

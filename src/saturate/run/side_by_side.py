@@ -27,12 +27,12 @@ from saturate.errors import SaturateError
 from saturate.hardware.contention import Contention, ContentionMeter
 from saturate.hardware.mfu import Mfu, mfu
 from saturate.plan import LOADER_FIELDS, Plan
+from saturate.policy import POLICY
 from saturate.stats.noise import WindowRule
 from saturate.stats.rounds import Ratio, interleaved
 from saturate.tune.trial import Trial
 from saturate.workloads.base import Workload
 
-ROUNDS = 3  # interleaved rounds by default; one more when the machine was busy (and the job can pay for it)
 # How each side-by-side measurement runs (sizing.py predicts its cost from these): two warm-up steps after a
 # build (after one, the second step still runs slower: bf16 on a CPU, bench/side_by_side.py), then at least
 # MIN_WINDOWS timed windows of half the measurement's seconds each, at most MAX_STEPS timed steps.
@@ -132,8 +132,9 @@ def runner_up(trials: Sequence[Trial], chosen: Plan, others: Sequence[Plan] = ()
 
 
 def compare(workload: Workload, hw: Any, plans: list[tuple[str, Plan]], *, seed: int = 0,
-            min_seconds: float = 3.0, rounds: int = ROUNDS, dist: DistInfo | None = None,
-            console: Console | None = None, measurer: Any = None, busy_round: bool = True) -> Comparison:
+            min_seconds: float = POLICY.payback.full_measure_s, rounds: int = POLICY.windows.side_by_side_rounds,
+            dist: DistInfo | None = None, console: Console | None = None, measurer: Any = None,
+            busy_round: bool = True) -> Comparison:
     """Measure each plan the same way in interleaved rounds in this process (every rank together under
     torchrun; the rows then give the whole job's samples/s and the ranks' mean utilisation). One more
     round when other processes kept the machine busy meanwhile (unless `busy_round` is False: the job cannot

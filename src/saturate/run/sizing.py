@@ -1,27 +1,31 @@
 """How much tuning and side-by-side a `saturate run` can pay for (issue 14: tuning must pay for itself).
 
-`tuning_budget`: the search's first budget and what it may grow to, from the predicted untuned training (the
-constants' comment says why those shares).
+Every share, floor and length here is a field of `POLICY.payback` (policy/payback_rules.py), with its reason.
 
-The side-by-side (side_by_side.py) may cost `COMPARE_SHARE` of the predicted training in all: building each
+`tuning_budget`: the search's first budget and what it may grow to, from the predicted untuned training:
+`tuning_share` of it to begin with (`informed_share` from the informed plan), growing by `saving_share` of what the
+search finds (`SearchState.earn`) up to `grown_share`, at most `long_base_s` + `long_share` of it and
+`budget_ceiling_s`; a job whose first budget is under the floor (`budget_floor_s`, `informed_floor_s`) is not tuned.
+
+The side-by-side (side_by_side.py) may cost `compare_share` of the predicted training in all: building each
 plan, its loader's start, its warm-up steps and every timed measurement of every round. Each row's cost
 is predicted from what the run measured already: a plan's step time from the tuning's trial of the same
 settings (naive's from its one measurement that sized the budget; a plan nothing measured at naive's, or at
 the cached plan's speed when no naive was measured), the fixed cost of building a plan from naive's
 measurement (its wall time less its steps), a loader's start from the tuning's loader trials.
 
-When every row × `ROUNDS` does not fit the share, rows are dropped in this order: the runner-up, then the
-guides' plans (naive and the tuned plan always stay); then rounds, never below 2 (a ratio with a range).
-Naive and the tuned plan in 2 rounds — the least side-by-side, the only before/after worth printing — may cost
-more than the share: up to `LEAST_SHARE` of the predicted training, and no more than the tuned plan is predicted
-to save (`least_allowance`). Without it the before/after divided the training run by naive's one measurement before
-tuning, minutes apart: that read 0.65 and 1.21 of an independent side-by-side measurement of the same two plans
-(bench/trust.py, 2026-11-23), so it is no longer printed. When not even that fits, or what is left is one plan's
-settings (the tuned plan = naive, the runner-up dropped), there is no side-by-side (`Sizing.skipped` says why)
-and no ratio. What fits is then timed for as long as the share allows, `MIN_MEASURE_S` to `FULL_MEASURE_S` per
-measurement; the busy machine's extra round (side_by_side.py) only when it fits too. With nothing predicted
-(`--budget` and `--steps`: naive is not measured) every row is measured for the full length. Every figure here
-is a prediction, and each row or round dropped is one line of `Sizing.dropped`.
+When every row × `POLICY.windows.side_by_side_rounds` does not fit the share, rows are dropped in this order: the
+runner-up, then the guides' plans (naive and the tuned plan always stay); then rounds, never below `least_rounds`
+(a ratio with a range). Naive and the tuned plan in those rounds — the least side-by-side, the only before/after
+worth printing — may cost more than the share: up to `least_share` of the predicted training, and no more than the
+tuned plan is predicted to save (`least_allowance`). Without it the before/after divided the training run by naive's
+one measurement before tuning, minutes apart, which an independent side-by-side did not confirm (`least_share`'s
+see), so it is no longer printed. When not even that fits, or what is left is one plan's settings (the tuned plan =
+naive, the runner-up dropped), there is no side-by-side (`Sizing.skipped` says why) and no ratio. What fits is then
+timed for as long as the share allows, `min_measure_s` to `full_measure_s` per measurement; the busy machine's extra
+round (side_by_side.py) only when it fits too. With nothing predicted (`--budget` and `--steps`: naive is not
+measured) every row is measured for the full length. Every figure here is a prediction, and each row or round
+dropped is one line of `Sizing.dropped`.
 """
 
 from __future__ import annotations
@@ -36,10 +40,10 @@ from rich.console import Console
 
 from saturate.engine.distributed import DistInfo
 from saturate.plan import Plan
+from saturate.policy import POLICY
 from saturate.run.side_by_side import (
     MAX_STEPS,
     MIN_WINDOWS,
-    ROUNDS,
     WARMUP,
     Comparison,
     Row,
@@ -50,41 +54,15 @@ from saturate.run.side_by_side import (
 )
 from saturate.tune.trial import LoaderTrial, Trial
 
-COMPARE_SHARE = 0.05  # of the predicted training: the side-by-side's whole wall time, builds included
-LEAST_SHARE = 0.15  # of the predicted training: the most the least side-by-side (naive, the plan, 2 rounds) may cost
-NAIVE_WARMUP = 3  # warm-up steps of naive's one measurement that sizes the budget (tuned_run.py)
-FULL_MEASURE_S = 3.0  # timed seconds per side-by-side measurement when the job can afford it
-MIN_MEASURE_S = 0.5  # the shortest a measurement is sized to (it still times at least two steps)
-
-
-# The default tuning budget, from the untuned training time predicted for the job: `TUNING_SHARE` of it to begin
-# with, which is what a search that finds nothing costs (an AVX2 CPU with no native bf16, 2026-11-23: 17 s of 20 %
-# for nothing made a 150-step job 1.12x its untuned wall time); growing by half of what the search has found
-# (`SearchState.earn`) up to `GROWN_SHARE` of it — on the main job on an AVX-512 CPU, bf16 at 1.4-1.9x buys the
-# rest of the search — but no more than a base plus a smaller share (`LONG_BASE_S` + `LONG_SHARE`: the search's
-# stages are a fixed number of trials, so what a longer job needs is longer windows, not proportionally more
-# trials; a half-hour job tunes for at most 150 s, 8 %, not 360 s), and at most the ceiling. A job whose first
-# budget is under the floor is not tuned at all (the default plan trains): below it the search holds about two
-# trials.
-TUNING_SHARE = 0.10
-GROWN_SHARE = 0.20
-LONG_BASE_S, LONG_SHARE = 60.0, 0.05
-BUDGET_FLOOR_S = 10.0
-BUDGET_CEILING_S = 600.0
-# From the informed plan — the default plan's first steps timed the job, and the search starts from it — half the share
-# to begin with and a higher floor: the search starts where earlier ones ended up, so what it can find is smaller. On
-# the 2-core Zen 4 the 300-step peers' job (bench/peers.py) was searched for 20-27 s and kept the default plan's
-# settings in 3 runs of 3 (2026-11-27, sessions 10-12), while its peers ended 21-33 s sooner; 15 s holds the starting
-# plan and two alternatives. It still grows by half of what the search finds, up to the same cap.
-INFORMED_SHARE, INFORMED_FLOOR_S = 0.05, 15.0
-
 
 def tuning_budget(predicted_training_s: float, informed: bool = False) -> tuple[float, float] | None:
     """(The first tuning budget, what it may grow to) for a job whose untuned training is predicted to take
     `predicted_training_s`; None when the job is too short for a search to pay for itself. `informed`: the search
-    starts from the informed plan, which the prediction timed (`INFORMED_SHARE`)."""
+    starts from the informed plan, which the prediction timed (`POLICY.payback.informed_share`)."""
     share, floor = budget_rule(informed)
-    cap = min(GROWN_SHARE * predicted_training_s, LONG_BASE_S + LONG_SHARE * predicted_training_s, BUDGET_CEILING_S)
+    p = POLICY.payback
+    cap = min(p.grown_share * predicted_training_s, p.long_base_s + p.long_share * predicted_training_s,
+              p.budget_ceiling_s)
     first = min(share * predicted_training_s, cap)
     if first < floor:
         return None
@@ -93,7 +71,8 @@ def tuning_budget(predicted_training_s: float, informed: bool = False) -> tuple[
 
 def budget_rule(informed: bool) -> tuple[float, float]:
     """(The first budget's share of the predicted training, the floor under which nothing is tuned)."""
-    return (INFORMED_SHARE, INFORMED_FLOOR_S) if informed else (TUNING_SHARE, BUDGET_FLOOR_S)
+    p = POLICY.payback
+    return (p.informed_share, p.informed_floor_s) if informed else (p.tuning_share, p.budget_floor_s)
 
 
 @dataclass(frozen=True)
@@ -144,7 +123,8 @@ def row_costs(plans: Sequence[tuple[str, Plan]], naive: Trial | None, trials: Se
     known = dict(known or {})
     naive_step = naive.step_s if naive is not None and naive.ok and naive.step_s else None
     # Naive's measurement: building, its warm-up steps and its timed steps; what is left over is the fixed cost.
-    fixed = (max(0.0, naive.seconds - (naive.steps + NAIVE_WARMUP) * naive_step) if naive is not None and naive_step
+    warmup = POLICY.payback.naive_warmup
+    fixed = (max(0.0, naive.seconds - (naive.steps + warmup) * naive_step) if naive is not None and naive_step
              else fixed_s)
     twins = same_settings(plans)
     found: dict[str, tuple[float | None, str]] = {}
@@ -206,61 +186,63 @@ class Sizing:
 
 
 def least_allowance(rows: Sequence[RowCost], predicted_s: float, spent_s: float = 0.0) -> float:
-    """What the least side-by-side may cost for a job whose training is predicted at `predicted_s`: `LEAST_SHARE` of
-    it, and less than the last row's plan (tuned) is predicted to save over naive, less `spent_s` of that saving the
-    search has spent already (`SearchState.earn`); 0 when nothing predicts a saving (naive or the plan not
-    measured)."""
+    """What the least side-by-side may cost for a job whose training is predicted at `predicted_s`:
+    `POLICY.payback.least_share` of it, and less than the last row's plan (tuned) is predicted to save over naive,
+    less `spent_s` of that saving the search has spent already (`SearchState.earn`); 0 when nothing predicts a saving
+    (naive or the plan not measured)."""
     naive = next((r for r in rows if r.label == "naive"), None)
     plan = rows[-1] if rows else None
     if naive is None or plan is None or plan is naive or naive.step_s <= 0 or plan.step_s <= 0 \
             or not (naive.measured and plan.measured):
         return 0.0
     saving = predicted_s * (1 - plan.step_s / naive.step_s) - spent_s
-    return max(0.0, min(LEAST_SHARE * predicted_s, saving))
+    return max(0.0, min(POLICY.payback.least_share * predicted_s, saving))
 
 
-def size(rows: list[RowCost], share_s: float | None, rounds: int = ROUNDS, resident: bool = True,
-         least_s: float = 0.0) -> Sizing:
+def size(rows: list[RowCost], share_s: float | None, rounds: int = POLICY.windows.side_by_side_rounds,
+         resident: bool = True, least_s: float = 0.0) -> Sizing:
     """What of `rows` × `rounds` fits `share_s` seconds (module docstring); `resident`: plans stay built; `least_s`:
-    what naive and the last row in 2 rounds may cost when that is over the share (`least_allowance`)."""
+    what naive and the last row in `least_rounds` rounds may cost when that is over the share (`least_allowance`)."""
 
     def cost(kept: list[RowCost], n: int, m: float) -> float:
         return sum(r.seconds(n, m, resident) for r in kept)
 
+    p = POLICY.payback
+    shortest = p.min_measure_s
     kept, dropped, n = list(rows), [], rounds
     if share_s is None:
-        return Sizing([r.label for r in kept], n, FULL_MEASURE_S, True, cost(kept, n, FULL_MEASURE_S), None,
+        return Sizing([r.label for r in kept], n, p.full_measure_s, True, cost(kept, n, p.full_measure_s), None,
                       rows=rows)
-    share = f"its {share_s:.1f} s share, {COMPARE_SHARE:.0%} of the predicted training"
+    share = f"its {share_s:.1f} s share, {p.compare_share:.0%} of the predicted training"
     order = [r for r in rows if r.label == "runner-up"] + [r for r in reversed(rows) if r.label.startswith("guide")]
     for r in order:
-        if cost(kept, n, MIN_MEASURE_S) <= share_s:
+        if cost(kept, n, shortest) <= share_s:
             break
         dropped.append(f"{r.label}: not measured side by side (with it the side-by-side is predicted at "
-                       f"{cost(kept, n, MIN_MEASURE_S):.1f} s, over {share}; a prediction)")
+                       f"{cost(kept, n, shortest):.1f} s, over {share}; a prediction)")
         kept.remove(r)
-    if len([r for r in kept if r.step_s > 0]) < 2:  # what is left has one plan's settings: nothing to compare
+    if len([r for r in kept if r.step_s > 0]) <= 1:  # what is left has one plan's settings: nothing to compare
         twins = ", ".join(f"{r.label} has {r.twin_of}'s settings" for r in kept if r.twin_of)
-        return Sizing([r.label for r in kept], n, MIN_MEASURE_S, False, 0.0, share_s, dropped,
+        return Sizing([r.label for r in kept], n, shortest, False, 0.0, share_s, dropped,
                       f"no side-by-side: {twins or 'one plan left'}, nothing to compare within {share}", rows)
-    while n > 2 and cost(kept, n, MIN_MEASURE_S) > share_s:
-        dropped.append(f"{n - 1} rounds instead of {n}: {n} are predicted at {cost(kept, n, MIN_MEASURE_S):.1f} s, "
+    while n > p.least_rounds and cost(kept, n, shortest) > share_s:
+        dropped.append(f"{n - 1} rounds instead of {n}: {n} are predicted at {cost(kept, n, shortest):.1f} s, "
                        f"over {share} (a prediction)")
         n -= 1
-    if cost(kept, n, MIN_MEASURE_S) > share_s:
+    if cost(kept, n, shortest) > share_s:
         names = " and ".join(r.label for r in kept if r.step_s > 0)
-        least = cost(kept, n, MIN_MEASURE_S)
+        least = cost(kept, n, shortest)
         if least <= least_s:
             dropped.append(f"{names} in {n} rounds, the least side-by-side, are predicted at {least:.1f} s, over "
-                           f"{share}: measured anyway, within {least_s:.1f} s ({LEAST_SHARE:.0%} of the predicted "
+                           f"{share}: measured anyway, within {least_s:.1f} s ({p.least_share:.0%} of the predicted "
                            "training, and under the tuned plan's predicted saving; a prediction)")
-            return Sizing([r.label for r in kept], n, MIN_MEASURE_S, False, least, share_s, dropped, rows=rows)
+            return Sizing([r.label for r in kept], n, shortest, False, least, share_s, dropped, rows=rows)
         why = (f"no side-by-side: {names} in {n} rounds are predicted at {least:.1f} s, over {share}, "
-               + (f"and over the {least_s:.1f} s allowed beyond it ({LEAST_SHARE:.0%} of the predicted training, and "
-                  "under the tuned plan's predicted saving)" if least_s > 0
+               + (f"and over the {least_s:.1f} s allowed beyond it ({p.least_share:.0%} of the predicted training, "
+                  "and under the tuned plan's predicted saving)" if least_s > 0
                   else "and no saving predicted for the tuned plan pays for more"))
-        return Sizing([r.label for r in kept], n, MIN_MEASURE_S, False, 0.0, share_s, dropped, why, rows)
-    low, high = MIN_MEASURE_S, FULL_MEASURE_S  # the longest measurement that still fits
+        return Sizing([r.label for r in kept], n, shortest, False, 0.0, share_s, dropped, why, rows)
+    low, high = shortest, p.full_measure_s  # the longest measurement that still fits
     if cost(kept, n, high) <= share_s:
         low = high
     for _ in range(20):
@@ -296,8 +278,9 @@ def once_verdict(rows: list[Row], trained: str) -> list[str]:
 def side_by_side(workload: Any, hw: Any, dist: DistInfo, tuning: Any, plans: list[tuple[str, Plan]],
                  predicted: float | None, seed: int, console: Console,
                  fixed_s: float | None = 0.0) -> tuple[Comparison | None, Sizing]:
-    """tuned_run.py's `plans` measured side by side as far as `COMPARE_SHARE` of the `predicted` training pays for them
-    (every row or round dropped said in one line), or None when not even naive and the plan in 2 rounds fit.
+    """tuned_run.py's `plans` measured side by side as far as `POLICY.payback.compare_share` of the `predicted`
+    training pays for them (every row or round dropped said in one line), or None when not even naive and the plan in
+    `least_rounds` rounds fit.
     `tuning` is tuned_run.py's `Tuning`: naive's one measurement, the search's trials, the cached plan's step time."""
     from saturate.engine.summary import mfu_peak
 
@@ -305,7 +288,8 @@ def side_by_side(workload: Any, hw: Any, dist: DistInfo, tuning: Any, plans: lis
     costs = row_costs(plans, tuning.naive, search.trials if search else (), search.loader_trials if search else (),
                       {tuning.label: tuning.step_s} if tuning.step_s else None, fixed_s=fixed_s or 0.0,
                       peak=None if tuning.naive is not None else lambda p: mfu_peak(hw, p)[0])
-    sizing = size(costs, COMPARE_SHARE * predicted if predicted else None, ROUNDS,
+    sizing = size(costs, POLICY.payback.compare_share * predicted if predicted else None,
+                  POLICY.windows.side_by_side_rounds,
                   resident=torch.device(hw.torch_device).type != "cuda",
                   least_s=least_allowance(costs, predicted, tuning.earned_s) if predicted else 0.0)
     for line in sizing.dropped:

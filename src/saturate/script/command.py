@@ -32,6 +32,7 @@ from typing import Any
 
 from saturate.engine.host_alloc import child_env
 from saturate.errors import ConfigError, SaturateError
+from saturate.policy import POLICY
 from saturate.script.boundary import (
     FIRST_STEP,
     REPORT,
@@ -113,7 +114,8 @@ def check_command(command: Sequence[str]) -> list[str]:
     raise ConfigError(f"{command[0]} is not a Python command; saturate instruments Python training ({USAGE})")
 
 
-def run_instrumented(command: Sequence[str], settings: ChildSettings, *, first_step_timeout: float = 300.0,
+def run_instrumented(command: Sequence[str], settings: ChildSettings, *,
+                     first_step_timeout: float = POLICY.windows.first_step_timeout_s,
                      timeout: float | None = None, quiet_stdout: bool = False) -> ScriptRun:
     """Run `command` with the hooks; wait until it ends (or is stopped); return what it measured.
 

@@ -22,6 +22,7 @@ from saturate.doctor.findings import Diagnosis, Fix, Measurements
 from saturate.doctor.report import render
 from saturate.doctor.rules import decide
 from saturate.engine.console import tidy_console
+from saturate.policy import POLICY
 from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
 from saturate.script.isolation import notice
@@ -36,7 +37,8 @@ TRAINER_TERMS = {"num_workers": "dataloader_num_workers", "pin_memory": "dataloa
 
 
 def doctor_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, count_steps: int = 2,
-                   first_step_timeout: float = 300.0, quiet_stdout: bool = False) -> tuple[Diagnosis, ScriptRun]:
+                   first_step_timeout: float = POLICY.windows.first_step_timeout_s,
+                   quiet_stdout: bool = False) -> tuple[Diagnosis, ScriptRun]:
     """Run `command` instrumented, stop it after its measured steps, and diagnose what was measured."""
     settings = ChildSettings(mode="doctor", warmup=warmup, count_steps=count_steps, steps=steps, stop=True)
     run = run_instrumented(command, settings, first_step_timeout=first_step_timeout, quiet_stdout=quiet_stdout)
@@ -253,13 +255,17 @@ def _nan_inf_check(site: str) -> bool:
     return any("isnan" in text or "isinf" in text for text in lines)
 
 
+WRITES_SHOWN = 3  # the files a run wrote that its line names; the rest are counted
+
+
 def writes_line(run: ScriptRun) -> str:
     """Where a doctor run's or a trial's writes went, in one line."""
     if run.written is None:
         return notice(run.command)
     if not run.written:
         return "none to your folders"
-    names = ", ".join(run.written[:3]) + (f" and {len(run.written) - 3} more" if len(run.written) > 3 else "")
+    shown = run.written[:WRITES_SHOWN]
+    names = ", ".join(shown) + (f" and {len(run.written) - len(shown)} more" if run.written[len(shown):] else "")
     return f"{names} — kept in a scratch layer and removed: your folders are as they were"
 
 

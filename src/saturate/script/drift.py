@@ -9,9 +9,9 @@ first steps, and its run slowed from 10 to 3 steps/s as it did; beside it, a fre
 the sequence length, or a cache that fills, moves a run's speed the same way.
 
 So before a gain against a live run is kept on one pair of runs, the live run's speed in this comparison is set
-against its speed in its own first paired windows: when it moved by more than `DRIFT`, or the load from other
-processes differed too much between the two stretches to tell, the gain is timed again on a fresh pair of runs of
-the same age (`gated.again`). The check cannot tell age from a load the meter does not see; either way the
+against its speed in its own first paired windows: when it moved by more than `POLICY.gains.drift`, or the load
+from other processes differed too much between the two stretches to tell, the gain is timed again on a fresh pair
+of runs of the same age (`gated.again`). The check cannot tell age from a load the meter does not see; either way the
 gain is retimed, at the cost of one more pair of runs.
 """
 
@@ -21,10 +21,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Protocol
 
-from saturate.script.script_trial import UNEVEN_CORES  # a load this different between the two stretches: not known
+from saturate.policy import POLICY, Load
 from saturate.stats.pairs import MIN_PAIRS as FIRST  # its first paired windows: its speed when young
-
-DRIFT = 0.25  # a live run whose speed moved this much since its first paired windows is not compared as it is
 
 
 class Timed(Protocol):
@@ -44,11 +42,11 @@ def moved(windows: Sequence[Timed], since: int) -> str | None:
     load_then = statistics.median(w.other_cores or 0.0 for w in earlier)
     load_now = statistics.median(w.other_cores or 0.0 for w in now)
     again = "timed again on a fresh pair of runs: "
-    if abs(load_now - load_then) >= UNEVEN_CORES:
+    if Load(load_now).uneven_with(Load(load_then)):  # a load this different between the two stretches: not known
         return (f"{again}other processes kept {load_then:.1f} cores busy in the best so far's first paired windows "
                 f"and {load_now:.1f} in these, so whether its speed held since is not known")
     then, later = statistics.median(w.rate for w in earlier), statistics.median(w.rate for w in now)
-    if abs(later / then - 1) <= DRIFT:
+    if abs(later / then - 1) <= POLICY.gains.drift:
         return None
     return (f"{again}the best so far's run timed {then:.3g} steps/s in its first paired windows and {later:.3g} in "
             "these: a run whose speed moved (with its progress, or with a load the meter does not see) is not "

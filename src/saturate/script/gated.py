@@ -20,8 +20,8 @@ starts n + 1 runs — one more than trials run one after another.
 The run that waits is stopped (SIGSTOP, its whole process group: its loader workers would otherwise go on
 preparing batches on the cores the other run is being timed on) and continued (SIGCONT) for its next window.
 Each window's load from other processes is read by the parent (`ContentionMeter`: both runs are saturate's own
-children, so neither counts as a neighbour); a pair whose two windows saw the load differ by `UNEVEN_CORES` or
-more (a burst began or ended between them) is left out of the decision while `MIN_PAIRS` even pairs remain.
+children, so neither counts as a neighbour); a pair whose two windows saw an uneven load (`Load.uneven_with`: a
+burst began or ended between them) is left out of the decision while `MIN_PAIRS` even pairs remain.
 
 Used for a command of one process (no launcher: its ranks wait in collectives for each other), on a CPU, and on a
 GPU when the script as written used at most 1/8 of the device's memory (`can_gate`): two runs hold it at once, and a
@@ -49,36 +49,35 @@ from dataclasses import dataclass, field
 
 from saturate.errors import SaturateError
 from saturate.hardware.contention import ContentionMeter
+from saturate.hardware.cpu import usable_cores
+from saturate.policy import POLICY, Load
 from saturate.script.boundary import GATE, GATE_GO, GATE_READY, GATE_STOP, REPORT, ChildSettings, read_json
 from saturate.script.command import LAUNCHERS, Child, ScriptRun, check_command
 from saturate.script.isolation import remove, run_folder
 from saturate.script.overrides import Overrides
-from saturate.script.script_trial import UNEVEN_CORES, ScriptTrial
+from saturate.script.script_trial import ScriptTrial
 from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule, summarize
 from saturate.stats.pairs import MAX_PAIRS, MIN_PAIRS, ended_comparison, pair_order, paired_comparison, settled
 
-GPU_SHARE = 8  # on a GPU, gated when the script as written used at most 1/8 of the device's memory
-# Fresh runs taken, one after another, when a run ends before its pairs of windows decide anything: a short script's
-# few pairs can fall across a burst (run_clm's 8 × 1, 3 s of steps a run: 2 of its 3 pairs uneven, 2026-11-29).
-FRESH_TRIES = 2
-WINDOW_TIMEOUT_S = 300.0  # one window of steps this long means the run is stuck: it is stopped
+WINDOW_FIELDS = ("seconds", "steps")  # what a run sends back for each window it was timed in
 
 
 def can_gate(command: Sequence[str], device_type: str, world_size: int, *, device_peak: int | None = None,
              device_total: int | None = None) -> str | None:
     """Why the command's runs cannot be timed in alternating windows here, or None when they can. On a GPU two runs
-    hold its memory at once: they are gated only when the script as written used at most 1/`GPU_SHARE` of it
-    (`device_peak` of `device_total` bytes), room for a candidate that needs several times as much beside it."""
+    hold its memory at once: they are gated only when the script as written used at most 1/`POLICY.stages.gpu_share`
+    of it (`device_peak` of `device_total` bytes), room for a candidate that needs several times as much beside it."""
     if world_size > 1 or os.path.basename(command[0]) in LAUNCHERS:
         return "a command of several processes: its ranks cannot be parked one at a time"
     if device_type == "cpu":
         return None
     if device_peak is None or not device_total:
         return f"on {device_type} two runs at once could exceed the device's memory (the script's use was not read)"
-    if device_peak * GPU_SHARE > device_total:
+    if device_peak * POLICY.stages.gpu_share > device_total:
         return (f"on {device_type} two runs at once could exceed the device's memory: the script as written used "
-                f"{device_peak / 2**30:.2f} GiB of {device_total / 2**30:.2f} GiB, more than 1/{GPU_SHARE}")
+                f"{device_peak / 2**30:.2f} GiB of {device_total / 2**30:.2f} GiB, more than "
+                f"1/{POLICY.stages.gpu_share}")
     return None
 
 
@@ -97,7 +96,8 @@ class Gated:
     for the gate (returning the Profiler's trial); `window()` times one window; `close()` ends it."""
 
     def __init__(self, name: str, overrides: Overrides, command: Sequence[str], settings: ChildSettings,
-                 rule: WindowRule, *, first_step_timeout: float = 300.0, quiet_stdout: bool = False) -> None:
+                 rule: WindowRule, *, first_step_timeout: float = POLICY.windows.first_step_timeout_s,
+                 quiet_stdout: bool = False) -> None:
         self.name, self.overrides, self.rule = name, overrides, rule
         self.first_step_timeout = first_step_timeout
         self.folder = run_folder("saturate-gated-", command)
@@ -171,13 +171,13 @@ class Gated:
             assert self._file is not None
             self._file.write(GATE_GO + "\n")
             self._file.flush()
-            self._conn.settimeout(WINDOW_TIMEOUT_S)  # type: ignore[union-attr]
+            self._conn.settimeout(POLICY.windows.window_timeout_s)  # type: ignore[union-attr]
             line = self._read()
         except OSError:
             line = ""
         seen = meter.stop()
         parts = line.split()
-        if len(parts) != 2:  # the script ended (or the socket closed) during the window
+        if len(parts) != len(WINDOW_FIELDS):  # the script ended (or the socket closed) during the window
             self.ended = True
             return None
         self.child.signal(signal.SIGSTOP)
@@ -216,7 +216,7 @@ class Gated:
         t.spread = summary.spread if len(rates) > 1 else None
         t.samples_per_s = t.samples_per_step / t.step_s if t.samples_per_step else None
         loads = [w.other_cores for w in windows if w.other_cores is not None]
-        t.busy = bool(loads) and max(loads) >= UNEVEN_CORES
+        t.busy = bool(loads) and Load(max(loads), usable_cores()[0]).busy
         t.other_cores = statistics.median(loads) if loads else None
         return t
 
@@ -244,13 +244,12 @@ class Gated:
         self.close()
 
 
-BUSY_NOTE_CORES = 0.5  # other processes' median cores over the windows from which a ratio is labelled as the load's
 
 
 @dataclass
 class PairedTrials:
     """What alternating windows measured: each run's trial over them, the per-pair ratios B ÷ A (even pairs: their
-    windows under the same load, within `UNEVEN_CORES`), the pairs left out, and the decision."""
+    windows under the same load: not `Load.uneven_with`), the pairs left out, and the decision."""
 
     a: ScriptTrial
     b: ScriptTrial
@@ -273,9 +272,9 @@ class PairedTrials:
         above all, which gain from not stalling behind a preempted thread (a quiet machine gains far less, or
         loses: measured 5–6× under load for a small GPT-2 step on 2 cores, 2026-11-26)."""
         busy = self.busy()
-        if busy is None or busy < BUSY_NOTE_CORES:
+        cores = usable_cores()[0]
+        if busy is None or not Load(busy, cores).busy:  # a ratio measured on a busy machine is labelled the load's
             return None
-        cores = os.cpu_count() or 1
         return (f"measured while other processes kept {busy:.1f} of {cores} cores busy: the ratio is this load's"
                 + ("; fewer threads gain mostly from it (a thread the neighbour preempts stalls the others), so "
                    "on a quiet machine the gain is smaller and the script's own threads may be faster" if threads
@@ -300,7 +299,7 @@ def time_pairs(a: Gated, b: Gated, min_gain: float, *, min_pairs: int = MIN_PAIR
     started = time.monotonic()
     rng = rng if rng is not None else random.Random()
     for side in (a, b):  # each at its steady speed before the first pair
-        side.settle(cap_s if cap_s is not None else WINDOW_TIMEOUT_S)
+        side.settle(cap_s if cap_s is not None else POLICY.windows.window_timeout_s)
     mine: dict[int, list[Window]] = {id(a): [], id(b): []}
     all_ratios: list[float] = []
     even: list[float] = []
@@ -316,20 +315,19 @@ def time_pairs(a: Gated, b: Gated, min_gain: float, *, min_pairs: int = MIN_PAIR
             got[id(side)] = w
             mine[id(side)].append(w)
             timed += w.steps / w.rate
-        if len(got) < 2:
+        if len(got) < len((a, b)):  # a run ended before its window
             ended = True
             break
         wa, wb = got[id(a)], got[id(b)]
         ratio = wb.rate / wa.rate
         all_ratios.append(ratio)
         loads.append((wa.other_cores, wb.other_cores))
-        if wa.other_cores is not None and wb.other_cores is not None \
-                and abs(wa.other_cores - wb.other_cores) >= UNEVEN_CORES:
+        if Load(wa.other_cores).uneven_with(Load(wb.other_cores)):
             uneven.append(ratio)
         else:
             even.append(ratio)
         deciding = even if len(even) >= min_pairs else all_ratios
-        busy = any(x is not None and x >= UNEVEN_CORES for pair in loads for x in pair)
+        busy = any(Load(x, usable_cores()[0]).busy for pair in loads for x in pair)
         # doubled on a busy machine, as a trial's is; doubled again while pairs the load changed within keep the
         # even ones under `min_pairs`: under bursts half the pairs can be uneven, and a decision on every pair lets
         # a burst in one window count (run_clm's 4 × 2 confirmed at 1.98× in 7 pairs, 3 of them uneven: 0.70–5.09×)
@@ -344,7 +342,7 @@ def time_pairs(a: Gated, b: Gated, min_gain: float, *, min_pairs: int = MIN_PAIR
         c = paired_comparison(deciding, min_gain)
         if left_out:
             c = c.said(f"{c.note}; {len(left_out)} pair(s) left out: the load from other processes changed by "
-                       f"{UNEVEN_CORES:g} core or more between their two windows")
+                       f"{POLICY.load.uneven_cores:g} core or more between their two windows")
         out.comparison = c
     elif ended and (c := ended_comparison(even, min_gain)) is not None:  # a script too short for MIN_PAIRS
         if uneven:
@@ -362,13 +360,13 @@ def again(first: PairedTrials, fresh: Callable[[], tuple[Gated, Gated]], min_gai
     2.04× (1.76–2.22) over rounds of fresh runs (2026-11-26), while each pair's interval was a few percent wide. So
     one pair's interval overstates what is known, and its ratio can be off by a third. Only a gain is timed again
     (nothing else is acted on). When a run of the second pair ends before its pairs of windows decide anything, a
-    fresh pair is taken again (`FRESH_TRIES` in all); when every one ends so, the gain stands on one pair of runs,
-    which is not enough: the result has no comparison (as when the first pair's run ended), and the caller keeps
-    what the user had."""
+    fresh pair is taken again (`POLICY.windows.fresh_tries` in all); when every one ends so, the gain stands on one
+    pair of runs, which is not enough: the result has no comparison (as when the first pair's run ended), and the
+    caller keeps what the user had."""
     if first.comparison is None or not first.comparison.faster:
         return first
     ended: list[tuple[ScriptTrial, ScriptTrial]] = []
-    for _ in range(FRESH_TRIES):
+    for _ in range(POLICY.windows.fresh_tries):
         a, b = fresh()
         with a, b:
             a.open()

@@ -4,14 +4,10 @@ CPU. Each trial goes through the search (`consider`, tune_script.py: kept only w
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from saturate.policy import POLICY, Load
 from saturate.script.overrides import Overrides
-from saturate.script.script_trial import MIN_GAIN
-
-INPUT_SHARE_MIN = 0.05  # below this share of the step waiting for data, loader settings cannot gain much
-WORKERS_PER_CORE = 4  # loader workers are tried up to this many per usable core (past the cores: `_past_the_cores`)
 
 
 def alloc_stage(search: Any, device: str) -> None:
@@ -29,7 +25,7 @@ def alloc_stage(search: Any, device: str) -> None:
     elif faults is None or faults < FAULTS_WORTH_TRYING:
         seen = "not read" if faults is None else f"{faults:,.0f} a second"
         decisions.append(f"host allocator: not tried (the script's minor page faults while timed: {seen}, under the "
-                         f"{FAULTS_WORTH_TRYING:,} that could cost {100 * MIN_GAIN:.0f} % of a step)")
+                         f"{FAULTS_WORTH_TRYING:,} that could cost {100 * POLICY.gains.min_gain:.0f} % of a step)")
     else:
         search.consider("host allocator", search.with_overrides(Overrides(host_alloc=True)))
 
@@ -45,11 +41,12 @@ def threads_stage(search: Any, cores: int) -> None:
         result.decisions.append(f"threads: not tried ({why})")
         return
     busy = max((t.other_cores for t in result.trials if t.other_cores is not None), default=0.0)
-    if busy < 0.5:
+    load = Load(busy, cores)
+    if not load.busy:
         result.decisions.append(f"threads: the script's {using} (other processes kept under half a core busy "
                                 "during the trials)")
         return
-    free = max(1, cores - math.ceil(busy - 0.25))
+    free = load.threads_left()
     if free >= using:
         result.decisions.append(f"threads: the script's {using} (other processes kept {busy:.1f} of {cores} "
                                 f"cores busy, leaving {free})")
@@ -62,14 +59,14 @@ def _past_the_cores(search: Any, workers: int, cores: int) -> str | None:
     """Why not try `workers` loader workers, more than the `cores` usable cores, or None: past the cores only
     while the best run still waits for data (a dataset that waits on I/O, not on a core: 4 ms of sleep per
     sample ran 4× at 8 workers on 2 cores, issue 29) and each worker could hold as much host memory as the
-    training process at its peak without using more than half of what is available."""
+    training process at its peak without using more than `POLICY.stages.worker_memory_share` of what is available."""
     best = search.result.best
-    if best.data_share < INPUT_SHARE_MIN:
+    if best.data_share < POLICY.stages.input_share_min:
         return (f"the best so far waits for data {100 * best.data_share:.0f} % of its step, under "
-                f"{100 * INPUT_SHARE_MIN:.0f} %")
+                f"{100 * POLICY.stages.input_share_min:.0f} %")
     peak = best.host_peak or 0
     available = _host_memory_available()
-    if peak and workers * peak > available / 2:
+    if peak and workers * peak > POLICY.stages.worker_memory_share * available:
         return (f"{workers} workers at up to {peak / 2**30:.1f} GiB each would use more than half of the "
                 f"{available / 2**30:.1f} GiB of host memory available")
     return None
@@ -81,12 +78,12 @@ def loader_stages(search: Any, cores: int) -> None:
     if loader is None:
         result.decisions.append("loader settings: no DataLoader in the timed steps; not tried")
         return
-    if base.data_share < INPUT_SHARE_MIN:
+    if base.data_share < POLICY.stages.input_share_min:
         result.decisions.append(f"loader settings: waiting for data is {100 * base.data_share:.0f} % of the "
                                 f"step as written; more workers cannot gain more than that; not tried")
         return
     written = loader.get("num_workers") or 0
-    counts = [w for w in _powers_of_two(max(1, cores) * WORKERS_PER_CORE) if w != written]
+    counts = [w for w in _powers_of_two(max(1, cores) * POLICY.stages.workers_per_core) if w != written]
     tried: list[int] = []
     stopped = ""
     for w in counts:
@@ -96,7 +93,7 @@ def loader_stages(search: Any, cores: int) -> None:
         tried.append(w)
         t = search.consider(f"{w} workers", search.with_overrides(Overrides(loader={
             "num_workers": w, "persistent_workers": True})))
-        if not search.kept(t) and w >= 2:  # one worker only overlaps loading with the step: 2 is the first test
+        if not search.kept(t) and w > 1:  # one worker only overlaps loading with the step: 2 is the first test
             break
     workers = result.best.overrides.loader.get("num_workers", written)
     result.decisions.append(f"loader workers: {workers} (as written {written}; tried "

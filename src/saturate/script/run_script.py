@@ -4,9 +4,9 @@ run with those settings applied from outside (no edit), and the before/after tab
 Where the tuning's comparisons were paired (a CPU, a command of one process: `gated.py`), the side-by-side is too:
 the script as written and tuned, both alive, timed in alternating windows; the ratio is the median of the per-pair
 ratios with its interval (stats/pairs.py), and the tuned settings are faster when the whole interval is above 1
-and the median gains `MIN_GAIN`. Elsewhere (a GPU, a launcher, `--overrides` given) the side-by-side is rounds of
-whole trials that alternate (as written, tuned | tuned, as written | …; stats/rounds.py) so that a burst of load
-on the machine hits both; the ratio reported is the median of the per-round ratios, with its range, and "within
+and the median gains `POLICY.gains.min_gain`. Elsewhere (a GPU, a launcher, `--overrides` given) the side-by-side is
+rounds of whole trials that alternate (as written, tuned | tuned, as written | …; stats/rounds.py) so that a burst of
+load on the machine hits both; the ratio reported is the median of the per-round ratios, with its range, and "within
 noise" when the range includes 1.0.
 
 When there is nothing to apply (tuning kept no setting: none was faster beyond the noise), there is no
@@ -34,12 +34,13 @@ from rich.table import Table
 from rich.text import Text
 
 from saturate.errors import ConfigError
+from saturate.policy import POLICY
 from saturate.script.boundary import ChildSettings
 from saturate.script.command import NotTunable, ScriptRun, check_command, run_instrumented, run_plain
 from saturate.script.gated import Gated, PairedTrials, again, time_pairs
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.scratch import trial_logs
-from saturate.script.script_trial import MIN_GAIN, ScriptTrial, TrialOptions, trial_settings, window_rule
+from saturate.script.script_trial import ScriptTrial, TrialOptions, trial_settings, window_rule
 from saturate.script.tune_script import tune_with_progress
 from saturate.script.tuning import ScriptTuning
 from saturate.script.tuning import render as render_tuning
@@ -47,7 +48,6 @@ from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule
 from saturate.stats.rounds import Ratio, interleaved, per_round
 
-SIDE_BY_SIDE_ROUNDS = 3  # as written and tuned, alternating: enough for a median and a range, short beside a job
 NOTHING_FOUND = ("tuning found no setting faster than the script as written beyond the noise; it runs as written "
                  "(no side-by-side: it would time the same command twice)")
 
@@ -112,8 +112,9 @@ class ScriptRunReport:
                              "loaders": (self.full.summary or {}).get("loaders")}}
 
 
-def side_by_side(command: Sequence[str], overrides: Overrides, *, rounds: int = SIDE_BY_SIDE_ROUNDS, warmup: int = 2,
-                 steps: int = 10, first_step_timeout: float = 300.0, quiet_stdout: bool = False,
+def side_by_side(command: Sequence[str], overrides: Overrides, *, rounds: int = POLICY.windows.side_by_side_rounds,
+                 warmup: int = 2, steps: int = 10, first_step_timeout: float = POLICY.windows.first_step_timeout_s,
+                 quiet_stdout: bool = False,
                  on_round: Callable[[int, str], None] | None = None,
                  rule: WindowRule | None = None) -> tuple[list[ScriptTrial], list[ScriptTrial]]:
     """The script as written and with `overrides`, measured in alternating rounds (interleaved()), each round
@@ -153,22 +154,22 @@ def side_by_side_paired(command: Sequence[str], overrides: Overrides, options: T
             if t.trainer_error and run.overrides.trainer:
                 raise ConfigError(f"the script's Trainer refused the overrides {run.overrides.trainer}: "
                                   f"{t.trainer_error}")
-        first = time_pairs(runs[0], runs[1], MIN_GAIN, cap_s=2 * rule.max_seconds)
+        first = time_pairs(runs[0], runs[1], POLICY.gains.min_gain, cap_s=2 * rule.max_seconds)
     finally:
         for run in runs:
             run.close()
-    return again(first, fresh, MIN_GAIN, cap_s=2 * rule.max_seconds)
+    return again(first, fresh, POLICY.gains.min_gain, cap_s=2 * rule.max_seconds)
 
 
-def full_run(command: Sequence[str], overrides: Overrides, *, first_step_timeout: float = 300.0,
-             quiet_stdout: bool = False) -> ScriptRun:
+def full_run(command: Sequence[str], overrides: Overrides, *,
+             first_step_timeout: float = POLICY.windows.first_step_timeout_s, quiet_stdout: bool = False) -> ScriptRun:
     """The whole script with `overrides` applied from outside; only its step times and samples are recorded."""
     settings = ChildSettings(mode="apply", profile=False, stop=False, overrides=overrides)
     return run_instrumented(command, settings, first_step_timeout=first_step_timeout, quiet_stdout=quiet_stdout)
 
 
 def run_script(command: Sequence[str], options: TrialOptions, console: Console, *, overrides: Overrides | None = None,
-               overrides_file: str | None = None, rounds: int = SIDE_BY_SIDE_ROUNDS,
+               overrides_file: str | None = None, rounds: int = POLICY.windows.side_by_side_rounds,
                allow_micro_batch_change: bool = False) -> ScriptRunReport:
     """`saturate run -- CMD`: the tuned settings (tuned here, or `overrides` read from `overrides_file`), the
     script as written and tuned in `rounds` alternating rounds, then the whole script with them applied."""
@@ -238,8 +239,8 @@ def run_script(command: Sequence[str], options: TrialOptions, console: Console, 
 def confirmed(found: Ratio | Comparison | None, given: bool, source: str | None = None) -> tuple[bool, str | None]:
     """(whether the full run applies the overrides, why not or a warning) from the side-by-side: rounds' ratio of
     as written ÷ tuned step times (faster in every round), or paired windows' comparison (faster beyond the
-    interval and `MIN_GAIN`); tuned settings only when faster; given ones (`--overrides`) always, warned when not
-    confirmed."""
+    interval and `POLICY.gains.min_gain`); tuned settings only when faster; given ones (`--overrides`) always,
+    warned when not confirmed."""
     if found is not None and found.faster:
         return True, None
     if isinstance(found, Comparison):

@@ -4,7 +4,7 @@ A trial's step time is the median over the windows its child timed (`child/trial
 the same `stats.noise.WindowRule` the child stopped by), its spread their relative half-range; a report without
 windows (a side-by-side round, an older child) gives the Profiler's window and no spread. Two trials
 compare through `stats.comparison.compare`, as the preset tuner's do: a gain counts only beyond both spreads
-added and `MIN_GAIN` (`Comparison.verdict`). `TrialOptions` is how every run of the command is measured.
+added and `POLICY.gains.min_gain` (`Comparison.verdict`). `TrialOptions` is how every run of the command is measured.
 """
 
 from __future__ import annotations
@@ -12,16 +12,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from saturate.policy import POLICY, Load
 from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun
 from saturate.script.overrides import Overrides
 from saturate.stats.comparison import Comparison, compare
 from saturate.stats.noise import WindowRule
-
-MIN_GAIN = 0.03  # a setting is kept only when faster by this share at least, and beyond both trials' noise
-WINDOW_S = 0.5  # a trial's timed windows last at least this long (whole steps)
-TRIAL_SECONDS = 10.0  # the cap on a trial's timed windows, doubled on a busy machine
-UNEVEN_CORES = 0.5  # other processes' cores: a difference this large between two timings is not the same load
 
 
 @dataclass(frozen=True)
@@ -31,8 +27,8 @@ class TrialOptions:
     script's stdout to stderr (saturate's stdout then carries one JSON document)."""
 
     steps: int = 10
-    seconds: float = TRIAL_SECONDS
-    first_step_timeout: float = 300.0
+    seconds: float = POLICY.windows.trial_seconds
+    first_step_timeout: float = POLICY.windows.first_step_timeout_s
     quiet_stdout: bool = False
     warmup: int = 2
 
@@ -41,7 +37,7 @@ class TrialOptions:
         return window_rule(self.seconds)
 
 
-def window_rule(max_seconds: float = TRIAL_SECONDS) -> WindowRule:
+def window_rule(max_seconds: float = POLICY.windows.trial_seconds) -> WindowRule:
     """When a script trial's windows are enough: the last 3 agree within ±2 %, or 8 windows, or `max_seconds`
     (each cap doubled when other processes kept the machine busy)."""
     return WindowRule(target=0.02, max_seconds=max_seconds)
@@ -122,18 +118,18 @@ class ScriptTrial:
     def against(self, other: ScriptTrial) -> Comparison:
         """This trial's speed against `other`'s, given both spreads (steps per second: every trial of a tuning
         keeps the script's effective batch). Two trials timed apart while other processes kept the machine busy to
-        a different degree (by `UNEVEN_CORES` or more) were not measured under the same conditions: their ratio is
+        a different degree (`Load.uneven_with`) were not measured under the same conditions: their ratio is
         the load's as much as the setting's, so it is said to be within the noise, and why (nanoGPT's fused AdamW
         read 3.6× "beyond noise" against an as-written trial timed in a burst, 2026-11-28). A gain read off a trial
         of one timed window (its noise not measured: the run ended) is not kept either: nanoGPT's fused AdamW read
         "+6.9 %" so under the bursty neighbour, and its confirmation then measured it within noise (2026-11-28). A
         loss so read still counts: not keeping a setting is what the trial would have led to anyway."""
-        c = compare(_Speed(1 / self.step_s, self.spread), _Speed(1 / other.step_s, other.spread), MIN_GAIN)
+        c = compare(_Speed(1 / self.step_s, self.spread), _Speed(1 / other.step_s, other.spread), POLICY.gains.min_gain)
         if c.faster and not c.noise_known and 1 in (self.windows, other.windows):
             return replace(c, noise=max(c.noise, abs(c.gain)), note=(
                 "no gain is kept on one window alone"))
         mine, theirs = self.other_cores, other.other_cores
-        if mine is None or theirs is None or abs(mine - theirs) < UNEVEN_CORES:
+        if not Load(mine).uneven_with(Load(theirs)):
             return c
         return replace(c, noise=max(c.noise, abs(c.gain)), note=(
             f"timed apart while other processes kept {theirs:.1f} and then {mine:.1f} cores busy: not the same "
@@ -149,7 +145,7 @@ class _Speed:
 
 
 def trial_settings(overrides: Overrides, warmup: int, steps: int, rule: WindowRule,
-                   window_s: float = WINDOW_S) -> ChildSettings:
+                   window_s: float = POLICY.windows.window_s) -> ChildSettings:
     """What the child is told for one trial: warm up (draining the loader's buffer), time `steps` steps with the
     Profiler, then windows of at least `window_s` until `rule` says they are enough, then stop."""
     return ChildSettings(mode="trial", warmup=drained(warmup, overrides), count_steps=0, steps=steps, stop=True,

@@ -12,26 +12,26 @@ from __future__ import annotations
 
 from typing import Any
 
+from saturate.policy import POLICY
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.script_trial import ScriptTrial
 from saturate.script.tuning import ScriptTuning
 
-SHORT_FACTOR = 2.0  # a job shorter than this many times its tuning could not pay the tuning back even at 2× faster
-TRIALS_PLAIN, TRIALS_FRAMEWORK = 4, 8  # about how many trial-lengths a tuning takes (its side-by-side included)
-
 
 def too_short(base: ScriptTrial, trial_s: float, framework: Any) -> str | None:
     """Why the job is too short to tune (one line; its figures predictions from the as-written trial), or None:
-    it ran to its end inside that trial, or the steps its Trainer plans take less than `SHORT_FACTOR` times the
-    trials a tuning would run. A plain loop plans nothing saturate can read: only the first holds for it."""
+    it ran to its end inside that trial, or the steps its Trainer plans take less than `POLICY.payback.short_factor`
+    times the trials a tuning would run (`trials_framework`, `trials_plain`). A plain loop plans nothing saturate
+    can read: only the first holds for it."""
     if base.ran_to_end:
         return f"the script ran to its end inside its first trial ({trial_s:.0f} s)"
     planned = getattr(framework, "planned_steps", None)
     if not planned or base.step_s <= 0:
         return None
     job = planned * base.step_s
-    tuning = (TRIALS_FRAMEWORK if framework is not None else TRIALS_PLAIN) * trial_s
-    if job >= SHORT_FACTOR * tuning:
+    p = POLICY.payback
+    tuning = (p.trials_framework if framework is not None else p.trials_plain) * trial_s
+    if job >= p.short_factor * tuning:
         return None
     return (f"{planned} planned steps take about {job:.0f} s at the as-written speed, a tuning about {tuning:.0f} s "
             f"(predictions from the first trial): it could not pay for itself")
@@ -41,10 +41,9 @@ def prior_overrides(result: ScriptTuning, cores: int) -> tuple[Overrides, list[s
     """What a short job gets without measuring: only settings that change nothing in the training — the first
     DataLoader's workers (on a GPU from the cores, one kept for the training process, at most 4, as the informed
     plan takes them; on a CPU, where workers take cores from the step, 2 only when the as-written trial waited
-    for data at least `INPUT_SHARE` of its step), pinned memory on a GPU, and on a CPU glibc's allocator
+    for data at least `POLICY.doctor.input_share` of its step), pinned memory on a GPU, and on a CPU glibc's allocator
     thresholds when the as-written trial faulted at least `FAULTS_WORTH_TRYING` pages a second (with or without
     a DataLoader). Returns them and one line per decision, each saying it was chosen, not measured."""
-    from saturate.doctor.findings import INPUT_SHARE
     from saturate.engine.host_alloc import FAULTS_WORTH_TRYING, left_alone
 
     said = []
@@ -55,8 +54,8 @@ def prior_overrides(result: ScriptTuning, cores: int) -> tuple[Overrides, list[s
         said.append("loader settings: no DataLoader in the first trial; none applied")
     else:
         written = loader.get("num_workers") or 0
-        share = result.baseline.data_share
-        workers = min(4, max(0, cores - 1)) if gpu else (min(2, cores) if share >= INPUT_SHARE and cores > 1 else 0)
+        share, waits = result.baseline.data_share, POLICY.doctor.input_share
+        workers = min(4, max(0, cores - 1)) if gpu else (min(2, cores) if share >= waits and cores > 1 else 0)
         if workers > written:
             changes.update(num_workers=workers, persistent_workers=True)
             said.append(f"loader workers {written} → {workers}: chosen, not measured ("
@@ -65,7 +64,7 @@ def prior_overrides(result: ScriptTuning, cores: int) -> tuple[Overrides, list[s
         else:
             said.append(f"loader workers: {written} as written (waiting for data {100 * share:.0f} % of the step"
                         + ("" if gpu else "; on a CPU workers take cores from the step below "
-                           f"{100 * INPUT_SHARE:.0f} %") + ")")
+                           f"{100 * waits:.0f} %") + ")")
         if gpu and not loader.get("pin_memory"):
             changes["pin_memory"] = True
             said.append("pinned memory: chosen, not measured (copies to the GPU can overlap the step)")

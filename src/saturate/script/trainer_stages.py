@@ -3,7 +3,7 @@ measurement.
 
 Called by `tune.tune_command` when the as-written run saw a trainer; each stage runs trials through the
 search (`consider`: a run of the script with the overrides, kept only when measured faster beyond both
-trials' noise and `MIN_GAIN`) and adds a decision line (`stage`). The stages are the same for every
+trials' noise and `POLICY.gains.min_gain`) and adds a decision line (`stage`). The stages are the same for every
 framework; what a knob is called there, what the script wrote and which overrides set it come from the
 framework's adapter (`Framework`, implemented in `frameworks.py`), which says instead why a knob cannot be
 set from outside. Order:
@@ -26,9 +26,9 @@ import statistics
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from saturate.policy import POLICY
 from saturate.script.overrides import AUTOCAST_DEVICES, Overrides
 from saturate.stats.comparison import Verdict
-from saturate.tune.results import LOSS_TOLERANCE
 from saturate.tune.start import loss_drift
 
 Option = tuple[str, Overrides] | str  # a trial's name and overrides, or why the knob is not tried
@@ -125,8 +125,7 @@ def loop_precision(search: Search, report: dict[str, Any], supports: dict[str, b
     tolerance of the script's own (`report`: the as-written run's, its "loop" the script's own autocast and
     losses) — not tried where its forward and backward take too small a share of the step for any precision to
     gain the minimum gain (tune/bound.py's bound: an input-bound loop)."""
-    from saturate.script.script_trial import MIN_GAIN
-    from saturate.tune.bound import BOUND_MARGIN, most_gained, not_worth
+    from saturate.tune.bound import most_gained, not_worth
 
     decisions, device, loop = search.result.decisions, search.result.device_type, report.get("loop") or {}
     share, over = _compute_share(report)
@@ -134,10 +133,11 @@ def loop_precision(search: Search, report: dict[str, Any], supports: dict[str, b
         decisions.append(f"precision: the script already trains in {own} (its own torch.autocast)")
     elif device not in AUTOCAST_DEVICES or not supports.get("bf16"):
         decisions.append(f"precision: fp32 (bf16 is not native on {device})")
-    elif not_worth(share, MIN_GAIN):
+    elif not_worth(share, POLICY.gains.min_gain):
         decisions.append(f"precision: bf16 autocast not tried (forward and backward took {100 * share:.1f} % of the "
                          f"step (measured{over}): a lower precision can gain at most {100 * most_gained(share):.1f} %, "
-                         f"under {1 / BOUND_MARGIN:.0%} of the {100 * MIN_GAIN:.0f} % a change must gain)")
+                         f"under {1 / POLICY.stages.bound_margin:.0%} of the {100 * POLICY.gains.min_gain:.0f} % a "
+                         "change must gain)")
     elif not loop.get("losses"):
         decisions.append("precision: bf16 autocast not tried (the script's losses were not seen: nothing to check "
                          "a lower precision against)")
@@ -178,14 +178,14 @@ def worth_fusing(option: Option, result: Any) -> Option:
     """`option` (the fused optimizer's trial), or why it is not tried: the script's optimizer step — the Profiler's
     optimizer phase, the largest share of the step any run so far measured — too small for another kernel to gain
     the minimum gain (tune/bound.py)."""
-    from saturate.script.script_trial import MIN_GAIN
     from saturate.tune.bound import bound_text, not_worth
 
     if isinstance(option, str):
         return option
     share = max((t.optimizer_share for t in (result.baseline, *result.trials) if t.ok and t.optimizer_share),
                 default=None)
-    return f"not tried ({bound_text('optimizer step', share, MIN_GAIN)})" if not_worth(share, MIN_GAIN) else option
+    gain = POLICY.gains.min_gain
+    return f"not tried ({bound_text('optimizer step', share, gain)})" if not_worth(share, gain) else option
 
 
 def _split_stage(search: Search, fw: Framework, model: dict[str, Any] | None = None,
@@ -248,9 +248,9 @@ def _loss_problem(t: Any, reference: Any) -> str | None:
         return "no per-step losses to compare with the script's own"
     n = min(len(t.losses), len(reference.losses))
     drift = loss_drift(t.losses, reference.losses)
-    if drift > LOSS_TOLERANCE:
+    if drift > POLICY.job.loss_tolerance:
         return (f"its first {n} losses differ from the script's own by up to {100 * drift:.1f} % "
-                f"(> {100 * LOSS_TOLERANCE:.0f} %)")
+                f"(> {100 * POLICY.job.loss_tolerance:.0f} %)")
     t.note = f"its first {n} losses within {100 * drift:.2f} % of the script's own"
     return None
 

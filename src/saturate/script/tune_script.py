@@ -7,7 +7,7 @@ splits its first timed steps into phases (the share spent waiting for data); the
 script's own steps are timed in windows until they agree or a cap (`child/trial_windows.py`, with the preset
 tuner's `stats.noise.WindowRule`), so a trial's step time is a median with a spread. What is tried, in
 order, each kept only when faster than the best so far beyond both trials' spreads added and by at
-least `MIN_GAIN` (`stats.comparison.compare`; otherwise "within noise (±x %)"):
+least `POLICY.gains.min_gain` (`stats.comparison.compare`; otherwise "within noise (±x %)"):
 
 For a command of one process, on a CPU and on a GPU where two runs fit in its memory (`gated.can_gate`), every such
 comparison is paired (`gated.py`): the best run so far and the candidate are alive at once and timed in alternating
@@ -44,13 +44,14 @@ from typing import Any
 from rich.console import Console
 
 from saturate.errors import SaturateError
+from saturate.policy import POLICY
 from saturate.script.command import NotTunable, ScriptRun, run_instrumented
 from saturate.script.drift import moved
 from saturate.script.frameworks import framework_of, fused_option
-from saturate.script.gated import FRESH_TRIES, Gated, PairedTrials, again, can_gate, time_pairs
+from saturate.script.gated import Gated, PairedTrials, again, can_gate, time_pairs
 from saturate.script.host_stages import alloc_stage, loader_stages, threads_stage
 from saturate.script.overrides import NONE, Overrides
-from saturate.script.script_trial import MIN_GAIN, WINDOW_S, ScriptTrial, TrialOptions, trial_settings, window_rule
+from saturate.script.script_trial import ScriptTrial, TrialOptions, trial_settings, window_rule
 from saturate.script.short_job import prior_overrides, too_short
 from saturate.script.trainer_stages import Option, loop_precision, stage, trainer_stages, worth_fusing
 from saturate.script.tuning import ScriptTuning
@@ -60,15 +61,15 @@ from saturate.stats.noise import WindowRule
 # A stage's gain under this is timed again on a fresh pair of runs before it is kept (gated.again): a run's speed has a
 # part that stays with its process (a data-bound loop's bf16 read +4.4 % in 6 of 6 pairs, 2026-11-28, where it cannot
 # gain 1 %). A larger gain stands on one pair, unless the live run's speed moved since first paired (drift.moved).
-AGAIN_BELOW = 0.25
 Runner = Callable[..., ScriptRun]  # run_instrumented's signature; tests pass a fake machine
 
 
 def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, cores: int = 1,
-                 first_step_timeout: float = 300.0, quiet_stdout: bool = False,
+                 first_step_timeout: float = POLICY.windows.first_step_timeout_s, quiet_stdout: bool = False,
                  on_trial: Callable[[ScriptTrial], None] | None = None, runner: Runner = run_instrumented,
                  supports: dict[str, bool] | None = None, rule: WindowRule | None = None,
-                 window_s: float = WINDOW_S, allow_micro_batch_change: bool = False, paired: bool | None = None,
+                 window_s: float = POLICY.windows.window_s, allow_micro_batch_change: bool = False,
+                 paired: bool | None = None,
                  confirm: bool = True, short_jobs: bool = False) -> ScriptTuning:
     """Measure the script as written, then the settings above one family at a time; the fastest wins.
 
@@ -221,9 +222,9 @@ class _Search:
 
     def consider(self, name: str, overrides: Overrides,
                  check: Callable[[ScriptTrial], str | None] | None = None) -> ScriptTrial:
-        """Run a trial; keep it when `check` finds nothing wrong and it is faster than the best so far by `MIN_GAIN`
-        at least and beyond the noise: paired with the best so far where the command allows (`gated.py`), else
-        beyond both trials' spreads (`ScriptTrial.against`)."""
+        """Run a trial; keep it when `check` finds nothing wrong and it is faster than the best so far by
+        `POLICY.gains.min_gain` at least and beyond the noise: paired with the best so far where the command allows
+        (`gated.py`), else beyond both trials' spreads (`ScriptTrial.against`)."""
         if self.result.paired is None:
             return self._consider_paired(name, overrides, check)
         return self._consider_alone(name, overrides, check)
@@ -280,9 +281,9 @@ class _Search:
         try:
             pairs, since = self._with_best(candidate, best_first=True)
             aged = moved(self.incumbent.windows, since)
-            if (c := pairs.comparison) is not None and c.faster and (c.gain < AGAIN_BELOW or aged):
+            if (c := pairs.comparison) is not None and c.faster and (c.gain < POLICY.gains.again_below or aged):
                 pairs = again(pairs, lambda: (self.gated(best.name, best.overrides), self.gated(name, overrides)),
-                              MIN_GAIN, cap_s=2 * self.rule.max_seconds)
+                              POLICY.gains.min_gain, cap_s=2 * self.rule.max_seconds)
                 if aged and (c2 := pairs.comparison) is not None:
                     pairs.comparison = c2.said("; ".join(x for x in (aged, c2.note) if x))
                 if pairs.comparison is None:  # the second pair decided nothing: one pair of runs is not enough
@@ -317,8 +318,8 @@ class _Search:
     def _with_best(self, other: Gated, *, best_first: bool) -> tuple[PairedTrials, int]:
         """The live best run and `other` timed in alternating windows (A: the best when `best_first`), and how many
         windows the best run had timed before them (`drift.moved`). When the best run reaches its script's end
-        first (a short job, timed many windows), a fresh one of it, up to `FRESH_TRIES` times."""
-        for fresh in (False, *[True] * FRESH_TRIES):
+        first (a short job, timed many windows), a fresh one of it, up to `POLICY.windows.fresh_tries` times."""
+        for fresh in (False, *[True] * POLICY.windows.fresh_tries):
             if fresh:
                 best = self.result.best
                 self.incumbent.close()
@@ -326,14 +327,15 @@ class _Search:
                 self.incumbent.open()
             since = len(self.incumbent.windows)
             runs = (self.incumbent, other) if best_first else (other, self.incumbent)
-            pairs = time_pairs(*runs, MIN_GAIN, cap_s=2 * self.rule.max_seconds)
+            pairs = time_pairs(*runs, POLICY.gains.min_gain, cap_s=2 * self.rule.max_seconds)
             if pairs.comparison is not None or self.incumbent.parked or not other.parked:
                 break
         return pairs, since
 
     def confirm(self) -> None:
         """The best against the script as written, paired (when comparisons were): kept only when faster beyond
-        the pairs' interval and `MIN_GAIN` — what the tuning's trials, one comparison at a time, found in all."""
+        the pairs' interval and `POLICY.gains.min_gain` — what the tuning's trials, one comparison at a time, found in
+        all."""
         result = self.result
         if result.paired is not None or result.best is result.baseline:
             return
@@ -347,7 +349,7 @@ class _Search:
                 pairs, _ = self._with_best(written, best_first=False)
             best = result.best
             pairs = again(pairs, lambda: (self.gated("as written", NONE), self.gated(best.name, best.overrides)),
-                          MIN_GAIN, cap_s=2 * self.rule.max_seconds)
+                          POLICY.gains.min_gain, cap_s=2 * self.rule.max_seconds)
         except SaturateError as e:
             result.decisions.append(f"confirmation against the script as written: failed ({e}); nothing kept")
             result.best = result.baseline

@@ -14,10 +14,11 @@ from rich.table import Table
 from rich.text import Text
 
 from saturate.atomic import atomic_write_bytes
+from saturate.policy import POLICY, policy_record
 from saturate.script.doctor_script import TRAINER_TERMS, trainer_edit
 from saturate.script.gated import PairedTrials
 from saturate.script.overrides import Overrides
-from saturate.script.script_trial import MIN_GAIN, ScriptTrial, window_rule
+from saturate.script.script_trial import ScriptTrial, window_rule
 from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule, rate_text
 
@@ -63,7 +64,7 @@ class ScriptTuning:
         gain = self.gain()
         return {"command": self.command, "overrides": self.best.overrides.to_dict(), "speedup": self.speedup,
                 "gain": None if gain is None else {"gain": gain.gain, "noise": gain.noise, "text": gain.text()},
-                "min_gain": MIN_GAIN, "window_rule": asdict(self.rule),
+                "min_gain": POLICY.gains.min_gain, "window_rule": asdict(self.rule), **policy_record(),
                 "baseline": self.baseline.to_dict(), "best": self.best.to_dict(),
                 "trials": [t.to_dict() for t in self.trials],
                 "decisions": self.decisions, "loaders": self.loaders, "device_type": self.device_type,
@@ -169,7 +170,7 @@ def render(tuning: ScriptTuning, console: Console, written: Path | None = None) 
            else "medians of each trial's timed windows")
     if gain is None:
         console.print(Text("best: the script as written (no setting was faster beyond the noise and by "
-                           f"{100 * MIN_GAIN:.0f} %; {how})", style="bold"))
+                           f"{100 * POLICY.gains.min_gain:.0f} %; {how})", style="bold"))
     elif tuning.confirmation is not None:
         console.print(Text(f"best: {tuning.best.name}, {tuning.speedup:.2f}× the script as written, paired with it "
                            f"at the end ({gain.text()})", style="bold"))

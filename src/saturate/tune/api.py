@@ -23,6 +23,8 @@ from saturate.errors import ConfigError, file_not_folder
 from saturate.hardware.contention import ContentionMeter, measure_contention
 from saturate.hardware.kernels import fused_adamw_available
 from saturate.plan import INFORMED_KNOBS, Plan
+from saturate.policy import check as check_policy
+from saturate.policy import policy_record
 from saturate.tune.evidence import plan_text, plot, print_report, result_dict, trial_line
 from saturate.tune.kept import keep as keep_what_the_user_had
 from saturate.tune.measure import RealMeasurer
@@ -83,6 +85,7 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
     from saturate.hardware import probe
 
     started = time.monotonic()
+    check_policy()  # a SATURATE_POLICY file that was refused
     if budget_s is not None and budget_s <= 0:
         raise ConfigError(f"budget must be > 0 seconds, got {budget_s:g}")
     if out_dir is not None and (why := file_not_folder(out_dir, "output folder", "--out")) is not None:
@@ -185,7 +188,7 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
         atomic_write_bytes(json_path, (json.dumps({
             "workload": workload.name, "info": workload.info, "hardware": hw.to_dict(), "settings": s.__dict__,
             **result_dict(result), "plan": plan.to_dict() | {"provenance": None},
-            "plots": [str(p) for p in plots], "contention_before": before.to_dict(),
+            "plots": [str(p) for p in plots], "contention_before": before.to_dict(), **policy_record(),
         }, indent=2, default=str) + "\n").encode())
         plan.save(plan_path)
         kept = cached_plan_stays(plan, result, workload, hw_fp, world) if use_cache else None

@@ -18,6 +18,8 @@ from saturate.tune.results import MemoryFit, fit_memory
 from saturate.tune.state import SearchState, gib, rate
 from saturate.tune.trial import Trial
 
+FIT_POINTS = 2  # the micro-batches measured beside the best one for the memory fit: a line needs two more points
+
 
 def proportional_bound(st: SearchState, best: Trial, top: int) -> str | None:
     """The decision line when micro-batch `top` fits even with peak memory proportional to the micro-batch from
@@ -42,9 +44,9 @@ def memory(st: SearchState, best: Trial) -> MemoryFit | None:
     if (said := proportional_bound(st, best, max(cands))) is not None:
         st.decisions.append(said)
         return None
-    want = [m for m in cands if m < best.plan.micro_batch][:2]
-    if len(want) < 2:
-        want += [m for m in cands if m > best.plan.micro_batch][: 2 - len(want)]
+    want = [m for m in cands if m < best.plan.micro_batch][:FIT_POINTS]
+    if len(want) < FIT_POINTS:
+        want += [m for m in cands if m > best.plan.micro_batch][: FIT_POINTS - len(want)]
     points = [(best.plan.micro_batch, best.peak_memory_bytes)] if best.peak_memory_bytes is not None else []
     for m in want:
         if not st.affordable(f"memory at micro-batch {m}"):
@@ -56,7 +58,7 @@ def memory(st: SearchState, best: Trial) -> MemoryFit | None:
         else:
             t.verdict = f"{t.status}: {t.error}"
     points.sort()
-    if len(points) < 2:
+    if len(points) < FIT_POINTS:
         st.skipped.append("memory fit: fewer than two measured points")
         return None
     fit = fit_memory(points, st.m.memory_capacity, st.s.headroom, st.m.memory_kind)

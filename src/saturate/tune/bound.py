@@ -1,10 +1,11 @@
+
 """What a stage can gain at most, from what the trials measured: a stage not worth measuring is not measured.
 
 A setting that changes one phase of the step can save at most that phase's whole time: a step whose optimizer
 takes a share `s` of it runs at most 1 / (1 - s) times faster with any other optimizer kernel. The fused optimizer
 (one kernel for every parameter instead of a few per group) changes only the optimizer step, so where the
-incumbent's optimizer takes under half of the minimum gain (`BOUND_MARGIN`: the share is itself measured, over a
-trial's few timed steps) the other setting cannot be kept, and timing it would only spend the budget. On the
+incumbent's optimizer takes under half of the minimum gain (`POLICY.stages.bound_margin`: the share is itself measured,
+over a trial's few timed steps) the other setting cannot be kept, and timing it would only spend the budget. On the
 2-core Zen 4 the peers' GPT-2 job (3.7 M parameters, 16 × 2 × 128 tokens, bf16) spent 0.7 % of its step in fused
 AdamW and 1.5 % in the foreach one, where the fused stage had cost 44 s of a 105-s tuning (24 alternating pairs
 for a 2.2 % difference within noise; 2026-11-27, docs/benchmarks.md).
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 
 import torch
 
-BOUND_MARGIN = 2.0  # the phase's share must be under the minimum gain divided by this for the stage to be skipped
+from saturate.policy import POLICY
 
 
 def most_gained(share: float) -> float:
@@ -32,16 +33,16 @@ def most_gained(share: float) -> float:
 
 def not_worth(share: float | None, min_gain: float) -> bool:
     """Whether a change confined to a phase of `share` (None: not measured) is bounded under `min_gain` with
-    `BOUND_MARGIN` to spare."""
-    return share is not None and most_gained(share) * BOUND_MARGIN < min_gain
+    `POLICY.stages.bound_margin` to spare."""
+    return share is not None and most_gained(share) * POLICY.stages.bound_margin < min_gain
 
 
 def bound_text(phase: str, share: float, min_gain: float) -> str:
     """"the optimizer step took 0.7 % of the step (measured): another kernel can gain at most 0.7 %, under 50% of the
     3 % a change must gain"."""
     return (f"the {phase} took {100 * share:.1f} % of the step (measured): another kernel can gain at most "
-            f"{100 * most_gained(share):.1f} %, under {1 / BOUND_MARGIN:.0%} of the {100 * min_gain:.0f} % a change "
-            "must gain")
+            f"{100 * most_gained(share):.1f} %, under {1 / POLICY.stages.bound_margin:.0%} of the "
+            f"{100 * min_gain:.0f} % a change must gain")
 
 
 class OptimizerClock:

@@ -22,10 +22,14 @@ def _num(v: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
+GIB_FROM = 10 * 2**30  # a size this large is printed in GiB, a smaller one in MiB
+TORCH_PREFETCH = 2  # DataLoader's prefetch_factor when workers are used and none is given
+
+
 def _mib(v: int | None) -> str:
     if v is None:
         return "-"
-    return f"{v / 2**30:.1f} GiB" if v >= 10 * 2**30 else f"{v / 2**20:.0f} MiB"
+    return f"{v / 2**30:.1f} GiB" if v >= GIB_FROM else f"{v / 2**20:.0f} MiB"
 
 
 def plan_text(p: Plan) -> str:
@@ -247,9 +251,10 @@ def plot(result: SearchResult, out_dir: Path, loader_margin: float) -> tuple[lis
     plt.close(fig)
     if result.loader_trials:
         fig, ax = plt.subplots(figsize=(6, 4))
-        for pf in sorted({t.prefetch_factor or 2 for t in result.loader_trials}):
+        for pf in sorted({t.prefetch_factor or TORCH_PREFETCH for t in result.loader_trials}):
             rows = sorted((t.num_workers, t.samples_per_s) for t in result.loader_trials
-                          if t.ok and (t.prefetch_factor or 2) == pf and not t.pin_memory and t.samples_per_s)
+                          if t.ok and (t.prefetch_factor or TORCH_PREFETCH) == pf and not t.pin_memory
+                          and t.samples_per_s)
             if rows:
                 ax.plot([w for w, _ in rows], [v for _, v in rows], "o-", label=f"prefetch {pf}")
         model_rate = result.chosen.samples_per_s or 0

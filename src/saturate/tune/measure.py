@@ -23,6 +23,7 @@ from saturate.engine.step import Stepper, Timer, to_device
 from saturate.hardware import synchronize
 from saturate.hardware.contention import ContentionMeter
 from saturate.plan import Plan
+from saturate.policy import POLICY
 from saturate.stats.noise import WindowRule, default_rule
 from saturate.tune.bound import OptimizerClock
 from saturate.tune.paired import Pairing
@@ -321,20 +322,19 @@ class RealMeasurer(Pairing):
             buffered = plan.num_workers * (plan.prefetch_factor or 2)
             for _ in range(buffered):  # what the workers prefetched during start-up is not sustained rate
                 next(it)
-            # Windows (each at least a few batches and 50 ms), until they agree (stats/noise.py) after at least
-            # `target` batches and 0.3 s, or a cap (the rule's, or 2000 batches).
-            t0, n, rates = time.perf_counter(), 0, []
+            # Windows until they agree (stats/noise.py) after `target` batches, or a cap: POLICY.windows.loader_*
+            t0, n, rates, w = time.perf_counter(), 0, [], POLICY.windows
             target, chunk = max(20, 4 * buffered), max(5, buffered)
             while True:
                 w0, k = time.perf_counter(), 0
-                while k < chunk or (time.perf_counter() - w0 < 0.05 and n + k < 2000):
+                while k < chunk or (time.perf_counter() - w0 < w.loader_window_s and n + k < w.loader_max_batches):
                     next(it)
                     k += 1
                 n += k
                 rates.append(k * plan.micro_batch / (time.perf_counter() - w0))
                 elapsed = time.perf_counter() - t0
-                if (n >= 2000 or self.rule.capped(rates, elapsed)
-                        or (n >= target and elapsed >= 0.3 and self.rule.agreed(rates))):
+                if (n >= w.loader_max_batches or self.rule.capped(rates, elapsed)
+                        or (n >= target and elapsed >= w.loader_min_s and self.rule.agreed(rates))):
                     break
             summary = self.rule.result(rates)
             trial.samples_per_s, trial.spread, trial.windows = summary.median, summary.spread, summary.windows
@@ -395,6 +395,6 @@ class RealMeasurer(Pairing):
             for i, batch in enumerate(eval_loader(self.workload.val_data, plan, pin)):
                 with precision.autocast():
                     self.workload.loss_fn(model, to_device(batch, self.device, plan.non_blocking))
-                if i >= 2:
+                if i + 1 >= POLICY.windows.eval_batches:
                     break
 

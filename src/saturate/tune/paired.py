@@ -33,12 +33,12 @@ from saturate.engine.step import Stepper
 from saturate.hardware import synchronize
 from saturate.hardware.contention import ContentionMeter
 from saturate.plan import Plan
+from saturate.policy import POLICY
 from saturate.stats.noise import SHORT_TRIALS_ENV
 from saturate.stats.pairs import MAX_PAIRS, MIN_PAIRS, pair_order, settled
 from saturate.tune.process import release
 from saturate.tune.trial import Trial, first_line, is_oom
 
-WINDOW_S = 0.5  # each window at least this long: a longer window averages the load's jitter
 # Under the testing knob (stats/noise.py: flows whose figures no test judges) pairs are one step a window, 3 at least,
 # and at most 1 timed second.
 SHORT = {"min_pairs": 3, "window_s": 0.0, "cap_s": 1.0}
@@ -47,9 +47,9 @@ SHORT = {"min_pairs": 3, "window_s": 0.0, "cap_s": 1.0}
 def predicted_seconds(a: Trial, b: Trial) -> float:
     """What timing `a` and `b` in pairs is predicted to take at the least, from their trials: building and warming
     up each (its trial's time beyond its timed steps), then `MIN_PAIRS` pairs of windows (each at least
-    `WINDOW_S`, and at least one step)."""
+    `POLICY.windows.window_s`, and at least one step)."""
     def window(t: Trial) -> float:
-        return max(WINDOW_S, t.step_s or 0.0)
+        return max(POLICY.windows.window_s, t.step_s or 0.0)
 
     def setup(t: Trial) -> float:
         return max(0.0, t.seconds - t.steps * (t.step_s or 0.0))
@@ -68,7 +68,7 @@ class Pairs:
 
     @property
     def ok(self) -> bool:
-        return self.a.ok and self.b.ok and len(self.ratios) >= 2
+        return self.a.ok and self.b.ok and len(self.ratios) > 1  # one ratio has no spread
 
 
 @dataclass
@@ -87,9 +87,9 @@ def measure_pairs(m: Any, a: Trial, b: Trial, stage: str, *, cap_s: float | None
     up, then time them in alternating windows (module docstring) until the pairs are `settled` (stats/pairs.py:
     decisive at one of its `CHECKS` — `one_sided`: or `b` cannot be faster —, or `cap_s` timed seconds; at least
     `MIN_PAIRS` pairs), or `MAX_PAIRS`. Each side's steps per window come from its trial's step time (a window of at
-    least `WINDOW_S`). The two trials returned hold each plan's windows, figures and losses."""
+    least `POLICY.windows.window_s`). The two trials returned hold each plan's windows, figures and losses."""
     started = time.perf_counter()
-    min_pairs, window_s = MIN_PAIRS, max(WINDOW_S, m.window_s)
+    min_pairs, window_s = MIN_PAIRS, max(POLICY.windows.window_s, m.window_s)
     if os.environ.get(SHORT_TRIALS_ENV):
         min_pairs, window_s = SHORT["min_pairs"], SHORT["window_s"]
         cap_s = min(cap_s if cap_s is not None else SHORT["cap_s"], SHORT["cap_s"])

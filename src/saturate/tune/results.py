@@ -5,14 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from saturate.engine.grow import HEADROOM
-from saturate.engine.precision_guard import LOSS_TOLERANCE
 from saturate.hardware.contention import Contention
 from saturate.plan import Plan
+from saturate.policy import POLICY
 from saturate.tune.trial import LoaderTrial, Trial
 
-# LOSS_TOLERANCE: a lower precision's first losses may differ from fp32's by this share of the loss's scale (the
-# larger of fp32's loss at that step and its first loss: search.loss_drift); the same figure as training's guard.
+# loss_tolerance (POLICY.payback): a lower precision's first losses may differ from fp32's by this share of the loss's
+# scale (the larger of fp32's loss at that step and its first loss: search.loss_drift); the same as training's guard.
 
 
 CUDA_ATTENTION = ("cudnn", "flash", "efficient")  # the SDPA backends a CUDA tune measures (plan.attention)
@@ -38,12 +37,12 @@ class SearchSettings:
     # `training_s` (the untuned training, predicted) from its best trial over its first. None: a fixed budget.
     budget_cap_s: float | None = None
     training_s: float | None = None
-    headroom: float = HEADROOM  # share of the memory capacity a plan may use (engine/grow.py)
-    min_gain: float = 0.03  # a change is taken only when it gains more than this, and more than the noise
+    headroom: float = POLICY.job.headroom  # share of the memory capacity a plan may use
+    min_gain: float = POLICY.gains.min_gain  # a change is taken only when it gains more than this, and the noise
     verify_tolerance: float = 0.10  # the verification may be this much below its plan's model trial (the loader)
     # The loader must feed this many times the model's rate, beyond both figures' noise (loader_stage.py).
     loader_margin: float = 1.2
-    loss_tolerance: float = LOSS_TOLERANCE  # largest per-step loss difference against fp32 (search.loss_drift)
+    loss_tolerance: float = POLICY.job.loss_tolerance  # per-step loss difference against fp32 (search.loss_drift)
     try_compile: bool = True
     compile_mode: str = "default"
     # Modes tried after `compile_mode` is kept, each against the incumbent (CUDA graphs, then autotuned kernels):

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from saturate.engine.step import own_threads
 from saturate.errors import SaturateError
 from saturate.plan import Plan, informed_summary
+from saturate.policy import POLICY
 from saturate.stats.comparison import compare
 from saturate.tune import batch, start
 from saturate.tune.bound import bound_text, not_worth
@@ -54,7 +55,6 @@ def search(measurer: Measurer, base: Plan, s: SearchSettings,
     return _Search(measurer, base, s, on_trial, started).run()
 
 
-CHUNK_MEMORY_GAIN = 0.10  # the chunked loss, within noise, is kept when it measures this much less peak memory
 
 
 class _Search(SearchState):
@@ -252,7 +252,7 @@ class _Search(SearchState):
         """The loss over chunks of logits (plan.loss_chunk) against the whole logits, where the workload has one
         and a micro-batch holds more rows than a chunk; before the memory fit, so the micro-batch search sees
         what it frees. Kept when faster beyond the noise, or when not slower beyond it and its measured peak
-        memory is at least `CHUNK_MEMORY_GAIN` lower (memory a larger micro-batch can use: the reason the
+        memory is at least `POLICY.stages.chunk_memory_gain` lower (memory a larger micro-batch can use: the reason the
         knob exists); each one's peak memory is said."""
         s, p = self.s, best.plan
         if s.loss_chunk_rows is None or p.loss_chunk is not None:
@@ -268,7 +268,7 @@ class _Search(SearchState):
         taken, c, best, t = self.beats(t, best, either_way=True) if t.ok else (False, None, best, t)
         memory = (f"; peak memory {gib(t.peak_memory_bytes)} against {gib(best.peak_memory_bytes)}"
                   if t.peak_memory_bytes and best.peak_memory_bytes else "")
-        frees = bool(memory) and t.peak_memory_bytes <= (1 - CHUNK_MEMORY_GAIN) * best.peak_memory_bytes
+        frees = bool(memory) and t.peak_memory_bytes <= (1 - POLICY.stages.chunk_memory_gain) * best.peak_memory_bytes
         for_memory = c is not None and not taken and not c.slower and frees
         if taken or for_memory:  # the whole logits' trial says what replaced it
             best.verdict = f"chunked loss: {c.text()}" + (", within noise, with less memory" if for_memory else "")

@@ -21,6 +21,7 @@ from typing import Any
 
 from saturate.errors import ConfigError
 from saturate.plan import INFORMED, INFORMED_KNOBS, LOADER_FIELDS, Plan
+from saturate.policy import POLICY, Load
 from saturate.stats.comparison import Comparison, compare
 from saturate.stats.noise import rate_text
 from saturate.stats.pairs import paired_comparison
@@ -34,14 +35,10 @@ LOADER_TRIAL_S = 1.0  # what a loader trial is expected to take before one has r
 # the incumbent is measured again right after the candidate (`SearchState.beats`). Two trials seconds apart differ
 # by more than either one's windows show: the same plan built again read 45-55 samples/s on the quiet 2-core
 # machine (bench/side_by_side.py, 2026-11-23) while each trial's own windows agreed within a few percent.
-CONFIRM_BELOW = 0.15
-# Two trials that both ran under load compare like two quiet ones when the load was the same: other processes' mean
-# CPU use during each (Trial.busy_cores) within this many cores. A steady neighbour reads 1.0 and 1.0 of 2 cores;
-# a burst that spans one trial whole, the case that makes loaded trials suspect, reads apart (0.0 against 0.7-1.0).
-SAME_LOAD_CORES = 0.2
 # The share of a found saving the search may spend on finding more (`SearchState.earn`). Half: the rest is the
 # user's, and `saturate run`'s side-by-side may spend no more than the search left of it (`sizing.least_allowance`).
-SAVING_SHARE = 0.5
+
+SAID_FROM_S = 0.5  # a trial's predicted length is named in a reason from this long (shorter would read "0 s")
 
 
 def gib(n: float | None) -> str:
@@ -54,9 +51,9 @@ def rate(t: Trial) -> str:
 
 def same_load(a: Trial, b: Trial) -> bool:
     """Both trials ran under load, and under the same: each saw other processes keep the machine busy, their mean
-    CPU use within `SAME_LOAD_CORES` of each other."""
+    CPU use the same load (`Load.same_as`: within `POLICY.load.same_cores`)."""
     return (a.contended and b.contended and a.busy_cores is not None and b.busy_cores is not None
-            and abs(a.busy_cores - b.busy_cores) <= SAME_LOAD_CORES)
+            and Load(a.busy_cores).same_as(Load(b.busy_cores)))
 
 
 def loads_text(a: Trial, b: Trial, cores: int | str) -> str:
@@ -99,7 +96,7 @@ class SearchState:
     def free_threads(self, busy: float) -> int:
         """Intra-op threads for the cores other processes left: `busy` of them taken (a quarter of a core's
         reading forgiven), at least one."""
-        return max(1, self.m.cores - math.ceil(busy - 0.25))
+        return Load(busy, self.m.cores).threads_left()
 
     def measured(self, knob: str, why: str, kept: bool = False) -> None:
         """Record why `knob` (one of plan.INFORMED_KNOBS) has its value, from what the trials measured. `kept`: the
@@ -190,7 +187,7 @@ class SearchState:
         # Several processes: each rank's clock decides, and all must take the same branch.
         if self.all_agree(not self.budget_spent and left >= need + self.verifying()):
             return True
-        costs = ([f"a trial takes up to {need:.0f} s (predicted from the trials)"] if need >= 0.5 else []) + (
+        costs = ([f"a trial takes up to {need:.0f} s (predicted from the trials)"] if need >= SAID_FROM_S else []) + (
             [f"verifying the plan takes ~{self.verifying():.0f} s"] if self.s.verify else [])
         why = ("the budget is spent (a trial was stopped at its deadline)" if self.budget_spent else
                f"the budget had {max(left, 0):.0f} s left" + (f"; {' and '.join(costs)}" if costs else ""))
@@ -210,12 +207,13 @@ class SearchState:
         if s.budget_s is None or s.budget_cap_s is None or not s.training_s or speedup <= 1:
             return best
         saving = s.training_s * (1 - 1 / speedup)
-        grown = min(s.budget_cap_s, max(s.budget_s, self.first_budget + SAVING_SHARE * saving))
-        if grown >= s.budget_s + 0.5:
+        grown = min(s.budget_cap_s, max(s.budget_s, self.first_budget + POLICY.payback.saving_share * saving))
+        if grown >= s.budget_s + POLICY.payback.least_growth_s:
             self.decisions.append(
                 f"budget: {s.budget_s:.0f} -> {grown:.0f} s: {plan_text(best.plan)} measured {speedup - 1:+.1%} "
                 f"over the first trial (the comparisons that kept its changes), {saving:.0f} s saved over the "
-                f"{s.training_s:.0f} s training (a prediction); the search may spend {SAVING_SHARE:.0%} of it, up "
+                f"{s.training_s:.0f} s training (a prediction); the search may spend "
+                f"{POLICY.payback.saving_share:.0%} of it, up "
                 f"to {s.budget_cap_s:.0f} s")
             self.s = dataclasses.replace(s, budget_s=grown)
         return best
@@ -269,7 +267,8 @@ class SearchState:
         """Whether `candidate` is faster than `incumbent` beyond the noise and `min_gain`.
 
         A comparison of two separate trials decides alone only when it is decisive — a gain of at least
-        `CONFIRM_BELOW` and twice the noise, or a loss that rules out a worthwhile gain even at twice the noise — and
+        `POLICY.gains.confirm_below` and twice the noise, or a loss that rules out a worthwhile gain even at twice the
+        noise — and
         neither trial saw other processes keep the machine busy (`Trial.contended`) — or both saw the same load
         (`same_load`: a steady neighbour, which two trials share as windows a second apart do; the issue-28 steady
         check: one thread +401 % over torch's two, both trials at 1.0 of 2 cores busy, was left unconfirmed by a
@@ -286,18 +285,21 @@ class SearchState:
         # moves its figure without widening its spread (issue 28: "+1093 %" read for a setting worth +8 %).
         loaded = bool(candidate.contended or incumbent.contended)
         alike = loaded and c.noise_known and same_load(candidate, incumbent)
-        if c.faster and c.gain >= max(CONFIRM_BELOW, 2 * c.noise) and (alike or not loaded):
+        if c.faster and c.gain >= max(POLICY.gains.confirm_below, POLICY.gains.decisive_noise * c.noise) \
+                and (alike or not loaded):
             return True, (c.said(f"both trials under the same load ({self._loads(candidate, incumbent)} busy)")
                           if alike else c), incumbent, candidate
         loaded = loaded and not alike
         pairable = getattr(self.m, "can_pair", lambda a, b: False)(incumbent.plan, candidate.plan)
-        if pairable and (loaded or c.faster or c.gain + 2 * c.noise > c.min_gain):  # could be a worthwhile gain
+        could = c.gain + POLICY.gains.decisive_noise * c.noise > c.min_gain  # within the noise of a worthwhile gain
+        if pairable and (loaded or c.faster or could):
             return self._pair(candidate, incumbent, c, loaded, either_way)
         if not c.faster:
             return False, c, incumbent, candidate
         what = plan_text(incumbent.plan)
         if not self.affordable(f"measuring {what} again to confirm a {100 * c.gain:+.1f} % gain"):
-            return False, c.said(f"not confirmed: a gain under {100 * CONFIRM_BELOW:.0f} % or twice the noise is "
+            below = 100 * POLICY.gains.confirm_below
+            return False, c.said(f"not confirmed: a gain under {below:.0f} % or twice the noise is "
                                  f"confirmed by measuring {what} again, and the budget had no room"), incumbent, \
                 candidate
         again = self.trial(incumbent.plan, candidate.stage)  # a trial of the stage that decides
@@ -326,7 +328,7 @@ class SearchState:
                 return False, c, incumbent, candidate
             why = (f"other processes kept the machine busy, unevenly ({self._loads(candidate, incumbent)} during the "
                    "two trials), and two trials under different loads decide nothing alone" if loaded else
-                   f"a gain under {100 * CONFIRM_BELOW:.0f} % or twice the noise decides nothing alone")
+                   f"a gain under {100 * POLICY.gains.confirm_below:.0f} % or twice the noise decides nothing alone")
             return False, c.said(f"not confirmed: {why}; timing both in alternating windows would, and the budget "
                                  "had no room"), incumbent, candidate
         cap = self.window_cap()

@@ -102,7 +102,7 @@ def cover(libc: ctypes.CDLL, folder: str, upper: str, work: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) < 3 or argv[1] != "--":
+    if len(argv) < len(("SPEC.json", "--", "COMMAND")) or argv[1] != "--":
         _fail("usage: overlay_exec.py SPEC.json -- COMMAND …")
     with open(argv[0]) as f:
         layers = json.load(f)

@@ -18,6 +18,7 @@ from typing import Any
 
 from saturate.policy.doctor_rules import DoctorRules
 from saturate.policy.fields import rule
+from saturate.policy.job_rules import JobRules
 from saturate.policy.payback_rules import PaybackRules
 
 
@@ -57,6 +58,9 @@ class GainRules:
                               "run's speed has a part that stays with its process (bf16 read +4.4 % in 6 of 6 "
                               "pairs where it cannot gain 1 %), larger than one process's trial-to-trial noise",
                               "bench/results, 2026-11-28 (docs/results.md)")
+    decisive_noise: float = rule(2.0, "a preset trial's gain decides alone only beyond this many times the "
+                                 "comparison's noise (and confirm_below); a loss within it may still hide a gain",
+                                 "tune/state.py SearchState.beats")
     drift: float = rule(0.25, "a live run whose speed moved this much since its first paired windows is not "
                         "compared as it is (a fresh pair is taken)", "script/drift.py")
 
@@ -75,11 +79,41 @@ class WindowRules:
                                        "docs/scripts.md (saturate doctor -- CMD)")
     window_timeout_s: float = rule(300.0, "one window of steps this long means a paired run is stuck: it is stopped",
                                    "script/gated.py")
+    loader_window_s: float = rule(0.05, "a loader trial's window lasts at least this long (and a few batches)",
+                                  "tune/measure.py RealMeasurer.measure_loader")
+    loader_min_s: float = rule(0.3, "a loader trial times at least this long before its windows may agree",
+                               "tune/measure.py RealMeasurer.measure_loader")
+    loader_max_batches: int = rule(2000, "a loader trial stops after this many batches, agreed or not",
+                                   "tune/measure.py RealMeasurer.measure_loader")
+    eval_batches: int = rule(3, "validation batches run once before a trial is timed, so the evaluation path is "
+                             "built and its memory counted", "tune/measure.py")
     side_by_side_rounds: int = rule(3, "as written and tuned (naive and tuned), alternating: enough rounds for a "
                                     "median and a range, short beside a job", "docs/tuning.md (saturate run)")
     fresh_tries: int = rule(2, "fresh pairs of runs taken when a run ends before its pairs decide: a short script's "
                             "few pairs can fall across a burst (run_clm 8 x 1: 2 of 3 pairs uneven)",
                             "bench/results, 2026-11-29 (docs/results.md)")
+
+
+@dataclass(frozen=True)
+class StageRules:
+    """When a tuning stage is worth running, and how far it searches."""
+
+    input_share_min: float = rule(0.05, "below this share of its step waiting for data, a script's loader settings "
+                                  "cannot gain much: its loader stage is not run", "script/host_stages.py")
+    workers_per_core: int = rule(4, "a script's loader workers are tried up to this many per usable core (past the "
+                                 "cores only while the best run still waits for data: 4 ms of I/O a sample ran 4x at "
+                                 "8 workers on 2 cores)", "docs/scripts.md (saturate tune -- CMD)")
+    worker_memory_share: float = rule(0.5, "loader workers are not tried when, each holding the training process's "
+                                      "peak, they could use more than this share of the host memory available",
+                                      "script/host_stages.py")
+    bound_margin: float = rule(2.0, "a stage is skipped when its phase's share of the step is under the minimum "
+                               "gain divided by this (the most it could gain, with room for the share's error)",
+                               "tune/bound.py")
+    chunk_memory_gain: float = rule(0.10, "the chunked loss, within noise on speed, is kept when it measures this "
+                                    "much less peak memory (memory a larger micro-batch can use)", "tune/search.py")
+    gpu_share: int = rule(8, "on a GPU, a script's trials are paired (two runs alive) only when the script as "
+                          "written used at most 1/this of the device's memory: a candidate may need several times "
+                          "as much", "script/gated.py can_gate")
 
 
 @dataclass(frozen=True)
@@ -89,8 +123,10 @@ class Policy:
     load: LoadRules = field(default_factory=LoadRules)
     gains: GainRules = field(default_factory=GainRules)
     windows: WindowRules = field(default_factory=WindowRules)
+    stages: StageRules = field(default_factory=StageRules)
     doctor: DoctorRules = field(default_factory=DoctorRules)
     payback: PaybackRules = field(default_factory=PaybackRules)
+    job: JobRules = field(default_factory=JobRules)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """{section: {field: value}}, as written into tune.json."""
