@@ -119,7 +119,7 @@ def test_the_floor_check_finds_an_import_from_above(tmp_path, monkeypatch):
 LAYERS = (
     ("errors",),
     ("atomic", "stats", "policy", "script.overrides"),
-    ("plan", "script.boundary"),
+    ("plan", "provenance", "script.boundary"),
     ("data",),
     ("hardware", "workloads"),
     ("telemetry", "plan_cache"),
@@ -381,3 +381,52 @@ def test_each_policy_concept_is_defined_once():
                 if isinstance(t, ast.Name) and (t.id in RETIRED or t.id in fields):
                     twins.append(f"{path.relative_to(SRC)}:{node.lineno}: {t.id}")
     assert twins == []
+
+
+def _reads_provenance(node: ast.AST) -> bool:
+    """A value taken from a plan's provenance: `plan.provenance.get(k)`, `prov[k]`, `str(...)` of either."""
+    node = _unwrapped(node)  # type: ignore[arg-type]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "str" and node.args:
+        node = _unwrapped(node.args[0])
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+        node = node.func.value
+    elif isinstance(node, ast.Subscript):
+        node = node.value
+    else:
+        return False
+    return any(isinstance(n, ast.Attribute) and n.attr == "provenance" or isinstance(n, ast.Name)
+               and n.id in ("provenance", "prov") for n in ast.walk(node))
+
+
+def provenance_text_branches(root: Path = SRC) -> list[str]:
+    """"path:line: source" for each test of the text a plan's provenance holds: `x in plan.provenance.get(k)`,
+    `.startswith` on one. What a decision needs of a plan's origin is `saturate.provenance.origin`."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text()
+        for n in ast.walk(ast.parse(text)):
+            hit = (isinstance(n, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) and _reads_provenance(right)
+                                                      for op, right in zip(n.ops, n.comparators, strict=True))
+                   or isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                   and n.func.attr in ("startswith", "endswith") and _reads_provenance(n.func.value))
+            if hit:
+                found.append(f"{path.relative_to(root)}:{n.lineno}: {ast.get_source_segment(text, n)}")
+    return found
+
+
+def test_no_decision_branches_on_the_text_of_a_provenance():
+    assert provenance_text_branches() == []
+
+
+def test_the_provenance_text_check_finds_a_planted_branch(tmp_path):
+    (tmp_path / "planted.py").write_text(
+        "def grow(plan, prov, UNMEASURED, origin):\n"
+        "    if UNMEASURED not in str(plan.provenance.get('micro_batch', '')):  # flagged\n"
+        "        return 1\n"
+        "    if str(plan.provenance.get('threads', '')).startswith('the first'):  # flagged\n"
+        "        return 2\n"
+        "    if 'measured' in prov['precision']:  # flagged\n"
+        "        return 3\n"
+        "    return 'informed' in plan.provenance or origin(plan.provenance, 'threads')  # not flagged\n")
+    assert [line.split(": ", 1)[0] for line in provenance_text_branches(tmp_path)] == [
+        "planted.py:2", "planted.py:4", "planted.py:6"]

@@ -19,6 +19,7 @@ import tomli_w
 
 from saturate.atomic import atomic_write_bytes
 from saturate.errors import ConfigError, did_you_mean, unknown_name
+from saturate.provenance import KEY, Origin
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -324,6 +325,7 @@ def default_plan(effective_batch: int, device_type: str, supports: dict[str, boo
                 + ("; its first steps' measured peak may grow it, a step that runs out of memory halves it" if gpu
                    else ""))
     micro = max(d for d in range(1, min(cap, per_rank) + 1) if per_rank % d == 0)
+    micro_from = Origin.PREDICTED if memory_cap is not None else Origin.NO_MEMORY
     why["micro_batch"] = f"{micro} × {per_rank // micro} accumulation: {rule}"
     if gpu:
         workers = 0 if cores is None else min(4, max(0, cores // max(1, world_size) - 1))
@@ -344,7 +346,8 @@ def default_plan(effective_batch: int, device_type: str, supports: dict[str, boo
         pin_memory=gpu,
         non_blocking=gpu,
         fused_optimizer=fused,
-        provenance={"informed": INFORMED, **{k: f"{v} ({INFORMED})" for k, v in why.items()}},
+        provenance={"informed": INFORMED, **{k: f"{v} ({INFORMED})" for k, v in why.items()},
+                    KEY: {k: (micro_from if k == "micro_batch" else Origin.HARDWARE).value for k in why}},
     )
 
 

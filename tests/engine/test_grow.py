@@ -15,10 +15,12 @@ from saturate.engine.trainer import RunConfig, train
 from saturate.errors import ConfigError
 from saturate.hardware import probe
 from saturate.plan import INFORMED, Plan
+from saturate.provenance import Origin, mark
 from saturate.workloads import build_workload
 
 GiB = 2**30
-UNMEASURED_RULE = (f"2 × 4 accumulation: the largest that divides the per-process batch 8 up to 16: {grow.UNMEASURED}, "
+UNMEASURED_RULE = ("2 × 4 accumulation: the largest that divides the per-process batch 8 up to 16: no memory was "
+                   "measured, "
                    f"and the memory model predicts only from a measured peak ({INFORMED})")
 
 
@@ -79,9 +81,10 @@ def test_an_oom_at_a_grown_micro_batch_goes_back_through_the_joined_sizes(worklo
     assert calls == [8, 4, 4] and stepper.grad_accum == 2
 
 
-def _grown_run(tmp_path, workload, monkeypatch, memory, provenance=UNMEASURED_RULE, steps=4, name="run"):
+def _grown_run(tmp_path, workload, monkeypatch, memory, provenance=UNMEASURED_RULE, steps=4, name="run",
+               chosen=Origin.NO_MEMORY):
     monkeypatch.setattr(grow, "device_memory", lambda device: memory)
-    plan = Plan(micro_batch=2, grad_accum=4, provenance={"informed": INFORMED, "micro_batch": provenance})
+    plan = Plan(micro_batch=2, grad_accum=4, provenance=mark({"informed": INFORMED}, "micro_batch", chosen, provenance))
     config = RunConfig(run_dir=tmp_path / name, steps=steps, progress=False, tensorboard=False, log_every=1)
     return train(workload, plan, config, hardware=probe(measure_peaks=False, device="cpu"))
 
@@ -115,7 +118,8 @@ def test_the_micro_batch_grows_only_as_far_as_memory_allows_and_only_when_nothin
     none = _grown_run(tmp_path, workload, monkeypatch, (GiB, GiB), name="none")  # not even 4 fits
     assert none.plan.micro_batch == 2
     measured = _grown_run(tmp_path, workload, monkeypatch, (GiB, 10 * GiB), name="measured",
-                          provenance="2 × 4: within the 2 predicted to fit (naive's measured peak): a prediction")
+                          provenance="2 × 4: within the 2 predicted to fit (naive's measured peak): a prediction",
+                          chosen=Origin.PREDICTED)
     assert measured.plan.micro_batch == 2  # sized from a measurement already: left as it is
 
 

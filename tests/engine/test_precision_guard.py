@@ -14,9 +14,10 @@ from saturate.engine.precision_guard import loss_drift, needs_guard
 from saturate.engine.trainer import RunConfig, train
 from saturate.plan import INFORMED, Plan
 from saturate.policy import POLICY
+from saturate.provenance import KEY, Origin, mark
 from saturate.workloads import build_workload
 
-CHOSEN = {"informed": INFORMED, "precision": f"bf16: native here ({INFORMED})"}
+CHOSEN = {"informed": INFORMED, "precision": f"bf16: native here ({INFORMED})", KEY: {"precision": "hardware"}}
 
 
 def tiny(corpus, **over):
@@ -32,8 +33,12 @@ def test_only_a_lower_precision_chosen_from_the_hardware_and_not_yet_checked_is_
     assert needs_guard(Plan(precision="bf16", provenance=CHOSEN))
     assert not needs_guard(Plan(precision="fp32", provenance={**CHOSEN, "precision": f"fp32 ({INFORMED})"}))
     assert not needs_guard(Plan(precision="bf16"))  # the user's own, or a tuned plan: measured or meant
-    checked = {**CHOSEN, "precision": CHOSEN["precision"] + "; within 0.01 % (measured, the guard)"}
+    checked = mark(dict(CHOSEN), "precision", Origin.MEASURED, CHOSEN["precision"] + "; within 0.01 % (measured)")
     assert not needs_guard(Plan(precision="bf16", provenance=checked))  # a resumed run checked before
+    # what decides is the recorded origin, not the words: the same text without its origin is not guarded
+    assert not needs_guard(Plan(precision="bf16", provenance={k: v for k, v in CHOSEN.items() if k != KEY}))
+    # ...and a default plan's, written to plan.toml and read back, is still guarded
+    assert needs_guard(Plan.from_dict(Plan(precision="bf16", provenance=CHOSEN).to_dict()))
 
 
 def test_drift_is_a_share_of_the_loss_scale_and_infinite_for_a_non_finite_loss():

@@ -27,8 +27,7 @@ from saturate.engine.distributed import stuck_after_s
 from saturate.engine.step import join_batches
 from saturate.errors import ConfigError
 from saturate.policy import POLICY
-
-UNMEASURED = "no memory was measured"  # plan.default_plan's micro-batch rule when it had no memory to go by
+from saturate.provenance import Origin, mark, origin
 
 
 def largest_proportional(peak: int, micro: int, limit: int) -> int:
@@ -54,7 +53,7 @@ def grow_micro_batch(t: Any) -> None:
     plan, stepper = t.plan, t.stepper
     if (t.world != 1 or stepper.strategy != "single" or plan.compile != "none" or stepper.adaptations
             or stepper.micro_batch != stepper.plan.micro_batch
-            or UNMEASURED not in str(plan.provenance.get("micro_batch", ""))):
+            or origin(plan.provenance, "micro_batch") is not Origin.NO_MEMORY):
         return
     memory = device_memory(t.device)
     if memory is None:
@@ -80,8 +79,8 @@ def grow_micro_batch(t: Any) -> None:
            f"to the micro-batch, {fits[-1]} stays within {limit / gib:.2f} GiB ({100 * headroom:.0f} % of the device's "
            f"{capacity / gib:.2f} GiB): a prediction; an out-of-memory step halves it")
     grown = stepper.current_plan()
-    t.plan = grown.replace(provenance={**plan.provenance,
-                                       "micro_batch": f"{grown.micro_batch} × {grown.grad_accum}: {why}"})
+    t.plan = grown.replace(provenance=mark(dict(plan.provenance), "micro_batch", Origin.PREDICTED,
+                                           f"{grown.micro_batch} × {grown.grad_accum}: {why}"))
     t.save_plan()
     if t.val_loader is not None:  # validation at the larger micro-batch too
         t.val_loader = eval_loader(t.workload.val_data, t.plan, t.pin, stuck_after_s())

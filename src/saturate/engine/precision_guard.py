@@ -29,16 +29,16 @@ import torch
 import torch.nn as nn
 
 from saturate.engine.precision import Precision
-from saturate.plan import INFORMED, Plan
+from saturate.plan import Plan
 from saturate.policy import POLICY
+from saturate.provenance import Origin, mark, origin
 
 
 def needs_guard(plan: Plan) -> bool:
     """Whether `plan` runs a lower precision chosen from the hardware and not yet checked (by this guard or a
     measurement): the default plan's bf16, not a tuned plan's or one the user wrote."""
-    why = str((plan.provenance or {}).get("precision", ""))
-    return plan.precision != "fp32" and bool((plan.provenance or {}).get("informed")) and INFORMED in why \
-        and "measured" not in why.replace(INFORMED, "")
+    return (plan.precision != "fp32" and bool((plan.provenance or {}).get("informed"))
+            and origin(plan.provenance, "precision") is Origin.HARDWARE)
 
 
 def loss_drift(losses: list[float], reference: list[float]) -> float:
@@ -88,14 +88,14 @@ class PrecisionGuard:
         d, n = loss_drift(self.low, self.fp32), len(self.low)
         prov = dict(plan.provenance or {})
         if d <= self.tolerance:
-            prov["precision"] = (f"{prov.get('precision', plan.precision)}; at the weights of its first {n} steps "
-                                 f"its loss was within {100 * d:.2f} % of fp32's (measured, the guard)")
+            mark(prov, "precision", Origin.MEASURED, f"{prov.get('precision', plan.precision)}; at the weights of "
+                 f"its first {n} steps its loss was within {100 * d:.2f} % of fp32's (measured, the guard)")
             return plan.replace(provenance=prov), (
                 f"guard: {plan.precision}'s loss within {100 * d:.2f} % of fp32's at the weights of the first {n} "
                 "steps (measured)")
         said = "not finite" if math.isinf(d) else f"{100 * d:.1f} % from fp32's"
-        prov["precision"] = (f"fp32: {plan.precision}'s loss was {said} at the weights of its first {n} steps "
-                             f"(> {100 * self.tolerance:.0f} %; measured, the guard)")
+        mark(prov, "precision", Origin.MEASURED, f"fp32: {plan.precision}'s loss was {said} at the weights of its "
+             f"first {n} steps (> {100 * self.tolerance:.0f} %; measured, the guard)")
         return plan.replace(precision="fp32", provenance=prov), (
             f"guard: {plan.precision} rejected, its loss was {said} at the weights of the first {n} steps "
             f"(> {100 * self.tolerance:.0f} %, measured); fp32 from step {n}")

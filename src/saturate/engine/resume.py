@@ -20,6 +20,7 @@ from saturate.engine.step import Stepper, own_threads, rng_state, set_rng_state
 from saturate.errors import CheckpointError, ConfigError, file_not_folder
 from saturate.hardware.contention import measure_contention
 from saturate.plan import Plan, fit_to_world, informed_summary
+from saturate.provenance import without
 from saturate.workloads.base import Workload
 from saturate.workloads.coupling import workload_default_plan
 
@@ -282,8 +283,8 @@ def threads_for_now(plan: Plan, hw: Any, notes: list[str], world: int = 1, secon
     own = own_threads()
     notes.append(f"{kept}, but the machine is quiet now ({load}): torch's own {own} are used instead; tune again "
                  "on a quiet machine for a plan made for one")
-    return plan.replace(threads=None, provenance={**plan.provenance, "threads": f"torch's {own}: the tuned {n} "
-                                                  f"({why}) dropped, the machine quiet at the start ({load})"})
+    dropped = f"torch's {own}: the tuned {n} ({why}) dropped, the machine quiet at the start ({load})"
+    return plan.replace(threads=None, provenance={**without(plan.provenance, "threads"), "threads": dropped})
 
 
 def snapshot(step: int, stepper: Stepper, precision: Precision, schedule: WarmupCosine, plan: Plan,

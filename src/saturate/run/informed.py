@@ -30,6 +30,7 @@ from saturate.engine.grow import largest_proportional
 from saturate.engine.live import stage
 from saturate.plan import Plan, informed_summary
 from saturate.policy import POLICY
+from saturate.provenance import Origin, mark, origin
 from saturate.tune.start import loss_drift
 from saturate.tune.state import gib
 from saturate.tune.trial import Trial
@@ -77,8 +78,9 @@ def _guarded(workload: Workload, hw: Any, world_size: int, naive: Trial | None,
     if too_big and larger:
         rule, _ = workload_default_plan(workload, hw, world_size)
         peak = "ran out of memory" if guard.status == "oom" else f"peaked at {gib(guard.peak_memory_bytes)}"
-        prov["micro_batch"] = (f"{rule.provenance['micro_batch']}; the predicted {plan.micro_batch} {peak} in its "
-                               "first steps (measured, the guard)")
+        mark(prov, "micro_batch", origin(rule.provenance, "micro_batch") or Origin.MEASURED,
+             f"{rule.provenance['micro_batch']}; the predicted {plan.micro_batch} {peak} in its first steps "
+             "(measured, the guard)")
         lines.append(f"guard: micro-batch {plan.micro_batch} {peak} in its first steps (measured); "
                      f"{rule.micro_batch} × {rule.grad_accum} instead")
         plan = plan.replace(micro_batch=rule.micro_batch, grad_accum=rule.grad_accum)
@@ -95,15 +97,15 @@ def _guarded(workload: Workload, hw: Any, world_size: int, naive: Trial | None,
         if drift is None:
             prov["precision"] += "; not checked against fp32's losses (none recorded)"
         elif drift > POLICY.job.loss_tolerance:
-            prov["precision"] = (f"fp32: {plan.precision}'s first {steps} losses differed from fp32's by up to "
-                                 f"{100 * drift:.1f} % (> {100 * POLICY.job.loss_tolerance:.0f} %; measured, "
-                                 "the guard)")
+            tolerance = 100 * POLICY.job.loss_tolerance
+            mark(prov, "precision", Origin.MEASURED, f"fp32: {plan.precision}'s first {steps} losses differed from "
+                 f"fp32's by up to {100 * drift:.1f} % (> {tolerance:.0f} %; measured, the guard)")
             lines.append(f"guard: {plan.precision} rejected, its first {steps} losses differ from fp32's by up to "
                          f"{100 * drift:.1f} % (measured); fp32 instead")
             plan = plan.replace(precision="fp32")
         else:
-            prov["precision"] += (f"; its first {steps} losses are within {100 * drift:.2f} % of fp32's "
-                                  "(measured, the guard)")
+            mark(prov, "precision", Origin.MEASURED, prov["precision"] + f"; its first {steps} losses are within "
+                 f"{100 * drift:.2f} % of fp32's (measured, the guard)")
             lines.append(f"guard: {plan.precision}'s first {steps} losses within {100 * drift:.2f} % of fp32's "
                          "(measured)")
     return plan.replace(provenance=prov), lines

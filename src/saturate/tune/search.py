@@ -29,6 +29,7 @@ from saturate.engine.step import own_threads
 from saturate.errors import SaturateError
 from saturate.plan import Plan, informed_summary
 from saturate.policy import POLICY
+from saturate.provenance import Origin, mark, origin
 from saturate.stats.comparison import compare
 from saturate.tune import batch, start
 from saturate.tune.bound import bound_text, not_worth
@@ -131,7 +132,7 @@ class _Search(SearchState):
         with a busy loop on one: 15-23 samples/s with 2 threads, 38 with 1; bench/trust.py, 2026-11-23). Tried at
         the first trial's settings only when that trial saw the machine busy; the rest of the search keeps the
         count taken. In one process only (several ranks share the cores by another rule)."""
-        if str(ref.plan.provenance.get("threads", "")).startswith(start.BUSY_START):
+        if origin(ref.plan.provenance, "threads") is Origin.UNDER_LOAD:
             return start.all_threads(self, ref)
         if self.m.device_type != "cpu" or self.s.world_size > 1 or ref.plan.threads is not None:
             return ref
@@ -155,7 +156,7 @@ class _Search(SearchState):
             ref.verdict = f"{free} thread{'s' if free > 1 else ''}: {c.text()}"
             self.decisions.append(f"{head}: {free} of {using} ({busy}; {c.text()}); a plan for a machine this "
                                   "busy — on a quiet one, tune again")
-            t.plan.provenance["threads"] = f"chosen while {busy}"
+            mark(t.plan.provenance, "threads", Origin.MEASURED, f"chosen while {busy}")
             return t
         t.verdict = f"{t.status}: {t.error}" if c is None else f"{c.text()} vs {using} threads"
         self.decisions.append(f"{head}: torch's {using} ({busy}; {free} measured {t.verdict})")

@@ -20,6 +20,7 @@ from saturate.engine.precision_guard import loss_drift  # the tuner's check, sha
 from saturate.engine.step import own_threads
 from saturate.errors import SaturateError
 from saturate.plan import Plan
+from saturate.provenance import Origin, mark, without
 from saturate.tune.state import SearchState
 from saturate.tune.trial import Trial
 
@@ -30,7 +31,6 @@ def precision_label(plan: Plan) -> str:
     return plan.precision
 
 
-BUSY_START = "the first trial's"  # the start of a threads provenance set by `busy_threads`
 
 
 def busy_threads(st: SearchState, plan: Plan) -> Plan:
@@ -48,7 +48,8 @@ def busy_threads(st: SearchState, plan: Plan) -> Plan:
     said = f"other processes kept {busy:.1f} of {st.m.cores} cores busy just before it"
     st.decisions.append(f"threads: the first trial at {free} of torch's {using} ({said}); torch's count is measured "
                         "against it")
-    return plan.replace(threads=free, provenance={**plan.provenance, "threads": f"{BUSY_START} {free}: {said}"})
+    return plan.replace(threads=free, provenance=mark(dict(plan.provenance), "threads", Origin.UNDER_LOAD,
+                                                      f"the first trial's {free}: {said}"))
 
 
 def all_threads(st: SearchState, ref: Trial) -> Trial:
@@ -58,17 +59,17 @@ def all_threads(st: SearchState, ref: Trial) -> Trial:
     with each burst (one thread 4.45× two under a steady load, 0.60× on a quiet machine), and two tunes out of two
     kept one thread within noise of two when the first trial was the incumbent (2026-11-26)."""
     using, fewer = own_threads(), ref.plan.threads
-    plain = {k: v for k, v in ref.plan.provenance.items() if k != "threads"}
+    plain = without(ref.plan.provenance, "threads")
     if not st.affordable(f"torch's {using} threads"):
-        ref.plan.provenance["threads"] = f"chosen while other processes kept the machine busy (torch's {using} " \
-                                         "not measured: the budget)"
+        mark(ref.plan.provenance, "threads", Origin.MEASURED, f"chosen while other processes kept the machine busy "
+             f"(torch's {using} not measured: the budget)")
         return ref
     t = st.trial(ref.plan.replace(threads=None, provenance=plain), "threads")
     if not t.ok:
         t.verdict = f"{t.status}: {t.error}"
         st.decisions.append(f"threads: {fewer} of {using} (torch's {using} failed: {t.error}); a plan for a machine "
                             "this busy — on a quiet one, tune again")
-        ref.plan.provenance["threads"] = "chosen while other processes kept the machine busy"
+        mark(ref.plan.provenance, "threads", Origin.MEASURED, "chosen while other processes kept the machine busy")
         return ref
     taken, c, t, ref = st.beats(ref, t)  # the fewer against torch's count: within the noise, torch's stays
     busy = f"other processes kept {ref.busy_cores or t.busy_cores or st.s.busy_before or 0:.1f} of {st.m.cores} " \
@@ -83,7 +84,7 @@ def all_threads(st: SearchState, ref: Trial) -> Trial:
     ref.verdict = f"{fewer} thread{plural}: {c.text()}"
     st.decisions.append(f"threads: {fewer} of {using} ({busy}; {c.text()} against torch's {using}); a plan for a "
                         "machine this busy — on a quiet one, tune again")
-    ref.plan.provenance["threads"] = f"chosen while {busy}"
+    mark(ref.plan.provenance, "threads", Origin.MEASURED, f"chosen while {busy}")
     return ref
 
 

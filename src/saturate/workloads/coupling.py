@@ -26,6 +26,7 @@ from torch.nn.modules.instancenorm import _InstanceNorm
 from saturate.errors import ConfigError
 from saturate.hardware.kernels import fused_adamw_available
 from saturate.plan import Plan, default_plan
+from saturate.provenance import Origin, mark
 from saturate.workloads.base import Workload
 
 
@@ -95,5 +96,5 @@ def workload_default_plan(workload: Workload, hardware: Any, world_size: int = 1
     if micro is None or micro == plan.micro_batch:
         return plan, None
     local = plan.micro_batch * plan.grad_accum
-    provenance = {**plan.provenance, "micro_batch": f"{micro}: {line}"}
+    provenance = mark(dict(plan.provenance), "micro_batch", Origin.MODEL, f"{micro}: {line}")
     return plan.replace(micro_batch=micro, grad_accum=max(1, local // micro), provenance=provenance), line
