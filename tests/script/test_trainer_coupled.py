@@ -92,7 +92,7 @@ def test_a_lightning_script_with_batchnorm_reports_its_coupled_layers(tmp_path, 
 
 @pytest.mark.parametrize("flag", [[], ["--allow-micro-batch-change"]])
 def test_the_cli_hands_the_flag_to_the_script_tuning(flag, monkeypatch, tmp_path):
-    import saturate.script.tune_script as script_tune
+    import saturate.script.progress as script_tune
     from saturate.cli import main
 
     seen: dict[str, Any] = {}

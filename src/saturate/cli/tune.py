@@ -168,7 +168,7 @@ def _tune_script(args: argparse.Namespace) -> int:
     import json
     import time
 
-    from saturate.script.tune_script import tune_with_progress
+    from saturate.script.progress import tune_with_progress
     from saturate.script.tuning import render, write
 
     _refuse_preset_flags(args)

@@ -39,9 +39,9 @@ from saturate.script.boundary import ChildSettings
 from saturate.script.command import NotTunable, ScriptRun, check_command, run_instrumented, run_plain
 from saturate.script.gated import Gated, PairedTrials, again, time_pairs
 from saturate.script.overrides import NONE, Overrides
+from saturate.script.progress import tune_with_progress
 from saturate.script.scratch import trial_logs
 from saturate.script.script_trial import ScriptTrial, TrialOptions, trial_settings, window_rule
-from saturate.script.tune_script import tune_with_progress
 from saturate.script.tuning import ScriptTuning
 from saturate.script.tuning import render as render_tuning
 from saturate.stats.comparison import Comparison

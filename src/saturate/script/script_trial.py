@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from saturate.policy import POLICY, Load
+from saturate.policy.judge import Decision, Evidence, judge
 from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun
 from saturate.script.overrides import Overrides
@@ -75,6 +76,7 @@ class ScriptTrial:
     optimizer_share: float | None = None  # of the step, in the optimizer step (the Profiler's window; None: not timed)
     pair: dict[str, Any] | None = None  # timed in alternating windows with the best so far (`gated.py`): its pairs
     gain: float | None = None  # against the best so far, when compared with it (the decision's point estimate)
+    decision: dict[str, Any] | None = None  # the judge's (policy.judge Decision.to_dict), when it was compared
     verdict: str | None = None  # that comparison's `Verdict` (its value)
 
     @classmethod
@@ -134,6 +136,15 @@ class ScriptTrial:
         return replace(c, noise=max(c.noise, abs(c.gain)), note=(
             f"timed apart while other processes kept {theirs:.1f} and then {mine:.1f} cores busy: not the same "
             "conditions, so not compared"))
+
+
+def judged(t: ScriptTrial, best: ScriptTrial) -> Decision:
+    """The judge's decision on a lone trial `t` against the best so far's own trial (`policy.judge`, separate
+    trials): kept alone only when decisive on a quiet machine (or under the same load); a gain it cannot decide
+    alone is to be confirmed."""
+    c = compare(_Speed(1 / t.step_s, t.spread), _Speed(1 / best.step_s, best.spread), POLICY.gains.min_gain)
+    return judge(c, Evidence.TRIALS, Load(t.other_cores), Load(best.other_cores),
+                 one_window=1 in (t.windows, best.windows))
 
 
 @dataclass(frozen=True)

@@ -41,17 +41,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from rich.console import Console
-
 from saturate.errors import SaturateError
 from saturate.policy import POLICY
+from saturate.policy.judge import Evidence, confirms, judge
 from saturate.script.command import NotTunable, ScriptRun, run_instrumented
 from saturate.script.drift import moved
 from saturate.script.frameworks import framework_of, fused_option
 from saturate.script.gated import Gated, PairedTrials, again, can_gate, time_pairs
 from saturate.script.host_stages import alloc_stage, loader_stages, threads_stage
 from saturate.script.overrides import NONE, Overrides
-from saturate.script.script_trial import ScriptTrial, TrialOptions, trial_settings, window_rule
+from saturate.script.script_trial import ScriptTrial, judged, trial_settings, window_rule
 from saturate.script.short_job import prior_overrides, too_short
 from saturate.script.trainer_stages import Option, loop_precision, stage, trainer_stages, worth_fusing
 from saturate.script.tuning import ScriptTuning
@@ -143,32 +142,6 @@ def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[
                                 "Lightning Trainer's arguments); not tried from outside")
 
 
-def tune_with_progress(command: Sequence[str], options: TrialOptions, console: Console, *,
-                       allow_micro_batch_change: bool = False, confirm: bool = True,
-                       short_jobs: bool = False) -> ScriptTuning:
-    """`saturate tune -- CMD` (and `run -- CMD`'s tuning): `tune_command` on this machine's usable cores, each
-    trial's step time printed as it ends."""
-    from saturate.hardware import usable_cores
-    from saturate.script.isolation import notice
-    from saturate.script.scratch import trial_logs
-
-    console.print(f"[dim]tune: each trial runs your command's first {options.warmup + options.steps} optimizer "
-                  "steps with saturate's hooks, then times its steps in windows until they agree (at most "
-                  f"{options.seconds:g} s), then stops it; {notice(command)}; each trial's own output goes to "
-                  f"{trial_logs()} …[/]")
-
-    def show(t: ScriptTrial) -> None:
-        spread = f" ±{100 * t.spread:.1f} %" if t.spread is not None else ""
-        pair = (f", paired with {t.pair['with']}: {1 + t.pair['gain']:.3f}× in {len(t.pair['ratios'])} pairs"
-                if t.pair and t.pair.get("gain") is not None else "")
-        console.print(f"[dim]  {t.name}: {t.step_s:.4g} s/step{spread}{pair}[/]")
-
-    return tune_command(command, warmup=options.warmup, steps=options.steps, cores=usable_cores()[0],
-                        first_step_timeout=options.first_step_timeout, quiet_stdout=options.quiet_stdout,
-                        on_trial=show, allow_micro_batch_change=allow_micro_batch_change, rule=options.rule,
-                        confirm=confirm, short_jobs=short_jobs)
-
-
 def _plain_fused(optimizer: dict[str, Any], device: str) -> Option:
     """A plain script's fused-optimizer trial (`frameworks.fused_option`), where torch has the kernel on `device`."""
     option = fused_option(optimizer)
@@ -243,7 +216,7 @@ class _Search:
             t.note = f"{t.note}; {note}" if t.note else note
         if not t.ok:
             return t
-        return self._decide(t, t.against(result.best), check)
+        return self._alone(t, result.best, check)
 
     def _failed(self, name: str, overrides: Overrides, e: SaturateError) -> ScriptTrial:
         t = ScriptTrial.failed(name, overrides, str(e), out_of_memory=getattr(e, "out_of_memory", False))
@@ -281,7 +254,8 @@ class _Search:
         try:
             pairs, since = self._with_best(candidate, best_first=True)
             aged = moved(self.incumbent.windows, since)
-            if (c := pairs.comparison) is not None and c.faster and (c.gain < POLICY.gains.again_below or aged):
+            c = pairs.comparison
+            if judge(c, Evidence.RUN_PAIRS, aged=bool(aged)).to_confirm:  # timed again on a fresh pair of runs
                 pairs = again(pairs, lambda: (self.gated(best.name, best.overrides), self.gated(name, overrides)),
                               POLICY.gains.min_gain, cap_s=2 * self.rule.max_seconds)
                 if aged and (c2 := pairs.comparison) is not None:
@@ -301,12 +275,13 @@ class _Search:
             if self.on_trial is not None:
                 self.on_trial(t)
             result.trials.append(t)
-            return self._decide(t, t.against(best), check)
+            return self._alone(t, best, check)
         t = pairs.b
         t.pair = {"with": best.name, "incumbent": _figures(pairs.a), **pairs.to_dict()}
         if self.on_trial is not None:
             self.on_trial(t)
         result.trials.append(t)
+        t.decision = judge(pairs.comparison, Evidence.RUN_PAIRS_AGAIN if pairs.more else Evidence.RUN_PAIRS).to_dict()
         self._decide(t, pairs.comparison, check)
         if self.kept(t):
             self.incumbent.close()
@@ -363,6 +338,31 @@ class _Search:
         result.decisions.append(f"not confirmed against the script as written, paired ({why}): {result.best.name} "
                                 "is not kept; the script as written is the best measured")
         result.best = result.baseline
+
+    def _alone(self, t: ScriptTrial, best: ScriptTrial, check: Callable[[ScriptTrial], str | None] | None
+               ) -> ScriptTrial:
+        """`t` against the best so far's own trial, as the judge says (`script_trial.judged`): a gain it cannot
+        decide alone is confirmed against the best measured again right after (the preset tuner's rule: two trials
+        one after another are one comparison, and a machine's drift between them reads as a gain)."""
+        d, c = judged(t, best), t.against(best)
+        if d.to_confirm and d.comparison is not None and d.comparison.faster:
+            try:
+                again, _ = self.trial(f"again: {best.name}", best.overrides)
+            except SaturateError as e:
+                again = self._failed(f"again: {best.name}", best.overrides, e)
+            again.outcome = f"measured again to confirm {t.name} ({d.reason.value})"
+            self.result.trials.append(again)
+            first = f"{100 * c.gain:+.1f} % against its earlier trial"
+            if not again.ok:
+                c = replace(c, noise=max(c.noise, abs(c.gain)), note=f"not confirmed: measuring {best.name} again "
+                            "failed")
+            elif confirms(c2 := t.against(again)):
+                c = c2.said(f"confirmed: {first}, and against {best.name} measured again right after")
+            else:
+                c = replace(c2, noise=max(c2.noise, abs(c2.gain)), note=f"not confirmed: {first}, "
+                            f"{100 * c2.gain:+.1f} % against {best.name} timed again")
+        t.decision = d.to_dict()
+        return self._decide(t, c, check)
 
     def _decide(self, t: ScriptTrial, c: Comparison, check: Callable[[ScriptTrial], str | None] | None) -> ScriptTrial:
         """Keep `t` when `check` finds nothing wrong and `c` (it against the best so far) says faster."""

@@ -22,6 +22,7 @@ from typing import Any
 from saturate.errors import ConfigError
 from saturate.plan import INFORMED, INFORMED_KNOBS, LOADER_FIELDS, Plan
 from saturate.policy import POLICY, Load
+from saturate.policy.judge import Evidence, Reason, confirms, judge
 from saturate.stats.comparison import Comparison, compare
 from saturate.stats.noise import rate_text
 from saturate.stats.pairs import paired_comparison
@@ -47,13 +48,6 @@ def gib(n: float | None) -> str:
 
 def rate(t: Trial) -> str:
     return rate_text(t.samples_per_s, t.spread)
-
-
-def same_load(a: Trial, b: Trial) -> bool:
-    """Both trials ran under load, and under the same: each saw other processes keep the machine busy, their mean
-    CPU use the same load (`Load.same_as`: within `POLICY.load.same_cores`)."""
-    return (a.contended and b.contended and a.busy_cores is not None and b.busy_cores is not None
-            and Load(a.busy_cores).same_as(Load(b.busy_cores)))
 
 
 def loads_text(a: Trial, b: Trial, cores: int | str) -> str:
@@ -266,33 +260,27 @@ class SearchState:
                either_way: bool = False) -> tuple[bool, Comparison, Trial, Trial]:
         """Whether `candidate` is faster than `incumbent` beyond the noise and `min_gain`.
 
-        A comparison of two separate trials decides alone only when it is decisive — a gain of at least
-        `POLICY.gains.confirm_below` and twice the noise, or a loss that rules out a worthwhile gain even at twice the
-        noise — and
-        neither trial saw other processes keep the machine busy (`Trial.contended`) — or both saw the same load
-        (`same_load`: a steady neighbour, which two trials share as windows a second apart do; the issue-28 steady
-        check: one thread +401 % over torch's two, both trials at 1.0 of 2 cores busy, was left unconfirmed by a
-        budget with no room for pairs). Otherwise, where the measurer can (a CPU, one process, eager plans:
-        paired.py), both plans are timed again in alternating windows and the pairs decide; elsewhere a small gain is
-        confirmed by measuring the incumbent again right after the candidate (the candidate must beat that too: a
-        drift of the machine between the two trials moves the new one with it). A gain the budget has no room to
-        confirm is not taken, and said so. Pairs stop once the candidate cannot be shown faster (stats/pairs.py:
-        one-sided), unless the caller also reads a loss from the comparison (`either_way`). Returns (taken, the
-        comparison that decided, the incumbent's and the candidate's latest trials: what later candidates are compared
-        with)."""
+        Whether two separate trials may decide alone is the judge's (`policy.judge`, `Evidence.TRIALS`: a decisive
+        gain on a quiet machine, or under the same load). What cannot decide alone is measured again: where the
+        measurer can (a CPU, one process, eager plans: paired.py), both plans in alternating windows, and the pairs
+        decide; elsewhere a gain is confirmed by measuring the incumbent again right after the candidate (the
+        candidate must beat that too: a drift of the machine between the two trials moves the new one with it). A
+        gain the budget has no room to confirm is not taken, and said so. Pairs stop once the candidate cannot be
+        shown faster (stats/pairs.py: one-sided), unless the caller also reads a loss from the comparison
+        (`either_way`). Returns (taken, the comparison that decided, the incumbent's and the candidate's latest
+        trials: what later candidates are compared with)."""
         c = compare(candidate, incumbent, self.s.min_gain)
-        # Two trials one after another decide alone only on a quiet machine: a burst that spanned one of them whole
-        # moves its figure without widening its spread (issue 28: "+1093 %" read for a setting worth +8 %).
-        loaded = bool(candidate.contended or incumbent.contended)
-        alike = loaded and c.noise_known and same_load(candidate, incumbent)
-        if c.faster and c.gain >= max(POLICY.gains.confirm_below, POLICY.gains.decisive_noise * c.noise) \
-                and (alike or not loaded):
+        # Two trials one after another decide alone only on a quiet machine, or under the same load (the judge:
+        # issue 28 read "+1093 %" for a setting worth +8 % across a burst that spanned one trial whole).
+        d = judge(c, Evidence.TRIALS, Load(candidate.busy_cores), Load(incumbent.busy_cores),
+                  busy=(bool(candidate.contended), bool(incumbent.contended)))
+        if d.kept:
+            alike = bool(candidate.contended or incumbent.contended)
             return True, (c.said(f"both trials under the same load ({self._loads(candidate, incumbent)} busy)")
                           if alike else c), incumbent, candidate
-        loaded = loaded and not alike
+        loaded = d.reason in (Reason.BUSY, Reason.UNEVEN_LOAD)
         pairable = getattr(self.m, "can_pair", lambda a, b: False)(incumbent.plan, candidate.plan)
-        could = c.gain + POLICY.gains.decisive_noise * c.noise > c.min_gain  # within the noise of a worthwhile gain
-        if pairable and (loaded or c.faster or could):
+        if pairable and d.to_confirm:
             return self._pair(candidate, incumbent, c, loaded, either_way)
         if not c.faster:
             return False, c, incumbent, candidate
@@ -308,7 +296,7 @@ class SearchState:
             return False, c.said("not confirmed: measuring it again failed"), incumbent, candidate
         c2 = compare(candidate, again, self.s.min_gain)
         first = f"{100 * c.gain:+.1f} % against its earlier trial"
-        if c2.faster:
+        if confirms(c2):
             again.verdict = f"measured again: {plan_text(candidate.plan)} still {c2.text()}"
             return True, c2.said(f"confirmed: {first}, and against {what} measured again right after"), again, \
                 candidate
