@@ -32,6 +32,7 @@ from typing import Any
 from saturate.policy.active import POLICY
 from saturate.policy.load import Load
 from saturate.stats.comparison import Comparison, Verdict
+from saturate.stats.rounds import Ratio
 
 
 class Evidence(enum.Enum):
@@ -139,6 +140,15 @@ def judge(c: Comparison | None, evidence: Evidence, candidate: Load | None = Non
     if c.gain + g.decisive_noise * c.noise > c.min_gain:
         return decided(Outcome.CONFIRM, Reason.COULD_GAIN)  # a worthwhile gain within the noise
     return decided(Outcome.NOT_KEPT, _FROM_VERDICT[c.verdict])
+
+
+def judge_rounds(r: Ratio | None) -> Decision:
+    """What a side-by-side in interleaved rounds decides (`Evidence.ROUNDS`): kept when faster in every round."""
+    if r is None:
+        return Decision(Outcome.UNDECIDED, Reason.NO_COMPARISON, Evidence.ROUNDS)
+    reason = Reason.FASTER if r.faster else Reason.SLOWER if r.slower else Reason.WITHIN_NOISE
+    return Decision(Outcome.KEPT if r.faster else Outcome.NOT_KEPT, reason, Evidence.ROUNDS, r.median - 1,
+                    max(r.median - r.low, r.high - r.median))
 
 
 def confirms(again: Comparison, evidence: Evidence = Evidence.TRIALS) -> bool:

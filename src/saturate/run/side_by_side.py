@@ -28,6 +28,7 @@ from saturate.hardware.contention import Contention, ContentionMeter
 from saturate.hardware.mfu import Mfu, mfu
 from saturate.plan import LOADER_FIELDS, Plan
 from saturate.policy import POLICY
+from saturate.policy.judge import judge_rounds
 from saturate.stats.noise import WindowRule
 from saturate.stats.rounds import Ratio, interleaved
 from saturate.tune.trial import Trial
@@ -84,7 +85,7 @@ class Comparison:
     def faster_than(self, label: str) -> tuple[Row, Ratio] | None:
         """The row measured faster than `label` in every round (the fastest such), with its ratio to it."""
         beaten = [(r, q) for r in self.rows if r.label != label and r.status == "ok"
-                  if (q := self.ratio(r.label, label)) is not None and q.faster]
+                  if (q := self.ratio(r.label, label)) is not None and judge_rounds(q).kept]
         return max(beaten, key=lambda rq: rq[1].median, default=None)
 
     def to_dict(self) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from rich.text import Text
 
 from saturate.errors import ConfigError
 from saturate.policy import POLICY
+from saturate.policy.judge import Evidence, judge, judge_rounds
 from saturate.script.boundary import ChildSettings
 from saturate.script.command import NotTunable, ScriptRun, check_command, run_instrumented, run_plain
 from saturate.script.gated import Gated, PairedTrials, again, time_pairs
@@ -241,7 +242,9 @@ def confirmed(found: Ratio | Comparison | None, given: bool, source: str | None 
     as written ÷ tuned step times (faster in every round), or paired windows' comparison (faster beyond the
     interval and `POLICY.gains.min_gain`); tuned settings only when faster; given ones (`--overrides`) always,
     warned when not confirmed."""
-    if found is not None and found.faster:
+    paired = isinstance(found, Comparison)  # alternating windows of two pairs of runs (`again`), else rounds
+    decided = judge(found, Evidence.RUN_PAIRS_AGAIN) if paired else judge_rounds(found)  # type: ignore[arg-type]
+    if decided.kept:
         return True, None
     if isinstance(found, Comparison):
         measured, how = f"tuned against as written {found.text()}", "faster beyond the noise in alternating windows"

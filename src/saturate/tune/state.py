@@ -274,6 +274,7 @@ class SearchState:
         # issue 28 read "+1093 %" for a setting worth +8 % across a burst that spanned one trial whole).
         d = judge(c, Evidence.TRIALS, Load(candidate.busy_cores), Load(incumbent.busy_cores),
                   busy=(bool(candidate.contended), bool(incumbent.contended)))
+        candidate.decision = d.to_dict()
         if d.kept:
             alike = bool(candidate.contended or incumbent.contended)
             return True, (c.said(f"both trials under the same load ({self._loads(candidate, incumbent)} busy)")

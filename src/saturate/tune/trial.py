@@ -40,6 +40,7 @@ class Trial:
     verdict: str = ""  # set by the search: "chosen", or why it lost
     paired: bool = False  # timed in alternating windows with another plan (paired.py), not alone
     optimizer_share: float | None = None  # of the timed steps' time, in the optimizer step (bound.py)
+    decision: dict[str, Any] | None = None  # the judge's on this trial against the incumbent (policy.judge)
 
     @property
     def ok(self) -> bool:
@@ -64,6 +65,7 @@ class Trial:
             "steps": self.steps, "error": self.error or None, "verdict": self.verdict or None,
             "paired": self.paired or None,
             "optimizer_share": None if self.optimizer_share is None else round(self.optimizer_share, 4),
+            "decision": self.decision,
         }
         return {k: v for k, v in out.items() if v is not None}  # TOML has no null
 
