@@ -119,7 +119,7 @@ def test_the_floor_check_finds_an_import_from_above(tmp_path, monkeypatch):
 LAYERS = (
     ("errors",),
     ("atomic", "stats", "policy", "script.overrides"),
-    ("plan", "provenance", "script.boundary"),
+    ("plan", "prior", "provenance", "script.boundary"),
     ("data",),
     ("hardware", "workloads"),
     ("telemetry", "plan_cache"),

@@ -19,6 +19,7 @@ import tomli_w
 
 from saturate.atomic import atomic_write_bytes
 from saturate.errors import ConfigError, did_you_mean, unknown_name
+from saturate.prior import informed_workers
 from saturate.provenance import KEY, Origin
 
 if sys.version_info >= (3, 11):
@@ -328,9 +329,8 @@ def default_plan(effective_batch: int, device_type: str, supports: dict[str, boo
     micro_from = Origin.PREDICTED if memory_cap is not None else Origin.NO_MEMORY
     why["micro_batch"] = f"{micro} × {per_rank // micro} accumulation: {rule}"
     if gpu:
-        workers = 0 if cores is None else min(4, max(0, cores // max(1, world_size) - 1))
-        why["loader"] = (f"{workers} worker(s) " + ("(the cores are unknown)" if cores is None else
-                         f"from {cores} usable cores over {world_size} process(es), one kept for training")
+        workers, from_what = informed_workers(device_type, cores, world_size)
+        why["loader"] = (f"{workers} worker(s) " + (f"({from_what})" if cores is None else from_what)
                          + ", pinned memory, non-blocking copies")
     else:
         workers = 0

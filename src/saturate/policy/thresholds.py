@@ -106,6 +106,12 @@ class StageRules:
     worker_memory_share: float = rule(0.5, "loader workers are not tried when, each holding the training process's "
                                       "peak, they could use more than this share of the host memory available",
                                       "script/host_stages.py")
+    prior_workers: int = rule(4, "the informed prior's loader workers on a GPU at most (from the cores each process "
+                              "has, one kept for training): enough to feed a step without a measurement",
+                              "saturate/prior.py; docs/tuning.md")
+    prior_cpu_workers: int = rule(2, "the informed prior's workers on a CPU where a trial saw the step wait for data "
+                                  "(a job too short to tune): a core each, taken from the step",
+                                  "script/short_job.py; docs/scripts.md")
     bound_margin: float = rule(2.0, "a stage is skipped when its phase's share of the step is under the minimum "
                                "gain divided by this (the most it could gain, with room for the share's error)",
                                "tune/bound.py")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from saturate.policy import POLICY
+from saturate.prior import informed_workers
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.script_trial import ScriptTrial
 from saturate.script.tuning import ScriptTuning
@@ -55,12 +56,10 @@ def prior_overrides(result: ScriptTuning, cores: int) -> tuple[Overrides, list[s
     else:
         written = loader.get("num_workers") or 0
         share, waits = result.baseline.data_share, POLICY.doctor.input_share
-        workers = min(4, max(0, cores - 1)) if gpu else (min(2, cores) if share >= waits and cores > 1 else 0)
+        workers, why = informed_workers(result.device_type, cores, data_share=share)  # the informed prior's rule
         if workers > written:
             changes.update(num_workers=workers, persistent_workers=True)
-            said.append(f"loader workers {written} → {workers}: chosen, not measured ("
-                        + (f"{cores} cores, one kept for the training process" if gpu else
-                           f"the first trial waited for data {100 * share:.0f} % of its step") + ")")
+            said.append(f"loader workers {written} → {workers}: chosen, not measured ({why})")
         else:
             said.append(f"loader workers: {written} as written (waiting for data {100 * share:.0f} % of the step"
                         + ("" if gpu else "; on a CPU workers take cores from the step below "
