@@ -80,3 +80,15 @@ def test_the_threads_a_neighbour_leaves():
     assert Load(1.3, 2).threads_left() == 1  # never none
     assert Load(3.1, 8).threads_left() == 5 and Load(3.3, 8).threads_left() == 4
     assert Load(1.0, 2, LoadRules(forgiven_cores=0.0)).threads_left() == 1
+
+
+def test_one_rule_says_which_thread_count_to_measure_on_a_busy_cpu():
+    from saturate.policy.threads import Skip, threads_to_try
+
+    assert threads_to_try("cpu", 1, 2, Load(1.0, 2)).count == 1
+    assert threads_to_try("cpu", 1, 8, Load(3.3, 8)).count == 4
+    assert threads_to_try("cpu", 1, 2, Load(0.2, 2)).skip is Skip.QUIET
+    assert threads_to_try("cpu", 1, 1, Load(1.0, 2)).skip is Skip.ENOUGH  # one thread already
+    assert threads_to_try("cuda", 1, 2, Load(1.0, 2)).skip is Skip.NOT_CPU
+    assert threads_to_try("cpu", 2, 2, Load(1.0, 2)).skip is Skip.PROCESSES
+    assert threads_to_try("cpu", 1, None, Load(1.0, 2)).skip is Skip.UNKNOWN

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from saturate.policy import POLICY, Load
+from saturate.policy.threads import Skip, threads_to_try
 from saturate.script.overrides import Overrides
 
 
@@ -36,18 +37,18 @@ def threads_stage(search: Any, cores: int) -> None:
     parallel region); kept only when measured faster. A quiet machine keeps the script's count untried."""
     result = search.result
     using = result.baseline.threads
-    if result.device_type != "cpu" or not using:
-        why = "not on a CPU" if result.device_type != "cpu" else "the script reported no thread count"
+    busy = max((t.other_cores for t in result.trials if t.other_cores is not None), default=0.0)
+    choice = threads_to_try(result.device_type, 1, using, Load(busy, cores))  # the preset tuner's rule too
+    if choice.skip in (Skip.NOT_CPU, Skip.UNKNOWN):
+        why = "not on a CPU" if choice.skip is Skip.NOT_CPU else "the script reported no thread count"
         result.decisions.append(f"threads: not tried ({why})")
         return
-    busy = max((t.other_cores for t in result.trials if t.other_cores is not None), default=0.0)
-    load = Load(busy, cores)
-    if not load.busy:
+    if choice.skip is Skip.QUIET:
         result.decisions.append(f"threads: the script's {using} (other processes kept under half a core busy "
                                 "during the trials)")
         return
-    free = load.threads_left()
-    if free >= using:
+    free = choice.left
+    if choice.skip is Skip.ENOUGH:
         result.decisions.append(f"threads: the script's {using} (other processes kept {busy:.1f} of {cores} "
                                 f"cores busy, leaving {free})")
         return

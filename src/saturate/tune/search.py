@@ -28,7 +28,8 @@ from collections.abc import Callable
 from saturate.engine.step import own_threads
 from saturate.errors import SaturateError
 from saturate.plan import Plan, informed_summary
-from saturate.policy import POLICY
+from saturate.policy import POLICY, Load
+from saturate.policy.threads import Skip, threads_to_try
 from saturate.provenance import Origin, mark, origin
 from saturate.stats.comparison import compare
 from saturate.tune import batch, start
@@ -134,15 +135,19 @@ class _Search(SearchState):
         count taken. In one process only (several ranks share the cores by another rule)."""
         if origin(ref.plan.provenance, "threads") is Origin.UNDER_LOAD:
             return start.all_threads(self, ref)
-        if self.m.device_type != "cpu" or self.s.world_size > 1 or ref.plan.threads is not None:
+        if ref.plan.threads is not None:  # a count of the plan's own
             return ref
         using = own_threads()  # the process's count (the search's plans have none of their own)
-        if not (ref.contended and ref.busy_cores):
+        load = Load(ref.busy_cores if ref.contended else None, self.m.cores)
+        choice = threads_to_try(self.m.device_type, self.s.world_size, using, load)  # a script's rule too
+        if choice.skip in (Skip.NOT_CPU, Skip.PROCESSES):
+            return ref
+        if choice.skip is Skip.QUIET:
             self.decisions.append(f"threads: torch's {using} (the machine was quiet during the first trial)")
             return ref
         head = "threads, again (the load came after the first trial)" if again else "threads"
-        free = self.free_threads(ref.busy_cores)  # the cores other processes left
-        if free >= using:
+        free = choice.left or using  # the cores other processes left
+        if choice.skip is Skip.ENOUGH:
             self.decisions.append(f"{head}: torch's {using} (other processes kept {ref.busy_cores:.1f} cores busy, "
                                   f"leaving {free})")
             return ref

@@ -20,6 +20,8 @@ from saturate.engine.precision_guard import loss_drift  # the tuner's check, sha
 from saturate.engine.step import own_threads
 from saturate.errors import SaturateError
 from saturate.plan import Plan
+from saturate.policy import Load
+from saturate.policy.threads import threads_to_try
 from saturate.provenance import Origin, mark, without
 from saturate.tune.state import SearchState
 from saturate.tune.trial import Trial
@@ -40,11 +42,13 @@ def busy_threads(st: SearchState, plan: Plan) -> Plan:
     held no trial, bench/trust.py 2026-11-26). torch's count is measured against it next (`all_threads`). On a CPU,
     in one process, for a plan without a count of its own."""
     busy = st.s.busy_before
-    if busy is None or st.m.device_type != "cpu" or st.s.world_size > 1 or plan.threads is not None:
+    if busy is None or plan.threads is not None:
         return plan
-    free, using = st.free_threads(busy), own_threads()
-    if free >= using:
+    using = own_threads()
+    choice = threads_to_try(st.m.device_type, st.s.world_size, using, Load(busy, st.m.cores))  # the stages' rule
+    if choice.count is None:
         return plan
+    free = choice.count
     said = f"other processes kept {busy:.1f} of {st.m.cores} cores busy just before it"
     st.decisions.append(f"threads: the first trial at {free} of torch's {using} ({said}); torch's count is measured "
                         "against it")

@@ -87,11 +87,6 @@ class SearchState:
         self.all_agree: Callable[[bool], bool] = getattr(measurer, "all_agree", lambda flag: flag)
         self.discard_compiled: Callable[[], None] = getattr(measurer, "discard_compiled", lambda: None)
 
-    def free_threads(self, busy: float) -> int:
-        """Intra-op threads for the cores other processes left: `busy` of them taken (a quarter of a core's
-        reading forgiven), at least one."""
-        return Load(busy, self.m.cores).threads_left()
-
     def measured(self, knob: str, why: str, kept: bool = False) -> None:
         """Record why `knob` (one of plan.INFORMED_KNOBS) has its value, from what the trials measured. `kept`: the
         starting plan's value stayed (the alternative was slower, or within noise): its own reason is kept in front,
