@@ -85,3 +85,20 @@ def test_a_lone_trials_small_gain_is_confirmed_against_the_best_measured_again(a
     assert workers.decision["reason"] == Reason.SMALL_GAIN.value and remeasured.ok
     assert (tuning.best is workers) is kept and (tuning.best.name == "1 workers") is kept
     assert workers.outcome.startswith("kept:" if kept else "not kept:")
+
+
+def test_each_row_of_the_trials_table_shows_what_its_decision_rests_on():
+    import io
+
+    from rich.console import Console
+
+    from saturate.script.tuning import decided_on, render
+
+    tuning = tune_command(["python", "train.py"], runner=Drifting(0.10, 0.0), cores=1)
+    workers = next(t for t in tuning.trials if t.name == "1 workers")
+    assert decided_on(workers) == f"{1 + workers.gain:.3f}× vs best" and decided_on(tuning.baseline) == "-"
+    out = io.StringIO()
+    render(tuning, Console(file=out, width=200, color_system=None))
+    text = out.getvalue()
+    assert "decided on" in text and decided_on(workers) in text
+    assert f"not in pairs ({tuning.paired})" in text  # said above the rows whenever trials were not paired

@@ -37,9 +37,11 @@ def test_one_process_is_gated_on_a_cpu_and_on_a_gpu_where_two_runs_fit_in_its_me
     assert can_gate(["python", "train.py"], "cuda", 1, device_peak=gib, device_total=80 * gib) is None
     why = can_gate(["python", "train.py"], "cuda", 1, device_peak=12 * gib, device_total=80 * gib)
     assert "12.00 GiB of 80.00 GiB, more than 1/8" in why
-    assert "several processes" in can_gate(["python", "train.py"], "cuda", 2, device_peak=gib, device_total=80 * gib)
-    assert "several processes" in can_gate(["torchrun", "--nproc_per_node=2", "train.py"], "cpu", 1)
-    assert "several processes" in can_gate(["python", "train.py"], "cpu", 2)
+    assert "2 processes" in can_gate(["python", "train.py"], "cuda", 2, device_peak=gib, device_total=80 * gib)
+    assert "2 processes" in can_gate(["torchrun", "--nproc_per_node=2", "train.py"], "cpu", 2)
+    assert "2 processes" in can_gate(["python", "train.py"], "cpu", 2)
+    # one rank under a launcher is paired as a plain command: its whole process group is parked (issue 61)
+    assert can_gate(["accelerate", "launch", "--num_processes", "1", "train.py"], "cpu", 1) is None
 
 
 def _gate(tmp_path):

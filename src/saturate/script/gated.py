@@ -23,22 +23,21 @@ Each window's load from other processes is read by the parent (`ContentionMeter`
 children, so neither counts as a neighbour); a pair whose two windows saw an uneven load (`Load.uneven_with`: a
 burst began or ended between them) is left out of the decision while `MIN_PAIRS` even pairs remain.
 
-Used for a command of one process (no launcher: its ranks wait in collectives for each other), on a CPU, and on a
-GPU when the script as written used at most 1/8 of the device's memory (`can_gate`): two runs hold it at once, and a
-candidate may need several times as much (a larger micro-batch). On a GPU each window ends with the device's queue
-drained (`child/trial_windows.device_sync`), so a parked run's kernels do not run during the other's window; a
-candidate that runs out of device memory beside the parked run is tried again alone (`tune_script`). Why pair on
-a GPU too: the first H100 tuning of guide 1's script (2026-11-27, one process per trial, quiet machine) read fused
-AdamW -22 % "beyond noise (±1.6 %)" in one tuning and +15 % "beyond noise (±3.6 %)" in the next; the script as
-written read 0.093 and 0.107 s/step: a sync-bound run's speed moves with the process, which one trial per setting
-cannot see.
+Used for a command of one process (a launcher of one rank too; several ranks wait in collectives for each other), on
+a CPU, and on a GPU when the script as written used at most 1/8 of the device's memory (`can_gate`): two runs hold
+it at once, and a candidate may need several times as much (a larger micro-batch). On a GPU each window ends with
+the device's queue drained (`child/trial_windows.device_sync`), so a parked run's kernels do not run during the
+other's window; a candidate that runs out of device memory beside the parked run is tried again alone
+(`tune_script`). Why pair on a GPU too: the first H100 tuning of guide 1's script (2026-11-27, one process per
+trial, quiet machine) read fused AdamW -22 % "beyond noise (±1.6 %)" in one tuning and +15 % "beyond noise (±3.6 %)"
+in the next; the script as written read 0.093 and 0.107 s/step: a sync-bound run's speed moves with the process,
+which one trial per setting cannot see.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import random
 import signal
 import socket
@@ -52,7 +51,7 @@ from saturate.hardware.contention import ContentionMeter
 from saturate.hardware.cpu import usable_cores
 from saturate.policy import POLICY, Load
 from saturate.script.boundary import GATE, GATE_GO, GATE_READY, GATE_STOP, REPORT, ChildSettings, read_json
-from saturate.script.command import LAUNCHERS, Child, ScriptRun, check_command
+from saturate.script.command import Child, ScriptRun, check_command
 from saturate.script.isolation import remove, run_folder
 from saturate.script.overrides import Overrides
 from saturate.script.script_trial import ScriptTrial
@@ -68,8 +67,8 @@ def can_gate(command: Sequence[str], device_type: str, world_size: int, *, devic
     """Why the command's runs cannot be timed in alternating windows here, or None when they can. On a GPU two runs
     hold its memory at once: they are gated only when the script as written used at most 1/`POLICY.stages.gpu_share`
     of it (`device_peak` of `device_total` bytes), room for a candidate that needs several times as much beside it."""
-    if world_size > 1 or os.path.basename(command[0]) in LAUNCHERS:
-        return "a command of several processes: its ranks cannot be parked one at a time"
+    if world_size > 1:  # a launcher of one rank is paired as a plain command: its whole process group is parked
+        return f"a command of {world_size} processes: its ranks wait for each other, so cannot be parked one at a time"
     if device_type == "cpu":
         return None
     if device_peak is None or not device_total:

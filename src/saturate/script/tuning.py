@@ -146,11 +146,11 @@ def render(tuning: ScriptTuning, console: Console, written: Path | None = None) 
         console.print(Text(f"Lightning {tuning.lightning['class']} at {tuning.lightning.get('site') or '?'}"))
     t = Table(box=None, padding=(0, 1))
     for col, justify in (("trial", "left"), ("s/step", "right"), ("samples/s (median ±)", "right"),
-                         ("data", "right"), ("windows", "right")):
+                         ("data", "right"), ("windows", "right"), ("decided on", "right")):
         t.add_column(col, justify=justify)
     for trial in tuning.trials:
         if not trial.ok:
-            t.add_row(trial.name, "failed", "-", "-", "-")
+            t.add_row(trial.name, "failed", "-", "-", "-", "-")
             continue
         spread = trial.spread if trial.windows > 1 else None
         # no samples counted (no DataLoader in the timed steps): the spread goes with the step time
@@ -158,7 +158,8 @@ def render(tuning: ScriptTuning, console: Console, written: Path | None = None) 
         step = f"{trial.step_s:.4g}" + (f" ±{100 * spread:.1f} %" if spread is not None and not trial.samples_per_s
                                          else "")
         t.add_row(trial.name, step, rate, f"{100 * trial.data_share:.0f} %",
-                  str(trial.windows or "-") + (" busy" if trial.busy else ""))
+                  str(trial.windows or "-") + (" busy" if trial.busy else ""), decided_on(trial))
+    console.print(_rows_note(tuning))
     console.print(t)
     for trial in tuning.trials[1:]:  # each trial's outcome once: a stage's decision line may already say it
         if not any(trial.outcome and trial.outcome in d for d in tuning.decisions):
@@ -189,3 +190,20 @@ def render(tuning: ScriptTuning, console: Console, written: Path | None = None) 
     if written is not None:
         console.print(f"overrides written to {written} (`saturate run --overrides {written} -- CMD` applies them "
                       "without an edit)")
+
+
+def decided_on(trial: ScriptTrial) -> str:
+    """What a trial's decision rests on, for its row: its speed against the best so far as the comparison that
+    decided measured it (paired: the median per-pair ratio; alone: the two trials' ratio), or "-"."""
+    if trial.gain is None:
+        return "-"
+    return f"{1 + trial.gain:.3f}× " + ("paired" if trial.pair else "vs best")
+
+
+def _rows_note(tuning: ScriptTuning) -> Text:
+    """The line above the trials table: what its rows can and cannot be read against."""
+    if tuning.paired is None:
+        return Text("each row timed in its own windows, under the load of its moment; what decided is the ratio "
+                    "against the best so far timed beside it in alternating windows (decided on)", style="dim")
+    return Text(f"trials timed one after another, not in pairs ({tuning.paired}): a row's figures compare with "
+                "another's only under the same load; what decided is in the last column", style="yellow")
