@@ -10,6 +10,7 @@ from typing import Any
 from saturate.cli.args import add_workload_args, positive, workload_from_args
 from saturate.cli.output import say, show_machine, show_plan, tidy_console
 from saturate.errors import ConfigError
+from saturate.policy import POLICY
 
 
 def add_parsers(sub: Any) -> None:
@@ -36,9 +37,10 @@ def add_parsers(sub: Any) -> None:
                    help="host RAM the job may use (default: what is available when it starts)")
     p.add_argument("--no-scaling", action="store_true", help="skip the batch-scaling probe")
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
-    p.add_argument("--first-step-timeout", type=positive(float, "--first-step-timeout"), default=300.0,
+    first = POLICY.windows.first_step_timeout_s
+    p.add_argument("--first-step-timeout", type=positive(float, "--first-step-timeout"), default=first,
                    metavar="S", help="with -- CMD: stop the command if no optimizer step came within S seconds "
-                                     "(default 300)")
+                                     f"(default {first:g})")
     p.set_defaults(func=cmd_doctor, script=None)
 
     p = sub.add_parser("monitor", help="GPUs and host live, with the running saturate job's tokens/s")

@@ -17,6 +17,7 @@ from saturate.cli.output import (
     verbosity,
 )
 from saturate.errors import ConfigError
+from saturate.policy import POLICY
 
 
 def add_parsers(sub: Any) -> None:
@@ -65,11 +66,14 @@ def _add_script_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trial-steps", type=positive(int, "--trial-steps"), default=10, metavar="N",
                    help="with -- CMD: optimizer steps split into phases per trial, after 2 warm-up steps; then the "
                         "script's steps are timed in windows until they agree (default 10)")
-    p.add_argument("--trial-seconds", type=positive(float, "--trial-seconds"), default=10.0, metavar="S",
+    w = POLICY.windows
+    p.add_argument("--trial-seconds", type=positive(float, "--trial-seconds"), default=w.trial_seconds, metavar="S",
                    help="with -- CMD: the most a tuning trial's timed windows last, doubled on a busy machine "
-                        "(default 10)")
-    p.add_argument("--first-step-timeout", type=positive(float, "--first-step-timeout"), default=300.0, metavar="S",
-                   help="with -- CMD: stop a trial if no optimizer step came within S seconds (default 300)")
+                        f"(default {w.trial_seconds:g})")
+    p.add_argument("--first-step-timeout", type=positive(float, "--first-step-timeout"),
+                   default=w.first_step_timeout_s, metavar="S",
+                   help=f"with -- CMD: stop a trial if no optimizer step came within S seconds (default "
+                        f"{w.first_step_timeout_s:g})")
     p.add_argument("--json", action="store_true",
                    help="the result (plan, figures, paths) as one JSON document on stdout; the rest on stderr")
 
