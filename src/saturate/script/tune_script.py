@@ -57,9 +57,7 @@ from saturate.script.tuning import ScriptTuning
 from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule
 
-# A stage's gain under this is timed again on a fresh pair of runs before it is kept (gated.again): a run's speed has a
-# part that stays with its process (a data-bound loop's bf16 read +4.4 % in 6 of 6 pairs, 2026-11-28, where it cannot
-# gain 1 %). A larger gain stands on one pair, unless the live run's speed moved since first paired (drift.moved).
+# A paired gain under POLICY.gains.again_below is timed again on a fresh pair of runs (the judge; gated.again).
 Runner = Callable[..., ScriptRun]  # run_instrumented's signature; tests pass a fake machine
 
 
