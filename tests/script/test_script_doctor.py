@@ -244,6 +244,8 @@ def test_fixes_are_said_in_the_scripts_own_terms():
         "train.py:92: DataLoader(..., num_workers=2, prefetch_factor=4)"]
     lines = in_your_script(Fix("micro", {"micro_batch": 32, "grad_accum": 4}, p, ""), report, "cuda")
     assert lines[0] == "train.py:92: DataLoader(..., batch_size=32)" and "accumulate 4 micro-batches" in lines[1]
+    one = in_your_script(Fix("micro", {"micro_batch": 128, "grad_accum": 1}, p, ""), report, "cuda")
+    assert one[1].startswith("no accumulation: one micro-batch per optimizer step")  # never "accumulate 1 …"
     assert in_your_script(Fix("bf16", {"precision": "bf16"}, p, ""), report, "cuda") == [
         "wrap the forward and the loss in `with torch.autocast('cuda', dtype=torch.bfloat16):`"]
     assert in_your_script(Fix("fused", {"fused": True}, p, ""), report, "cuda") == [

@@ -48,9 +48,9 @@ def check_contention(m: Measurements) -> Finding | None:
         fix, measured = threads_fix(m)
         evidence = [m.contention.get("line") or "other processes were using this machine while it was measured",
                     "the timings include the neighbours' share, so they do not describe this workload alone: no fix "
-                    "is proposed from a finding their load could have produced; run the doctor again when the "
-                    "machine is quieter for those" + ("" if fix is None else
-                                                      " (the fix here is for the load itself, measured under it)")]
+                    "is proposed from a finding their load could have produced (run the doctor again on a quieter "
+                    "machine for those)" + ("" if fix is None else
+                                            "; the fix here is for the load itself, measured under it")]
         load = Load(m.contention.get("other_cores"), m.contention.get("usable_cores") or m.cpu_cores)
         if not m.accelerator and m.cpu_threads and m.cpu_threads > 1 and load.busy and not own:
             fewer = min(m.cpu_threads - 1, load.threads_left(m.cpu_cores or m.cpu_threads))

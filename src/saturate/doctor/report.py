@@ -128,6 +128,7 @@ def render(d: Diagnosis, console: Console | None = None, title: str = "saturate 
         for e in f.evidence:
             console.print(Text(f"  ({label}) {e}"))
     if d.fixes:
+        console.print()  # the heading on a line of its own, not read as the end of the last sentence
         console.print(Text("fixes, ranked (gains are predictions, not measurements):", style="bold"))
         for i, fix in enumerate(d.fixes, 1):
             console.print(_fix_line(i, fix))

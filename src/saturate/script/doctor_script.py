@@ -198,8 +198,10 @@ def in_your_script(fix: Fix, report: dict[str, Any], device_type: str) -> list[s
         at = f"{loader['site']}: " if loader and loader.get("site") else ""
         lines.append(f"{at}DataLoader(..., {args})")
     if "grad_accum" in changes:
-        lines.append(f"accumulate {changes.pop('grad_accum')} micro-batches per optimizer step (your accumulation "
-                     "setting), so the effective batch stays the same")
+        n = changes.pop("grad_accum")
+        lines.append(f"accumulate {n} micro-batches per optimizer step (your accumulation setting), so the effective "
+                     "batch stays the same" if n > 1 else "no accumulation: one micro-batch per optimizer step (your "
+                     "accumulation setting), the effective batch as before")
     if "non_blocking" in changes:
         changes.pop("non_blocking")
         lines.append("move batches with .to(device, non_blocking=True)")
