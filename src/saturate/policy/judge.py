@@ -151,7 +151,7 @@ def judge_rounds(r: Ratio | None) -> Decision:
                     max(r.median - r.low, r.high - r.median))
 
 
-def confirms(again: Comparison, evidence: Evidence = Evidence.TRIALS) -> bool:
+def confirms(again: Comparison) -> bool:
     """Whether the candidate against the incumbent measured again right after (`again`) confirms a gain the
     first comparison could not decide alone: faster beyond the noise a second time."""
     return again.faster
