@@ -1,6 +1,8 @@
 import time
+
 import torch
 from torch.utils.data import DataLoader, Dataset
+
 
 class Slow(Dataset):
     def __len__(self):
