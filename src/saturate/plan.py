@@ -271,14 +271,11 @@ def default_plan(effective_batch: int, device_type: str, supports: dict[str, boo
       GPU the first steps' measured peak then grows it: engine/grow.py);
       with `memory_cap` (the largest micro-batch a measured peak predicts to fit, and the line that says how),
       within it instead on a GPU, and within both on a CPU — a CPU gains nothing from a micro-batch beyond
-      what fills its cores (GPT-2-shaped, fp32, on the 2-core AVX2 EPYC: 32 × 1 measured −12.4 % against
-      8 × 4, 4 × 8 −30 %; gpt-tiny's grid best there was 8 × 4; 2026-11-26), so memory only lowers it. In bf16
-      on a CPU, for samples of `tokens_per_sample` tokens where 16 of them hold at most `CPU_BF16_TOKENS`, up
-      to 16: the native bf16 matmuls run ~2× fp32's and want more rows to stay busy (GPT-2-shaped at 128
-      tokens on the 2-core Zen 4: 16 × 2 over 8 × 4 measured +6.7 % and +16.0 % in the tuner's alternating
-      pairs, +2.5 to +7.0 % trained in interleaved rounds; gpt-tiny +3.9 %, and in its grid 16 × 2 (unfused)
-      70.6 samples/s against 8 × 4's 61.3 — never slower; 32 × 1 was mixed, −5.8 to +25 %; 2026-11-26/27,
-      docs/benchmarks.md);
+      what fills its cores, and larger ones ran slower (measured: bench/results/cpu-2026-11-26f/README.md),
+      so memory only lowers it. In bf16 on a CPU, for samples of `tokens_per_sample` tokens where 16 of them
+      hold at most `CPU_BF16_TOKENS`, up to 16: the native bf16 matmuls run ~2× fp32's and want more rows to
+      stay busy (16 × 2 never slower than 8 × 4, 32 × 1 mixed; measured:
+      bench/results/cpu-2026-11-27g/README.md);
     - the loader: on a GPU, workers from the `cores` each process has, one kept for the training process (at
       most 4), pinned memory and non-blocking copies; elsewhere none (the step uses every core).
 

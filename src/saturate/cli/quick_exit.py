@@ -1,11 +1,11 @@
 """The end of the `saturate` process: what must happen at exit happens, Python's teardown of every module does not.
 
-A process that imported torch spends 0.7 s after its last line tearing its modules down, 1.4-1.5 s with
-Transformers (measured on a 2-vCPU EPYC, 2026-11-27: `import torch, transformers; GPT2LMHeadModel` exits
-1.5 s after its last print, 0.05 s through here) — 3 % of a 60-step job's wall time, spent on nothing the user
-keeps. Here the exit handlers still run (logging's, multiprocessing's reaping of loader workers, TensorBoard's,
-anything a user's `--hf` model registered), Python's and C's output buffers are flushed, and then the process ends
-with `os._exit`. A thread still running that is not a daemon gets Python's ordinary exit, which waits for it.
+A process that imported torch spends most of a second after its last line tearing its modules down, more with
+Transformers — a few percent of a short job's wall time, spent on nothing the user keeps (measured:
+bench/results/cpu-2026-11-27e/README.md). Here the exit handlers still run (logging's, multiprocessing's reaping of
+loader workers, TensorBoard's, anything a user's `--hf` model registered), Python's and C's output buffers are
+flushed, and then the process ends with `os._exit`. A thread still running that is not a daemon gets Python's
+ordinary exit, which waits for it.
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ cores is a note.
 
 When the load is the only finding — no wait, sync or fixed cost found (on a CPU, the batch-scaling probe ran),
 none within noise of its threshold — the verdict is the workload's own, compute-bound, said as measured on a busy
-machine (`compute_under_load`), with "contended" listed beside it: before, a compute-bound gpt-tiny read
-"contended" or "compute-bound" by whether a burst overlapped its timed steps (2 of 3 alike under the bursty
-neighbour, 2026-11-25), though what a neighbour adds is time, not a bottleneck of the workload's.
+machine (`compute_under_load`), with "contended" listed beside it: what a neighbour adds is time, not a
+bottleneck of the workload's, and a verdict that turned on whether a burst overlapped the timed steps read
+"contended" or "compute-bound" by chance (measured: bench/results/cpu-2026-11-25/README.md).
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def threads_fix(m: Measurements) -> tuple[Fix | None, str | None]:
     """On a busy CPU run on several threads, one thread as a fix for the load when the probe's rounds measured a
     micro-step on one faster beyond their spread and by `POLICY.doctor.gain_min` (the rounds: `threads_ratios`),
     with the line saying what they measured; (None, the line) when they did not; (None, None) unmeasured.
-    Under the steady neighbour, two threads took 3.7–80× as long as one (2026-11-29)."""
+    Under a steady neighbour several threads can take many times as long as one (measured:
+    bench/results/cpu-2026-11-29/README.md)."""
     r, n = m.threads_ratios, m.cpu_threads or 1
     if m.accelerator or n == 1 or len(r) < POLICY.doctor.min_rounds:
         return None, None
@@ -152,9 +153,9 @@ UNDECIDED = "within noise of the threshold"  # a note's words for a figure the d
 def nothing_but_load(verdicts: list[Finding], notes: list[Finding], m: Measurements) -> bool:
     """Whether the load is all that was found: every verdict "contended", no figure left undecided near its
     threshold (which the load's scatter could have kept from being called), and on a CPU the fixed part measured
-    (the batch-scaling probe ran): without it a fixed cost is not ruled out. run_clm under the steady neighbour, its
-    probe left out, read compute-bound with bf16 as the fix, where quiet it is overhead-bound and bf16 measured
-    0.79× (2026-11-28). A fixed share measured under the threshold on a busy CPU stands: the load only adds to it."""
+    (the batch-scaling probe ran): without it a fixed cost is not ruled out, and "compute-bound" could propose a
+    fix that is slower for an overhead-bound script (measured: bench/results/cpu-2026-11-28g/README.md). A fixed
+    share measured under the threshold on a busy CPU stands: the load only adds to it."""
     return (m.accelerator or m.scaling is not None) and all(f.verdict == "contended" for f in verdicts) \
         and not any(UNDECIDED in e for n in notes for e in n.evidence)
 
@@ -191,11 +192,9 @@ def stands_under_load(f: Finding, m: Measurements) -> str | None:
 def stalls(m: Measurements) -> str | None:
     """Why a fixed part measured on a busy CPU with several intra-op threads may be the load's, or None. A thread a
     neighbour preempts holds up each parallel region by a time slice whatever the micro-batch, which reads as a
-    fixed cost. Under a burst the rounds scatter (nanoGPT: 62 % fixed beside 1.1 busy cores, rounds 0.56–2.05×,
-    where quiet it is 39 %); under a steady load they agree and are still wrong (Lightning's transformer.py: 92 %
-    fixed, 2.6 s a micro-step, rounds 1.07–1.10×, beside 1.0 busy core; compute-bound quiet; 2026-11-28) — so the
-    rounds' agreement cannot tell, and on several threads the share does not stand — unless the probe taken again on
-    one thread bounds it (`one_thread_bounds`)."""
+    fixed cost. Under a burst the probe's rounds scatter; under a steady load they agree and are still wrong — so
+    the rounds' agreement cannot tell, and on several threads the share does not stand — unless the probe taken
+    again on one thread bounds it (`one_thread_bounds`; measured: bench/results/cpu-2026-11-28g/README.md)."""
     p = m.scaling
     if m.accelerator or (m.cpu_threads or 1) == 1 or p is None or not (m.contention or {}).get("significant") \
             or one_thread_bounds(m) is not None:

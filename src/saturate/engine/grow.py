@@ -1,15 +1,15 @@
 """The informed plan's micro-batch on a GPU, grown from its own first steps' memory (issue 30).
 
-`plan.default_plan` takes up to 16 on a GPU when no memory was measured: it cannot know what fits. On an H200 with
-139 GiB, gpt-small at GPT-2's vocabulary peaked at 15 GiB at 16 × 8, and the tuner then measured 128 × 1 at
-+8 % (eager; 2026-11-27, docs/benchmarks.md) — a run that trains the informed plan (`train` without a plan, a
-`run` too short to tune) left that on the table. So after `POLICY.job.grow_after` steps (the second is the first
-with the optimizer's state allocated, so the peak holds it), the measured peak in proportion to the micro-batch
-predicts the largest that fits within `POLICY.job.headroom` of the device's memory (the tuner's bound,
-`largest_proportional`: an upper bound on the memory, peak = fixed + per sample, both ≥ 0), and the micro-batch
-grows to the largest multiple of the loader's batch within it that divides the step — the same samples per step,
-several loader batches joined per forward (engine/step.py `Stepper.grow`). The guard is the one every GPU step
-has: an out-of-memory step halves it and retries the same samples.
+`plan.default_plan` takes up to 16 on a GPU when no memory was measured: it cannot know what fits. On a large GPU 16
+can leave most of the memory unused, where a larger micro-batch runs faster (measured:
+bench/results/gpu-2026-11-27-h200/README.md) — a run that trains the informed plan (`train` without a plan, a `run`
+too short to tune) left that on the table. So after `POLICY.job.grow_after` steps (the second is the first with the
+optimizer's state allocated, so the peak holds it), the measured peak in proportion to the micro-batch predicts the
+largest that fits within `POLICY.job.headroom` of the device's memory (the tuner's bound, `largest_proportional`: an
+upper bound on the memory, peak = fixed + per sample, both ≥ 0), and the micro-batch grows to the largest multiple
+of the loader's batch within it that divides the step — the same samples per step, several loader batches joined per
+forward (engine/step.py `Stepper.grow`). The guard is the one every GPU step has: an out-of-memory step halves it
+and retries the same samples.
 
 Only where the micro-batch was chosen without any memory measured (the rule's "no memory was measured"), on one
 CUDA/ROCm process, eager (a compiled model would compile again for the new shape), before any OOM; said in a note

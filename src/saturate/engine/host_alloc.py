@@ -4,12 +4,11 @@ glibc serves a request over its mmap threshold (128 KiB at start, raised as larg
 with a fresh `mmap` and gives it back with `munmap` on free, and it trims the heap's free top back to the kernel
 past twice that threshold. A CPU training step allocates and frees its activations and gradients (hundreds of KiB to
 MiBs each) every micro-batch, so each step maps many of them again and the kernel zeroes every page at its first
-touch: on the peers' GPT-2-shaped job (bench/peers.py, 40 steps of 8 × 4 bf16, a 2-core Zen 4) saturate's process
-made 0.60-0.95 M minor page faults with glibc's defaults and 0.33 M with the thresholds raised, its steps 1.09×
-(1.00-1.16×) as fast over 3 interleaved rounds (`bench/host_alloc.py`, docs/benchmarks.md 2026-11-27, twelfth
-session). What Intel's and PyTorch's CPU guides get from jemalloc or tcmalloc under LD_PRELOAD, without a library to
-install: a larger mmap threshold (blocks up to it come from the heap, reused) and a larger trim threshold (a bounded
-amount of freed memory stays with the process: at most `TRIM_MAX`, or 1/32 of the RAM where that is less).
+touch: with the thresholds raised the process faults far less and its steps run faster (measured with
+`bench/host_alloc.py`: bench/results/cpu-2026-11-27b/README.md). What Intel's and PyTorch's CPU guides get from
+jemalloc or tcmalloc under LD_PRELOAD, without a library to install: a larger mmap threshold (blocks up to it come
+from the heap, reused) and a larger trim threshold (a bounded amount of freed memory stays with the process: at most
+`TRIM_MAX`, or 1/32 of the RAM where that is less).
 
 Both thresholds are set together: setting either alone turns glibc's dynamic threshold off and leaves the mmap
 threshold at 128 KiB (17.5 M faults over the same 40 steps, 2× slower). Allocator settings of the user's own —

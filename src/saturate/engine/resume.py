@@ -264,7 +264,7 @@ def choose_plan(plan: Plan | None, state: dict[str, Any] | None, workload: Workl
 def threads_for_now(plan: Plan, hw: Any, notes: list[str], world: int = 1, seconds: float = 0.5) -> Plan:
     """A tuned plan's intra-op thread count, checked against the load now. The tuner sets a count only when other
     processes kept the CPU busy (tune/start.py, tune/search.py); on a quiet machine that count is the wrong one
-    (1 thread of 2 for gpt-tiny: 0.60x torch's 2 here, bench/trust.py 2026-11-26). So the load is read for
+    (slower than torch's own; measured: bench/results/cpu-2026-11-26c/README.md). So the load is read for
     `seconds` before training: quiet, torch's own count replaces the plan's, said in a note; busy, or unread, or
     on several processes (each rank would read its own), the plan's count stays, said too."""
     n, why = plan.threads, plan.provenance.get("threads", "set in the plan")

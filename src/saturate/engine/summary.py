@@ -72,9 +72,9 @@ def mfu_peak(hw: Any, plan: Plan) -> tuple[float | None, str]:
     return peak, label
 
 
-# A run's matmuls at more than this share of a *measured* peak mean the peak read low (a 2-vCPU Zen 4 read its bf16 peak
-# at 202-209 GFLOP/s in some processes and 360-425 in others, 2026-11-27; gpt-tiny's steps then showed 87 % MFU): it
-# is measured once more at the end of the run and the higher reading kept (peak_store keeps the higher for later runs).
+# A run's matmuls at more than this share of a *measured* peak mean the peak read low (a CPU's peak can read about
+# half in some processes; measured: bench/results/cpu-2026-11-27b/README.md): it is measured once more at the end of
+# the run and the higher reading kept (peak_store keeps the higher for later runs).
 SUSPECT_MFU = 0.75
 
 

@@ -139,11 +139,11 @@ def isa_text(flags: set[str]) -> str:
     return "; ".join(f"{d} {hit[1].split(':')[0]}" for d, hit in found if hit is not None)
 
 
-# Without a cpufreq maximum (virtual machines), "cpu MHz" is the clock the core reports now, often the base
-# clock, and a core under a matmul boosts past it (a 2-core EPYC VM reporting 2.45 GHz ran fp32 matmuls at
-# 169 GFLOP/s, 2.64 GHz worth of AVX2 FMAs, 2026-11-23). The ceiling then allows this much over the current
-# clock: server parts boost at most ~2.05x their base (Xeon Platinum 8592+: 1.9 -> 3.9 GHz; EPYC 7763:
-# 2.45 -> 3.5 GHz), so 2.5x still catches a broken measurement (a 4.55x MFU) without failing a boosting core.
+# Without a cpufreq maximum (virtual machines), "cpu MHz" is the clock the core reports now, often the base clock,
+# and a core under a matmul boosts past it (measured: bench/results/cpu-2026-11-23e/README.md). The ceiling then
+# allows this much over the current clock: server parts boost at most ~2.05x their base (Xeon Platinum 8592+: 1.9 ->
+# 3.9 GHz; EPYC 7763: 2.45 -> 3.5 GHz), so 2.5x still catches a broken measurement (a 4.55x MFU) without failing a
+# boosting core.
 BOOST_HEADROOM = 2.5
 
 

@@ -4,8 +4,8 @@ The script tuner keeps the best run so far alive and pairs it with each new cand
 runs of a comparison are of different ages: the incumbent may be hundreds of steps further into its training.
 Most scripts run at one speed once warm, and then age does not matter. Some do not: pytorch/examples'
 word_language_model with AdamW at its default learning rate of 20 diverges, its loss going from 10 to 780 in its
-first steps, and its run slowed from 10 to 3 steps/s as it did; beside it, a fresh run read fused AdamW 2.2× in 6 of
-6 pairs, twice, on a quiet machine, where two fresh runs side by side read 1.02× (2026-11-28). A schedule that grows
+first steps, and its run slowed to a third of its speed as it did; beside it, a fresh run read a gain that two
+fresh runs side by side did not (measured: bench/results/cpu-2026-11-28f/README.md). A schedule that grows
 the sequence length, or a cache that fills, moves a run's speed the same way.
 
 So before a gain against a live run is kept on one pair of runs, the live run's speed in this comparison is set

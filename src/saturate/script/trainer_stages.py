@@ -236,8 +236,8 @@ def _split_stage(search: Search, fw: Framework, model: dict[str, Any] | None = N
 def _level(t: Any) -> bool:
     """Whether a trial measured level with the best so far: within the noise (either way: the noise could flip its
     sign), or under the minimum gain and no slower. A split that may sit on a plateau, or whose runs ended before
-    its pairs could tell (run_clm's 200 steps: 4 × 2 "+17.8 %, within noise (±57.1 %)" and "-35.4 %, within noise
-    (±1556.6 %)" beside 2 × 4, where 8 × 1 is 1.35× faster than 2 × 4 bare, 2026-11-28)."""
+    its pairs could tell: the climb goes one split past it, since the next may still be faster (measured:
+    bench/results/cpu-2026-11-28g/README.md)."""
     return t.ok and (t.verdict == Verdict.WITHIN_NOISE.value
                      or (t.verdict == Verdict.UNDER_MIN_GAIN.value and (t.gain or 0.0) >= 0.0))
 

@@ -67,7 +67,8 @@ class WindowRule:
     def warmed(self, rates: list[float]) -> bool:
         """Whether a fresh run has stopped getting faster: its newest window is not faster than its fastest earlier
         one by more than the target (two windows at least). Not `agreed`: on a busy machine windows may never agree
-        within ±1.5 %, and waiting for them took every window a short run had left (a 4-s run, 2026-11-26)."""
+        within ±1.5 %, and waiting for them could take every window a short run had left (measured:
+        bench/results/cpu-2026-11-26g/README.md)."""
         return len(rates) >= 2 and rates[-1] <= max(rates[:-1]) * (1 + self.target)
 
     def capped(self, rates: list[float], seconds: float, busy: bool = False) -> bool:

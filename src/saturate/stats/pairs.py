@@ -3,27 +3,25 @@
 Each pair of windows a second apart gives a ratio B ÷ A under the same load (tune/paired.py and
 script/gated.py time them). Which of the two goes first is drawn at random for each pair (`pair_order`),
 not alternated A B | B A: a load that repeats every four windows locks onto a fixed alternation and
-favours one side in every pair. A script whose own speed switched every 1.5 s read 2.39× for fused
-AdamW in ~0.75-s windows on CI (2026-11-26); in a simulation of that script a fixed A B | B A read a
-gain above 1.6× in 23–30 % of comparisons at 0.7–0.8-s windows, a random order in 1–7 % (the sign
-test's own error, with its looks). The decision rests on the median of those ratios and its distribution-free
-interval (`median_interval`, the sign test's order statistics): B is faster when the whole interval
-is above 1 and the median gains more than the minimum gain, slower alike below, and there is no
+favours one side in every pair; a random order leaves only the sign test's own error, with its looks
+(measured: bench/results/cpu-2026-11-26g/README.md). The decision rests on the median of those ratios and its
+distribution-free interval (`median_interval`, the sign test's order statistics): B is faster when the whole
+interval is above 1 and the median gains more than the minimum gain, slower alike below, and there is no
 difference worth a change when the whole interval lies within ± the minimum gain (`decisive`).
 
 The pairs stop (`settled`) once they are decisive at one of a few pair counts (`CHECKS`: few looks,
 few false stops), or at a cap on timed seconds, never before `min_pairs`. A caller that keeps A unless B is
 faster (the tuner) stops as soon as B cannot be (`one_sided`): the interval's upper end within the minimum
-gain. The tuner's fused-optimizer pairs on the peers' GPT-2 job (2026-11-27) ran to the 24-pair cap for
-0.978× (0.963–1.017×); one-sided they stop at 16, on the same ratios. The decision is a
+gain: a two-sided comparison of a candidate that is no faster can run to the pair cap, where one-sided pairs stop
+well before it on the same ratios (measured: bench/results/cpu-2026-11-27f/README.md). The decision is a
 `Comparison` (stats/comparison.py), so it reads as every other comparison does.
 
 When a run ends before `MIN_PAIRS` (a script shorter than the windows a decision needs), the sign test cannot
 decide: four pairs all one way are 87.5 % sure, not 90 %. Those pairs still hold a result when it is large
 against their own scatter: `ended_comparison` takes 3 to 5 pairs, all on one side of 1, and Student's t interval
 of the mean log ratio at 99 % (a tighter confidence than the sign test's, since it leans on the ratios being
-roughly log-normal). An input pipeline's 8.4, 8.3, 8.1 and 8.1× pairs (quiet, 2026-11-26) decide 7.9–8.5×; four
-pairs that scatter 1.1–2.9× do not.
+roughly log-normal): a few pairs that agree on a large gain decide it, a few that scatter do not (measured:
+bench/results/cpu-2026-11-26f/README.md).
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ with its reason, never 0. A reading of GPU and host counters costs a fraction of
 sampler given `max_cpu_share` keeps those process readings within that share of the process's own CPU time
 (on a busy machine a process gets less CPU per second: they slow down with it). The cheap GPU and host
 readings are taken every interval regardless: a CUDA process that mostly waits on the GPU uses little CPU,
-and capping its NVML readings with the rest left a doctor's window with two utilisation samples (seen on
-an H100, 2026-11-23).
+and capping its NVML readings with the rest left a doctor's window with too few utilisation samples
+(measured: bench/results/h100-2026-11-23/README.md).
 """
 
 from __future__ import annotations

@@ -5,10 +5,9 @@ A setting that changes one phase of the step can save at most that phase's whole
 takes a share `s` of it runs at most 1 / (1 - s) times faster with any other optimizer kernel. The fused optimizer
 (one kernel for every parameter instead of a few per group) changes only the optimizer step, so where the
 incumbent's optimizer takes under half of the minimum gain (`POLICY.stages.bound_margin`: the share is itself measured,
-over a trial's few timed steps) the other setting cannot be kept, and timing it would only spend the budget. On the
-2-core Zen 4 the peers' GPT-2 job (3.7 M parameters, 16 × 2 × 128 tokens, bf16) spent 0.7 % of its step in fused
-AdamW and 1.5 % in the foreach one, where the fused stage had cost 44 s of a 105-s tuning (24 alternating pairs
-for a 2.2 % difference within noise; 2026-11-27, docs/benchmarks.md).
+over a trial's few timed steps) the other setting cannot be kept, and timing it would only spend the budget: a
+small model's optimizer step can take a percent or two of its step while the fused stage's pairs take a large part
+of the tuning (measured: bench/results/cpu-2026-11-27f/README.md).
 
 `OptimizerClock` measures the share inside the steps a trial times (engine/step.py's phase timer): on a CPU by
 the clock around the optimizer step, on a GPU by a pair of CUDA events (read after the trial's own last

@@ -1,9 +1,8 @@
 """Two plans timed in alternating windows: a comparison that a busy machine cannot flip.
 
-Two trials taken seconds apart differ by more than either one's windows show: on a 2-core machine
-with another process keeping one core busy, the tuner's trials read ±13–22 %, and one tune measured
-micro-batch 16×2 at −22.9 % against 8×4 and stopped its climb, although 16×2 and 32×1 were 1.1–1.3×
-8×4 measured side by side under the same load (bench/trust.py, docs/benchmarks.md, 2026-11-23).
+Two trials taken seconds apart differ by more than either one's windows show: on a busy machine a plan
+that one trial reads slower beyond the noise can be faster side by side under the same load, and a climb
+that believes the trial stops short (measured: bench/results/cpu-2026-11-23c/README.md).
 Whatever the load does, it does to windows a second apart alike. So where a comparison is not
 decisive (`SearchState.beats`), both plans are built together and timed in alternating windows,
 each pair giving the ratio B ÷ A of two windows side by side, which one first drawn at random

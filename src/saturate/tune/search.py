@@ -129,10 +129,10 @@ class _Search(SearchState):
 
     def threads(self, ref: Trial, again: bool = False) -> Trial:
         """On a CPU that other processes keep busy, fewer intra-op threads than cores: torch's threads wait for each
-        other at every parallel region, so one preempted by another process stalls them all (gpt-tiny on 2 cores
-        with a busy loop on one: 15-23 samples/s with 2 threads, 38 with 1; bench/trust.py, 2026-11-23). Tried at
-        the first trial's settings only when that trial saw the machine busy; the rest of the search keeps the
-        count taken. In one process only (several ranks share the cores by another rule)."""
+        other at every parallel region, so one preempted by another process stalls them all (measured:
+        bench/results/cpu-2026-11-23d/README.md). Tried at the first trial's settings only when that trial saw the
+        machine busy; the rest of the search keeps the count taken. In one process only (several ranks share the
+        cores by another rule)."""
         if origin(ref.plan.provenance, "threads") is Origin.UNDER_LOAD:
             return start.all_threads(self, ref)
         if ref.plan.threads is not None:  # a count of the plan's own

@@ -1,12 +1,13 @@
 """The compile trial's stake: a run's budget grows for a compilation it has no room for.
 
-A compilation is paid before its steps show what it gains, so what the search found before it cannot be what
-funds it (the 2000-step peers' job, 2026-11-29: `POLICY.payback.compile_stake`'s reason). So for the compile trial
-a run's budget (one that may grow: `SearchSettings.budget_cap_s`) grows by what the compilation lacks, up to
+A compilation is paid before its steps show what it gains, so what the search found before it cannot be what funds
+it (`POLICY.payback.compile_stake`'s reason; measured: bench/results/cpu-2026-11-29c/README.md). So for the compile
+trial a run's budget (one that may grow: `SearchSettings.budget_cap_s`) grows by what the compilation lacks, up to
 `compile_stake` of the predicted training, plus one trial's length to confirm a gain (the incumbent measured
-again), within the cap. Afterwards the stages that follow keep what they had before it: the stake pays only for
-the seconds the compile stage ran past its room. When compiling gains nothing, that is what is lost. Nothing is
-staked once a trial ran under load: under the bursty neighbour a cold compile ran past a 50-s stake (2026-11-29).
+again), within the cap. Afterwards the stages that follow keep what they had before it: the stake pays only for the
+seconds the compile stage ran past its room. When compiling gains nothing, that is what is lost. Nothing is staked
+once a trial ran under load: on a busy machine a cold compilation can run past its whole stake (measured:
+bench/results/cpu-2026-11-29c/README.md).
 """
 
 from __future__ import annotations

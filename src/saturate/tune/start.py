@@ -38,8 +38,8 @@ def precision_label(plan: Plan) -> str:
 def busy_threads(st: SearchState, plan: Plan) -> Plan:
     """`plan` at the threads other processes left, when they kept the CPU busy just before the search
     (`SearchSettings.busy_before`): with torch's count, a thread the neighbour preempts stalls the rest at every
-    parallel region (gpt-tiny under the bursty neighbour: 5-7 s for a first step of ~1 s quiet, so a 45 s budget
-    held no trial, bench/trust.py 2026-11-26). torch's count is measured against it next (`all_threads`). On a CPU,
+    parallel region, and a step can slow so much that a short budget holds no trial at all (measured:
+    bench/results/cpu-2026-11-26c/README.md). torch's count is measured against it next (`all_threads`). On a CPU,
     in one process, for a plan without a count of its own."""
     busy = st.s.busy_before
     if busy is None or plan.threads is not None:
@@ -60,8 +60,9 @@ def all_threads(st: SearchState, ref: Trial) -> Trial:
     """torch's own thread count measured against a first trial that ran at fewer (`busy_threads`): the fewer are
     kept only when faster than torch's count beyond the noise — torch's count is what the user had, and what stays
     when the comparison cannot tell (as in `_Search.threads`). Under a bursty neighbour the two counts trade places
-    with each burst (one thread 4.45× two under a steady load, 0.60× on a quiet machine), and two tunes out of two
-    kept one thread within noise of two when the first trial was the incumbent (2026-11-26)."""
+    with each burst (one thread far faster than torch's count under a steady load, slower on a quiet machine), and
+    with the fewer as the incumbent, tunes kept them within noise of torch's count (measured:
+    bench/results/cpu-2026-11-26d/README.md, bench/results/cpu-2026-11-26g/README.md)."""
     using, fewer = own_threads(), ref.plan.threads
     plain = without(ref.plan.provenance, "threads")
     if not st.affordable(f"torch's {using} threads"):

@@ -34,8 +34,7 @@ from saturate.tune.trial import OVER_BUDGET, BudgetTooSmall, LoaderTrial, Measur
 LOADER_TRIAL_S = 1.0  # what a loader trial is expected to take before one has run (kept from the model trials)
 # A change that gains less than this (or less than twice the two trials' noise) is confirmed before it is taken:
 # the incumbent is measured again right after the candidate (`SearchState.beats`). Two trials seconds apart differ
-# by more than either one's windows show: the same plan built again read 45-55 samples/s on the quiet 2-core
-# machine (bench/side_by_side.py, 2026-11-23) while each trial's own windows agreed within a few percent.
+# by more than either one's windows show, even on a quiet machine (measured: bench/results/cpu-2026-11-23c/README.md).
 # The share of a found saving the search may spend on finding more (`SearchState.earn`). Half: the rest is the
 # user's, and `saturate run`'s side-by-side may spend no more than the search left of it (`sizing.least_allowance`).
 
@@ -188,8 +187,8 @@ class SearchState:
         settings) across the training, up to `budget_cap_s`: tuning that has found a saving may spend part of it
         on finding more, and one that has found nothing stays within its first budget. The saving is the product
         of the gains that kept `best`'s changes, as the comparisons that decided them measured (in alternating
-        windows where they were close), not `best`'s trial against the first one minutes before: on the peers'
-        GPT-2 job those read +8.7 % where the pairs that kept the change said +6.7 % (2026-11-27). Returns
+        windows where they were close), not `best`'s trial against the first one minutes before, which can read
+        more than the pairs that kept the change did (measured: bench/results/cpu-2026-11-27f/README.md). Returns
         `best`."""
         s = self.s
         speedup = math.prod(1 + g for g in self.found)

@@ -2,7 +2,7 @@
 
 A language model's last matmul and its loss, `F.cross_entropy(h @ W.T, targets)`, keep the whole logits tensor
 for backward: at GPT-2's shape (micro-batch 16 × 1024 tokens × 50304) that is 3.3 GB in fp32, more than the rest
-of the activations, and it caps the micro-batch (docs/benchmarks.md, 2026-11-23, the H100 session). Here the
+of the activations, and it caps the micro-batch (measured: bench/results/h100-2026-11-23/README.md). Here the
 rows go through in chunks of `chunk`: each chunk's logits are made, reduced to its loss and its gradients
 (softmax minus the one-hot target, times the hidden rows and the weight), and dropped; what backward keeps is the
 gradient of the hidden states (rows × width) and of the weight (vocabulary × width) — the approach of

@@ -6,11 +6,11 @@ micro-step's loss already divided by the accumulation, so a step's loss is the s
 lower precision; no host sync is added to a step (the values are read once, at the end).
 
 The losses go into one float32 tensor of `MAX_LOSSES` values made on the device at the first loss, each step's
-added in place to its slot. Keeping each step's loss as a tensor of its own (as before 2026-11-28) left a small
+added in place to its slot. Keeping each step's loss as a tensor of its own (as before) left a small
 allocation alive per step among the step's large freed buffers: glibc's heap could not reuse or trim past them,
-so a plain AdamW loop's trial process grew by ~2.5 MB a step (to 2.2 GB at 1,000 steps) and, while it grew,
-faulted fresh pages in and ran at half its speed — a slowdown of saturate's making, which the unfused optimizer
-(more buffers a step) paid more than the fused one.
+so a plain AdamW loop's trial process grew by megabytes a step and, while it grew, faulted fresh pages in and ran
+far slower — a slowdown of saturate's making, which the unfused optimizer (more buffers a step) paid more than the
+fused one (measured: bench/results/cpu-2026-11-28c/README.md).
 """
 
 from __future__ import annotations
