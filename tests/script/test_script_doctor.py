@@ -287,7 +287,7 @@ def test_the_shim_waits_for_torch_and_then_installs_the_hooks(tmp_path, first):
         assert "saturate.script.child.hooks" not in sys.modules and "torch" not in sys.modules
         import torch
         from saturate.script.child import hooks
-        print(hooks._script is not None, "Script.install" in torch.utils.data.DataLoader.__init__.__qualname__,
+        print(hooks._script is not None, "install.<locals>.init" in torch.utils.data.DataLoader.__init__.__qualname__,
               not any(type(f).__name__ == "_AfterTorch" for f in sys.meta_path))  # gone once torch has run
     """)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)

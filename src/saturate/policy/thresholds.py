@@ -20,6 +20,7 @@ from saturate.policy.doctor_rules import DoctorRules
 from saturate.policy.fields import rule
 from saturate.policy.job_rules import JobRules
 from saturate.policy.payback_rules import PaybackRules
+from saturate.policy.same_rules import SameRules
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,7 @@ class Policy:
     doctor: DoctorRules = field(default_factory=DoctorRules)
     payback: PaybackRules = field(default_factory=PaybackRules)
     job: JobRules = field(default_factory=JobRules)
+    same: SameRules = field(default_factory=SameRules)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """{section: {field: value}}, as written into tune.json."""

@@ -18,6 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from saturate.data.fingerprint import replayed, shard_edit
 from saturate.doctor.findings import Diagnosis, Fix, Measurements
 from saturate.doctor.report import render
 from saturate.doctor.rules import decide
@@ -51,6 +52,8 @@ def doctor_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, 
     if run.report.get("model") is None:
         m.notes.append("no model owning the optimizer's parameters was seen in a forward: forward and backward "
                        "are part of \"everything else\"")
+    if note := _replayed(run.report):
+        m.notes.append(note)
     d = decide(m)
     framework = bool(run.report.get("trainer") or run.report.get("lightning"))
     for fix in d.fixes:
@@ -58,6 +61,18 @@ def doctor_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, 
         fix.prediction.basis = fix.prediction.basis.replace(  # a command has no --apply: say what measures it
             "(--apply measures it)", trial_for(fix.changes, framework))
     return d, run
+
+
+def _replayed(report: dict[str, Any]) -> str | None:
+    """A note when the script's own stream is replayed by each of its loader workers (its fingerprint's first
+    batches repeat): every sample trained on that many times."""
+    loader = report["loaders"][0] if report["loaders"] else {}
+    times = replayed(loader.get("fingerprint"))
+    if times is None or not loader.get("num_workers"):
+        return None
+    return (f"the training loader's first batches repeat {times} times: each of its {loader['num_workers']} workers "
+            f"yields the whole stream, so every sample is trained on {loader['num_workers']} times an epoch; "
+            f"{shard_edit(loader['fingerprint'])}")
 
 
 def trial_for(changes: dict[str, Any], framework: bool) -> str:
@@ -193,6 +208,10 @@ def in_your_script(fix: Fix, report: dict[str, Any], device_type: str) -> list[s
     loader_args = {k: changes.pop(k) for k in LOADER_KNOBS if k in changes}
     if "micro_batch" in changes:
         loader_args["batch_size"] = changes.pop("micro_batch")
+    if loader_args.get("num_workers") and loader and ((loader.get("fingerprint") or {}).get("dataset") or {}).get(
+            "shards") is False:  # a stream that does not shard: workers would each replay it
+        lines.append(f"first, {shard_edit(loader['fingerprint'])} (its __iter__ never calls get_worker_info(): "
+                     "without that, each worker yields the whole stream)")
     if loader_args:
         args = ", ".join(f"{k}={v!r}" for k, v in loader_args.items())
         at = f"{loader['site']}: " if loader and loader.get("site") else ""

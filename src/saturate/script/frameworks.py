@@ -129,3 +129,17 @@ class LightningTrainer:
         return ("not tried (torch.compile of the LightningModule from outside compiles only its forward, which "
                 "training_step need not call, and changes the module Lightning's hooks and checkpoints see; "
                 "compile inside the module instead, e.g. self.net = torch.compile(self.net))")
+
+
+def plain_fused(optimizer: dict[str, Any], device: str) -> Option:
+    """A plain script's fused-optimizer trial (`frameworks.fused_option`), where torch has the kernel on `device`."""
+    option = fused_option(optimizer)
+    if isinstance(option, str):
+        return option
+    import torch
+
+    from saturate.tune.api import fused_adamw_available
+
+    if not fused_adamw_available(torch.device(device)):
+        return f"not tried (this torch has no fused {optimizer.get('class')} on {device})"
+    return option

@@ -78,6 +78,8 @@ class ScriptTrial:
     gain: float | None = None  # against the best so far, when compared with it (the decision's point estimate)
     decision: dict[str, Any] | None = None  # the judge's (policy.judge Decision.to_dict), when it was compared
     verdict: str | None = None  # that comparison's `Verdict` (its value)
+    fingerprint: dict[str, Any] | None = None  # its training DataLoader's (data/fingerprint.py LoaderPrint.record)
+    same: dict[str, Any] | None = None  # that against the script as written's (fingerprint.SameCheck.to_dict)
 
     @classmethod
     def of(cls, name: str, overrides: Overrides, run: ScriptRun, rule: WindowRule | None = None) -> ScriptTrial:
@@ -92,7 +94,8 @@ class ScriptTrial:
                 first_step_s=report.get("first_step_s"), samples_per_step=per_step,
                 trainer_error=(report.get("trainer") or {}).get("error"), host_peak=m.get("main_peak"),
                 threads=(report.get("threads") or {}).get("in_force"),
-                optimizer_share=m["phases"].get("optimizer", 0.0) / profiled if profiled > 0 else None)
+                optimizer_share=m["phases"].get("optimizer", 0.0) / profiled if profiled > 0 else None,
+                fingerprint=training_print(report.get("loaders") or []))
         windows = report.get("windows") or {}
         if rates := windows.get("rates"):
             summary = (rule or window_rule()).result(rates)
@@ -110,8 +113,10 @@ class ScriptTrial:
         return cls(name, overrides, float("inf"), None, 0.0, 0, outcome=f"failed: {why}", out_of_memory=out_of_memory)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, the overrides as their JSON object."""
-        return {**vars(self), "overrides": self.overrides.to_dict()}
+        """Every field, the overrides as their JSON object, the fingerprint without its digests and indices."""
+        fp = self.fingerprint
+        return {**vars(self), "overrides": self.overrides.to_dict(),
+                "fingerprint": None if fp is None else {k: v for k, v in fp.items() if k not in ("digests", "indices")}}
 
     @property
     def ok(self) -> bool:
@@ -136,6 +141,12 @@ class ScriptTrial:
         return replace(c, noise=max(c.noise, abs(c.gain)), note=(
             f"timed apart while other processes kept {theirs:.1f} and then {mine:.1f} cores busy: not the same "
             "conditions, so not compared"))
+
+
+def training_print(loaders: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The fingerprint of the loader the run trained from: the one that gave the most batches (listed first)."""
+    used = [x for x in loaders if x.get("batches")] or [x for x in loaders if (x.get("fingerprint") or {}).get("sizes")]
+    return used[0].get("fingerprint") if used else None
 
 
 def judged(t: ScriptTrial, best: ScriptTrial) -> Decision:

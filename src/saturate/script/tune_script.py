@@ -46,13 +46,14 @@ from saturate.policy import POLICY
 from saturate.policy.judge import Evidence, confirms, judge
 from saturate.script.command import NotTunable, ScriptRun, run_instrumented
 from saturate.script.drift import moved
-from saturate.script.frameworks import framework_of, fused_option
+from saturate.script.frameworks import framework_of, plain_fused
 from saturate.script.gated import Gated, PairedTrials, again, can_gate, time_pairs
 from saturate.script.host_stages import alloc_stage, loader_stages, threads_stage
 from saturate.script.overrides import NONE, Overrides
+from saturate.script.same_training import changed_training, loss_noise
 from saturate.script.script_trial import ScriptTrial, judged, trial_settings, window_rule
 from saturate.script.short_job import prior_overrides, too_short
-from saturate.script.trainer_stages import Option, loop_precision, stage, trainer_stages, worth_fusing
+from saturate.script.trainer_stages import loop_precision, stage, trainer_stages, worth_fusing
 from saturate.script.tuning import ScriptTuning
 from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule
@@ -128,7 +129,7 @@ def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[
         trainer_stages(search, framework, supports, report.get("model"), allow_micro_batch_change)
     else:
         loop_precision(search, report, supports)
-        stage(search, "fused optimizer", worth_fusing(_plain_fused(result.optimizer or {}, device), result))
+        stage(search, "fused optimizer", worth_fusing(plain_fused(result.optimizer or {}, device), result))
     loader_stages(search, cores)
     threads_stage(search, cores)
     if device == "cuda":
@@ -138,20 +139,6 @@ def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[
     if framework is None:
         result.decisions.append("micro-batch and compile: need the script's training code (a Transformers or a "
                                 "Lightning Trainer's arguments); not tried from outside")
-
-
-def _plain_fused(optimizer: dict[str, Any], device: str) -> Option:
-    """A plain script's fused-optimizer trial (`frameworks.fused_option`), where torch has the kernel on `device`."""
-    option = fused_option(optimizer)
-    if isinstance(option, str):
-        return option
-    import torch
-
-    from saturate.tune.api import fused_adamw_available
-
-    if not fused_adamw_available(torch.device(device)):
-        return f"not tried (this torch has no fused {optimizer.get('class')} on {device})"
-    return option
 
 
 class _Search:
@@ -230,10 +217,12 @@ class _Search:
         if self.incumbent is None:
             self.incumbent = self.gated(best.name, best.overrides)
             try:
-                self.incumbent.open()
+                live = self.incumbent.open()
             except SaturateError:
                 self.close()
                 raise
+            if best is result.baseline and result.loss_noise is None:  # a second run of the script as written
+                result.loss_noise = loss_noise(live, best)
         candidate = self.gated(name, overrides)
         try:
             t = candidate.open()
@@ -349,6 +338,8 @@ class _Search:
             except SaturateError as e:
                 again = self._failed(f"again: {best.name}", best.overrides, e)
             again.outcome = f"measured again to confirm {t.name} ({d.reason.value})"
+            if best is self.result.baseline and self.result.loss_noise is None:
+                self.result.loss_noise = loss_noise(again, best)
             self.result.trials.append(again)
             first = f"{100 * c.gain:+.1f} % against its earlier trial"
             if not again.ok:
@@ -366,7 +357,7 @@ class _Search:
         """Keep `t` when `check` finds nothing wrong and `c` (it against the best so far) says faster."""
         result = self.result
         t.gain, t.verdict = c.gain, c.verdict.value
-        problem = check(t) if check is not None else None
+        problem = changed_training(t, result) or (check(t) if check is not None else None)
         if problem:
             t.outcome = f"not kept: {problem}"
         elif c.faster:
@@ -384,6 +375,7 @@ class _Search:
     def with_overrides(self, overrides: Overrides) -> Overrides:
         """The best overrides so far with these added."""
         return self.result.best.overrides.merged(overrides)
+
 
 def _refused(t: ScriptTrial, overrides: Overrides) -> str | None:
     """Why the script's Trainer refused the overrides' arguments (from the trial's report), or None."""

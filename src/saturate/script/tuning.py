@@ -42,6 +42,7 @@ class ScriptTuning:
     short: str | None = None  # why the job was too short to tune past its first trial (`run -- CMD` only)
     prior: Overrides = field(default_factory=Overrides)  # then: the risk-free settings chosen, not measured
     prior_said: list[str] = field(default_factory=list)  # one line per such decision
+    loss_noise: float | None = None  # two runs of the script as written, apart in their first losses (loss_drift)
 
     @property
     def speedup(self) -> float:
@@ -69,7 +70,7 @@ class ScriptTuning:
                 "trials": [t.to_dict() for t in self.trials],
                 "decisions": self.decisions, "loaders": self.loaders, "device_type": self.device_type,
                 "trainer": self.trainer, "lightning": self.lightning, "optimizer": self.optimizer,
-                "paired": self.paired is None, "not_paired_because": self.paired,
+                "paired": self.paired is None, "not_paired_because": self.paired, "loss_noise": self.loss_noise,
                 "confirmation": None if self.confirmation is None else self.confirmation.to_dict(),
                 "short_job": None if self.short is None else {"why": self.short, "applied": self.prior.to_dict(),
                                                               "chosen_not_measured": self.prior_said},

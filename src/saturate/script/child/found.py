@@ -39,18 +39,25 @@ def model_of(optimizer: Any, roots: list[weakref.ref]) -> tuple[Any, dict[str, A
 
 def live_loaders(loaders: dict[Any, dict[str, Any]]) -> list[dict[str, Any]]:
     """The DataLoaders still alive, what was recorded of them and their settings now, the most used first."""
-    found = [(info["ref"](), {k: v for k, v in info.items() if k not in ("ref", "settings")})
-             for info in loaders.values()]
+    found = [(info["ref"](), recorded(info)) for info in loaders.values()]
     alive = sorted([(loader, info) for loader, info in found if loader is not None], key=lambda x: -x[1]["batches"])
     return [{**info, **loader_settings(loader)} for loader, info in alive]
+
+
+def recorded(info: dict[str, Any]) -> dict[str, Any]:
+    """What the report says of a DataLoader: its site, batches, settings as written, and its fingerprint
+    (`data/fingerprint.py`: the print's record with its dataset's)."""
+    out = {k: v for k, v in info.items() if k not in ("ref", "settings", "print", "dataset")}
+    if "print" in info:
+        out["fingerprint"] = {**info["print"].record(), "dataset": info.get("dataset")}
+    return out
 
 
 def iterated_loaders(loaders: dict[Any, dict[str, Any]]) -> list[dict[str, Any]]:
     """Every DataLoader that gave batches, alive or not (at exit the script's are gone), with its settings as
     made, the most used first."""
     used = [info for info in loaders.values() if info["batches"]]
-    return [{**{k: v for k, v in info.items() if k not in ("ref", "settings")}, **info["settings"]}
-            for info in sorted(used, key=lambda i: -i["batches"])]
+    return [{**recorded(info), **info["settings"]} for info in sorted(used, key=lambda i: -i["batches"])]
 
 
 def loader_settings(loader: Any) -> dict[str, Any]:

@@ -12,8 +12,8 @@ in the user's files is touched.
   modules called at the top level; the one owning most of the optimizer's parameters is the model.
   The global hooks are then removed (they would cost a call per submodule).
 - DataLoaders record where they were made (`train.py:123`; for a library's copy of the script's own
-  loader, such as Accelerate's `prepare`, where the script made the original) and their settings;
-  waiting for a batch is timed by wrapping the DataLoader iterator's `__next__`.
+  loader, such as Accelerate's `prepare`, where the script made the original), their settings and their
+  fingerprint; waiting for a batch is timed by wrapping the DataLoader iterator's `__next__` (`loader_hooks`).
 - Backward passes are counted until the first optimizer step: a script that updates its weights by hand (no
   torch.optim step) is stopped once its model's weights changed between backward passes `HAND_UPDATES` times
   (or at `BACKWARDS_WITHOUT_STEP`), with one line for the parent, in a doctor run or a trial, instead of running
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import inspect
 import json
 import os
 import random
@@ -56,7 +55,7 @@ from saturate.script.boundary import (
     SUMMARY,
     ChildSettings,
 )
-from saturate.script.child import found, lightning_hooks
+from saturate.script.child import found, lightning_hooks, loader_hooks
 from saturate.script.child.found import caller_site
 from saturate.script.child.loop_precision import LoopPrecision
 from saturate.script.child.patches import Patches
@@ -133,12 +132,10 @@ class Script:
 
     def install(self) -> None:
         import torch
-        import torch.utils.data.dataloader as dl
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         from saturate.doctor.phases import SyncCounter
-        from saturate.doctor.profiler import batch_len
 
         SyncCounter.site = found.read_site  # each counted sync placed at its line (a library's: with the user's call)
 
@@ -146,8 +143,6 @@ class Script:
         self._forward_hooks = [register_module_forward_pre_hook(selftime.own(self._forward_pre)),
                                register_module_forward_hook(selftime.own(self._forward_post))]
         script = self
-        loader_init, loader_iter, iter_next = dl.DataLoader.__init__, dl.DataLoader.__iter__, \
-            dl._BaseDataLoaderIter.__next__
         optimizer_init = torch.optim.Optimizer.__init__
 
         for name in WATCHED:  # imported before torch finished importing (a rare order): wrap them now
@@ -165,47 +160,6 @@ class Script:
             self.patches.replace(torch, "set_num_threads", lambda n: setattr(script, "threads_asked", n))
         self._fuse_optimizers()
         self.loop.install(torch, self.patches)
-        signature = inspect.signature(loader_init)
-        changing = bool(self.overrides.loader or self.overrides.train_loader)
-
-        def init(loader: Any, *args: Any, **kwargs: Any) -> None:
-            as_written = None
-            bound = signature.bind(loader, *args, **kwargs) if changing and id(loader) not in script.loaders else None
-            if bound is not None and (changes := script.overrides.loader_changes(
-                    bound, script.made_at_train_site(bound))):
-                as_written = {k: bound.arguments.get(k, signature.parameters[k].default) for k in changes}
-                bound.arguments.update(changes)
-                if not bound.arguments.get("num_workers"):  # settings that need workers go with them
-                    bound.arguments["prefetch_factor"] = None
-                    bound.arguments["persistent_workers"] = False
-                args, kwargs = bound.args[1:], bound.kwargs
-            selftime.foreign(loader_init, loader, *args, **kwargs)
-            if id(loader) not in script.loaders:
-                script.loaders[id(loader)] = {"site": script.loader_site(loader), "batches": 0,
-                                              "ref": weakref.ref(loader), "as_written": as_written,
-                                              "settings": found.loader_settings(loader)}
-
-        def make_iter(loader: Any) -> Any:
-            it = loader_iter(loader)
-            # held by its iterator: `for x in DataLoader(...)` keeps no other reference, and torch's iterator none
-            it._saturate_loader = loader
-            return it
-
-        def next_batch(it: Any) -> Any:
-            loader = getattr(it, "_saturate_loader", None)
-            prof = script.profiler
-            if not script.profile and loader is not None:
-                batch = selftime.foreign(iter_next, it)
-                script.samples += batch_len(batch)
-                if (info := script.loaders.get(id(loader))) is not None:
-                    info["batches"] += 1
-                return batch
-            if prof is None or script.done or loader is None:
-                return selftime.foreign(iter_next, it)
-            info = script.loaders.get(id(loader))
-            if info is not None and prof.instrument.mode == "time":
-                info["batches"] += 1
-            return prof.next_batch(it, loader, iter_next)
 
         def optimizer_created(opt: Any, *args: Any, **kwargs: Any) -> None:
             optimizer_init(opt, *args, **kwargs)
@@ -220,26 +174,13 @@ class Script:
                 script._count_backward()
             return autograd_backward(*args, **kwargs)
 
-        patched = [(dl.DataLoader, "__init__", init), (dl.DataLoader, "__iter__", make_iter),
-                   (dl._BaseDataLoaderIter, "__next__", selftime.own(next_batch)),
-                   (torch.optim.Optimizer, "__init__", optimizer_created)]
+        loader_hooks.install(self)
+        patched = [(torch.optim.Optimizer, "__init__", optimizer_created)]
         if self.mode != "apply":  # a doctor run or a trial: nothing on a full run's backward pass
             patched.append((torch.autograd, "backward", backward))  # Tensor.backward calls it
         for owner, name, value in patched:
             self.patches.replace(owner, name, value)
         atexit.register(self._at_exit)
-
-    def made_at_train_site(self, bound: Any) -> bool:
-        """Whether a DataLoader being made is the training loader the overrides resize: made at its line, or a
-        library's copy (over the same dataset) of one made there."""
-        site = self.overrides.train_loader.get("site")
-        if site is None:
-            return False
-        if caller_site() == site:
-            return True
-        dataset = bound.arguments.get("dataset")
-        return any(info["site"] == site and getattr(info["ref"](), "dataset", None) is dataset
-                   for info in self.loaders.values())
 
     def _fuse_optimizers(self) -> None:
         """Apply `{"optimizer": {"fused": …}}` to torch's Adam and AdamW as the script makes them."""
@@ -253,15 +194,6 @@ class Script:
                 _init(opt, *args, **{**kwargs, **_changes})
 
             cls.__init__ = init  # type: ignore[method-assign]
-
-    def loader_site(self, loader: Any) -> str | None:
-        """Where the script set this DataLoader's arguments: for a library's copy of a loader the script made
-        (Accelerate's `prepare`, over the same dataset) the script's own `DataLoader(...)` call, else the caller."""
-        for info in self.loaders.values():
-            made = info["ref"]()
-            if made is not None and made is not loader and getattr(made, "dataset", None) is loader.dataset:
-                return info["site"]
-        return caller_site()
 
     # --- hooks --------------------------------------------------------------------------------
 
