@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -135,6 +136,6 @@ def test_samples_of_any_kind_get_a_digest_each():
 def test_a_dataset_is_read_as_a_stream_that_shards_or_not(dataset, stream, shards):
     record = dataset_record(dataset)
     assert (record["stream"], record["shards"]) == (stream, shards)
-    lines = open(__file__).read().splitlines()
+    lines = Path(__file__).read_text().splitlines()
     line = next(i for i, text in enumerate(lines, 1) if text.startswith(f"class {type(dataset).__name__}("))
     assert record["class"] == type(dataset).__name__ and record["defined_at"].endswith(f"test_fingerprint.py:{line}")

@@ -211,6 +211,20 @@ def test_a_short_job_gets_only_the_settings_that_change_nothing_in_the_training(
     assert all("not measured" in line for line in said[:-1] if "→" in line)
 
 
+def test_a_short_job_over_a_stream_that_does_not_shard_gets_no_workers():
+    from saturate.script.short_job import prior_overrides
+
+    stream = {"sizes": [8], "digests": [[]], "dataset": {"class": "Lines", "stream": True, "shards": False,
+                                                         "defined_at": "train.py:4"}}
+    base = ScriptTrial("as written", NONE, 0.1, None, 0.6, 10, fingerprint=stream)
+    tuning = ScriptTuning(["python", "train.py"], base, base, [base],
+                          loaders=[{"site": "train.py:9", "num_workers": 0}])
+    over, said = prior_overrides(tuning, cores=2)
+    assert over.loader == {}
+    assert said[0].startswith("loader workers: 0 as written (its stream does not shard itself by worker") and \
+        "train.py:4: in Lines.__iter__, yield only every info.num_workers-th sample" in said[0]
+
+
 def test_a_short_job_without_a_dataloader_still_gets_the_allocator(monkeypatch):
     from saturate.engine import host_alloc
     from saturate.script.short_job import prior_overrides

@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from saturate.data.fingerprint import SameCheck, compare
 from saturate.errors import ConfigError
 from saturate.policy import POLICY
 from saturate.policy.judge import Evidence, judge, judge_rounds
@@ -42,7 +43,7 @@ from saturate.script.gated import Gated, PairedTrials, again, time_pairs
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.progress import tune_with_progress
 from saturate.script.scratch import trial_logs
-from saturate.script.script_trial import ScriptTrial, TrialOptions, trial_settings, window_rule
+from saturate.script.script_trial import ScriptTrial, TrialOptions, training_print, trial_settings, window_rule
 from saturate.script.tuning import ScriptTuning
 from saturate.script.tuning import render as render_tuning
 from saturate.stats.comparison import Comparison
@@ -84,6 +85,15 @@ class ScriptRunReport:
             return self.pairs.comparison
         return Ratio.of(self.ratios)
 
+    def same(self) -> SameCheck | None:
+        """The full run's training against the script as written's run (the tuning's, or the side-by-side's) by what
+        no seed changes (`data.fingerprint.compare`, seeded=False): None where neither has a loader's fingerprint."""
+        written = self.tuning.baseline if self.tuning is not None else next(iter(self.as_written), None)
+        full = training_print((self.full.summary or {}).get("loaders") or [])
+        if written is None or written.fingerprint is None or full is None:
+            return None
+        return compare(written.fingerprint, full, seeded=False)
+
     def full_rate(self, skip: int = 2) -> tuple[float | None, int]:
         """Optimizer steps per second over the whole run, its first `skip` steps (start-up) left out."""
         times = (self.full.summary or {}).get("step_times", [])
@@ -110,7 +120,8 @@ class ScriptRunReport:
                              "steps_per_s": rate, "seconds": self.full.seconds,
                              "trainer": (self.full.summary or {}).get("trainer"),
                              "lightning": (self.full.summary or {}).get("lightning"),
-                             "loaders": (self.full.summary or {}).get("loaders")}}
+                             "loaders": (self.full.summary or {}).get("loaders"),
+                             "same": None if (same := self.same()) is None else same.to_dict()}}
 
 
 def side_by_side(command: Sequence[str], overrides: Overrides, *, rounds: int = POLICY.windows.side_by_side_rounds,
@@ -279,6 +290,9 @@ def render(report: ScriptRunReport, console: Console) -> None:
     if rate is not None:
         line += f", {rate:.3g} steps/s after its first steps (measured)"
     console.print(line)
+    if (same := report.same()) is not None and same.changed:
+        console.print(Text(f"warning: the full run's training differs from the script as written's: {same.text()}"
+                           + (f"; {same.edit}" if same.edit else ""), style="yellow"))
 
 
 def _render_side_by_side(report: ScriptRunReport, console: Console) -> None:

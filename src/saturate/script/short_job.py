@@ -2,16 +2,17 @@
 
 A tuning costs several runs of the script's first steps; a job that ends inside its first trial, or whose Trainer
 plans fewer steps than that tuning could pay back even at 2× faster, is not tuned past that trial. Its full run
-takes only the settings that change nothing in the training — workers and pinned memory, as the informed
-starting plan chooses them (`plan.default_plan`), and on a CPU that faults pages in fast the host allocator's
-thresholds — each said as chosen, not measured; precision, micro-batch, compile, the fused optimizer, TF32 and
-threads are left as written.
+takes only the settings that change nothing in the training — workers (not over a stream that does not shard itself
+by worker) and pinned memory, as the informed starting plan chooses them (`plan.default_plan`), and on a CPU that
+faults pages in fast the host allocator's thresholds — each said as chosen, not measured; precision, micro-batch,
+compile, the fused optimizer, TF32 and threads are left as written.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from saturate.data.fingerprint import shard_edit
 from saturate.policy import POLICY
 from saturate.prior import informed_workers
 from saturate.script.overrides import NONE, Overrides
@@ -57,7 +58,11 @@ def prior_overrides(result: ScriptTuning, cores: int) -> tuple[Overrides, list[s
         written = loader.get("num_workers") or 0
         share, waits = result.baseline.data_share, POLICY.doctor.input_share
         workers, why = informed_workers(result.device_type, cores, data_share=share)  # the informed prior's rule
-        if workers > written:
+        stream = (result.baseline.fingerprint or {}).get("dataset") or {}
+        if workers > written and stream.get("shards") is False:  # each worker would replay the whole stream
+            said.append(f"loader workers: {written} as written (its stream does not shard itself by worker, so each "
+                        f"worker would yield all of it; {shard_edit(result.baseline.fingerprint)})")
+        elif workers > written:
             changes.update(num_workers=workers, persistent_workers=True)
             said.append(f"loader workers {written} → {workers}: chosen, not measured ({why})")
         else:
