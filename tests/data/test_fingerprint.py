@@ -49,19 +49,22 @@ class Sharded(IterableDataset):
             yield torch.full((4,), float(i))
 
 
-def prints(make, epochs: bool = False, seed: int = 0) -> dict:
+def prints(make, epochs: bool = False, seed: int = 0, passes: int = 1, whole: bool = False) -> dict:
     """The fingerprint of the loader `make()` builds, through the child's real DataLoader hooks (a full run's
-    path: no Profiler): its first batches, or (`epochs`) all of them."""
+    path: no Profiler): its first batches, or (`epochs`) all of them, `passes` times; `whole`: all the hooks
+    recorded of the loader, not only its fingerprint."""
     script = types.SimpleNamespace(overrides=Overrides(), loaders={}, patches=Patches(), profile=False,
                                    profiler=None, samples=0, done=False)
     loader_hooks.install(script)
     try:
         torch.manual_seed(seed)
         loader = make()
-        for i, _ in enumerate(loader):
-            if not epochs and i == 9:
-                break
-        return found.live_loaders(script.loaders)[0]["fingerprint"]
+        for _ in range(passes):
+            for i, _ in enumerate(loader):
+                if not epochs and i == 9:
+                    break
+        record = found.live_loaders(script.loaders)[0]
+        return record if whole else record["fingerprint"]
     finally:
         script.patches.detach()
 
@@ -139,3 +142,16 @@ def test_a_dataset_is_read_as_a_stream_that_shards_or_not(dataset, stream, shard
     lines = Path(__file__).read_text().splitlines()
     line = next(i for i, text in enumerate(lines, 1) if text.startswith(f"class {type(dataset).__name__}("))
     assert record["class"] == type(dataset).__name__ and record["defined_at"].endswith(f"test_fingerprint.py:{line}")
+
+
+def slow_start(_: int) -> None:
+    import time
+
+    time.sleep(0.2)  # a worker opening its files
+
+
+def test_each_iterations_first_batch_wait_is_kept_with_the_epochs_length():
+    record = prints(lambda: DataLoader(Table(16), batch_size=4, num_workers=2, worker_init_fn=slow_start),
+                    epochs=True, passes=2, whole=True)
+    assert record["epoch_batches"] == 4 and len(record["starts"]) == 2 and min(record["starts"]) >= 0.2
+    assert "asked" not in record and record["fingerprint"]["epoch"] == [4, 16]

@@ -169,3 +169,22 @@ def test_a_full_run_whose_training_differs_is_warned_about():
     assert ("warning: the full run's training differs from the script as written's: samples repeated (50 % of its "
             "first samples repeat earlier ones; its first batches repeat 2 times); train.py:6: in Stream.__iter__"
             ) in console.export_text()
+
+
+@pytest.mark.parametrize("loader, said", [
+    ({"num_workers": 2, "persistent_workers": False, "epoch_batches": 40, "starts": [0.5, 0.52]},
+     "without persistent_workers they start again every epoch of 40 batches: about 0.50 s an epoch, 56 % of it at "
+     "the measured step time (a prediction); train.py:9: DataLoader(..., persistent_workers=True) keeps them"),
+    ({"num_workers": 2, "persistent_workers": True, "epoch_batches": 40, "starts": [1.5]}, "): paid once a run, "
+     "with its 2 workers starting"),
+    ({"num_workers": 2, "persistent_workers": False, "epoch_batches": 100_000, "starts": [0.5]}, None),
+    ({"num_workers": 0, "epoch_batches": 40, "starts": [0.01]}, None),
+])
+def test_the_doctor_names_a_loader_whose_workers_restart_each_epoch_or_whose_first_batch_is_slow(loader, said):
+    from saturate.doctor.findings import Measurements
+    from saturate.script.doctor_script import loader_starts
+
+    m = Measurements(device_type="cpu", device_name="cpu", timing="wall", steps=10, step_s=0.01, phases={}, grad_accum=1)
+    note = loader_starts({"loaders": [{"site": "train.py:9", **loader}]}, m)
+    assert (note is None) if said is None else (said in note and note.startswith(
+        f"the training loader's first batch came {loader['starts'][0]:.2f} s after it was asked for (measured"))

@@ -90,6 +90,12 @@ BAD_MODULE = textwrap.dedent('''
         def __len__(self):
             return 4
 
+    class Stream(torch.utils.data.IterableDataset):
+        def __len__(self):
+            return 8
+        def __iter__(self):
+            return iter([(torch.zeros(3), torch.tensor(0))] * 8)
+
     class Random(torch.utils.data.Dataset):
         def __len__(self):
             return 8
@@ -123,6 +129,9 @@ BAD_MODULE = textwrap.dedent('''
     def no_grad_loss():
         return make(good, lambda out, y: torch.tensor(1.0))
 
+    def stream():
+        return make(Stream(), nn.CrossEntropyLoss())
+
     def bad_name():
         return make(good, nn.CrossEntropyLoss(), name="a/b")
 ''')
@@ -141,6 +150,8 @@ def bad_module(tmp_path) -> Path:
     ("dict_instead", "returned a dict, not a saturate.Workload"),
     ("boom", "calling boom() raised ValueError: no data here"),
     ("not_indexable", "the dataset is a Sized, not map-style"),
+    ("stream", "the dataset is a Stream, not map-style (it needs len() and [index]): samples are read by their "
+               "index, so that resume, any micro-batch split and any number of loader workers train on the same"),
     ("not_deterministic", "train_data[0] returned different values on two reads"),
     ("ragged", "samples cannot be batched together"),
     ("vector_loss", "the loss must be a scalar float tensor (the batch mean), got a tensor of shape (2,)"),

@@ -47,6 +47,11 @@ class DoctorRules:
                                   "workers) kept a core busy this share of the wait", "doctor/fixes.py worker_fix")
     worker_headroom: float = rule(0.8, "workers are added until a step's batches take at most this share of the rest "
                                   "of the step to produce (room for their jitter)", "doctor/fixes.py worker_fix")
+    restart_share: float = rule(0.02, "a loader whose workers start again every epoch (no persistent_workers) is "
+                                "named when its first batch's wait is this share of an epoch or more",
+                                "script/doctor_script.py loader_starts")
+    first_batch_s: float = rule(1.0, "a loader's first batch that waited this long or more is named, once a run",
+                                "script/doctor_script.py loader_starts")
     # --- the probes (doctor/busy.py, doctor/findings.py, doctor/loop_probe.py, doctor/profiler.py) ---
     min_rounds: int = rule(3, "back-to-back rounds a ratio's range rests on: enough for a median and a range "
                            "(fewer: the fixed share's range is the two timings' spreads)", _BUSY)

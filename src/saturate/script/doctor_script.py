@@ -52,8 +52,9 @@ def doctor_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, 
     if run.report.get("model") is None:
         m.notes.append("no model owning the optimizer's parameters was seen in a forward: forward and backward "
                        "are part of \"everything else\"")
-    if note := _replayed(run.report):
-        m.notes.append(note)
+    for note in (_replayed(run.report), loader_starts(run.report, m)):
+        if note:
+            m.notes.append(note)
     d = decide(m)
     framework = bool(run.report.get("trainer") or run.report.get("lightning"))
     for fix in d.fixes:
@@ -73,6 +74,31 @@ def _replayed(report: dict[str, Any]) -> str | None:
     return (f"the training loader's first batches repeat {times} times: each of its {loader['num_workers']} workers "
             f"yields the whole stream, so every sample is trained on {loader['num_workers']} times an epoch; "
             f"{shard_edit(loader['fingerprint'])}")
+
+
+def loader_starts(report: dict[str, Any], m: Measurements) -> str | None:
+    """A note on the training loader's first batch (measured: from asking for its iterator to the batch): where its
+    workers start again every epoch (not persistent) and that wait is `POLICY.doctor.restart_share` of an epoch or
+    more at the measured step time, the wait an epoch (a prediction) and the edit; else, a first batch that took
+    `POLICY.doctor.first_batch_s` or more, once a run."""
+    loader = report["loaders"][0] if report["loaders"] else {}
+    starts = loader.get("starts") or []
+    if not starts:
+        return None
+    first, workers, n = starts[0], loader.get("num_workers") or 0, loader.get("epoch_batches")
+    waited = f"the training loader's first batch came {first:.2f} s after it was asked for (measured"
+    again = f"; later epochs' first batches: {', '.join(f'{s:.2f}' for s in starts[1:])} s" if starts[1:] else ""
+    if workers and not loader.get("persistent_workers") and n and m.step_s > 0:
+        epoch_s = n / (m.grad_accum or 1) * m.step_s
+        if first / (epoch_s + first) >= POLICY.doctor.restart_share:
+            at = f"{loader['site']}: " if loader.get("site") else ""
+            return (f"{waited}, its {workers} workers starting{again}); without persistent_workers they start again "
+                    f"every epoch of {n} batches: about {first:.2f} s an epoch, {100 * first / (epoch_s + first):.0f} "
+                    f"% of it at the measured step time (a prediction); {at}DataLoader(..., persistent_workers=True) "
+                    "keeps them")
+    if first >= POLICY.doctor.first_batch_s:
+        return f"{waited}{again}): paid once a run" + (f", with its {workers} workers starting" if workers else "")
+    return None
 
 
 def trial_for(changes: dict[str, Any], framework: bool) -> str:

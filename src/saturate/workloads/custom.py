@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn as nn
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from saturate.errors import ConfigError, SaturateError, did_you_mean
 from saturate.workloads.base import Optimization, Workload
@@ -40,6 +40,9 @@ from saturate.workloads.base import Optimization, Workload
 UNBOUNDED = 2**62  # the length of a dataset whose indices are unbounded (RandomWindows and the like)
 PROBE_BATCH = 2  # samples in the batch every check runs on
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+# why a stream is refused: a workload's samples are read by index, so loader workers cannot replay them
+STREAM_WHY = (": samples are read by their index, so that resume, any micro-batch split and any number of loader "
+              "workers train on the same samples (a stream's workers could each replay it)")
 _CHECKED = "_saturate_checked"  # set on a Workload once check_workload has proven it
 
 
@@ -104,9 +107,10 @@ def custom_workload(
     tokens_per_sample: for tokens/s (the sequence length of a language model; 1 otherwise).
     flops_per_sample: model FLOPs (forward + backward) per sample; counted on one batch when omitted.
     """
-    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__") or not hasattr(dataset,
+                                                                                                      "__len__"):
         raise ConfigError(f"workload {name!r}: the dataset is a {type(dataset).__name__}, not map-style "
-                          "(it needs len() and [index]); wrap an iterable in a list or a Dataset")
+                          f"(it needs len() and [index]){STREAM_WHY}; wrap an iterable in a list or a Dataset")
     if len(dataset) < 1:
         raise ConfigError(f"workload {name!r}: the dataset is empty")
     if (loss is None) == (step is None):
@@ -171,9 +175,9 @@ def check_workload(w: Any, where: str) -> Workload:
     if not callable(w.build_model) or not callable(w.loss_fn):
         raise ConfigError(f"{where}: build_model and loss_fn must be callables")
     data = w.train_data
-    if not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
+    if isinstance(data, IterableDataset) or not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
         raise ConfigError(f"{where}: train_data is a {type(data).__name__}, not map-style (it needs len() and "
-                          "[index])")
+                          f"[index]){STREAM_WHY}")
     if len(data) < 1:
         raise ConfigError(f"{where}: train_data is empty")
     if len(data) < UNBOUNDED and not isinstance(data, Epochs):

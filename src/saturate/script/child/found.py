@@ -47,7 +47,7 @@ def live_loaders(loaders: dict[Any, dict[str, Any]]) -> list[dict[str, Any]]:
 def recorded(info: dict[str, Any]) -> dict[str, Any]:
     """What the report says of a DataLoader: its site, batches, settings as written, and its fingerprint
     (`data/fingerprint.py`: the print's record with its dataset's)."""
-    out = {k: v for k, v in info.items() if k not in ("ref", "settings", "print", "dataset")}
+    out = {k: v for k, v in info.items() if k not in ("ref", "settings", "print", "dataset", "asked")}
     if "print" in info:
         out["fingerprint"] = {**info["print"].record(), "dataset": info.get("dataset")}
     return out

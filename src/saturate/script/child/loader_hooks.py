@@ -1,6 +1,7 @@
 """The DataLoader hooks in a user's unchanged script: each loader's site and settings as made, the overrides applied
 at its construction, the wait for each batch handed to the Profiler, and each loader's fingerprint
-(`data/fingerprint.py`: its sampler's indices and its first batches' samples, and its first epoch's size).
+(`data/fingerprint.py`: its sampler's indices and its first batches' samples, and its first epoch's size), and how
+long each iteration of it waited for its first batch (its workers started, their buffers filled).
 
 `hooks.Script.loaders` maps id(DataLoader) to what is recorded of it; `found.live_loaders` and
 `found.iterated_loaders` read it out for the report.
@@ -9,6 +10,7 @@ at its construction, the wait for each batch handed to the Profiler, and each lo
 from __future__ import annotations
 
 import inspect
+import time
 import weakref
 from typing import Any
 
@@ -16,6 +18,8 @@ from saturate.data.fingerprint import LoaderPrint, dataset_record
 from saturate.doctor import selftime
 from saturate.script.child import found
 from saturate.script.child.found import caller_site
+
+STARTS = 8  # iterations of a loader whose first batch's wait is kept (each epoch's, where workers restart)
 
 
 def install(script: Any) -> None:
@@ -46,7 +50,8 @@ def install(script: Any) -> None:
             script.loaders[id(loader)] = {"site": loader_site(script, loader), "batches": 0,
                                           "ref": weakref.ref(loader), "as_written": as_written,
                                           "settings": found.loader_settings(loader), "print": LoaderPrint(),
-                                          "dataset": dataset_record(loader.dataset)}
+                                          "dataset": dataset_record(loader.dataset), "starts": [],
+                                          "epoch_batches": _length(loader)}
 
     def made_iter(it: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
         # held by its iterator before it asks its sampler for indices (workers ask at once): `for x in
@@ -55,8 +60,11 @@ def install(script: Any) -> None:
         iter_init(it, loader, *args, **kwargs)
 
     def make_iter(loader: Any) -> Any:
+        info = script.loaders.get(id(loader))
+        if info is not None:
+            info["asked"] = time.perf_counter()  # its first batch's wait: workers started (again), buffers filled
         it = loader_iter(loader)
-        if (info := script.loaders.get(id(loader))) is not None:
+        if info is not None:
             info["print"].new_epoch()
         return it
 
@@ -77,6 +85,10 @@ def install(script: Any) -> None:
                 info["print"].end_epoch()
             raise
         if info is not None:
+            if info.get("asked") is not None:
+                if len(info["starts"]) < STARTS:
+                    info["starts"].append(time.perf_counter() - info["asked"])
+                info["asked"] = None
             selftime.own(info["print"].see_batch)(batch)
         return batch
 
@@ -101,6 +113,14 @@ def install(script: Any) -> None:
                                (dl._BaseDataLoaderIter, "_next_index", index),
                                (dl._BaseDataLoaderIter, "__next__", selftime.own(next_batch))):
         script.patches.replace(owner, name, value)
+
+
+def _length(loader: Any) -> int | None:
+    """Batches in one of the loader's epochs, where it knows (a stream without `__len__` does not)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None
 
 
 def made_at_train_site(script: Any, bound: Any) -> bool:
