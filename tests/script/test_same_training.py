@@ -184,7 +184,8 @@ def test_the_doctor_names_a_loader_whose_workers_restart_each_epoch_or_whose_fir
     from saturate.doctor.findings import Measurements
     from saturate.script.doctor_script import loader_starts
 
-    m = Measurements(device_type="cpu", device_name="cpu", timing="wall", steps=10, step_s=0.01, phases={}, grad_accum=1)
+    m = Measurements(device_type="cpu", device_name="cpu", timing="wall", steps=10, step_s=0.01, phases={},
+                     grad_accum=1)
     note = loader_starts({"loaders": [{"site": "train.py:9", **loader}]}, m)
     assert (note is None) if said is None else (said in note and note.startswith(
         f"the training loader's first batch came {loader['starts'][0]:.2f} s after it was asked for (measured"))
