@@ -6,7 +6,9 @@ Each section is optional; together they are `overrides.json`:
 - `loader`: DataLoader arguments (`LOADER_KNOBS`) for every DataLoader the script makes;
 - `train_loader`: `{"site": "train.py:LINE", "batch_size": N}`, the batch size of the DataLoader made at that
   line (the training loader as the as-written run saw it; a library's copy of it too): the micro-batch of a
-  script whose trainer accumulates (a Lightning `Trainer`);
+  script whose trainer accumulates (a Lightning `Trainer`); with `"set": {"cfg.grad_accum": 4, …}` for a loop of
+  its own, names (`NAME` or `NAME.attr`) set to these values where that DataLoader is made (its split of the
+  effective batch: `child/split_source.py`);
 - `trainer`: a Transformers `Trainer`'s `TrainingArguments` fields (`TRAINER_TUNABLE`);
 - `lightning`: a Lightning `Trainer`'s arguments (`LIGHTNING_TUNABLE`);
 - `optimizer`: `{"fused": true}`, for the script's `Adam`/`AdamW` (a keyword their constructors take);
@@ -25,6 +27,7 @@ Only the knobs saturate tunes are accepted, so the training stays the same: anyt
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -41,7 +44,8 @@ TRAINER_TUNABLE = ("per_device_train_batch_size", "gradient_accumulation_steps",
 LIGHTNING_TUNABLE = ("precision", "accumulate_grad_batches")  # Lightning Trainer arguments saturate may change
 SECTIONS: dict[str, tuple[str, ...]] = {"loader": LOADER_KNOBS, "trainer": TRAINER_TUNABLE,
                                         "lightning": LIGHTNING_TUNABLE, "optimizer": ("fused",),
-                                        "train_loader": ("site", "batch_size")}
+                                        "train_loader": ("site", "batch_size", "set")}
+SET_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)?$")  # a name `train_loader.set` may change
 AUTOCAST_DEVICES = ("cuda", "cpu")  # device types `bf16_autocast` may name
 _KINDS = {"trainer": "TrainingArguments fields", "lightning": "Lightning Trainer arguments"}
 
@@ -74,6 +78,11 @@ class Overrides:
         if train and not (isinstance(train.get("site"), str) and isinstance(train.get("batch_size"), int)
                           and not isinstance(train["batch_size"], bool) and train["batch_size"] > 0):
             raise ConfigError("\"train_loader\" needs \"site\" (file.py:LINE) and a positive integer \"batch_size\"")
+        names = train.get("set", {})
+        if not isinstance(names, Mapping) or not all(
+                isinstance(k, str) and SET_NAME.match(k) and isinstance(v, int) and not isinstance(v, bool) and v > 0
+                for k, v in names.items()):
+            raise ConfigError("\"train_loader\".\"set\" maps names (NAME or NAME.attr) to positive integers")
         for name in ("tf32", "host_alloc"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"\"{name}\" must be true or false, got {getattr(self, name)!r}")

@@ -58,6 +58,7 @@ def _losses_differ(t: Any, written: Any, check: SameCheck, noise: float | None) 
         return None
     n = min(len(t.losses), len(written.losses))
     drift = loss_drift(t.losses, written.losses)
+    t.same["loss_drift"] = drift
     if drift > POLICY.job.loss_tolerance:
         return (f"its first {n} losses differ from the script's own by up to {100 * drift:.1f} % (the script's own "
                 f"runs agree within {100 * noise:.2f} %, the tolerance is {100 * POLICY.job.loss_tolerance:.0f} %)")

@@ -92,7 +92,7 @@ def trainer_stages(search: Search, fw: Framework, supports: dict[str, bool], mod
         trial("precision", fw.precision(name, device), lambda t: _loss_problem(t, base))
 
     # 2. micro-batch × accumulation at the same effective batch
-    memory_stopped = _split_stage(search, fw, model, allow_micro_batch_change)
+    memory_stopped = split_stage(search, fw, model, allow_micro_batch_change)
 
     # 3. activation checkpointing, only where memory stopped a larger micro-batch
     knob = fw.checkpointing_knob
@@ -188,10 +188,12 @@ def worth_fusing(option: Option, result: Any) -> Option:
     return f"not tried ({bound_text('optimizer step', share, gain)})" if not_worth(share, gain) else option
 
 
-def _split_stage(search: Search, fw: Framework, model: dict[str, Any] | None = None,
-                 allow_change: bool = False) -> tuple[int, int] | None:
+def split_stage(search: Search, fw: Any, model: dict[str, Any] | None = None, allow_change: bool = False,
+                check: Callable[[Any], str | None] | None = None) -> tuple[int, int] | None:
     """Climb the exact splits of the effective batch; (the micro-batch, the effective batch) where a larger
-    micro-batch ran out of memory, else None. Not with batch-coupled layers in the model, unless allowed."""
+    micro-batch ran out of memory, else None. Not with batch-coupled layers in the model, unless allowed. `fw`: a
+    `Framework`, or anything with its `split` and `split_overrides` (`loop_split.LoopSplit`); `check`: each trial's
+    (`consider`'s)."""
     decisions = search.result.decisions
     written = fw.split()
     if isinstance(written, str):
@@ -210,7 +212,7 @@ def _split_stage(search: Search, fw: Framework, model: dict[str, Any] | None = N
     def consider(m: int) -> Any:
         tried.append(f"{m} × {effective // m}")
         t = search.consider(f"micro-batch {m} × {effective // m}", search.with_overrides(
-            fw.split_overrides(m, effective // m)))
+            fw.split_overrides(m, effective // m)), check)
         if search.kept(t):
             nonlocal chosen
             chosen = (m, effective // m)

@@ -49,6 +49,7 @@ from saturate.script.drift import moved
 from saturate.script.frameworks import framework_of, plain_fused
 from saturate.script.gated import Gated, PairedTrials, again, can_gate, time_pairs
 from saturate.script.host_stages import alloc_stage, loader_stages, threads_stage
+from saturate.script.loop_split import loop_split_stage
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.same_training import changed_training, loss_noise
 from saturate.script.script_trial import ScriptTrial, judged, trial_settings, window_rule
@@ -128,6 +129,7 @@ def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[
     if framework is not None:
         trainer_stages(search, framework, supports, report.get("model"), allow_micro_batch_change)
     else:
+        loop_split_stage(search, report, allow_micro_batch_change)
         loop_precision(search, report, supports)
         stage(search, "fused optimizer", worth_fusing(plain_fused(result.optimizer or {}, device), result))
     loader_stages(search, cores)
@@ -137,8 +139,7 @@ def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[
     else:
         result.decisions.append(f"TF32: not on {device}")
     if framework is None:
-        result.decisions.append("micro-batch and compile: need the script's training code (a Transformers or a "
-                                "Lightning Trainer's arguments); not tried from outside")
+        result.decisions.append("compile: not tried from outside for a loop of its own")
 
 
 class _Search:

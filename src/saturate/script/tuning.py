@@ -98,7 +98,9 @@ def edits(tuning: ScriptTuning) -> list[str]:
         lines.append(f"{site}{lightning.get('class') or 'Trainer'}(..., {args})")
     site = (tuning.loaders[0] if tuning.loaders else {}).get("site") or "your DataLoader"
     calls: dict[str, dict[str, Any]] = {}  # DataLoader(...) call -> its arguments to change
-    if "batch_size" in (train := over.train_loader):
+    if names := (train := over.train_loader).get("set"):
+        lines.append(split_edit(train, (tuning.loaders[0] if tuning.loaders else {}).get("split") or {}))
+    if "batch_size" in train and not (names and (tuning.loaders[0].get("split") or {}).get("micro") in names):
         calls[train.get("site") or site] = {"batch_size": train["batch_size"]}
     if over.loader:
         calls[site] = {**calls.get(site, {}), **over.loader}
@@ -118,6 +120,18 @@ def edits(tuning: ScriptTuning) -> list[str]:
         lines.append(f"around each forward and its loss: with torch.autocast({over.bf16_autocast!r}, "
                      "dtype=torch.bfloat16):")
     return lines + _alloc_edit(over)
+
+
+def split_edit(train: dict[str, Any], source: dict[str, Any]) -> str:
+    """A loop's split as the edit: the names set where the loop keeps them, and an argparse namespace's as the
+    command-line flags that set them."""
+    names = train["set"]
+    said = ", ".join(f"{k} = {v}" for k, v in names.items())
+    flags = source.get("flags") or {}
+    line = f"{train.get('site')}: the split where the loop keeps it: {said}"
+    if flags and all(k in flags for k in names):
+        line += f" (on its command line: {' '.join(f'{flags[k]} {v}' for k, v in names.items())})"
+    return line
 
 
 def _alloc_edit(over: Any) -> list[str]:

@@ -55,7 +55,7 @@ from saturate.script.boundary import (
     SUMMARY,
     ChildSettings,
 )
-from saturate.script.child import found, lightning_hooks, loader_hooks
+from saturate.script.child import found, lightning_hooks, loader_hooks, split_source
 from saturate.script.child.found import caller_site
 from saturate.script.child.loop_precision import LoopPrecision
 from saturate.script.child.patches import Patches
@@ -109,6 +109,7 @@ class Script:
         # backward passes until the first optimizer step; of these, how many found the model's weights changed
         self.backwards, self.hand_updates, self._weight_sample = 0, 0, None  # (`_count_backward`)
         self.threads_asked: int | None = None  # what the script gave torch.set_num_threads under a threads override
+        self.split_set: dict[str, str] | None = None  # a trial's split: each name set where the loop keeps it, or not
         self.roots: list[weakref.ref] = []  # modules whose forward ran at the top level before the first step
         self._depth = 0
         self._forward_hooks: list[Any] = []
@@ -175,6 +176,7 @@ class Script:
             return autograd_backward(*args, **kwargs)
 
         loader_hooks.install(self)
+        split_source.install(self.patches)
         patched = [(torch.optim.Optimizer, "__init__", optimizer_created)]
         if self.mode != "apply":  # a doctor run or a trial: nothing on a full run's backward pass
             patched.append((torch.autograd, "backward", backward))  # Tensor.backward calls it
@@ -291,6 +293,7 @@ class Script:
             "model": self.model_info, "optimizer_steps": self.optimizer_steps,
             "first_step_s": self.first_step_s, "windows": self.windows.record(),
             "threads": {"in_force": found.torch_threads(), "asked_by_script": self.threads_asked},
+            "split_set": self.split_set,
             "trainer": self.trainer.report(),
             "lightning": self.lightning.report(),
             "loop": self.loop.report(),

@@ -16,7 +16,7 @@ from typing import Any
 
 from saturate.data.fingerprint import LoaderPrint, dataset_record
 from saturate.doctor import selftime
-from saturate.script.child import found
+from saturate.script.child import found, split_source
 from saturate.script.child.found import caller_site
 
 STARTS = 8  # iterations of a loader whose first batch's wait is kept (each epoch's, where workers restart)
@@ -35,10 +35,16 @@ def install(script: Any) -> None:
     changing = bool(script.overrides.loader or script.overrides.train_loader)
 
     def init(loader: Any, *args: Any, **kwargs: Any) -> None:
-        as_written = None
-        bound = signature.bind(loader, *args, **kwargs) if changing and id(loader) not in script.loaders else None
-        if bound is not None and (changes := script.overrides.loader_changes(bound, made_at_train_site(script,
-                                                                                                       bound))):
+        as_written, split = None, None
+        new = id(loader) not in script.loaders
+        frame = split_source.user_frame(caller_site()) if new else None  # the user's code making it, if any
+        if frame is not None:
+            split = split_source.find(frame)
+        bound = signature.bind(loader, *args, **kwargs) if changing and new else None
+        resized = bound is not None and made_at_train_site(script, bound)
+        if resized and frame is not None and (names := script.overrides.train_loader.get("set")):
+            script.split_set = split_source.apply(frame, dict(names))  # the loop's split, where it keeps it
+        if bound is not None and (changes := script.overrides.loader_changes(bound, resized)):
             as_written = {k: bound.arguments.get(k, signature.parameters[k].default) for k in changes}
             bound.arguments.update(changes)
             if not bound.arguments.get("num_workers"):  # settings that need workers go with them
@@ -51,7 +57,7 @@ def install(script: Any) -> None:
                                           "ref": weakref.ref(loader), "as_written": as_written,
                                           "settings": found.loader_settings(loader), "print": LoaderPrint(),
                                           "dataset": dataset_record(loader.dataset), "starts": [],
-                                          "epoch_batches": _length(loader)}
+                                          "epoch_batches": _length(loader), "split": split}
 
     def made_iter(it: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
         # held by its iterator before it asks its sampler for indices (workers ask at once): `for x in

@@ -1,0 +1,155 @@
+"""Where a hand-written loop keeps its split of the effective batch, found as its training DataLoader is made, and
+the split changed there for a trial — without editing a file.
+
+At each `DataLoader(...)` call in the user's code, the call's own source (parsed once per file) says what its
+`batch_size=` is: an attribute of an object (`cfg.batch_size`, `args.batch_size`: a config dataclass, an argparse
+namespace), a module-level name (`BATCH_SIZE`), or a literal. The accumulation is looked for beside it: the same
+object's integer attributes, and the module's integer globals, whose names say accumulation (`grad_accum`,
+`gradient_accumulation_steps`, `ACCUM_STEPS`); the parent keeps the one whose value is the backward passes the run
+made per optimizer step (`frameworks.PlainLoop`). A function's local variable is named but not tunable: it cannot be
+changed from outside while the function runs.
+
+For a trial (`Overrides.train_loader["set"]`), the names are set to their new values in the caller's frame just
+before the DataLoader is made — an attribute on its object, a global in its module — and the loader gets the new
+micro-batch. The script reads its accumulation where it reads it; the child's checks (samples per optimizer step,
+the fingerprint, the first losses: script/same_training.py) say whether the change reached it.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import re
+import sys
+from typing import Any
+
+from saturate.script.overrides import SET_NAME
+
+ACCUM = re.compile(r"accum", re.IGNORECASE)  # a name that says gradient accumulation
+_trees: dict[str, ast.Module | None] = {}
+OPTIONS: dict[str, str] = {}  # an argparse dest -> its command-line flag, as the script's parsers defined them
+
+
+def install(patches: Any) -> None:
+    """Note each argparse flag's dest as the script parses its command line (so that a split held in an
+    argparse namespace is handed over as its flags)."""
+    import argparse
+
+    parse = argparse.ArgumentParser.parse_known_args
+
+    def parse_known_args(parser: Any, *args: Any, **kwargs: Any) -> Any:
+        for action in parser._actions:
+            longest = max(action.option_strings, key=len, default=None)
+            if longest is not None and longest.startswith("--"):
+                OPTIONS.setdefault(action.dest, longest)
+        return parse(parser, *args, **kwargs)
+
+    patches.replace(argparse.ArgumentParser, "parse_known_args", parse_known_args)
+
+
+def user_frame(site: str | None) -> Any:
+    """The frame of the user's code at `site` (`file.py:LINE`, as `found.caller_site` gives it), or None."""
+    from saturate.script.child.found import shown_path
+
+    if site is None:
+        return None
+    frame = sys._getframe(1)
+    while frame is not None:
+        if f"{shown_path(frame.f_code.co_filename)}:{frame.f_lineno}" == site:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def find(frame: Any) -> dict[str, Any] | None:
+    """What the DataLoader call running in `frame` takes as its batch size, and the accumulation candidates beside
+    it: {"micro": "cfg.batch_size" | "BATCH" | None (a literal), "micro_value": N, "accum": {name: value},
+    "locals": {name: value}, "flags": {name: "--flag"} (an argparse namespace's)} — or None when the call's source
+    cannot be read."""
+    call = _call_at(frame.f_code.co_filename, frame.f_lineno)
+    if call is None:
+        return None
+    node = next((k.value for k in call.keywords if k.arg == "batch_size"), call.args[1] if len(call.args) > 1 else None)
+    expr = ast.unparse(node) if node is not None else None
+    micro = expr if expr is not None and SET_NAME.match(expr) else None
+    accum: dict[str, int] = {}
+    if micro is not None and "." in micro:
+        owner = _resolve(frame, micro.split(".")[0])
+        for name, value in _attributes(owner).items():
+            if ACCUM.search(name) and _is_int(value):
+                accum[f"{micro.split('.')[0]}.{name}"] = value
+    for name, value in frame.f_globals.items():
+        if ACCUM.search(name) and _is_int(value):
+            accum[name] = value
+    local = {name: value for name, value in frame.f_locals.items() if ACCUM.search(name) and _is_int(value)
+             and frame.f_locals is not frame.f_globals}
+    flags = {}
+    if micro is not None and "." in micro and type(_resolve(frame, micro.split(".")[0])).__name__ == "Namespace":
+        flags = {name: OPTIONS[name.split(".")[1]] for name in (micro, *accum) if "." in name
+                 and name.split(".")[1] in OPTIONS}
+    return {"micro": micro, "micro_value": _value(frame, micro), "accum": accum, "locals": local, "flags": flags}
+
+
+def apply(frame: Any, changes: dict[str, int]) -> dict[str, str]:
+    """Set each name of `changes` in `frame` (an attribute of a local or global object, or a global); what became
+    of each: "set", or why not."""
+    done = {}
+    for name, value in changes.items():
+        head, _, attr = name.partition(".")
+        try:
+            if attr:
+                setattr(_resolve(frame, head), attr, value)
+            elif head in frame.f_globals and (head not in frame.f_locals or frame.f_locals is frame.f_globals):
+                frame.f_globals[head] = value
+            else:
+                raise LookupError("a function's local variable, which cannot be changed from outside")
+            done[name] = "set"
+        except (LookupError, AttributeError, TypeError) as e:
+            done[name] = f"not set ({e})"
+    return done
+
+
+def _call_at(filename: str, line: int) -> ast.Call | None:
+    """The innermost `...DataLoader(...)` call spanning `line` of `filename`'s source."""
+    if filename not in _trees:
+        try:
+            _trees[filename] = ast.parse("".join(linecache.getlines(filename)))
+        except (OSError, SyntaxError, ValueError):
+            _trees[filename] = None
+    tree = _trees[filename]
+    if tree is None:
+        return None
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno <= line <= (n.end_lineno or n.lineno)
+             and ast.unparse(n.func).split(".")[-1].endswith("DataLoader")]
+    return max(calls, key=lambda n: n.lineno, default=None)
+
+
+def _resolve(frame: Any, name: str) -> Any:
+    if name in frame.f_locals:
+        return frame.f_locals[name]
+    if name in frame.f_globals:
+        return frame.f_globals[name]
+    raise LookupError(f"{name} is not defined where the DataLoader is made")
+
+
+def _value(frame: Any, expr: str | None) -> int | None:
+    if expr is None:
+        return None
+    head, _, attr = expr.partition(".")
+    try:
+        value = _resolve(frame, head)
+        value = getattr(value, attr) if attr else value
+    except (LookupError, AttributeError):
+        return None
+    return value if _is_int(value) else None
+
+
+def _attributes(owner: Any) -> dict[str, Any]:
+    try:
+        return dict(vars(owner))
+    except TypeError:  # __slots__
+        return {n: getattr(owner, n) for n in getattr(owner, "__slots__", ()) if hasattr(owner, n)}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0

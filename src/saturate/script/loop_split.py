@@ -1,0 +1,97 @@
+"""The split of the effective batch in a loop of the script's own: found where the script keeps it, tried from
+outside, kept only when verified (`tune -- CMD`, for a script with no Trainer).
+
+The child names what the training DataLoader's `batch_size=` is (`cfg.batch_size`, `args.batch_size`,
+`BATCH_SIZE`, or a literal) and the integer settings beside it whose names say accumulation
+(`child/split_source.py`). The accumulation is the one among them whose value is the backward passes the run made
+per optimizer step; without exactly one, the split is not tried, and the decision says what was found. A trial sets
+both where the loop keeps them just before that DataLoader is made (`Overrides.train_loader["set"]`), so every
+exact split of the effective batch can be climbed as a Trainer's is (`trainer_stages.split_stage`).
+
+A split is kept only when the child's run shows it trained as written (script/same_training.py: the same samples
+per optimizer step, the same samples in the same order, and its first losses within tolerance of the script's
+own, where two runs of the script as written agree) — a loop that read its accumulation before the DataLoader was
+made, or divides its loss by a number of its own, fails that and is not kept. What could not be verified is not
+kept either, and says why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from saturate.errors import SaturateError
+from saturate.script.overrides import Overrides
+
+NO_ACCUMULATION = ("not tried (no accumulation: one micro-batch per optimizer step, so the micro-batch is the "
+                   "effective batch; a larger one changes the optimisation, a decision that is yours — the doctor's "
+                   "larger-batch fix predicts its speed)")
+
+
+class LoopSplit:
+    """A plain loop's split as the as-written run's report saw it (`trainer_stages.Framework`'s split part)."""
+
+    def __init__(self, report: dict[str, Any]) -> None:
+        self.loader = (report.get("loaders") or [{}])[0]
+        self.accum = int(round(report["measurements"].get("grad_accum") or 1))
+        self.source = self.loader.get("split") or {}
+        self.accum_name: str | None = None
+
+    def split(self) -> tuple[int, int] | str:
+        loader, source = self.loader, self.source
+        micro = loader.get("batch_size")
+        if not loader or not micro or not loader.get("sets_batch_size", True):
+            return "not tried (no training DataLoader with a batch_size= of its own fed the timed steps)"
+        if not loader.get("site") or not source:
+            return "not tried (the training DataLoader's call could not be read: where its batch size comes from)"
+        found = {name: value for name, value in source.get("accum", {}).items() if value == self.accum}
+        if len(found) == 1:
+            self.accum_name = next(iter(found))
+            return int(micro), self.accum
+        if self.accum == 1:
+            return NO_ACCUMULATION
+        local = {f"{k} (a local variable)": v for k, v in source.get("locals", {}).items()}
+        seen = {**source.get("accum", {}), **local}
+        said = ", ".join(f"{k} = {v}" for k, v in seen.items()) or "no setting named for accumulation"
+        return (f"not tried (the loop accumulates {self.accum} micro-batches a step, and no one setting saturate can "
+                f"change from outside holds that number: {said})")
+
+    def split_overrides(self, micro: int, accum: int) -> Overrides:
+        names = {self.accum_name: accum} if self.accum_name else {}
+        if self.source.get("micro"):
+            names[self.source["micro"]] = micro
+        return Overrides(train_loader={"site": self.loader["site"], "batch_size": micro, "set": names})
+
+
+def loop_split_stage(search: Any, report: dict[str, Any], allow_change: bool) -> None:
+    """Climb the loop's exact splits (`trainer_stages.split_stage`), each verified (`split_verified`). Where trials
+    run alone, the script as written is first run again, so that its losses' repeatability is known."""
+    from saturate.script.overrides import NONE
+    from saturate.script.same_training import loss_noise
+    from saturate.script.trainer_stages import split_stage
+
+    loop, result = LoopSplit(report), search.result
+    if not isinstance(loop.split(), str) and result.paired is not None and result.loss_noise is None:
+        try:
+            again, _ = search.trial("again: as written", NONE)
+        except SaturateError as e:
+            again = None
+            result.decisions.append(f"micro-batch: the script as written failed when run again ({e})")
+        if again is not None:
+            again.outcome = "the script as written again: do its first losses repeat (a split is kept only verified)"
+            result.trials.append(again)
+            result.loss_noise = loss_noise(again, result.baseline)
+    split_stage(search, loop, report.get("model"), allow_change, check=split_verified)
+
+
+def split_verified(t: Any) -> str | None:
+    """Why a split trial is not verified to train as written (the child's checks, `same_training`), or None."""
+    failed = {k: v for k, v in (t.split_set or {}).items() if v != "set"}
+    if failed:
+        return "its split could not be set where the loop keeps it: " + "; ".join(f"{k}: {v}" for k, v in
+                                                                                  failed.items())
+    if t.same is None or t.same.get("loss_drift") is None:
+        return ("its first losses could not be compared with the script's own (a split is kept only when "
+                "verified: see its note)")
+    t.note = (f"verified: the same samples per step, in the same order, its first losses within "
+              f"{100 * t.same['loss_drift']:.2f} % of the script's own")
+    return None
