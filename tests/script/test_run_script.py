@@ -42,6 +42,7 @@ def test_the_full_run_is_as_written_when_the_side_by_side_does_not_confirm(monke
 
     class Tuning:
         best = ScriptTrial("2 workers", WORKERS, 0.5, None, 0.0, 3)
+        baseline = ScriptTrial("as written", NONE, 1.0, None, 0.0, 3)
         paired = "not asked for"  # trials one after another: the side-by-side is in rounds
         short = None  # long enough to tune
 

@@ -1,13 +1,13 @@
-"""Where a hand-written loop keeps its split of the effective batch, found as its training DataLoader is made, and
-the split changed there for a trial — without editing a file.
+"""Where a hand-written loop keeps its split of the effective batch, found as its training DataLoader is made, and the
+split changed there for a trial — without editing a file.
 
 At each `DataLoader(...)` call in the user's code, the call's own source (parsed once per file) says what its
 `batch_size=` is: an attribute of an object (`cfg.batch_size`, `args.batch_size`: a config dataclass, an argparse
 namespace), a module-level name (`BATCH_SIZE`), or a literal. The accumulation is looked for beside it: the same
-object's integer attributes, and the module's integer globals, whose names say accumulation (`grad_accum`,
-`gradient_accumulation_steps`, `ACCUM_STEPS`); the parent keeps the one whose value is the backward passes the run
-made per optimizer step (`frameworks.PlainLoop`). A function's local variable is named but not tunable: it cannot be
-changed from outside while the function runs.
+object's integer attributes (or, where it has none, the module's integer globals) whose names say accumulation
+(`grad_accum`, `gradient_accumulation_steps`, `ACCUM_STEPS`); the parent keeps the one whose value is the backward
+passes the run made per optimizer step (`script/loop_split.py`). A function's local variable is named but not
+tunable: it cannot be changed from outside while the function runs.
 
 For a trial (`Overrides.train_loader["set"]`), the names are set to their new values in the caller's frame just
 before the DataLoader is made — an attribute on its object, a global in its module — and the loader gets the new
@@ -78,7 +78,7 @@ def find(frame: Any) -> dict[str, Any] | None:
         for name, value in _attributes(owner).items():
             if ACCUM.search(name) and _is_int(value):
                 accum[f"{micro.split('.')[0]}.{name}"] = value
-    for name, value in frame.f_globals.items():
+    for name, value in frame.f_globals.items() if not accum else ():  # the batch size's own object first
         if ACCUM.search(name) and _is_int(value):
             accum[name] = value
     local = {name: value for name, value in frame.f_locals.items() if ACCUM.search(name) and _is_int(value)
