@@ -218,17 +218,18 @@ def split_stage(search: Search, fw: Any, model: dict[str, Any] | None = None, al
             chosen = (m, effective // m)
         return t
 
-    level = False  # a split up measured level with the best: the climb goes one split past it, once
+    level, unreached = False, False  # level: a split up measured level with the best (the climb goes one past it)
     for m in [d for d in splits if d > micro]:
         t = consider(m)
         if not t.ok and t.out_of_memory:
             memory_stopped = (m, effective)
         if search.kept(t):
             continue
-        if level or not _level(t):
+        unreached = bool((t.same or {}).get("changed"))  # the change did not reach the loop as it should: no more
+        if level or unreached or not _level(t):
             break
         level = True
-    if chosen == written and (below := [d for d in splits if d < micro]):
+    if chosen == written and not unreached and (below := [d for d in splits if d < micro]):
         consider(below[-1])
     decisions.append(f"micro-batch: {chosen[0]} × accumulation {chosen[1]} (as written {micro} × {accum}; the "
                      f"effective batch {effective} kept; tried: {', '.join(tried) or 'no other exact split'})")
