@@ -18,7 +18,7 @@ from saturate.script.child.patches import Patches
 from saturate.script.loop_split import NO_ACCUMULATION, LoopSplit, split_verified
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.script_trial import ScriptTrial
-from saturate.script.tuning import split_edit
+from saturate.script.tuning import edits, split_edit
 
 DATA = TensorDataset(torch.zeros(64, 2))
 BATCH, GRAD_ACCUM_STEPS = 4, 8  # a loop's split as module constants
@@ -207,3 +207,52 @@ def test_a_split_that_changes_the_batch_or_the_losses_is_never_kept(machine, sai
     split = [t for t in tuning.trials if t.name.startswith("micro-batch")]
     assert split and all(said in t.outcome and t.outcome.startswith("not kept") for t in split)
     assert len(split) == (1 if machine.stale else 2)  # a split that did not reach the loop: no other is tried
+
+
+# A loop whose split sits in a config dataclass's defaults, read where the loop uses it (guide 1's shape).
+CONFIG_LOOP = """
+import dataclasses, sys, torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+@dataclasses.dataclass
+class Config:
+    batch_size: int = 2
+    grad_accum: int = 16
+
+torch.manual_seed(0)
+cfg = Config()
+data = TensorDataset(torch.randn(8192, 32), torch.randn(8192, 1))
+loader = DataLoader(data, batch_size=cfg.batch_size, shuffle=True)
+model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+batches = iter(loader)
+for step in range(int(sys.argv[1])):
+    for _ in range(cfg.grad_accum):
+        x, y = next(batches)
+        loss = nn.functional.mse_loss(model(x), y) / cfg.grad_accum
+        loss.backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.slow
+def test_tune_finds_a_loops_faster_split_in_its_config_at_the_same_effective_batch(tmp_path, monkeypatch):
+    from saturate.script.command import run_instrumented
+    from saturate.script.tune_script import tune_command, window_rule
+
+    (tmp_path / "loop.py").write_text(CONFIG_LOOP)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    tuning = tune_command(["python", "loop.py", "250"], steps=2, runner=run_instrumented, quiet_stdout=True,
+                          rule=window_rule(max_seconds=1.0), window_s=0.2, supports={"bf16": False})
+    best = tuning.best.overrides.train_loader
+    assert best["batch_size"] > 2 and best["set"] == {"cfg.grad_accum": 32 // best["batch_size"],
+                                                      "cfg.batch_size": best["batch_size"]}
+    kept = tuning.best
+    assert kept.samples_per_step == tuning.baseline.samples_per_step == 32 and kept.same["same"] == "SAME"
+    assert kept.same["loss_drift"] < 1e-4 and kept.split_set == {"cfg.grad_accum": "set", "cfg.batch_size": "set"}
+    from conftest import line_of
+
+    at = line_of(tmp_path / "loop.py", "DataLoader(")
+    assert any(e.startswith(f"{at}: the split where the loop keeps it: cfg.grad_accum = ") for e in edits(tuning))

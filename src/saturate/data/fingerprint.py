@@ -64,13 +64,12 @@ class LoaderPrint:
         self.indices.extend(i if isinstance(i, (int, str)) else repr(i) for i in flat)
 
     def see_batch(self, batch: Any) -> None:
-        rows = sample_rows(batch, self.rows, self.elements)
         n = batch_size(batch)
         self._epoch[0] += 1
         self._epoch[1] += n
-        if len(self.sizes) < self.limit:
+        if len(self.sizes) < self.limit:  # past the first batches only the epoch's counts: nothing hashed
             self.sizes.append(n)
-            self.digests.append(rows)
+            self.digests.append(sample_rows(batch, self.rows, self.elements))
 
     def new_epoch(self) -> None:
         """The loader was iterated again (a new iterator, or a persistent one reset)."""

@@ -219,6 +219,8 @@ class Script:
         if not self.profile:
             if self.optimizer_steps == 1:
                 self._write(FIRST_STEP, "")
+                for h in self._forward_hooks:  # a full run needs no model: a call per module call, gone
+                    h.remove()
             self.step_times.append(time.perf_counter())
             return
         if self.optimizer is None:
