@@ -1,4 +1,9 @@
-import os, sys, time, torch, torch.nn as nn
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 SHARD = os.environ.get("SHARD") == "1"
@@ -23,7 +28,9 @@ seen = []
 for i, x, y in loader:
     seen.extend(i.tolist())
     loss = nn.functional.mse_loss(model(x), y)
-    opt.zero_grad(); loss.backward(); opt.step()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
 if ids_file:
     with open(ids_file, "w") as f:
         f.write(" ".join(map(str, seen)))
