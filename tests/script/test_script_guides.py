@@ -32,13 +32,15 @@ def check_tuning(d: dict, tmp_path: Path, script: Path) -> None:
     assert any(x.startswith("loader") for x in d["decisions"])  # workers tried, or why not
     assert json.loads((tmp_path / "t" / "overrides.json").read_text()) == d["overrides"]
     edits = list(d["edits"])  # whichever settings won on this machine, each said as the edit at its call
+    if d["overrides"].get("train_loader"):  # a loop's split, kept where it was verified
+        assert edits.pop(0).startswith(d["loaders"][0]["site"] + ": the split where the loop keeps it: ")
     if d["overrides"].get("loader"):
         assert edits.pop(0).startswith(d["loaders"][0]["site"] + ": DataLoader(..., ")
     if d["overrides"].get("optimizer"):  # the fused AdamW stage, at the script's AdamW(...) line
         assert edits.pop(0).endswith(f"{line_of(script, 'optim.Adam')}: {d['optimizer']['class']}(..., fused=True)")
     if d["overrides"].get("threads"):  # a busy machine (other processes on the cores): fewer threads, measured
         assert edits.pop() == f"at start-up: torch.set_num_threads({d['overrides']['threads']})"
-    assert edits == [] and set(d["overrides"]) <= {"loader", "optimizer", "threads"}
+    assert edits == [] and set(d["overrides"]) <= {"loader", "optimizer", "threads", "train_loader"}
     assert any(x.startswith("fused optimizer") for x in d["decisions"])  # tried, or why not
 
 
