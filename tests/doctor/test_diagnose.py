@@ -9,7 +9,6 @@ GPU's sync-bound verdict is in test_doctor_gpu.py).
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import torch
@@ -206,15 +205,18 @@ def test_on_a_busy_cpu_the_scaling_probe_is_taken_again_on_one_thread(cpu, monke
     assert len(m.threads_ratios) == 5
 
 
-def test_the_thread_counts_are_timed_back_to_back_and_the_threads_set_back():
+def test_the_thread_counts_are_timed_back_to_back_and_the_threads_set_back(monkeypatch):
+    from saturate.doctor import loop_probe
     from saturate.doctor.loop_probe import time_thread_counts
 
+    now = [0.0]  # a simulated clock: a sleep's overshoot on a loaded machine must not decide it (it did, 2026-12-02)
+    monkeypatch.setattr(loop_probe.time, "perf_counter", lambda: now[0])
     torch.set_num_threads(1)
     seen = []
 
     def step(b: int) -> None:  # 2 ms on several threads, 1 ms on one: a neighbour stalling the barriers
         seen.append(torch.get_num_threads())
-        time.sleep(0.002 if torch.get_num_threads() > 1 else 0.001)
+        now[0] += 0.002 if torch.get_num_threads() > 1 else 0.001
 
     ratios = time_thread_counts(step, 4, 2, torch.device("cpu"), rounds=5, min_s=0.0)
     assert len(ratios) == 5 and all(1.4 < r < 2.6 for r in ratios), ratios

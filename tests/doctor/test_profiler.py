@@ -337,3 +337,22 @@ def test_on_a_busy_cpu_the_thread_counts_are_timed_even_when_the_replay_is_left_
     m = sleepy_measurements(slow_replay=True)
     assert m.scaling is None and m.scaling_one_thread is None  # the replay does not stand for the step
     assert len(m.threads_ratios) == 5 and torch.get_num_threads() == 2
+
+
+def test_a_read_every_few_steps_is_counted_over_the_timed_steps():
+    # the two counted steps fall between the loop's reads (every fifth step); the ten timed steps see two
+    model, opt = small_model()
+    prof = Profiler(model, opt, warmup=1, count_steps=2, steps=10, report=False)
+    for i in range(1, 14):
+        loss = torch.nn.functional.mse_loss(model(torch.randn(4, 16)), torch.randn(4, 1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if i % 5 == 0:
+            assert loss.item() >= 0
+        float(torch.randn(()))  # every step, but of a tensor out of no op on the model's: a host read on the CPU
+        prof.step()
+    m = prof.diagnosis.measurements
+    assert m.syncs_each_step == [0.0, 0.0] and m.syncs_per_step == pytest.approx(0.2), m.syncs_per_step
+    assert m.syncs_by_phase == {"other": pytest.approx(0.2)} and m.syncs_by_site == {}  # no script's lines here
+    assert torch.Tensor.item.__name__ == "item" and "saturate" not in str(torch.Tensor.item)  # put back

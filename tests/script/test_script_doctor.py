@@ -454,3 +454,19 @@ def test_doctor_hooks_a_script_that_looks_torch_up_first_and_leaves_nothing_in_t
     assert d["script"]["optimizer"]["class"] == "SGD"
     assert not [name for name in left if name.startswith("pymp-")], left  # the workers' listener folders went too
     assert sorted(p.name for p in work.iterdir()) == ["train.py"]
+
+
+@pytest.mark.slow
+def test_a_read_every_few_steps_is_counted_per_step_at_its_line(tmp_path):
+    # minGPT logs loss.item() every tenth iteration: the counted steps fell between and it read 0 per step
+    loop = GET_BATCH_LOOP.replace("    lossf = loss.item()  # the one read that would wait for a GPU; get_batch's "
+                                  "index reads would not\n",
+                                  "    if step % 4 == 0:\n        print(f'step {step}: loss {loss.item():.4f}')\n")
+    assert loop != GET_BATCH_LOOP
+    (tmp_path / "loop.py").write_text(loop)
+    out = doctor("--warmup", "1", "--steps", "8", "--json", "--", sys.executable, "loop.py", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    m = json.loads(out.stdout)["measurements"]
+    site = line_of(tmp_path / "loop.py", "print(f'step")
+    assert m["syncs_by_site"] == {site: 0.25} and m["syncs_seen"] == {site: [2, 8]}, m["syncs_by_site"]
+    assert m["syncs_per_step"] == pytest.approx(0.25) and m["syncs_by_phase"].get("other") == pytest.approx(0.25)

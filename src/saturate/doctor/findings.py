@@ -119,6 +119,8 @@ class Measurements:
     syncs_each_step: list[float] = field(default_factory=list)  # the count of every counted step
     syncs_by_phase: dict[str, float] = field(default_factory=dict)
     syncs_by_site: dict[str, float] = field(default_factory=dict)  # `file.py:line` in a script → syncs per step
+    # a line that reads every N steps, counted over the timed steps: line → (timed steps that read, timed steps)
+    syncs_seen: dict[str, tuple[int, int]] = field(default_factory=dict)
     sync_method: str = ""
     sync_missing: str | None = None
     device_util: Stat = field(default_factory=lambda: Stat(missing="not sampled"))  # percent
@@ -193,6 +195,7 @@ class Measurements:
                 d[name] = ScalingProbe(tuple(s["micro_batches"]), tuple(s["seconds"]), tuple(s["peak_memory"]),
                                        tuple(s.get("spread", (0.0, 0.0))), tuple(s.get("ratios", ())))
         d["threads_ratios"] = tuple(d.get("threads_ratios") or ())
+        d["syncs_seen"] = {k: tuple(v) for k, v in (d.get("syncs_seen") or {}).items()}
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
@@ -251,7 +254,10 @@ class Diagnosis:
         return out
 
 
-def sites_line(sites: dict[str, float], most: int = 3) -> str:
-    """`train.py:323 (1 per step), …` — the lines that synchronise, most first."""
-    shown = [f"{k} ({v:g} per step)" for k, v in list(sites.items())[:most]]
+def sites_line(sites: dict[str, float], most: int = 3, seen: dict[str, tuple[int, int]] | None = None) -> str:
+    """`train.py:323 (1 per step), …` — the lines that synchronise, most first; a line read every N steps says in
+    how many of the timed steps (`seen`)."""
+    seen = seen or {}
+    shown = [f"{k} ({round(v, 2):g} per step" + (f": in {seen[k][0]} of {seen[k][1]} timed steps)" if k in seen
+                                                 else ")") for k, v in list(sites.items())[:most]]
     return ", ".join(shown) + (f" and {len(sites) - most} more lines" if len(sites) > most else "")

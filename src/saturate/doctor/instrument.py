@@ -19,6 +19,7 @@ import torch
 from saturate.doctor.findings import Measurements
 from saturate.doctor.phase_windows import per_window, split
 from saturate.doctor.phases import PHASES, PhaseClock, SyncCounter
+from saturate.doctor.value_reads import ValueReads
 from saturate.hardware import synchronize
 from saturate.hardware.contention import Contention, ContentionMeter
 from saturate.telemetry import Sampler, Snapshot, Stat, gpu_stat, host_memory_budget, host_stat, swap_traffic
@@ -32,6 +33,9 @@ class Instrument:
         self.device = device
         self.clock = PhaseClock(device)
         self.counter = SyncCounter(device, compiled, optimizer_phase)
+        # Reads every N steps, which the few counted steps miss, seen over the timed steps (not under compile: the
+        # wrapped Tensor methods would be traced into the graph)
+        self.reads = ValueReads(device, lambda: self.phase) if self.counter.available and not compiled else None
         self.mode = "idle"  # "idle", "count" or "time"
         self.phase = "other"
         self.interval = interval
@@ -117,6 +121,8 @@ class Instrument:
             torch.cuda.reset_peak_memory_stats(self.device)
         synchronize(self.device)
         self.mode = "time"
+        if self.reads is not None:
+            self.reads.start()
         self._meter = ContentionMeter().start()
         self._t0 = time.perf_counter()
 
@@ -130,12 +136,16 @@ class Instrument:
         if self.mode == "time":
             self.clock.end_step()
             self.timed_steps += 1
+            if self.reads is not None:
+                self.reads.step += 1
 
     def step_seconds(self) -> list[float]:
         """Seconds of every timed step so far (synchronises the device)."""
         return [sum(s.values()) for s in self.clock.per_step()]
 
     def end_timing(self) -> None:
+        if self.reads is not None:
+            self.reads.stop()
         synchronize(self.device)
         self.window_s = time.perf_counter() - self._t0
         self.mode = "idle"
@@ -151,8 +161,31 @@ class Instrument:
 
     def close(self) -> None:
         self.counter.stop()
+        if self.reads is not None:
+            self.reads.stop()
         if self.sampler is not None:
             self.sampler.stop()
+
+    def _fold_reads(self, m: Measurements) -> None:
+        """A line the timed steps read at a higher rate than the counted steps did (a read every N steps, which
+        the counted ones fell between) counted at the timed steps' rate, with the steps that made one; reads no
+        line was given for (a loop outside a script's hooks) against the counted steps' unplaced ones."""
+        steps = self.timed_steps
+        if self.reads is None or not steps:
+            return
+        assert m.syncs_per_step is not None
+        unplaced = max(0.0, m.syncs_per_step - sum(m.syncs_by_site.values()))
+        for site, (rate, made) in self.reads.by_site(steps).items():
+            counted = m.syncs_by_site.get(site, 0.0) if site is not None else unplaced
+            if rate <= counted:
+                continue
+            if site is not None:
+                m.syncs_by_site[site] = rate
+                m.syncs_seen[site] = (made, steps)
+            m.syncs_per_step += rate - counted
+            for phase, share in self.reads.phases_of(site).items():
+                m.syncs_by_phase[phase] = m.syncs_by_phase.get(phase, 0.0) + share * (rate - counted)
+        m.syncs_by_site = dict(sorted(m.syncs_by_site.items(), key=lambda kv: -kv[1]))
 
     # --- results -------------------------------------------------------------------------------
 
@@ -183,6 +216,7 @@ class Instrument:
             m.syncs_by_site = {k: v / self.counted_steps
                                for k, v in sorted(self.counter.sites.items(), key=lambda kv: -kv[1])}
             m.syncs_each_step = [float(b - a) for a, b in zip([0, *self.count_totals], self.count_totals, strict=False)]
+            self._fold_reads(m)
         else:
             m.sync_missing = "no counted steps"
         # Telemetry

@@ -97,7 +97,7 @@ def render(d: Diagnosis, console: Console | None = None, title: str = "saturate 
         console.print(f"synchronisations per step: {m.syncs_per_step:g}" + (f" ({where})" if where else "")
                       + f" — {m.sync_method}")
         if m.syncs_by_site:
-            console.print("  at " + sites_line(m.syncs_by_site))
+            console.print("  at " + sites_line(m.syncs_by_site, seen=m.syncs_seen))
     else:
         console.print(f"synchronisations per step: unmeasured ({m.sync_missing})")
     console.print(f"device utilisation: {_stat(m.device_util, ' %')}")

@@ -221,12 +221,16 @@ def _sync_where(m: Measurements) -> str:
     return ", ".join(parts)
 
 
+def _sites(m: Measurements) -> str:
+    return sites_line(m.syncs_by_site, seen=m.syncs_seen)
+
+
 def _check_sync(m: Measurements) -> Finding | None:
     syncs = m.syncs_range()
     if syncs is None or syncs[1] < 1:
         return None
     where = _sync_where(m)
-    at = f" at {sites_line(m.syncs_by_site)}" if m.syncs_by_site else ""
+    at = f" at {_sites(m)}" if m.syncs_by_site else ""
     if not m.accelerator:
         return Finding("note", [
             f"{m.syncs_per_step:g} host read(s) of a tensor value per step ({where}){at}: free on a CPU, but each "
@@ -261,7 +265,7 @@ def _check_sync(m: Measurements) -> Finding | None:
         fixes.append(Fix("keep losses and metrics on the device; read them every N steps", {},
                          Prediction("step_s", m.step_s, after, basis),
                          "each .item()/float()/print of a device tensor stops the host until the device catches up"
-                         + (f"; the reads are at {sites_line(m.syncs_by_site)}" if m.syncs_by_site else "")))
+                         + (f"; the reads are at {_sites(m)}" if m.syncs_by_site else "")))
     return Finding("sync-bound", evidence, fixes)
 
 
