@@ -78,6 +78,18 @@ def _reference(c: Comparison) -> tuple[bool, bool, str]:
     return faster, slower, f"{head}, beyond noise ({noise})"
 
 
+def test_a_large_gain_or_a_wide_noise_is_said_as_the_ratio_with_its_range():
+    # threads = 1 under load (2026-11-29) read "+2040.5 %, beyond noise (±1973.9 %)"
+    c = Comparison(gain=20.405, noise=19.739, min_gain=0.03)
+    assert c.faster and c.text() == ("21.4× (1.67–41.1×), beyond noise: faster for certain, by an amount only that "
+                                     "range says")
+    assert Comparison(gain=1.0, noise=0.1, min_gain=0.03).text().startswith("2× (1.9–2.1×), beyond noise: faster")
+    slower = Comparison(gain=-0.9, noise=0.6, min_gain=0.03)
+    assert slower.slower and slower.text().startswith("0.1× (0–0.7×), beyond noise: slower for certain")
+    assert Comparison(gain=0.9, noise=0.1, min_gain=0.03).text() == "+90.0 %, beyond noise (±10.0 %)"
+    assert Comparison(gain=0.4, noise=0.6, min_gain=0.03).within_noise  # the ratio form only where it decided
+
+
 def test_the_text_and_the_decision_agree_everywhere():
     gains = [-0.5, -0.2, -0.05, -0.03, -0.02, -0.001, 0.0, 0.001, 0.02, 0.03, 0.05, 0.2, 0.5]
     noises = [0.0, 0.02, 0.03, 0.05, 0.3]

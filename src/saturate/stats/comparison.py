@@ -29,6 +29,13 @@ class Measured(Protocol):
     spread: float | None
 
 
+# Rendering only (no decision reads them): a gain of 2x or more, or a noise wider than ±50 %, is said as the ratio
+# with its range — "+2040.5 %, beyond noise (±1973.9 %)" (threads=1 under load, 2026-11-29) reads as a precise
+# figure with a spread larger than itself, where "21.4× (1.67–41.1×)" says the gain is sure and its size is not
+RATIO_GAIN = 1.0
+RATIO_NOISE = 0.5
+
+
 class Verdict(enum.Enum):
     """What a comparison decided about the candidate against the incumbent."""
 
@@ -98,6 +105,11 @@ class Comparison:
             return f"{head}, within noise ({noise})"
         if verdict is Verdict.UNDER_MIN_GAIN:
             return f"{head}, {under} (noise {noise})"
+        if self.gain >= RATIO_GAIN or self.noise >= RATIO_NOISE:
+            ratio, low, high = 1 + self.gain, max(0.0, 1 + self.gain - self.noise), 1 + self.gain + self.noise
+            which = "faster" if verdict is Verdict.FASTER else "slower"
+            return (f"{ratio:.3g}× ({low:.3g}–{high:.3g}×), beyond noise: {which} for certain, by an amount only "
+                    "that range says")
         return f"{head}, beyond noise ({noise})"
 
 
