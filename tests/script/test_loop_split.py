@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import types
 
 import pytest
@@ -256,3 +257,115 @@ def test_tune_finds_a_loops_faster_split_in_its_config_at_the_same_effective_bat
         assert best["set"] == {"cfg.grad_accum": 32 // best["batch_size"], "cfg.batch_size": best["batch_size"]}
         at = line_of(tmp_path / "loop.py", "DataLoader(")
         assert any(e.startswith(f"{at}: the split where the loop keeps it: ") for e in edits(tuning))
+
+
+# nanoGPT's shape: no DataLoader, its split in module globals that `--name=value` flags set through its configurator
+# (nanoGPT's configurator.py, its reading of sys.argv as written there, cut to the `--key=value` branch).
+CONFIGURATOR = """
+import sys
+from ast import literal_eval
+for arg in sys.argv[1:]:
+    assert arg.startswith('--') and '=' in arg
+    key, val = arg.split('=')
+    key = key[2:]
+    if key in globals():
+        attempt = literal_eval(val)
+        assert type(attempt) == type(globals()[key])
+        globals()[key] = attempt
+    else:
+        raise ValueError(f"Unknown config key: {key}")
+"""
+NANOGPT_LOOP = """
+import torch, torch.nn as nn
+batch_size = 2
+gradient_accumulation_steps = 8
+max_iters = 400
+exec(open('configurator.py').read())  # overrides from command line or config file
+torch.manual_seed(0)
+data = torch.randint(0, 64, (20000,))
+def get_batch():
+    i = torch.randint(0, len(data) - 17, (batch_size,))
+    return torch.stack([data[j:j + 16] for j in i]), torch.stack([data[j + 1:j + 17] for j in i])
+model = nn.Sequential(nn.Embedding(64, 32), nn.Linear(32, 64))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+X, Y = get_batch()
+for it in range(max_iters):
+    for micro_step in range(gradient_accumulation_steps):
+        loss = nn.functional.cross_entropy(model(X).view(-1, 64), Y.view(-1)) / gradient_accumulation_steps
+        X, Y = get_batch()
+        loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+"""
+
+
+def test_a_configurator_scripts_split_is_found_in_its_globals(tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text(NANOGPT_LOOP)
+    main = types.ModuleType("__main__")
+    main.__file__ = str(tmp_path / "train.py")
+    vars(main).update(batch_size=2, gradient_accumulation_steps=8, max_iters=400, eval_batches=3, n_layer=2)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert split_source.configurator() == {"micro": {"batch_size": 2, "eval_batches": 3},
+                                           "accum": {"gradient_accumulation_steps": 8}}
+    assert split_source.flags_set({"batch_size": 2, "gradient_accumulation_steps": 8}, 2, 8) == dict.fromkeys(
+        ("batch_size", "gradient_accumulation_steps", "the effective batch"), "set")
+    held = split_source.flags_set({"batch_size": 16, "gradient_accumulation_steps": 2}, 2, 8)
+    assert held["batch_size"].startswith("not set (the script holds 2 at its first optimizer step, not the "
+                                         "--batch_size=16") and held["the effective batch"].startswith("not set")
+    (tmp_path / "train.py").write_text(NANOGPT_LOOP.replace("exec(open('configurator.py').read())", "pass"))
+    import linecache
+
+    linecache.checkcache(str(tmp_path / "train.py"))
+    assert split_source.configurator() is None  # globals alone are no command line to set them through
+
+
+def test_a_configurator_scripts_split_is_tried_as_its_flags_and_handed_over_as_them():
+    report = {"measurements": {"grad_accum": None}, "loaders": [], "world_size": 1,
+              "configurator": {"micro": {"batch_size": 2, "eval_batches": 3},
+                               "accum": {"gradient_accumulation_steps": 8}, "rows": 2, "backwards": 8}}
+    loop = LoopSplit(report)
+    assert loop.split() == (2, 8)
+    over = loop.split_overrides(16, 1)
+    assert over.flags == {"batch_size": 16, "gradient_accumulation_steps": 1} and not over.train_loader
+    assert over.argv() == ["--batch_size=16", "--gradient_accumulation_steps=1"]
+    assert Overrides.from_dict(over.to_dict()) == over
+    tuning = types.SimpleNamespace(trainer=None, lightning=None, loaders=[], optimizer=None,
+                                   best=types.SimpleNamespace(overrides=over))
+    assert edits(tuning) == ["on its command line: --batch_size=16 --gradient_accumulation_steps=1 (its "
+                             "configurator reads them)"]
+    assert LoopSplit({**report, "world_size": 2}).split().startswith("not tried (a command of 2 processes")
+    one = {**report, "configurator": {**report["configurator"], "backwards": 1}}
+    assert LoopSplit(one).split() == NO_ACCUMULATION
+    two = {**report, "configurator": {**report["configurator"], "micro": {"batch_size": 2, "micro_bs": 2}}}
+    assert LoopSplit(two).split().startswith("not tried (the loop ran micro-batches of 2 and 8 backward passes")
+
+
+@pytest.mark.parametrize("flags", [{"x": 0}, {"x.y": 2}, {"x": True}, ["x"]])
+def test_overrides_refuse_a_bad_configurator_flag(flags):
+    with pytest.raises(ConfigError, match="configurator"):
+        Overrides(flags=flags)
+
+
+@pytest.mark.slow
+def test_a_configurator_scripts_flags_reach_its_globals_and_keep_its_effective_batch(tmp_path, monkeypatch):
+    from saturate.script.boundary import ChildSettings
+    from saturate.script.command import run_instrumented
+
+    (tmp_path / "train.py").write_text(NANOGPT_LOOP)
+    (tmp_path / "configurator.py").write_text(CONFIGURATOR)
+    monkeypatch.chdir(tmp_path)
+    command = ["python", "train.py", "--max_iters=60"]
+    written = run_instrumented(command, ChildSettings(mode="trial", warmup=1, count_steps=0, steps=2),
+                               quiet_stdout=True).report
+    assert written["configurator"] == {"micro": {"batch_size": 2}, "accum": {"gradient_accumulation_steps": 8},
+                                       "rows": 2, "backwards": 8} and written["split_set"] is None
+    loop = LoopSplit(written)
+    assert loop.split() == (2, 8)
+    over = loop.split_overrides(8, 2)
+    trial = run_instrumented(command, ChildSettings(mode="trial", warmup=1, count_steps=0, steps=2, overrides=over),
+                             quiet_stdout=True).report
+    assert trial["split_set"] == dict.fromkeys(("batch_size", "gradient_accumulation_steps", "the effective batch"),
+                                               "set")
+    assert trial["configurator"]["rows"] == 8 and trial["configurator"]["backwards"] == 2
+    a, b = written["loop"]["losses"], trial["loop"]["losses"]  # the same samples drawn, in 8 x 2 as in 2 x 8
+    assert len(a) >= 3 and b[:3] == pytest.approx(a[:3], rel=1e-5)

@@ -8,6 +8,11 @@ per optimizer step; without exactly one, the split is not tried, and the decisio
 both where the loop keeps them just before that DataLoader is made (`Overrides.train_loader["set"]`), so every
 exact split of the effective batch can be climbed as a Trainer's is (`trainer_stages.split_stage`).
 
+A loop without a DataLoader whose command line sets its globals through nanoGPT's configurator has its split
+found there instead: the global that says batch holding the first forward's leading dimension, the one that says
+accumulation holding the backward passes before the first optimizer step; a trial gives both as `--name=value`
+flags appended to its command line (`Overrides.flags`), and the child says whether the globals took them.
+
 A split is kept only when the child's run shows it trained as written (script/same_training.py: the same samples
 per optimizer step, the same samples in the same order, and its first losses within tolerance of the script's
 own, where two runs of the script as written agree) — a loop that read its accumulation before the DataLoader was
@@ -35,8 +40,13 @@ class LoopSplit:
         self.accum = int(round(report["measurements"].get("grad_accum") or 1))
         self.source = self.loader.get("split") or {}
         self.accum_name: str | None = None
+        self.globals = report.get("configurator") if not report.get("loaders") else None
+        self.world = int(report.get("world_size") or 1)
+        self.micro_name: str | None = None
 
     def split(self) -> tuple[int, int] | str:
+        if self.globals:
+            return self._flags_split()
         loader, source = self.loader, self.source
         micro = loader.get("batch_size")
         if not loader or not micro or not loader.get("sets_batch_size", True):
@@ -55,7 +65,27 @@ class LoopSplit:
         return (f"not tried (the loop accumulates {self.accum} micro-batches a step, and no one setting saturate can "
                 f"change from outside holds that number: {said})")
 
+    def _flags_split(self) -> tuple[int, int] | str:
+        """A configurator script's split: its globals that hold the micro-batch and the accumulation the run had."""
+        g, micro, accum = self.globals or {}, self.globals.get("rows"), int(self.globals.get("backwards") or 1)
+        if self.world > 1:
+            return (f"not tried (a command of {self.world} processes: its configurator's accumulation is divided among "
+                    "them; run it on one to have the split tried)")
+        if accum == 1:
+            return NO_ACCUMULATION
+        micros = [k for k, v in g.get("micro", {}).items() if v == micro]
+        accums = [k for k, v in g.get("accum", {}).items() if v == accum]
+        if len(micros) == 1 and len(accums) == 1:
+            self.micro_name, self.accum_name = micros[0], accums[0]
+            self.accum = accum
+            return int(micro), accum
+        seen = ", ".join(f"{k} = {v}" for k, v in {**g.get("micro", {}), **g.get("accum", {})}.items()) or "none"
+        return (f"not tried (the loop ran micro-batches of {micro} and {accum} backward passes a step, and its "
+                f"configurator's settings do not name exactly one of each: {seen})")
+
     def split_overrides(self, micro: int, accum: int) -> Overrides:
+        if self.micro_name and self.accum_name:
+            return Overrides(flags={self.micro_name: micro, self.accum_name: accum})
         names = {self.accum_name: accum} if self.accum_name else {}
         if self.source.get("micro"):
             names[self.source["micro"]] = micro

@@ -9,6 +9,9 @@ Each section is optional; together they are `overrides.json`:
   script whose trainer accumulates (a Lightning `Trainer`); with `"set": {"cfg.grad_accum": 4, …}` for a loop of
   its own, names (`NAME` or `NAME.attr`) set to these values where that DataLoader is made (its split of the
   effective batch: `child/split_source.py`);
+- `flags`: `{"batch_size": 32, "gradient_accumulation_steps": 1}`, given to a script that reads `--name=value`
+  overrides into its globals through nanoGPT's `configurator.py`, as flags appended to its command line (its
+  split of the effective batch, where no DataLoader holds it: `child/split_source.configurator`);
 - `trainer`: a Transformers `Trainer`'s `TrainingArguments` fields (`TRAINER_TUNABLE`);
 - `lightning`: a Lightning `Trainer`'s arguments (`LIGHTNING_TUNABLE`);
 - `optimizer`: `{"fused": true}`, for the script's `Adam`/`AdamW` (a keyword their constructors take);
@@ -57,6 +60,7 @@ class Overrides:
 
     loader: Mapping[str, Any] = field(default_factory=dict)
     train_loader: Mapping[str, Any] = field(default_factory=dict)  # {"site", "batch_size"} or {}
+    flags: Mapping[str, int] = field(default_factory=dict)  # a configurator's `--name=value`, appended
     trainer: Mapping[str, Any] = field(default_factory=dict)
     lightning: Mapping[str, Any] = field(default_factory=dict)
     optimizer: Mapping[str, Any] = field(default_factory=dict)
@@ -83,6 +87,11 @@ class Overrides:
                 isinstance(k, str) and SET_NAME.match(k) and isinstance(v, int) and not isinstance(v, bool) and v > 0
                 for k, v in names.items()):
             raise ConfigError("\"train_loader\".\"set\" maps names (NAME or NAME.attr) to positive integers")
+        if not isinstance(self.flags, Mapping) or not all(
+                isinstance(k, str) and k.isidentifier() and isinstance(v, int) and not isinstance(v, bool) and v > 0
+                for k, v in self.flags.items()):
+            raise ConfigError("\"flags\" maps a configurator's names (NAME) to positive integers")
+        object.__setattr__(self, "flags", dict(self.flags))
         for name in ("tf32", "host_alloc"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"\"{name}\" must be true or false, got {getattr(self, name)!r}")
@@ -104,7 +113,7 @@ class Overrides:
         known = [f.name for f in fields(cls)]
         if unknown := sorted(set(data) - set(known)):
             raise ConfigError(f"{prefix}unknown setting(s) {', '.join(unknown)} (saturate applies "
-                              f"{', '.join((*SECTIONS, 'tf32', 'threads', 'host_alloc', 'bf16_autocast'))})")
+                              f"{', '.join((*SECTIONS, 'flags', 'tf32', 'threads', 'host_alloc', 'bf16_autocast'))})")
         try:
             return cls(**{k: v for k, v in data.items() if v is not None})
         except ConfigError as e:
@@ -123,6 +132,8 @@ class Overrides:
     def to_dict(self) -> dict[str, Any]:
         """The JSON object: only the sections that set something."""
         out: dict[str, Any] = {name: dict(getattr(self, name)) for name in SECTIONS if getattr(self, name)}
+        if self.flags:
+            out["flags"] = dict(self.flags)
         if self.tf32:
             out["tf32"] = True
         if self.threads is not None:
@@ -131,8 +142,8 @@ class Overrides:
             out["host_alloc"] = True
         if self.bf16_autocast is not None:
             out["bf16_autocast"] = self.bf16_autocast
-        order = ("loader", "train_loader", "trainer", "lightning", "optimizer", "tf32", "threads", "host_alloc",
-                 "bf16_autocast")
+        order = ("loader", "train_loader", "flags", "trainer", "lightning", "optimizer", "tf32", "threads",
+                 "host_alloc", "bf16_autocast")
         return {k: out[k] for k in order if k in out}
 
     def __bool__(self) -> bool:
@@ -141,10 +152,15 @@ class Overrides:
     def merged(self, other: Overrides) -> Overrides:
         """These settings with `other`'s added (each section's fields merged; `other` wins)."""
         return Overrides(**{name: {**getattr(self, name), **getattr(other, name)} for name in SECTIONS},
+                         flags={**self.flags, **other.flags},
                          tf32=self.tf32 or other.tf32,
                          threads=other.threads if other.threads is not None else self.threads,
                          host_alloc=self.host_alloc or other.host_alloc,
                          bf16_autocast=other.bf16_autocast or self.bf16_autocast)
+
+    def argv(self) -> list[str]:
+        """The `flags` as the command-line arguments a configurator reads (`--name=value`)."""
+        return [f"--{k}={v}" for k, v in self.flags.items()]
 
     def loader_changes(self, bound: Any, resized: bool) -> dict[str, Any]:
         """The DataLoader arguments to change in one `DataLoader(...)` call (`bound`: its bound arguments): the

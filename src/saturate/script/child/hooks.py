@@ -110,6 +110,8 @@ class Script:
         self.backwards, self.hand_updates, self._weight_sample = 0, 0, None  # (`_count_backward`)
         self.threads_asked: int | None = None  # what the script gave torch.set_num_threads under a threads override
         self.split_set: dict[str, str] | None = None  # a trial's split: each name set where the loop keeps it, or not
+        self.first_rows: int | None = None  # the first top-level forward's leading dimension (a loop's micro-batch)
+        self.configurator: dict[str, Any] | None = None  # a configurator script's split (split_source.configurator)
         self.roots: list[weakref.ref] = []  # modules whose forward ran at the top level before the first step
         self._depth = 0
         self._forward_hooks: list[Any] = []
@@ -177,6 +179,7 @@ class Script:
 
         loader_hooks.install(self)
         split_source.install(self.patches)
+        sys.argv.extend(self.overrides.argv())  # a configurator's flags, read after torch is imported (nanoGPT)
         patched = [(torch.optim.Optimizer, "__init__", optimizer_created)]
         if self.mode != "apply":  # a doctor run or a trial: nothing on a full run's backward pass
             patched.append((torch.autograd, "backward", backward))  # Tensor.backward calls it
@@ -202,6 +205,9 @@ class Script:
     def _forward_pre(self, module: Any, args: Any) -> None:
         if self._depth == 0 and not any(r() is module for r in self.roots):
             self.roots.append(weakref.ref(module))
+        if self._depth == 0 and self.first_rows is None:
+            first = next((a for a in args if getattr(a, "ndim", 0)), None)
+            self.first_rows = int(first.shape[0]) if first is not None else None
         self._depth += 1
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
@@ -213,6 +219,9 @@ class Script:
         self.optimizer_steps += 1
         if self.first_step_s is None:
             self.first_step_s = time.perf_counter() - self.started
+            self.configurator = split_source.configurator()
+            if self.overrides.flags:
+                self.split_set = split_source.flags_set(dict(self.overrides.flags), self.first_rows, self.backwards)
         self.trainer.end_step()
         self.lightning.end_step()
         self.loop.end_step()
@@ -296,6 +305,8 @@ class Script:
             "first_step_s": self.first_step_s, "windows": self.windows.record(),
             "threads": {"in_force": found.torch_threads(), "asked_by_script": self.threads_asked},
             "split_set": self.split_set,
+            "configurator": self.configurator and {**self.configurator, "rows": self.first_rows,
+                                                   "backwards": self.backwards},
             "trainer": self.trainer.report(),
             "lightning": self.lightning.report(),
             "loop": self.loop.report(),

@@ -9,6 +9,12 @@ object's integer attributes (or, where it has none, the module's integer globals
 passes the run made per optimizer step (`script/loop_split.py`). A function's local variable is named but not
 tunable: it cannot be changed from outside while the function runs.
 
+A loop with no DataLoader — nanoGPT's, batches from a `get_batch()` — keeps its split in its module's globals,
+which it lets its command line override through `exec(open('configurator.py').read())` (`--batch_size=32`):
+`configurator()` names them, as they stand at the first optimizer step, and a trial appends the flags
+(`Overrides.flags`, `--name=value`) to the script's `sys.argv` as torch is imported, before its configurator reads
+it; `flags_set` says, at the first optimizer step, whether the globals took them.
+
 For a trial (`Overrides.train_loader["set"]`), the names are set to their new values in the caller's frame just
 before the DataLoader is made — an attribute on its object, a global in its module — and the loader gets the new
 micro-batch. The script reads its accumulation where it reads it; the child's checks (samples per optimizer step,
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import linecache
+import math
 import re
 import sys
 from typing import Any
@@ -26,6 +33,9 @@ from typing import Any
 from saturate.script.overrides import SET_NAME
 
 ACCUM = re.compile(r"accum", re.IGNORECASE)  # a name that says gradient accumulation
+BATCH = re.compile(r"batch", re.IGNORECASE)  # a global that may hold the micro-batch
+# nanoGPT's `exec(open('configurator.py').read())`: `--name=value` on the command line sets the script's globals
+CONFIGURATOR = re.compile(r"exec\(\s*open\(\s*['\"][^'\"]*configurator[^'\"]*\.py['\"]")
 _trees: dict[str, ast.Module | None] = {}
 OPTIONS: dict[str, str] = {}  # an argparse dest -> its command-line flag, as the script's parsers defined them
 
@@ -106,6 +116,32 @@ def apply(frame: Any, changes: dict[str, int]) -> dict[str, str]:
             done[name] = "set"
         except (LookupError, AttributeError, TypeError) as e:
             done[name] = f"not set ({e})"
+    return done
+
+
+def configurator() -> dict[str, Any] | None:
+    """The integer globals of a script whose command line sets them through a nanoGPT-style configurator, as they
+    stand now: {"micro": {name: value} (names that say batch), "accum": {name: value}} — or None (no such
+    script)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str) or not CONFIGURATOR.search("".join(linecache.getlines(path))):
+        return None
+    ints = {k: v for k, v in vars(main).items() if not k.startswith("_") and _is_int(v)}
+    return {"micro": {k: v for k, v in ints.items() if BATCH.search(k) and not ACCUM.search(k)},
+            "accum": {k: v for k, v in ints.items() if ACCUM.search(k)}}
+
+
+def flags_set(asked: dict[str, int], rows: int | None, backwards: int) -> dict[str, str]:
+    """Whether the script's globals hold the values its configurator was given (`Overrides.flags`, a split): "set",
+    or what they hold instead; and whether the first step's micro-batches (`rows` each, `backwards` of them) make
+    the effective batch the flags multiply to."""
+    held = vars(sys.modules["__main__"]) if "__main__" in sys.modules else {}
+    done = {k: "set" if held.get(k) == v else f"not set (the script holds {held.get(k)!r} at its first optimizer "
+            f"step, not the --{k}={v} appended to its command line)" for k, v in asked.items()}
+    effective = math.prod(asked.values())
+    done["the effective batch"] = "set" if rows is not None and rows * backwards == effective else (
+        f"not set (its first step ran {backwards} micro-batches of {rows}, not {effective} samples)")
     return done
 
 
