@@ -1,7 +1,7 @@
 """nanoGPT's split found through its flags (issue 59's nanoGPT goal): `saturate tune -- CMD` on karpathy/nanoGPT's
 train.py (shakespeare-char, a small model, the CPU) written as micro-batch 1 × accumulation 32 finds the faster split
 at the same effective batch through its configurator's `--batch_size=` / `--gradient_accumulation_steps=` flags, and
-`saturate run --overrides` (those flags appended from outside) trains at the speed of the same flags given by hand.
+`saturate run --overrides` (those flags alone appended from outside) trains at the speed of the same flags given by hand.
 
 1. `saturate tune --json -- CMD` (the split it keeps, how it was verified);
 2. `--rounds` interleaved rounds of: `saturate run --overrides overrides.json -- CMD` (its full run) and
@@ -66,12 +66,14 @@ def main() -> None:
         if flags:
             best = next(t for t in tuned["trials"] if t["name"] == tuned["best"]["name"])
             hand = [f"--{k}={v}" for k, v in flags.items()]
+            split_only = Path(tmp) / "split.json"  # the split alone: what by hand sets (not threads kept under load)
+            split_only.write_text(json.dumps({"flags": flags}))
             applied_ms, hand_ms = [], []
             for r in range(args.rounds):
                 for which in (("applied", "hand") if r % 2 == 0 else ("hand", "applied")):
                     if which == "applied":
-                        out = subprocess.run([*saturate, "run", "--json", "--overrides", str(Path(tmp) / "t" /
-                                              "overrides.json"), "--", *timed, *WRITTEN], cwd=folder,
+                        out = subprocess.run([*saturate, "run", "--json", "--overrides", str(split_only), "--",
+                                              *timed, *WRITTEN], cwd=folder,
                                              capture_output=True, text=True, timeout=3600)
                         applied_ms.append(iter_ms(out.stderr + out.stdout))
                     else:

@@ -132,6 +132,10 @@ def test_a_split_is_kept_only_when_set_and_its_losses_compared():
     t = ScriptTrial("micro-batch 32 × 1", Overrides(), 0.1, None, 0.0, 10, split_set={"cfg.grad_accum": "set"},
                     same={"same": "SAME", "loss_drift": 1e-7})
     assert split_verified(t) is None and t.note.startswith("verified: the same samples per step, in the same order")
+    t.same = {"same": "NOT_SEEN", "loss_drift": 0.005}  # nanoGPT's get_batch: no DataLoader, nothing fingerprinted
+    assert split_verified(t) is None and t.note == ("verified: its settings took the values and the same effective "
+                                                    "batch ran (no DataLoader: the samples not fingerprinted), its "
+                                                    "first losses within 0.50 % of the script's own")
     t.same = {"same": "SAME", "loss_drift": None}
     assert "could not be compared" in split_verified(t)
     t.split_set = {"accum": "not set (a function's local variable, which cannot be changed from outside)"}

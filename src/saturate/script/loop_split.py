@@ -122,6 +122,8 @@ def split_verified(t: Any) -> str | None:
     if t.same is None or t.same.get("loss_drift") is None:
         return ("its first losses could not be compared with the script's own (a split is kept only when "
                 "verified: see its note)")
-    t.note = (f"verified: the same samples per step, in the same order, its first losses within "
-              f"{100 * t.same['loss_drift']:.2f} % of the script's own")
+    seen = ("the same samples per step, in the same order" if t.same.get("same") != "NOT_SEEN" else
+            "its settings took the values and the same effective batch ran (no DataLoader: the samples not "
+            "fingerprinted)")
+    t.note = f"verified: {seen}, its first losses within {100 * t.same['loss_drift']:.2f} % of the script's own"
     return None
