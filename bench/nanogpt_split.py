@@ -1,7 +1,8 @@
 """nanoGPT's split found through its flags (issue 59's nanoGPT goal): `saturate tune -- CMD` on karpathy/nanoGPT's
 train.py (shakespeare-char, a small model, the CPU) written as micro-batch 1 × accumulation 32 finds the faster split
 at the same effective batch through its configurator's `--batch_size=` / `--gradient_accumulation_steps=` flags, and
-`saturate run --overrides` (those flags alone appended from outside) trains at the speed of the same flags given by hand.
+`saturate run --overrides` (those flags alone, appended from outside) trains at the speed of the same flags given by
+hand.
 
 1. `saturate tune --json -- CMD` (the split it keeps, how it was verified);
 2. `--rounds` interleaved rounds of: `saturate run --overrides overrides.json -- CMD` (its full run) and
