@@ -61,7 +61,7 @@ class ValueReads:
             return
         for name in _WRAPPED:
             original = getattr(torch.Tensor, name)
-            self._originals[name] = original
+            self._originals[name] = vars(torch.Tensor).get(name)  # None: inherited, so deleted again at stop()
             setattr(torch.Tensor, name, self._wrap(original))
 
     def _wrap(self, original: Any) -> Any:
@@ -75,7 +75,10 @@ class ValueReads:
 
     def stop(self) -> None:
         for name, original in self._originals.items():
-            setattr(torch.Tensor, name, original)
+            if original is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, original)
         self._originals = {}
 
     def by_site(self, steps: int) -> dict[str | None, tuple[float, int]]:
