@@ -107,9 +107,11 @@ class Comparison:
             return f"{head}, {under} (noise {noise})"
         if self.gain >= RATIO_GAIN or self.noise >= RATIO_NOISE:
             ratio, low, high = 1 + self.gain, max(0.0, 1 + self.gain - self.noise), 1 + self.gain + self.noise
+            figure = f"{ratio:.3g}× ({low:.3g}–{high:.3g}×), beyond noise"
+            if self.noise < RATIO_NOISE:  # a large gain measured tightly: the range says it, nothing to add
+                return figure
             which = "faster" if verdict is Verdict.FASTER else "slower"
-            return (f"{ratio:.3g}× ({low:.3g}–{high:.3g}×), beyond noise: {which} for certain, by an amount only "
-                    "that range says")
+            return f"{figure}: {which} for certain, by an amount only that range says"
         return f"{head}, beyond noise ({noise})"
 
 
