@@ -204,7 +204,16 @@ class Scored(torch.nn.Module):
 
 
 @pytest.mark.parametrize("keywords", [False, True])
-def test_the_scaling_probe_replays_the_last_inputs_at_twice_the_micro_batch_and_restores_the_grads(keywords):
+def test_the_scaling_probe_replays_the_last_inputs_at_twice_the_micro_batch_and_restores_the_grads(keywords,
+                                                                                                     monkeypatch):
+    import dataclasses
+
+    from saturate.doctor import profiler
+
+    # about what the probe replays, not whether it stands for the step (tested below): a stall in one of the
+    # three timed steps on a loaded machine must not leave it out (it did, beside the whole suite, 2026-12-02)
+    doctor = dataclasses.replace(profiler.POLICY.doctor, probe_faster=1e9, probe_slower=1e9)
+    monkeypatch.setattr(profiler, "POLICY", dataclasses.replace(profiler.POLICY, doctor=doctor))
     torch.manual_seed(0)
     model = Scored() if keywords else small_model()[0]
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

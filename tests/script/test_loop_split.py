@@ -29,6 +29,7 @@ BATCH, GRAD_ACCUM_STEPS = 4, 8  # a loop's split as module constants
 class Config:
     batch_size: int = 4
     grad_accum: int = 8
+    max_steps: int = 100  # how long it trains, beside its batch size (a compile's pay-back)
 
 
 def hooked(overrides: Overrides = NONE) -> types.SimpleNamespace:
@@ -51,7 +52,7 @@ def test_the_split_is_found_in_a_config_object_beside_the_loaders_batch_size():
     finally:
         script.patches.detach()
     assert split_of(script) == {"micro": "cfg.batch_size", "micro_value": 4, "accum": {"cfg.grad_accum": 8},
-                                "locals": {}, "flags": {}}
+                                "locals": {}, "flags": {}, "length": {"steps": {"cfg.max_steps": 100}, "epochs": {}}}
 
 
 def test_the_split_is_found_in_an_argparse_namespace_with_its_flags():
@@ -310,7 +311,8 @@ def test_a_configurator_scripts_split_is_found_in_its_globals(tmp_path, monkeypa
     vars(main).update(batch_size=2, gradient_accumulation_steps=8, max_iters=400, eval_batches=3, n_layer=2)
     monkeypatch.setitem(sys.modules, "__main__", main)
     assert split_source.configurator() == {"micro": {"batch_size": 2, "eval_batches": 3},
-                                           "accum": {"gradient_accumulation_steps": 8}}
+                                           "accum": {"gradient_accumulation_steps": 8},
+                                           "length": {"steps": {"max_iters": 400}, "epochs": {}}}
     assert split_source.flags_set({"batch_size": 2, "gradient_accumulation_steps": 8}, 2, 8) == dict.fromkeys(
         ("batch_size", "gradient_accumulation_steps", "the effective batch"), "set")
     held = split_source.flags_set({"batch_size": 16, "gradient_accumulation_steps": 2}, 2, 8)
@@ -362,6 +364,7 @@ def test_a_configurator_scripts_flags_reach_its_globals_and_keep_its_effective_b
     written = run_instrumented(command, ChildSettings(mode="trial", warmup=1, count_steps=0, steps=2),
                                quiet_stdout=True).report
     assert written["configurator"] == {"micro": {"batch_size": 2}, "accum": {"gradient_accumulation_steps": 8},
+                                       "length": {"steps": {"max_iters": 60}, "epochs": {}},
                                        "rows": 2, "backwards": 8} and written["split_set"] is None
     loop = LoopSplit(written)
     assert loop.split() == (2, 8)

@@ -74,6 +74,13 @@ def _grad_nodes(value: Any, found: list[Any]) -> None:
             _grad_nodes(v, found)
 
 
+def is_compiled(model: nn.Module) -> bool:
+    """Whether `model` runs compiled: `torch.compile(model)` (an `OptimizedModule`), `model.compile()` (its compiled
+    call), or its `forward` compiled in place (`torch.compile(model.forward)`, as `saturate tune -- CMD` does)."""
+    return (type(model).__name__ == "OptimizedModule" or getattr(model, "_compiled_call_impl", None) is not None
+            or hasattr(getattr(model, "forward", None), "_torchdynamo_orig_callable"))
+
+
 class Profiler:
     """Phase split, syncs, telemetry and a verdict for a user's own training loop."""
 
@@ -88,7 +95,7 @@ class Profiler:
         self.report = report
         self.model = model
         self.device = _device_of(model, device)
-        compiled = model is not None and type(model).__name__ == "OptimizedModule"
+        compiled = model is not None and is_compiled(model)
         self.instrument = Instrument(self.device, compiled=compiled, interval=interval, host_budget=host_memory_budget,
                                      optimizer_phase=optimizer is not None)
         self.diagnosis: Diagnosis | None = None

@@ -21,7 +21,9 @@ Each section is optional; together they are `overrides.json`:
   step's buffers reused, not mapped afresh every step);
 - `bf16_autocast`: a device type ("cuda", "cpu") whose ops run under bf16 autocast from start-up, as if the whole
   script were inside `with torch.autocast(device, dtype=torch.bfloat16):` (forward and loss; the weights and
-  the optimizer stay fp32) — for a plain loop that trains in fp32 (`child/loop_precision.py`).
+  the optimizer stay fp32) — for a plain loop that trains in fp32 (`child/loop_precision.py`);
+- `compile`: a `torch.compile` mode ("default", "reduce-overhead", "max-autotune") for the model of a plain loop,
+  compiled in place (its `forward`) once its first optimizer step has found it (`child/loop_compile.py`).
 
 Only the knobs saturate tunes are accepted, so the training stays the same: anything else is one
 `ConfigError` naming the key. Both sides import this module; it imports nothing of either.
@@ -50,6 +52,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {"loader": LOADER_KNOBS, "trainer": TRAIN
                                         "train_loader": ("site", "batch_size", "set")}
 SET_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)?$")  # a name `train_loader.set` may change
 AUTOCAST_DEVICES = ("cuda", "cpu")  # device types `bf16_autocast` may name
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # the torch.compile modes `compile` may name
 _KINDS = {"trainer": "TrainingArguments fields", "lightning": "Lightning Trainer arguments"}
 
 
@@ -68,6 +71,7 @@ class Overrides:
     threads: int | None = None
     host_alloc: bool = False
     bf16_autocast: str | None = None
+    compile: str | None = None
 
     def __post_init__(self) -> None:
         for name, allowed in SECTIONS.items():
@@ -101,6 +105,8 @@ class Overrides:
         if self.bf16_autocast is not None and self.bf16_autocast not in AUTOCAST_DEVICES:
             raise ConfigError(f"\"bf16_autocast\" must be one of {', '.join(AUTOCAST_DEVICES)}, got "
                               f"{self.bf16_autocast!r}")
+        if self.compile is not None and self.compile not in COMPILE_MODES:
+            raise ConfigError(f"\"compile\" must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None, where: str = "") -> Overrides:
@@ -113,7 +119,7 @@ class Overrides:
         known = [f.name for f in fields(cls)]
         if unknown := sorted(set(data) - set(known)):
             raise ConfigError(f"{prefix}unknown setting(s) {', '.join(unknown)} (saturate applies "
-                              f"{', '.join((*SECTIONS, 'flags', 'tf32', 'threads', 'host_alloc', 'bf16_autocast'))})")
+                              f"{', '.join(known)})")
         try:
             return cls(**{k: v for k, v in data.items() if v is not None})
         except ConfigError as e:
@@ -142,8 +148,10 @@ class Overrides:
             out["host_alloc"] = True
         if self.bf16_autocast is not None:
             out["bf16_autocast"] = self.bf16_autocast
+        if self.compile is not None:
+            out["compile"] = self.compile
         order = ("loader", "train_loader", "flags", "trainer", "lightning", "optimizer", "tf32", "threads",
-                 "host_alloc", "bf16_autocast")
+                 "host_alloc", "bf16_autocast", "compile")
         return {k: out[k] for k in order if k in out}
 
     def __bool__(self) -> bool:
@@ -156,7 +164,8 @@ class Overrides:
                          tf32=self.tf32 or other.tf32,
                          threads=other.threads if other.threads is not None else self.threads,
                          host_alloc=self.host_alloc or other.host_alloc,
-                         bf16_autocast=other.bf16_autocast or self.bf16_autocast)
+                         bf16_autocast=other.bf16_autocast or self.bf16_autocast,
+                         compile=other.compile or self.compile)
 
     def argv(self) -> list[str]:
         """The `flags` as the command-line arguments a configurator reads (`--name=value`)."""

@@ -81,6 +81,7 @@ class ScriptTrial:
     fingerprint: dict[str, Any] | None = None  # its training DataLoader's (data/fingerprint.py LoaderPrint.record)
     same: dict[str, Any] | None = None  # that against the script as written's (fingerprint.SameCheck.to_dict)
     split_set: dict[str, str] | None = None  # a loop's split set where it keeps it: each name's "set", or why not
+    compiled: dict[str, Any] | None = None  # a loop's model compiled from outside (child/loop_compile.py's report)
 
     @classmethod
     def of(cls, name: str, overrides: Overrides, run: ScriptRun, rule: WindowRule | None = None) -> ScriptTrial:
@@ -96,7 +97,8 @@ class ScriptTrial:
                 trainer_error=(report.get("trainer") or {}).get("error"), host_peak=m.get("main_peak"),
                 threads=(report.get("threads") or {}).get("in_force"),
                 optimizer_share=m["phases"].get("optimizer", 0.0) / profiled if profiled > 0 else None,
-                fingerprint=training_print(report.get("loaders") or []), split_set=report.get("split_set"))
+                fingerprint=training_print(report.get("loaders") or []), split_set=report.get("split_set"),
+                compiled=report.get("compile"))
         windows = report.get("windows") or {}
         if rates := windows.get("rates"):
             summary = (rule or window_rule()).result(rates)

@@ -24,7 +24,8 @@ larger micro-batch; the fused optimizer; compile, where the planned steps pay ba
 For a plain script (no Trainer): bf16 autocast from outside where bf16 is native (`trainer_stages.loop_precision`,
 checked against the script's own first losses as a Trainer's precision is); the fused optimizer, when the
 optimizer the script steps is torch's `Adam`/`AdamW`, not fused, and torch has the fused kernel on the script's
-device (`fused=True` given at its constructor from outside; the edit said at that line).
+device (`fused=True` given at its constructor from outside; the edit said at that line); and last, after the
+stages below, its model compiled in place, where the length it plans can pay that back (`compile_stage.py`).
 For every script:
 6. loader workers (only when the as-written run waits for data): 1, 2, 4, … up to the usable cores, and on to
    4 per core while the best run still waits for data and host memory allows (a dataset waiting on I/O needs
@@ -45,6 +46,7 @@ from saturate.errors import SaturateError
 from saturate.policy import POLICY
 from saturate.policy.judge import Evidence, confirms, judge
 from saturate.script.command import NotTunable, ScriptRun, run_instrumented
+from saturate.script.compile_stage import compile_stage
 from saturate.script.drift import moved
 from saturate.script.frameworks import framework_of, plain_fused
 from saturate.script.gated import Gated, PairedTrials, again, can_gate, time_pairs
@@ -138,8 +140,8 @@ def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[
         search.consider("TF32", search.with_overrides(Overrides(tf32=True)))
     else:
         result.decisions.append(f"TF32: not on {device}")
-    if framework is None:
-        result.decisions.append("compile: not tried from outside for a loop of its own")
+    if framework is None:  # last: each trial after it would compile again
+        compile_stage(search, report)
 
 
 class _Search:
@@ -379,9 +381,14 @@ class _Search:
 
 
 def _refused(t: ScriptTrial, overrides: Overrides) -> str | None:
-    """Why the script's Trainer refused the overrides' arguments (from the trial's report), or None."""
+    """Why the script refused the overrides (from the trial's report: its Trainer their arguments, its model a
+    compile from outside), or None."""
     error = t.trainer_error
-    return f"the Trainer refused the arguments ({error})" if error and overrides.trainer else None
+    if error and overrides.trainer:
+        return f"the Trainer refused the arguments ({error})"
+    if overrides.compile and t.compiled is not None and not t.compiled.get("applied"):
+        return f"its model could not be compiled from outside ({t.compiled.get('why')})"
+    return None
 
 
 def _figures(t: ScriptTrial) -> dict[str, Any]:

@@ -121,6 +121,10 @@ def edits(tuning: ScriptTuning) -> list[str]:
     if over.bf16_autocast:
         lines.append(f"around each forward and its loss: with torch.autocast({over.bf16_autocast!r}, "
                      "dtype=torch.bfloat16):")
+    if over.compile:
+        mode = "" if over.compile == "default" else f"mode={over.compile!r}"
+        lines.append(f"after building the model: model.compile({mode}) (in place: its state_dict keys stay as they "
+                     "are)")
     return lines + _alloc_edit(over)
 
 

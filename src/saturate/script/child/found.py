@@ -33,7 +33,9 @@ def model_of(optimizer: Any, roots: list[weakref.ref]) -> tuple[Any, dict[str, A
     while isinstance(getattr(inner, "module", getattr(inner, "_orig_mod", None)), torch.nn.Module):
         wrappers.append(type(inner).__name__)  # DistributedDataParallel, OptimizedModule (compile)
         inner = getattr(inner, "module", getattr(inner, "_orig_mod", None))
-    return best, {"class": type(inner).__name__, "wrapped_in": wrappers,
+    from saturate.doctor.profiler import is_compiled
+
+    return best, {"class": type(inner).__name__, "wrapped_in": wrappers, "compiled": is_compiled(best),
                   "parameters": sum(p.numel() for p in best.parameters()), **coupled.record(inner)}
 
 
@@ -66,7 +68,16 @@ def loader_settings(loader: Any) -> dict[str, Any]:
     return {"batch_size": batch_size, "num_workers": loader.num_workers,
             "prefetch_factor": loader.prefetch_factor, "pin_memory": loader.pin_memory,
             "persistent_workers": loader.persistent_workers, "class": type(loader).__name__,
-            "sets_batch_size": loader.batch_size is not None}  # False: batches from a batch_sampler of its own
+            "sets_batch_size": loader.batch_size is not None,  # False: batches from a batch_sampler of its own
+            "batches_per_epoch": _batches(loader)}
+
+
+def _batches(loader: Any) -> int | None:
+    """The batches one pass over `loader` gives (`len(loader)`), or None: a stream without a length."""
+    try:
+        return int(len(loader))
+    except Exception:  # TypeError for a stream; a dataset's own __len__ may raise anything
+        return None
 
 
 # The standard library's folders: under a virtual environment sys.prefix is the environment's, and the standard

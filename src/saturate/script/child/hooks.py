@@ -57,6 +57,7 @@ from saturate.script.boundary import (
 )
 from saturate.script.child import found, lightning_hooks, loader_hooks, split_source
 from saturate.script.child.found import caller_site
+from saturate.script.child.loop_compile import LoopCompile
 from saturate.script.child.loop_precision import LoopPrecision
 from saturate.script.child.patches import Patches
 from saturate.script.child.trainer_hooks import TrainerWatch
@@ -127,6 +128,7 @@ class Script:
         self.trainer = TrainerWatch(self.overrides.trainer, scratch, caller_site)
         self.lightning = lightning_hooks.LightningWatch(self.overrides.lightning, scratch, caller_site)
         self.loop = LoopPrecision(self.overrides.bf16_autocast, keep_losses=self.mode == "trial")  # a plain loop's
+        self.compiler = LoopCompile(self.overrides.compile, self.world)  # its model compiled from outside
 
     # --- installing ---------------------------------------------------------------------------
 
@@ -217,6 +219,7 @@ class Script:
         if not self._follows(optimizer):
             return
         self.optimizer_steps += 1
+        self.compiler.end_step()
         if self.first_step_s is None:
             self.first_step_s = time.perf_counter() - self.started
             self.configurator = split_source.configurator()
@@ -228,6 +231,8 @@ class Script:
         if not self.profile:
             if self.optimizer_steps == 1:
                 self._write(FIRST_STEP, "")
+                if self.overrides.compile:
+                    self.compiler.apply(found.model_of(optimizer, self.roots)[0])
                 for h in self._forward_hooks:  # a full run needs no model: a call per module call, gone
                     h.remove()
             self.step_times.append(time.perf_counter())
@@ -278,6 +283,7 @@ class Script:
         for h in self._forward_hooks:
             h.remove()
         model, self.model_info = found.model_of(optimizer, self.roots)
+        self.compiler.apply(model)  # before the Profiler, which must know whether the model is compiled
         self.profiler = Profiler(model, optimizer, warmup=self.warmup, count_steps=self.count_steps,
                                  steps=self.steps, report=False, probe_scaling=self.mode == "doctor" and self.stop)
         self._write(FIRST_STEP, "")
@@ -310,6 +316,7 @@ class Script:
             "trainer": self.trainer.report(),
             "lightning": self.lightning.report(),
             "loop": self.loop.report(),
+            "compile": self.compiler.report(),
             "instrumentation": self.profiler.instrumentation,
         }, default=str))
 
@@ -333,6 +340,7 @@ class Script:
                     "world_size": self.world, "optimizer_steps": self.optimizer_steps, "samples": self.samples,
                     "loaders": found.iterated_loaders(self.loaders), "lightning": self.lightning.report(),
                     "step_times": self.step_times, "trainer": self.trainer.report(),
+                    "compile": self.compiler.report(),
                     "instrumentation": selftime.totals()}))
             return
         if self.done or self.profiler is None:

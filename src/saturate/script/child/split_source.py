@@ -36,6 +36,9 @@ ACCUM = re.compile(r"accum", re.IGNORECASE)  # a name that says gradient accumul
 BATCH = re.compile(r"batch", re.IGNORECASE)  # a global that may hold the micro-batch
 # nanoGPT's `exec(open('configurator.py').read())`: `--name=value` on the command line sets the script's globals
 CONFIGURATOR = re.compile(r"exec\(\s*open\(\s*['\"][^'\"]*configurator[^'\"]*\.py['\"]")
+# names that say how long the script trains (a compile's pay-back, script/compile_stage.py): optimizer steps, epochs
+STEPS = re.compile(r"^(max_|num_|total_|train_|n_)*(steps|iters|iterations)$", re.IGNORECASE)
+EPOCHS = re.compile(r"^(max_|num_|total_|train_|n_)*epochs$", re.IGNORECASE)
 _trees: dict[str, ast.Module | None] = {}
 OPTIONS: dict[str, str] = {}  # an argparse dest -> its command-line flag, as the script's parsers defined them
 
@@ -74,7 +77,8 @@ def user_frame(site: str | None) -> Any:
 def find(frame: Any) -> dict[str, Any] | None:
     """What the DataLoader call running in `frame` takes as its batch size, and the accumulation candidates beside
     it: {"micro": "cfg.batch_size" | "BATCH" | None (a literal), "micro_value": N, "accum": {name: value},
-    "locals": {name: value}, "flags": {name: "--flag"} (an argparse namespace's)} — or None when the call's source
+    "locals": {name: value}, "flags": {name: "--flag"} (an argparse namespace's), "length": {"steps": {name: value},
+    "epochs": {name: value}} (how long it trains, named beside the batch size)} — or None when the call's source
     cannot be read."""
     call = _call_at(frame.f_code.co_filename, frame.f_lineno)
     if call is None:
@@ -83,11 +87,13 @@ def find(frame: Any) -> dict[str, Any] | None:
     expr = ast.unparse(node) if node is not None else None
     micro = expr if expr is not None and SET_NAME.match(expr) else None
     accum: dict[str, int] = {}
+    beside: dict[str, Any] = {}  # the batch size's object's attributes, by their names as the script writes them
     if micro is not None and "." in micro:
         owner = _resolve(frame, micro.split(".")[0])
-        for name, value in _attributes(owner).items():
-            if ACCUM.search(name) and _is_int(value):
-                accum[f"{micro.split('.')[0]}.{name}"] = value
+        beside = {f"{micro.split('.')[0]}.{name}": value for name, value in _attributes(owner).items()}
+        for name, value in beside.items():
+            if ACCUM.search(name.split(".")[1]) and _is_int(value):
+                accum[name] = value
     for name, value in frame.f_globals.items() if not accum else ():  # the batch size's own object first
         if ACCUM.search(name) and _is_int(value):
             accum[name] = value
@@ -97,7 +103,8 @@ def find(frame: Any) -> dict[str, Any] | None:
     if micro is not None and "." in micro and type(_resolve(frame, micro.split(".")[0])).__name__ == "Namespace":
         flags = {name: OPTIONS[name.split(".")[1]] for name in (micro, *accum) if "." in name
                  and name.split(".")[1] in OPTIONS}
-    return {"micro": micro, "micro_value": _value(frame, micro), "accum": accum, "locals": local, "flags": flags}
+    return {"micro": micro, "micro_value": _value(frame, micro), "accum": accum, "locals": local, "flags": flags,
+            "length": _length_of(beside) or length(frame.f_globals)}
 
 
 def apply(frame: Any, changes: dict[str, int]) -> dict[str, str]:
@@ -129,7 +136,21 @@ def configurator() -> dict[str, Any] | None:
         return None
     ints = {k: v for k, v in vars(main).items() if not k.startswith("_") and _is_int(v)}
     return {"micro": {k: v for k, v in ints.items() if BATCH.search(k) and not ACCUM.search(k)},
-            "accum": {k: v for k, v in ints.items() if ACCUM.search(k)}}
+            "accum": {k: v for k, v in ints.items() if ACCUM.search(k)}, "length": length(ints)}
+
+
+def length(names: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Of `names` (name -> value), the integers whose names say how long the script trains: {"steps": {name: value}
+    (max_steps, max_iters, num_iterations, …), "epochs": {name: value} (epochs, num_epochs, …)}."""
+    last = {name: name.rsplit(".", 1)[-1] for name in names}
+    return {kind: {name: v for name, v in names.items() if pattern.match(last[name]) and _is_int(v)}
+            for kind, pattern in (("steps", STEPS), ("epochs", EPOCHS))}
+
+
+def _length_of(names: dict[str, Any]) -> dict[str, dict[str, int]] | None:
+    """`length(names)`, or None where it names nothing."""
+    found = length(names)
+    return found if any(found.values()) else None
 
 
 def flags_set(asked: dict[str, int], rows: int | None, backwards: int) -> dict[str, str]:

@@ -1,0 +1,97 @@
+"""A plain loop's model compiled from outside (`Overrides.compile`, child/loop_compile.py): tried where the training
+the script plans could pay a compilation back, kept only when measured faster and when it does.
+
+How long the script trains is read where it keeps it, as its split is (`child/split_source.length`): a name beside
+the training DataLoader's batch size, or among a configurator script's globals, that says optimizer steps
+(`cfg.max_steps`, nanoGPT's `max_iters`) gives the planned steps; else one that says epochs, times the optimizer
+steps one pass over the training loader makes (its batches over the accumulation). With neither, compile is not
+tried, and the decision says so: a compilation costs seconds to minutes before its first step, and pays back only
+over a length saturate knows.
+
+Tried only where the planned training at the best speed so far is longer than the least a compilation costs
+(`POLICY.payback.compile_least_s`). Kept when it is measured faster (the search's judge, paired where the command
+allows), trains as written (every trial's check, same_training.py) and pays back: the planned steps times the
+time a compiled step saves exceed what compiling cost — the first compiled step (timed in the child from the
+compile call to the end of that step) less a compiled step's own time.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from saturate.policy import POLICY
+from saturate.script.overrides import Overrides
+
+
+def planned_steps(report: dict[str, Any]) -> tuple[int, str] | str:
+    """(the optimizer steps the script plans, what they were read from), or why they could not be read."""
+    loader = (report.get("loaders") or [{}])[0]
+    length = (report.get("configurator") or {}).get("length") or (loader.get("split") or {}).get("length") or {}
+    steps, epochs = length.get("steps") or {}, length.get("epochs") or {}
+    if len(steps) == 1:
+        (name, value), = steps.items()
+        return value, f"{name} = {value}"
+    batches = loader.get("batches_per_epoch")
+    if not steps and len(epochs) == 1:
+        (name, value), = epochs.items()
+        if not batches:
+            return f"{name} = {value} epochs of a training loader with no length (a stream)"
+        accum = max(1, int(round(report["measurements"].get("grad_accum") or 1)))
+        per_epoch = math.ceil(batches / accum)
+        return value * per_epoch, f"{name} = {value} epochs of {per_epoch} optimizer steps"
+    seen = ", ".join(f"{k} = {v}" for k, v in {**steps, **epochs}.items())
+    if seen:
+        return f"the names that say how long it trains do not give one length: {seen}"
+    return "no setting beside its batch size says how long it trains (max_steps, max_iters, epochs)"
+
+
+def compile_stage(search: Any, report: dict[str, Any]) -> None:
+    """The compile trial of a plain loop (module docstring), or why it is not tried; a decision line either way."""
+    from saturate.script.trainer_stages import stage
+
+    result = search.result
+    model = report.get("model") or {}
+    world = int(report.get("world_size") or 1)
+    planned = planned_steps(report)
+    if not model:
+        why = "no model owning the optimizer's parameters was called in the timed steps"
+    elif model.get("compiled") or "OptimizedModule" in (model.get("wrapped_in") or []):
+        result.decisions.append("compile: the script compiles its model itself")
+        return
+    elif world > 1:
+        why = f"a command of {world} processes: a DDP-wrapped model is compiled with its own graph breaks, untried here"
+    elif isinstance(planned, str):
+        why = f"{planned}: a compilation pays back only over a length saturate knows"
+    else:
+        steps, said = planned
+        best = result.best
+        least = POLICY.payback.compile_least_s
+        if steps * best.step_s < least:
+            why = (f"the {steps} planned steps ({said}) take about {steps * best.step_s:.1f} s at the best speed so "
+                   f"far, less than the {least:.0f} s a compilation costs at the least")
+        else:
+            stage(search, "compile", ("torch.compile", Overrides(compile="default")),
+                  lambda t: pays_back(t, steps, said))
+            return
+    result.decisions.append(f"compile: not tried ({why})")
+
+
+def pays_back(t: Any, steps: int, said: str) -> str | None:
+    """Why a compiled trial `t` (compared with the best so far: `t.gain`) does not pay its compilation back over the
+    `steps` planned (`said`: where that was read), or None — None too where it is no faster: the comparison says
+    why it is not kept."""
+    first = (t.compiled or {}).get("compile_step_s")
+    if first is None:
+        return "its compilation was not timed (no optimizer step ran after it)"
+    if not t.gain or t.gain <= 0:
+        return None
+    cost = max(0.0, first - t.step_s)
+    saved = t.step_s * t.gain  # the best so far's step (t.step_s × (1 + gain)) less a compiled one
+    if steps * saved <= cost:
+        return (f"the {steps} planned steps ({said}) would save {steps * saved:.1f} s at {1000 * saved:.2f} ms a step, "
+                f"less than the {cost:.1f} s its compilation cost")
+    paid = (f"its {cost:.1f} s compilation paid back after {math.ceil(cost / saved)} of the {steps} planned steps "
+            f"({said})")
+    t.note = f"{t.note}; {paid}" if t.note else paid
+    return None
