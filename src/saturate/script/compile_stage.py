@@ -89,8 +89,9 @@ def pays_back(t: Any, steps: int, said: str) -> str | None:
     cost = max(0.0, first - t.step_s)
     saved = t.step_s * t.gain  # the best so far's step (t.step_s × (1 + gain)) less a compiled one
     if steps * saved <= cost:
-        return (f"the {steps} planned steps ({said}) would save {steps * saved:.1f} s at {1000 * saved:.2f} ms a step, "
-                f"less than the {cost:.1f} s its compilation cost")
+        return (f"{100 * t.gain:.1f} % faster a step, but the {steps} planned steps ({said}) would save "
+                f"{steps * saved:.1f} s at {1000 * saved:.2f} ms a step, less than the {cost:.1f} s its compilation "
+                "cost")
     paid = (f"its {cost:.1f} s compilation paid back after {math.ceil(cost / saved)} of the {steps} planned steps "
             f"({said})")
     t.note = f"{t.note}; {paid}" if t.note else paid
