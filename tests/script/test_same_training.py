@@ -58,6 +58,8 @@ def test_workers_that_replay_a_stream_are_not_kept_however_fast_and_the_sharding
     assert "loader workers: 0 (as written 0; tried 1, 2)" in tuning.decisions
     assert tuning.to_dict()["trials"][2]["same"]["same"] == "REPEATED"
     assert "digests" not in tuning.to_dict()["trials"][2]["fingerprint"]  # the record, not the digests
+    assert tuning.loaders[0]["fingerprint"]["digests"]  # kept in the run, for the comparisons
+    assert "digests" not in tuning.to_dict()["loaders"][0]["fingerprint"]  # not in tune.json's loaders either
 
 
 def test_workers_over_a_stream_that_shards_itself_are_kept_and_say_the_order_changed():

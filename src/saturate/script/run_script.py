@@ -43,7 +43,14 @@ from saturate.script.gated import Gated, PairedTrials, again, time_pairs
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.progress import tune_with_progress
 from saturate.script.scratch import trial_logs
-from saturate.script.script_trial import ScriptTrial, TrialOptions, training_print, trial_settings, window_rule
+from saturate.script.script_trial import (
+    ScriptTrial,
+    TrialOptions,
+    lean_loaders,
+    training_print,
+    trial_settings,
+    window_rule,
+)
 from saturate.script.tuning import ScriptTuning
 from saturate.script.tuning import render as render_tuning
 from saturate.stats.comparison import Comparison
@@ -120,7 +127,8 @@ class ScriptRunReport:
                              "steps_per_s": rate, "seconds": self.full.seconds,
                              "trainer": (self.full.summary or {}).get("trainer"),
                              "lightning": (self.full.summary or {}).get("lightning"),
-                             "loaders": (self.full.summary or {}).get("loaders"),
+                             "loaders": lean_loaders((self.full.summary or {}).get("loaders")),
+                             "compile": (self.full.summary or {}).get("compile"),
                              "same": None if (same := self.same()) is None else same.to_dict()}}
 
 
@@ -293,6 +301,9 @@ def render(report: ScriptRunReport, console: Console) -> None:
     if rate is not None:
         line += f", {rate:.3g} steps/s after its first steps (measured)"
     console.print(line)
+    if (compiled := (full.summary or {}).get("compile")) and not compiled.get("applied"):
+        console.print(Text(f"warning: its model was not compiled in the full run ({compiled.get('why')})",
+                           style="yellow"))
     if (same := report.same()) is not None and same.changed:
         console.print(Text(f"warning: the full run's training differs from the script as written's: {same.text()}"
                            + (f"; {same.edit}" if same.edit else ""), style="yellow"))

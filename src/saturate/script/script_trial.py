@@ -117,9 +117,7 @@ class ScriptTrial:
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, the overrides as their JSON object, the fingerprint without its digests and indices."""
-        fp = self.fingerprint
-        return {**vars(self), "overrides": self.overrides.to_dict(),
-                "fingerprint": None if fp is None else {k: v for k, v in fp.items() if k not in ("digests", "indices")}}
+        return {**vars(self), "overrides": self.overrides.to_dict(), "fingerprint": lean(self.fingerprint)}
 
     @property
     def ok(self) -> bool:
@@ -167,6 +165,19 @@ class _Speed:
 
     samples_per_s: float
     spread: float | None
+
+
+def lean(fingerprint: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A fingerprint record as the JSON keeps it: without its per-sample digests and indices (~35 KB a loader),
+    which only the comparison in the run reads."""
+    return None if fingerprint is None else {k: v for k, v in fingerprint.items() if k not in ("digests", "indices")}
+
+
+def lean_loaders(loaders: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """DataLoader records (the child's) with their fingerprints `lean`."""
+    if loaders is None:
+        return None
+    return [{**x, "fingerprint": lean(x["fingerprint"])} if x.get("fingerprint") else x for x in loaders]
 
 
 def trial_settings(overrides: Overrides, warmup: int, steps: int, rule: WindowRule,

@@ -18,7 +18,7 @@ from saturate.policy import POLICY, policy_record
 from saturate.script.doctor_script import TRAINER_TERMS, trainer_edit
 from saturate.script.gated import PairedTrials
 from saturate.script.overrides import Overrides
-from saturate.script.script_trial import ScriptTrial, window_rule
+from saturate.script.script_trial import ScriptTrial, lean_loaders, window_rule
 from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule, rate_text
 
@@ -68,7 +68,7 @@ class ScriptTuning:
                 "min_gain": POLICY.gains.min_gain, "window_rule": asdict(self.rule), **policy_record(),
                 "baseline": self.baseline.to_dict(), "best": self.best.to_dict(),
                 "trials": [t.to_dict() for t in self.trials],
-                "decisions": self.decisions, "loaders": self.loaders, "device_type": self.device_type,
+                "decisions": self.decisions, "loaders": lean_loaders(self.loaders), "device_type": self.device_type,
                 "trainer": self.trainer, "lightning": self.lightning, "optimizer": self.optimizer,
                 "paired": self.paired is None, "not_paired_because": self.paired, "loss_noise": self.loss_noise,
                 "confirmation": None if self.confirmation is None else self.confirmation.to_dict(),
