@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -38,9 +39,16 @@ def check_tuning(d: dict, tmp_path: Path, script: Path) -> None:
         assert edits.pop(0).startswith(d["loaders"][0]["site"] + ": DataLoader(..., ")
     if d["overrides"].get("optimizer"):  # the fused AdamW stage, at the script's AdamW(...) line
         assert edits.pop(0).endswith(f"{line_of(script, 'optim.Adam')}: {d['optimizer']['class']}(..., fused=True)")
+    if d["overrides"].get("compile"):  # compiled from outside, kept where its planned steps paid it back
+        assert edits.pop().startswith("after building the model: model.compile()")
     if d["overrides"].get("threads"):  # a busy machine (other processes on the cores): fewer threads, measured
         assert edits.pop() == f"at start-up: torch.set_num_threads({d['overrides']['threads']})"
-    assert edits == [] and set(d["overrides"]) <= {"loader", "optimizer", "threads", "train_loader"}
+    assert edits == [] and set(d["overrides"]) <= {"loader", "optimizer", "threads", "train_loader", "compile"}
+    if d["overrides"].get("loader") or d["overrides"].get("optimizer"):  # a call's arguments: in the patch too
+        patch = tmp_path / "t" / "edit.diff"
+        done = subprocess.run(["patch", "-p1", "--dry-run", "-i", str(patch)], cwd=d["patch"]["apply_in"],
+                              capture_output=True, text=True)
+        assert done.returncode == 0 and patch.read_text() == d["patch"]["diff"], done.stdout + done.stderr
     assert any(x.startswith("fused optimizer") for x in d["decisions"])  # tried, or why not
 
 

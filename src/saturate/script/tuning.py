@@ -18,6 +18,7 @@ from saturate.policy import POLICY, policy_record
 from saturate.script.doctor_script import TRAINER_TERMS, trainer_edit
 from saturate.script.gated import PairedTrials
 from saturate.script.overrides import Overrides
+from saturate.script.patch_edit import Patch, tuned_patch
 from saturate.script.script_trial import ScriptTrial, lean_loaders, window_rule
 from saturate.stats.comparison import Comparison
 from saturate.stats.noise import WindowRule, rate_text
@@ -44,6 +45,13 @@ class ScriptTuning:
     prior_said: list[str] = field(default_factory=list)  # one line per such decision
     loss_noise: float | None = None  # two runs of the script as written, apart in their first losses (loss_drift)
 
+    def patch(self) -> Patch:
+        """The best overrides as a unified diff of the script's files, and what sits at a line of them but could not
+        go in it (`patch_edit.tuned_patch`, its sites relative to the working folder)."""
+        if self.best is self.baseline or self.trainer:  # a Trainer's arguments: the line edit says them
+            return Patch("", Path.cwd(), [])
+        return tuned_patch(self)
+
     @property
     def speedup(self) -> float:
         """The best against the script as written: the confirmation's median ratio when there was one, else the
@@ -63,6 +71,7 @@ class ScriptTuning:
 
     def to_dict(self) -> dict[str, Any]:
         gain = self.gain()
+        patch = self.patch()
         return {"command": self.command, "overrides": self.best.overrides.to_dict(), "speedup": self.speedup,
                 "gain": None if gain is None else {"gain": gain.gain, "noise": gain.noise, "text": gain.text()},
                 "min_gain": POLICY.gains.min_gain, "window_rule": asdict(self.rule), **policy_record(),
@@ -74,8 +83,12 @@ class ScriptTuning:
                 "confirmation": None if self.confirmation is None else self.confirmation.to_dict(),
                 "short_job": None if self.short is None else {"why": self.short, "applied": self.prior.to_dict(),
                                                               "chosen_not_measured": self.prior_said},
-                "edits": edits(self)}
+                "edits": edits(self), "patch": {"diff": patch.text, "apply_in": str(patch.folder)} if patch.text
+                else None, "not_in_patch": patch.left}
 
+
+
+PATCH = "edit.diff"  # the edit as a unified diff, beside overrides.json (patch_edit.py)
 
 
 def edits(tuning: ScriptTuning) -> list[str]:
@@ -154,6 +167,9 @@ def write(tuning: ScriptTuning, folder: Path) -> Path:
     overrides = json.dumps(tuning.best.overrides.to_dict(), indent=2) + "\n"
     atomic_write_bytes(folder / "overrides.json", overrides.encode())
     atomic_write_bytes(folder / "tune.json", (json.dumps(tuning.to_dict(), indent=2, default=str) + "\n").encode())
+    (folder / PATCH).unlink(missing_ok=True)  # a folder tuned again: no patch of an earlier tuning left beside it
+    if patch := tuning.patch().text:
+        atomic_write_bytes(folder / PATCH, patch.encode())
     return folder / "overrides.json"
 
 
@@ -208,9 +224,16 @@ def render(tuning: ScriptTuning, console: Console, written: Path | None = None) 
             console.print(Text(f"  {line}"))
     else:
         console.print("no setting measured faster than the script as written beyond the noise; nothing to change")
+    patch = tuning.patch()
+    for line in patch.left:
+        console.print(Text(f"  not in the patch: {line}"))
     if written is not None:
         console.print(f"overrides written to {written} (`saturate run --overrides {written} -- CMD` applies them "
                       "without an edit)")
+        if patch.text and (written.parent / PATCH).is_file():
+            where = "this folder" if patch.folder == Path.cwd().resolve() else str(patch.folder)
+            console.print(f"the edit as a patch: {written.parent / PATCH} (in {where}: `git apply "
+                          f"{(written.parent / PATCH).resolve()}`, or `patch -p1 -i` it)")
 
 
 def decided_on(trial: ScriptTrial) -> str:
