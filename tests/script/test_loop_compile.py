@@ -147,6 +147,14 @@ def test_a_compile_that_cannot_pay_back_is_not_kept_or_not_tried(length, said):
     assert machine.compiled_trials == (1 if "not kept" in said else 0)
 
 
+def test_no_compile_tries_none():
+    from saturate.script.tune_script import tune_command
+
+    machine = CompileMachine({"steps": {"cfg.max_steps": 5000}, "epochs": {}})
+    tuning = tune_command(["python", "train.py"], runner=machine, supports={"bf16": False}, try_compile=False)
+    assert machine.compiled_trials == 0 and "compile: not tried (--no-compile)" in tuning.decisions
+
+
 def test_a_model_that_could_not_be_compiled_is_a_failed_trial():
     tuning = tuned(CompileMachine({"steps": {"cfg.max_steps": 5000}, "epochs": {}}, applied=False))
     assert tuning.best is tuning.baseline

@@ -164,7 +164,8 @@ def _trial_options(args: argparse.Namespace) -> Any:
     from saturate.script.script_trial import TrialOptions
 
     return TrialOptions(steps=args.trial_steps, seconds=args.trial_seconds,
-                        first_step_timeout=args.first_step_timeout, quiet_stdout=args.json)
+                        first_step_timeout=args.first_step_timeout, quiet_stdout=args.json,
+                        try_compile=not args.no_compile)
 
 
 def _tune_script(args: argparse.Namespace) -> int:

@@ -46,15 +46,18 @@ def planned_steps(report: dict[str, Any]) -> tuple[int, str] | str:
     return "no setting beside its batch size says how long it trains (max_steps, max_iters, epochs)"
 
 
-def compile_stage(search: Any, report: dict[str, Any]) -> None:
-    """The compile trial of a plain loop (module docstring), or why it is not tried; a decision line either way."""
+def compile_stage(search: Any, report: dict[str, Any], try_compile: bool = True) -> None:
+    """The compile trial of a plain loop (module docstring), or why it is not tried (`try_compile` False:
+    `--no-compile`); a decision line either way."""
     from saturate.script.trainer_stages import stage
 
     result = search.result
     model = report.get("model") or {}
     world = int(report.get("world_size") or 1)
     planned = planned_steps(report)
-    if not model:
+    if not try_compile:
+        why = "--no-compile"
+    elif not model:
         why = "no model owning the optimizer's parameters was called in the timed steps"
     elif model.get("compiled") or "OptimizedModule" in (model.get("wrapped_in") or []):
         result.decisions.append("compile: the script compiles its model itself")

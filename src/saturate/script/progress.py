@@ -34,4 +34,4 @@ def tune_with_progress(command: Sequence[str], options: TrialOptions, console: C
     return tune_command(command, warmup=options.warmup, steps=options.steps, cores=usable_cores()[0],
                         first_step_timeout=options.first_step_timeout, quiet_stdout=options.quiet_stdout,
                         on_trial=show, allow_micro_batch_change=allow_micro_batch_change, rule=options.rule,
-                        confirm=confirm, short_jobs=short_jobs)
+                        confirm=confirm, short_jobs=short_jobs, try_compile=options.try_compile)

@@ -32,6 +32,7 @@ class TrialOptions:
     first_step_timeout: float = POLICY.windows.first_step_timeout_s
     quiet_stdout: bool = False
     warmup: int = 2
+    try_compile: bool = True  # False: `--no-compile`, no compile trial
 
     @property
     def rule(self) -> WindowRule:

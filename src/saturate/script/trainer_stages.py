@@ -74,7 +74,7 @@ class Framework(Protocol):
 
 
 def trainer_stages(search: Search, fw: Framework, supports: dict[str, bool], model: dict[str, Any] | None = None,
-                   allow_micro_batch_change: bool = False) -> None:
+                   allow_micro_batch_change: bool = False, try_compile: bool = True) -> None:
     """Precision, micro-batch × accumulation, checkpointing, fused optimizer and compile, in that order. `model`:
     the report's model (its batch-coupled layers keep the micro-batch unless `allow_micro_batch_change`)."""
     decisions = search.result.decisions
@@ -111,7 +111,7 @@ def trainer_stages(search: Search, fw: Framework, supports: dict[str, bool], mod
     trial("fused optimizer", worth_fusing(fw.fused(), search.result))
 
     # 5. compile, where it can pay back its compile time
-    option = fw.compile()
+    option = fw.compile() if try_compile else "not tried (--no-compile)"
     if device == "cpu" and not isinstance(option, str):
         option = ("not tried on cpu (compiling takes tens of seconds here, more than a trial's steps can show "
                   "back; try it where the model runs on a GPU)")

@@ -70,8 +70,8 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
                  on_trial: Callable[[ScriptTrial], None] | None = None, runner: Runner = run_instrumented,
                  supports: dict[str, bool] | None = None, rule: WindowRule | None = None,
                  window_s: float = POLICY.windows.window_s, allow_micro_batch_change: bool = False,
-                 paired: bool | None = None,
-                 confirm: bool = True, short_jobs: bool = False) -> ScriptTuning:
+                 paired: bool | None = None, confirm: bool = True, short_jobs: bool = False,
+                 try_compile: bool = True) -> ScriptTuning:
     """Measure the script as written, then the settings above one family at a time; the fastest wins.
 
     `steps`: the Profiler's timed steps per trial (and with several processes, each window's steps); then
@@ -82,7 +82,7 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
     `confirm`: end with the best against the script as written, paired (`run -- CMD` measures that side by side
     itself). `short_jobs` (`run -- CMD`): a job too short to pay back its tuning (`too_short`) is not tuned past
     its first trial; `result.short` says why and `result.prior` holds the risk-free settings `prior_overrides`
-    takes from the hardware and that trial."""
+    takes from the hardware and that trial. `try_compile` False (`--no-compile`): no compile trial."""
     rule = rule or window_rule()
     search = _Search(list(command), warmup, steps, first_step_timeout, quiet_stdout, on_trial, runner, rule, window_s)
     try:
@@ -108,7 +108,8 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
         result.prior, result.prior_said = prior_overrides(result, cores)
         return result
     try:
-        _stages(search, result, framework_of(report), report, supports, cores, allow_micro_batch_change)
+        _stages(search, result, framework_of(report), report, supports, cores, allow_micro_batch_change,
+                try_compile)
         if confirm:
             search.confirm()
     finally:
@@ -121,7 +122,7 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
 
 
 def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[str, Any],
-            supports: dict[str, bool] | None, cores: int, allow_micro_batch_change: bool) -> None:
+            supports: dict[str, bool] | None, cores: int, allow_micro_batch_change: bool, try_compile: bool) -> None:
     device = result.device_type
     alloc_stage(search, device)
     if supports is None:
@@ -129,7 +130,7 @@ def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[
 
         supports = probe(measure_peaks=False, device=device).supports
     if framework is not None:
-        trainer_stages(search, framework, supports, report.get("model"), allow_micro_batch_change)
+        trainer_stages(search, framework, supports, report.get("model"), allow_micro_batch_change, try_compile)
     else:
         loop_split_stage(search, report, allow_micro_batch_change)
         loop_precision(search, report, supports)
@@ -141,7 +142,7 @@ def _stages(search: _Search, result: ScriptTuning, framework: Any, report: dict[
     else:
         result.decisions.append(f"TF32: not on {device}")
     if framework is None:  # last: each trial after it would compile again
-        compile_stage(search, report)
+        compile_stage(search, report, try_compile)
 
 
 class _Search:
