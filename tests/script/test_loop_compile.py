@@ -89,8 +89,10 @@ class CompileMachine:
     """A loop whose compiled model steps `faster` times as fast, its compilation taking `compile_s`; `length`: what
     names say how long it trains."""
 
-    def __init__(self, length: dict | None, faster: float = 1.5, compile_s: float = 3.0, applied: bool = True) -> None:
+    def __init__(self, length: dict | None, faster: float = 1.5, compile_s: float = 3.0, applied: bool = True,
+                 forward: float | None = None) -> None:
         self.length, self.faster, self.compile_s, self.applied = length, faster, compile_s, applied
+        self.forward = forward  # the as-written forward's share of the step (None: not split into phases)
         self.compiled_trials = 0
 
     def __call__(self, command, settings, **kw):
@@ -99,8 +101,10 @@ class CompileMachine:
         compiled = settings.overrides.compile is not None
         self.compiled_trials += compiled
         rate = 10.0 * (self.faster if compiled and self.applied else 1.0)
+        phases = {"data": 0.0} if self.forward is None else {"data": 1 / rate - self.forward / rate,
+                                                             "forward": self.forward / rate, "backward": 0.0}
         out = {"measurements": {"step_s": 1 / rate, "samples_per_step": 32, "grad_accum": 4,
-                                "phases": {"data": 0.0}, "steps": 10, "device_type": "cpu"},
+                                "phases": phases, "steps": 10, "device_type": "cpu"},
                "loaders": [{"site": "train.py:40", "batch_size": 8, "num_workers": 0, "batches": 20,
                             "batches_per_epoch": 400, "split": {"micro": "cfg.batch_size", "flags": {}, "accum": {},
                                                                 "locals": {}, "length": self.length}}],
@@ -145,6 +149,14 @@ def test_a_compile_that_cannot_pay_back_is_not_kept_or_not_tried(length, said):
     tuning = tuned(machine)
     assert tuning.best is tuning.baseline and said in tuning.decisions, tuning.decisions
     assert machine.compiled_trials == (1 if "not kept" in said else 0)
+
+
+def test_a_loop_whose_forward_and_backward_are_a_sliver_of_its_step_gets_no_compile_trial():
+    machine = CompileMachine({"steps": {"cfg.max_steps": 5000}, "epochs": {}}, forward=0.004)
+    tuning = tuned(machine)
+    assert machine.compiled_trials == 0
+    assert "compile: not tried (forward and backward take 0.4 % of the step (measured as written): a compiled model " \
+           "can gain at most 0.4 %, under 50% of the 3 % a change must gain)" in tuning.decisions, tuning.decisions
 
 
 def test_no_compile_tries_none():

@@ -66,6 +66,8 @@ def compile_stage(search: Any, report: dict[str, Any], try_compile: bool = True)
         why = f"a command of {world} processes: a DDP-wrapped model is compiled with its own graph breaks, untried here"
     elif isinstance(planned, str):
         why = f"{planned}: a compilation pays back only over a length saturate knows"
+    elif (bound := _too_small(result, report)) is not None:
+        why = bound
     else:
         steps, said = planned
         best = result.best
@@ -78,6 +80,28 @@ def compile_stage(search: Any, report: dict[str, Any], try_compile: bool = True)
                   lambda t: pays_back(t, steps, said))
             return
     result.decisions.append(f"compile: not tried ({why})")
+
+
+def _too_small(result: Any, report: dict[str, Any]) -> str | None:
+    """Why the forward and backward (what a compiled `forward` and its backward run) are too small a share of the
+    best run's step for a compilation to gain the minimum gain (tune/bound.py's bound), or None. Their share is the
+    as-written run's (`trainer_stages._compute_share`), taken to the best run's step: its seconds stay where the
+    loader stages shortened the wait for data."""
+    from saturate.script.trainer_stages import _compute_share
+    from saturate.tune.bound import most_gained, not_worth
+
+    share, over = _compute_share(report)
+    base, best = result.baseline, result.best
+    if share is None or best.step_s <= 0:
+        return None
+    share = min(1.0, share * base.step_s / best.step_s)
+    gain = POLICY.gains.min_gain
+    if not not_worth(share, gain):
+        return None
+    taken = "" if best is base else f", taken to the best run's {1000 * best.step_s:.2f} ms step"
+    return (f"forward and backward take {100 * share:.1f} % of the step (measured as written{over}{taken}): a "
+            f"compiled model can gain at most {100 * most_gained(share):.1f} %, under "
+            f"{1 / POLICY.stages.bound_margin:.0%} of the {100 * gain:.0f} % a change must gain")
 
 
 def pays_back(t: Any, steps: int, said: str) -> str | None:
