@@ -22,11 +22,12 @@ from saturate.script.isolation import Layers, folders, run_folder, unavailable
 needs_overlay = pytest.mark.skipif(unavailable() is not None, reason=f"no overlay here: {unavailable()}")
 
 # snapshot every 5 steps to the path after --snapshot (another folder than the working one), resume from it when
-# it exists, say so on stdout
+# it exists, say so on stdout (its length in a name saturate does not read as one: a run of a few seconds is not
+# tuned, and the test times trials)
 LOOP = """
 import os, sys, torch
 from torch.utils.data import DataLoader, TensorDataset
-steps, snap = int(sys.argv[1]), sys.argv[sys.argv.index("--snapshot") + 1]
+until, snap = int(sys.argv[1]), sys.argv[sys.argv.index("--snapshot") + 1]
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -39,7 +40,7 @@ if os.path.exists(snap):
 print("from", start, flush=True)
 loader = DataLoader(TensorDataset(torch.randn(512, 8)), batch_size=16)
 step = start
-while step < steps:
+while step < until:
     for (x,) in loader:
         model(x).pow(2).mean().backward()
         opt.step()
@@ -47,10 +48,10 @@ while step < steps:
         step += 1
         if step % 5 == 0:
             torch.save({"model": model.state_dict(), "step": step}, snap)
-        if step == steps:
+        if step == until:
             break
 with open("log.txt", "a") as f:
-    f.write(f"ran {start}..{steps}\\n")
+    f.write(f"ran {start}..{until}\\n")
 """
 
 

@@ -189,6 +189,10 @@ def test_a_job_is_too_short_to_tune_when_it_ends_in_its_first_trial_or_its_train
     # 100 steps × 0.1 s = 10 s against a tuning of about 8 trials × 10 s: could not pay for itself
     assert "could not pay for itself" in too_short(base, 10.0, _Planned(100))
     assert too_short(base, 10.0, _Planned(100_000)) is None  # 10 000 s: worth tuning
+    # a plain loop whose settings say its length: 100 steps (cfg.max_steps) are as short as a Trainer's
+    loop = {"measurements": {"grad_accum": 1}, "loaders": [{"split": {"length": {"steps": {"cfg.max_steps": 100},
+                                                                                 "epochs": {}}}}]}
+    assert "100 planned steps take about 10 s" in too_short(base, 10.0, None, loop)
 
 
 @pytest.mark.parametrize(("device", "share", "expected", "faults"), [

@@ -20,14 +20,19 @@ from saturate.script.script_trial import ScriptTrial
 from saturate.script.tuning import ScriptTuning
 
 
-def too_short(base: ScriptTrial, trial_s: float, framework: Any) -> str | None:
+def too_short(base: ScriptTrial, trial_s: float, framework: Any, report: dict[str, Any] | None = None) -> str | None:
     """Why the job is too short to tune (one line; its figures predictions from the as-written trial), or None:
-    it ran to its end inside that trial, or the steps its Trainer plans take less than `POLICY.payback.short_factor`
-    times the trials a tuning would run (`trials_framework`, `trials_plain`). A plain loop plans nothing saturate
-    can read: only the first holds for it."""
+    it ran to its end inside that trial, or the steps it plans take less than `POLICY.payback.short_factor` times
+    the trials a tuning would run (`trials_framework`, `trials_plain`) — a Trainer's planned steps, or for a plain
+    loop the length its settings say (`compile_stage.planned_steps` of the as-written `report`; none read: only the
+    first holds for it)."""
+    from saturate.script.compile_stage import planned_steps
+
     if base.ran_to_end:
         return f"the script ran to its end inside its first trial ({trial_s:.0f} s)"
     planned = getattr(framework, "planned_steps", None)
+    if framework is None and report is not None and not isinstance(read := planned_steps(report), str):
+        planned = read[0]
     if not planned or base.step_s <= 0:
         return None
     job = planned * base.step_s

@@ -102,7 +102,7 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
                           device_type=device, trainer=report.get("trainer"), lightning=report.get("lightning"),
                           optimizer=report.get("optimizer"), rule=rule, paired=why)
     search.result = result
-    if short_jobs and (why := too_short(base, run.seconds, framework_of(report))):
+    if short_jobs and (why := too_short(base, run.seconds, framework_of(report), report)):
         search.close()
         result.short = why
         result.prior, result.prior_said = prior_overrides(result, cores)
