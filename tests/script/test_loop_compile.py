@@ -151,6 +151,13 @@ def test_a_compile_that_cannot_pay_back_is_not_kept_or_not_tried(length, said):
     assert machine.compiled_trials == (1 if "not kept" in said else 0)
 
 
+def test_a_compile_not_measured_faster_is_not_kept_for_that_not_for_its_pay_back():
+    tuning = tuned(CompileMachine({"steps": {"cfg.max_steps": 500}, "epochs": {}}, faster=1.01))
+    compiled = next(t for t in tuning.trials if t.name == "torch.compile")
+    assert tuning.best is tuning.baseline and compiled.verdict != "faster"
+    assert compiled.outcome.startswith("not kept: +1.0 %") and "planned steps" not in compiled.outcome
+
+
 def test_a_loop_whose_forward_and_backward_are_a_sliver_of_its_step_gets_no_compile_trial():
     machine = CompileMachine({"steps": {"cfg.max_steps": 5000}, "epochs": {}}, forward=0.004)
     tuning = tuned(machine)

@@ -22,6 +22,7 @@ from typing import Any
 
 from saturate.policy import POLICY
 from saturate.script.overrides import Overrides
+from saturate.stats.comparison import Verdict
 
 
 def planned_steps(report: dict[str, Any]) -> tuple[int, str] | str:
@@ -105,13 +106,13 @@ def _too_small(result: Any, report: dict[str, Any]) -> str | None:
 
 
 def pays_back(t: Any, steps: int, said: str) -> str | None:
-    """Why a compiled trial `t` (compared with the best so far: `t.gain`) does not pay its compilation back over the
-    `steps` planned (`said`: where that was read), or None — None too where it is no faster: the comparison says
-    why it is not kept."""
+    """Why a compiled trial `t` (compared with the best so far: `t.gain`, `t.verdict`) does not pay its compilation
+    back over the `steps` planned (`said`: where that was read), or None — None too where it was not measured
+    faster: the comparison then says why it is not kept."""
     first = (t.compiled or {}).get("compile_step_s")
     if first is None:
         return "its compilation was not timed (no optimizer step ran after it)"
-    if not t.gain or t.gain <= 0:
+    if t.verdict != Verdict.FASTER.value or not t.gain:
         return None
     cost = max(0.0, first - t.step_s)
     saved = t.step_s * t.gain  # the best so far's step (t.step_s × (1 + gain)) less a compiled one
