@@ -124,3 +124,24 @@ def test_a_script_whose_first_trial_fails_is_not_tunable():
 
     with pytest.raises(NotTunable, match="without an optimizer step"):
         tune_command(["python", "train.py"], runner=runner, paired=False)
+
+
+def test_run_writes_the_tuned_settings_only_to_a_run_dir_asked_for(monkeypatch, tmp_path, capsys):
+    from saturate import cli
+    from saturate.script.tuning import ScriptTuning
+
+    base, best = ScriptTrial("as written", NONE, 1.0, None, 0.0, 3), ScriptTrial("2 workers", WORKERS, 0.5, None,
+                                                                                  0.0, 3)
+    tuning = ScriptTuning(["python", "train.py"], base, best, [base, best])
+
+    def fake(command, options, console, **kw):
+        full = ScriptRun(list(command), 0, None, {"step_times": []}, 10, 1.0)
+        return run_script.ScriptRunReport(list(command), WORKERS, [], [], full, "(no side-by-side here)", tuning=tuning)
+
+    monkeypatch.setattr(run_script, "run_script", fake)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "--", "python", "train.py"]) == 0
+    assert list(tmp_path.iterdir()) == [] and "--run-dir DIR writes the tuned settings" in capsys.readouterr().out
+    assert cli.main(["run", "--run-dir", "r", "--", "python", "train.py"]) == 0
+    assert json.loads((tmp_path / "r" / "overrides.json").read_text()) == WORKERS.to_dict()
+    assert "the tuned settings: r/overrides.json (`saturate run --overrides r/overrides.json" in capsys.readouterr().out

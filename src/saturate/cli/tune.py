@@ -41,7 +41,9 @@ def add_parsers(sub: Any) -> None:
     length.add_argument("--steps", type=positive(int, "--steps"),
                         help="optimizer steps to train (default: the preset's)")
     length.add_argument("--minutes", type=positive(float, "--minutes"), help="train for this long after tuning")
-    p.add_argument("--run-dir", type=Path, help="default: runs/<preset>-<time>")
+    p.add_argument("--run-dir", type=Path, help="default: runs/<preset>-<time>; with -- CMD: where the tuning's "
+                                                "overrides.json, tune.json and edit.diff go (default: nowhere — the "
+                                                "working folder is left as a plain run leaves it)")
     p.add_argument("--no-progress", action="store_true", help="no progress display while training")
     _add_script_args(p)
     p.add_argument("--overrides", type=Path, metavar="FILE",
@@ -189,11 +191,13 @@ def _tune_script(args: argparse.Namespace) -> int:
 
 
 def _run_script(args: argparse.Namespace) -> int:
-    """`saturate run -- CMD`: tune (or --overrides), as written vs tuned side by side, then the full run."""
+    """`saturate run -- CMD`: tune (or --overrides), as written vs tuned side by side, then the full run; the
+    tuning's settings and edit written to --run-dir."""
     import json
 
     from saturate.script.overrides import Overrides
     from saturate.script.run_script import render, run_script
+    from saturate.script.tuning import PATCH, write
 
     _refuse_preset_flags(args)
     console = tidy_console(args.json, highlight=False)
@@ -201,8 +205,18 @@ def _run_script(args: argparse.Namespace) -> int:
     report = run_script(args.script, _trial_options(args), console, overrides=overrides,
                         overrides_file=str(args.overrides) if args.overrides else None,
                         allow_micro_batch_change=args.allow_micro_batch_change)
+    written = None
+    tuned = report.tuning is not None and report.tuning.best is not report.tuning.baseline
+    if tuned and args.run_dir is not None:
+        written = write(report.tuning, args.run_dir)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2, default=str))
-    else:
-        render(report, console)
+        print(json.dumps({**report.to_dict(), "overrides_file": written and str(written)}, indent=2, default=str))
+        return 0 if report.full.returncode == 0 else 2
+    render(report, console)
+    if written is not None:
+        patch = f"; the edit as a patch: {written.parent / PATCH}" if (written.parent / PATCH).is_file() else ""
+        console.print(f"the tuned settings: {written} (`saturate run --overrides {written} -- CMD` applies them "
+                      f"again){patch}")
+    elif tuned:
+        console.print("(--run-dir DIR writes the tuned settings there, and the edit as a patch)")
     return 0 if report.full.returncode == 0 else 2
