@@ -97,6 +97,13 @@ def test_losses_are_not_compared_where_the_loader_draws_other_random_numbers():
     workers = trial("2 workers", Overrides(loader={"num_workers": 2}), [2.5, 1.8], drawn)
     tuning = ScriptTuning(["python", "train.py"], base, base, [base, workers], loss_noise=0.001)
     assert changed_training(workers, tuning) is None and workers.note == "the same samples, other random draws"
+    # a loader of the script's own with in_order=False: given workers, its batches come as they finish (measured:
+    # the sampler's indices alike, the digests in another order), which it allows; said so, not "random draws"
+    unordered = trial("2 workers", Overrides(loader={"num_workers": 2}), [2.5, 1.8], drawn)
+    tuning.loaders = [{"site": "train.py:9", "num_workers": 0, "in_order": False}]
+    assert changed_training(unordered, tuning) is None
+    assert unordered.note == "the same samples, in the order its workers finish them (the script's in_order=False " \
+                             "allows it)"
     assert changed_training(base, tuning) is None and base.same is None  # the script as written is the reference
 
 

@@ -22,6 +22,8 @@ from saturate.engine.precision_guard import loss_drift
 from saturate.policy import POLICY
 
 # what a kept trial says of data that is not the same batch for batch but trains alike
+# the script's own `DataLoader(in_order=False)` given workers: the order it allows, not one the change made
+OUT_OF_ORDER = "the same samples, in the order its workers finish them (the script's in_order=False allows it)"
 NOTED = {Same.SAME_SAMPLES: "the same samples, other random draws",
          Same.SHARDED_STREAM: "the stream in another order: its workers each yield their share"}
 
@@ -44,9 +46,18 @@ def changed_training(t: Any, result: Any) -> str | None:
     if check.changed:
         return f"it changes the training: {check.text()}" + (f" — to make it safe: {check.edit}" if check.edit else "")
     why = _losses_differ(t, written, check, result.loss_noise)
-    if why is None and check.same in NOTED:
+    if why is None and check.same is Same.SAME_SAMPLES and _out_of_order(t, result):
+        _note(t, OUT_OF_ORDER)
+    elif why is None and check.same in NOTED:
         _note(t, NOTED[check.same])
     return why
+
+
+def _out_of_order(t: Any, result: Any) -> bool:
+    """Whether `t`'s training loader hands batches over as its workers finish them (`in_order=False` in the script,
+    with workers in the trial): the sampler's indices alike, the batches in another order."""
+    loader = result.loaders[0] if result.loaders else {}
+    return loader.get("in_order") is False and bool(t.overrides.loader.get("num_workers", loader.get("num_workers")))
 
 
 def _losses_differ(t: Any, written: Any, check: SameCheck, noise: float | None) -> str | None:

@@ -69,7 +69,8 @@ def loader_settings(loader: Any) -> dict[str, Any]:
             "prefetch_factor": loader.prefetch_factor, "pin_memory": loader.pin_memory,
             "persistent_workers": loader.persistent_workers, "class": type(loader).__name__,
             "sets_batch_size": loader.batch_size is not None,  # False: batches from a batch_sampler of its own
-            "batches_per_epoch": _batches(loader)}
+            "batches_per_epoch": _batches(loader),
+            "in_order": getattr(loader, "in_order", True)}  # False: workers' batches as they finish (torch ≥ 2.6)
 
 
 def _batches(loader: Any) -> int | None:
