@@ -210,13 +210,18 @@ while step < cfg.max_steps:
 
 
 @pytest.mark.slow
-def test_the_childs_compile_runs_the_model_compiled_keeps_its_keys_and_its_losses(tmp_path, monkeypatch):
+def test_the_childs_compile_runs_the_model_compiled_keeps_its_keys_and_its_losses(tmp_path, monkeypatch,
+                                                                                  request):
     from saturate.script.boundary import ChildSettings
     from saturate.script.command import run_instrumented
 
     (tmp_path / "loop.py").write_text(LOOP)
     monkeypatch.chdir(tmp_path)
+    from saturate.script.isolation import unavailable
+
     monkeypatch.setenv("SATURATE_ISOLATION", "off")  # what a trial writes reaches the folder: its saved keys
+    unavailable.cache_clear()  # read once a process: the suite's earlier tests read it with isolation on
+    request.addfinalizer(unavailable.cache_clear)
     command = [sys.executable, "loop.py"]
     runs = {}
     for name, over in (("eager", Overrides()), ("compiled", Overrides(compile="default"))):
