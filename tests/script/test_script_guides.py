@@ -79,8 +79,10 @@ def test_run_the_gpt_pretraining_script_with_workers_applied_from_outside(tmp_pa
 
 
 def test_tune_the_time_series_grid_script(tmp_path):
-    out = saturate("tune", "--trial-steps", "2", "--trial-seconds", "1", "--json", "--out", str(tmp_path / "t"), "--",
-                   sys.executable, str(TIMESERIES), *TS_TINY, cwd=tmp_path)
+    # --no-compile: its LSTM's compile trial would take minutes here (a loop's compile: test_loop_compile.py, and
+    # the GPT script above)
+    out = saturate("tune", "--trial-steps", "2", "--trial-seconds", "1", "--no-compile", "--json", "--out",
+                   str(tmp_path / "t"), "--", sys.executable, str(TIMESERIES), *TS_TINY, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     check_tuning(d, tmp_path, TIMESERIES)
