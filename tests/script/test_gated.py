@@ -449,8 +449,10 @@ def test_run_tunes_and_confirms_in_alternating_windows_then_applies(tmp_path):
     # long enough that neither run of the side-by-side ends while it settles and times its pairs, even when the
     # windows do not agree at once (a busy machine: up to 8 windows alone, then the pairs) and the tuned run has
     # 8 workers (this dataset sleeps: ~8× as written, ~125 steps/s)
-    out = subprocess.run(saturate_cmd("run", "--trial-steps", "4", "--trial-seconds", "3", "--json", "--",
-                                      sys.executable, "slow.py", "3000"),
+    # --no-compile: its `steps` global reads as its length, so its tiny model would get a compile trial (minutes on
+    # CI's cores) that this test, about pairing and applying, does not need
+    out = subprocess.run(saturate_cmd("run", "--trial-steps", "4", "--trial-seconds", "3", "--no-compile", "--json",
+                                      "--", sys.executable, "slow.py", "3000"),
                          env={**cli_env(), "OMP_NUM_THREADS": "1"}, cwd=tmp_path, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
