@@ -243,13 +243,37 @@ def busy_others() -> list[str]:
     return out[:5]
 
 
+def cores_busy(seconds: float = 3.0) -> float:
+    """Cores busy (all processes) over `seconds`, from /proc/stat: called with nothing of ours running."""
+    def sample() -> tuple[int, int]:
+        f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(f), f[3] + f[4]  # all, idle + iowait
+    (a0, i0), _ = sample(), time.sleep(seconds)
+    a1, i1 = sample()
+    return (os.cpu_count() or 1) * (1 - (i1 - i0) / max(1, a1 - a0))
+
+
+def wait_quiet(limit_s: float) -> dict[str, Any]:
+    """Wait (up to `limit_s`) until other processes keep under 0.25 of a core busy: others' tests share this machine."""
+    t0, busy = time.monotonic(), cores_busy()
+    while busy > 0.25 and time.monotonic() - t0 < limit_s:
+        print(f"   waiting: {busy:.2f} cores busy ({'; '.join(busy_others()) or '?'})", flush=True)
+        time.sleep(30)
+        busy = cores_busy()
+    return {"waited_s": round(time.monotonic() - t0, 1), "cores_busy_at_start": round(busy, 2)}
+
+
+WAIT_S = 0.0  # set by --wait-quiet
+
+
 def run_verb(case: Case, verb: str, folder: Path, out: Path, timeout: float) -> dict[str, Any]:
+    quiet = wait_quiet(WAIT_S) if WAIT_S else {}
     before, load0, others = tmp_entries(), os.getloadavg(), busy_others()
     rec = rs.run_one(case, verb, folder, out, timeout)
     after = tmp_entries()
     rec["tmp_new"], rec["tmp_gone"] = sorted(after - before), sorted(before - after)
     rec["load"] = {"loadavg_before": load0, "loadavg_after": os.getloadavg(), "others_before": others,
-                   "others_after": busy_others()}
+                   "others_after": busy_others(), **quiet}
     for s in ("stdout", "stderr"):
         truncate(out / f"{case.name}-{verb}.{s}")
     return rec
@@ -415,9 +439,11 @@ def run_ab(case: Case, runs: dict[str, Any], folder: Path, out: Path, timeout: f
             env.update(plan["env"])
         else:
             rs.reset(folder)
+        quiet = wait_quiet(WAIT_S) if WAIT_S else {}
         r = timed(argv, folder, env, timeout, out / f"{case.name}-ab-{i + 1}{kind}.log")
         r["kind"] = kind
         r["loadavg_after"], r["others_after"] = os.getloadavg(), busy_others()
+        r.update(quiet)
         rounds.append(r)
         print(f"   ab {i + 1}{kind}: rc={r['rc']} {r['wall_s']} s", flush=True)
         rs.reset(folder)
@@ -533,12 +559,16 @@ def main() -> int:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--verbs", default=",".join(VERBS))
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--wait-quiet", type=float, default=0, metavar="S",
+                    help="before each command, wait up to S seconds for the other processes to leave the CPUs")
     ap.add_argument("--mingpt-git", type=Path, default=MIRRORS / "karpathy+minGPT" / "repo")
     ap.add_argument("--tsl-git", type=Path, default=MIRRORS / "thuml+Time-Series-Library" / "repo")
     ap.add_argument("--examples-git", type=Path, default=MIRRORS / "pytorch+examples" / "repo")
     ap.add_argument("--transformers-git", type=Path, default=MIRRORS / "feisenyu+transformers_4573" / "repo")
     ap.add_argument("--transformers-commit", default="0419ff881d")
     a = ap.parse_args()
+    global WAIT_S
+    WAIT_S = a.wait_quiet
     a.out = a.out.resolve()
     cases = [CASES[c] for c in a.cases.split(",") if c]
     a.out.mkdir(parents=True, exist_ok=True)

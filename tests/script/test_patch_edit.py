@@ -83,6 +83,12 @@ def test_a_literal_the_call_gives_is_replaced_where_it_is(folder):
     assert "batch_size=16,\n                    shuffle=True, num_workers=4)" in after["train.py"]
 
 
+def test_a_call_taking_unpacked_keywords_is_not_given_one_more(folder):
+    (folder / "train.py").write_text(TRAIN.replace("shuffle=True)", "**opts)"))
+    said = keyword_changes(folder / "train.py", 7, "DataLoader", {"num_workers": 2})
+    assert said == "the DataLoader(...) at train.py:7 takes **keywords, which may already set num_workers"
+
+
 def test_a_setting_held_in_several_places_or_none_is_left_out_and_said(folder):
     (folder / "presets.py").write_text("def small():\n    return dict(batch_size=4)\n")
     said = value_change(folder, "cfg.batch_size", 4, 32)

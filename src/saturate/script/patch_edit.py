@@ -58,6 +58,9 @@ def keyword_changes(path: Path, line: int, suffix: str, kwargs: dict[str, Any]) 
     if not calls:
         return f"no {suffix}(...) call at {path}:{line}"
     call = max(calls, key=lambda n: (n.lineno, n.col_offset))
+    unpacked = any(k.arg is None for k in call.keywords)  # `**kwargs`: a keyword added could be given twice
+    if unpacked and any(key not in {k.arg for k in call.keywords} for key in kwargs):
+        return f"the {suffix}(...) at {path.name}:{line} takes **keywords, which may already set {', '.join(kwargs)}"
     changes, added = [], []
     for key, value in kwargs.items():
         given = next((k for k in call.keywords if k.arg == key), None)
