@@ -319,6 +319,31 @@ def test_a_script_without_an_optimizer_is_stopped_in_one_line_not_run_to_its_end
     assert "FINISHED" not in out.stdout and time.monotonic() - started < 120
 
 
+# pytorch/examples' time_sequence_prediction, in small: LBFGS runs the script's closure (forward, backward, and a
+# weight update between) several times inside each optimizer step — not an update by hand
+LBFGS = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+x, y = torch.randn(64, 8), torch.randn(64, 1)
+opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5)
+for step in range(200):
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+    opt.step(closure)
+"""
+
+
+def test_an_optimizer_running_the_scripts_closure_inside_its_step_is_not_an_update_by_hand(tmp_path):
+    (tmp_path / "lbfgs.py").write_text(LBFGS)
+    out = doctor("--json", "--", sys.executable, "lbfgs.py", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]  # it read "changed its weights between backward passes 2 times"
+    assert json.loads(out.stdout)["script"]["optimizer"]["class"] == "LBFGS"
+
+
 # micro-batch 1 × accumulation 4 through twelve tiny layers: a micro-step's fixed cost is nearly all of it
 SMALL_MICRO_BATCHES = """
 import torch

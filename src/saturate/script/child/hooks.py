@@ -109,6 +109,7 @@ class Script:
         self.optimizer_steps = 0
         # backward passes until the first optimizer step; of these, how many found the model's weights changed
         self.backwards, self.hand_updates, self._weight_sample = 0, 0, None  # (`_count_backward`)
+        self.in_step = False  # between an optimizer's step pre-hook and its post-hook (a closure's passes)
         self.threads_asked: int | None = None  # what the script gave torch.set_num_threads under a threads override
         self.split_set: dict[str, str] | None = None  # a trial's split: each name set where the loop keeps it, or not
         self.first_rows: int | None = None  # the first top-level forward's leading dimension (a loop's micro-batch)
@@ -138,13 +139,16 @@ class Script:
     def install(self) -> None:
         import torch
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         from saturate.doctor.phases import SyncCounter
 
         SyncCounter.site = found.read_site  # each counted sync placed at its line (a library's: with the user's call)
 
         self.patches.hook(register_optimizer_step_post_hook(selftime.own(self._after_step)))
+        # an optimizer that runs the script's closure inside its step (LBFGS: forward, backward and a weight update
+        # several times a step) is not updating weights by hand: backward passes inside a step are not counted
+        self.patches.hook(register_optimizer_step_pre_hook(lambda *a: setattr(self, "in_step", True)))
         self._forward_hooks = [register_module_forward_pre_hook(selftime.own(self._forward_pre)),
                                register_module_forward_hook(selftime.own(self._forward_post))]
         script = self
@@ -175,7 +179,7 @@ class Script:
 
         def backward(*args: Any, **kwargs: Any) -> Any:
             script.loop.backward(args, kwargs)
-            if script.optimizer_steps == 0:
+            if script.optimizer_steps == 0 and not script.in_step:
                 script._count_backward()
             return autograd_backward(*args, **kwargs)
 
@@ -216,6 +220,7 @@ class Script:
         self._depth = max(0, self._depth - 1)
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.in_step = False
         if not self._follows(optimizer):
             return
         self.optimizer_steps += 1
