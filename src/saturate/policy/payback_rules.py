@@ -68,7 +68,7 @@ class PaybackRules:
     compile_least_s: float = rule(5.0, "the least a compilation of a script's model costs: a loop whose planned "
                                   "training at its best speed so far is shorter has no compile trial (a 3-layer MLP's "
                                   "first compiled step took 11.7 s cold and 6.2 s from inductor's cache)",
-                                  "2-vCPU AMX Xeon, 2026-12-02 (script/compile_stage.py)")
+                                  "2-vCPU AMD EPYC (AVX2), 2026-12-02 (script/compile_stage.py)")
     least_growth_s: float = rule(0.5, "a budget grown (a stake, a saving earned) by less than this is left as it "
                                  "was: the budget is said in whole seconds, and under half a second reads as no "
                                  "change", "tune/stake.py staked; tune/state.py SearchState.earn")
