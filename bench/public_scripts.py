@@ -17,7 +17,8 @@ each: plain, `doctor --json`, `tune --json --trial-steps 4 --trial-seconds 3 --o
 
 * /tmp: the entries named pymp-*, saturate-*, torchelastic_* before and after each command (new ones are listed);
 * ab: where `run` applied overrides, the script as written (A) and with the same change made by hand (B), plain
-  runs without saturate, alternating A B B A A B; B is tune's edit.diff (`git apply`, when tune kept the same
+  runs without saturate, alternating A B B A A B (where `run` applied nothing but tune kept settings, those, said
+  so); B is tune's edit.diff (`git apply`, when tune kept the same
   loader/optimizer/split settings `run` applied), else those keywords set by hand at every DataLoader(...) /
   Adam(...)/AdamW(...) call of the folder's .py files; threads as `import torch; torch.set_num_threads(N)` put at
   the top of the entry script; host_alloc as glibc's MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ in the
@@ -346,10 +347,8 @@ def set_threads_at_top(path: Path, n: int) -> None:
     path.write_text("".join(lines))
 
 
-def b_plan(case: Case, runs: dict[str, Any], folder: Path, out: Path) -> dict[str, Any]:
-    """What B changes, from `run`'s applied overrides (and tune's edit.diff where it holds the same settings)."""
-    j = (runs.get(f"{case.name}/run") or {}).get("json") or {}
-    over = j.get("overrides") or {}
+def b_plan(case: Case, over: dict[str, Any], runs: dict[str, Any], folder: Path, out: Path) -> dict[str, Any]:
+    """What B changes, from the overrides `over` (and tune's edit.diff where it holds the same settings)."""
     plan: dict[str, Any] = {"overrides": over, "how": [], "diff": None, "keywords": [], "threads": None, "env": {},
                             "args": [], "not_reproduced": []}
     tj = (runs.get(f"{case.name}/tune") or {}).get("json") or {}
@@ -414,11 +413,18 @@ def run_ab(case: Case, runs: dict[str, Any], folder: Path, out: Path, timeout: f
     j = (runs.get(f"{case.name}/run") or {}).get("json") or {}
     rec: dict[str, Any] = {"case": case.name, "verb": "ab", "returncode": 0, "timed_out": False, "wall_s": 0.0,
                            "git_status_after": [], "stderr_tail": [], "tmp_new": [], "tmp_gone": []}
-    if not j.get("applied") or not j.get("overrides"):
+    tuned = ((runs.get(f"{case.name}/tune") or {}).get("json") or {}).get("overrides")
+    if j.get("applied") and j.get("overrides"):
+        over, rec["source"] = j["overrides"], "what run applied"
+    elif j and tuned:  # run applied nothing: time what tune kept, said so
+        over = tuned
+        rec["source"] = (f"tune's kept settings (run applied nothing: {j.get('reason') or j.get('withheld')})")
+    else:
         rec["skipped"] = (f"run applied nothing (applied={j.get('applied')}, overrides={json.dumps(j.get('overrides'))}"
-                          f"{'; ' + j['reason'] if j.get('reason') else ''})" if j else "no run record")
+                          f"{'; ' + j['reason'] if j.get('reason') else ''}) and tune kept nothing"
+                          if j else "no run record")
         return rec
-    plan = b_plan(case, runs, folder, out)
+    plan = b_plan(case, over, runs, folder, out)
     rec["plan"] = plan
     if plan["not_reproduced"]:
         rec["note"] = "B lacks " + "; ".join(plan["not_reproduced"])
@@ -477,7 +483,8 @@ def ab_cell(rec: dict[str, Any] | None) -> str:
     ab = rec["ab"]
     s = (f"{ab['median']:.2f}× [{ab['min']:.2f}, {ab['max']:.2f}] (A/B per pair {rec['ratios']}; A "
          f"{[r['wall_s'] for r in rec['rounds'] if r['kind'] == 'A']} s, B "
-         f"{[r['wall_s'] for r in rec['rounds'] if r['kind'] == 'B']} s; B = {'; '.join(rec['plan']['how'])})")
+         f"{[r['wall_s'] for r in rec['rounds'] if r['kind'] == 'B']} s; B = {'; '.join(rec['plan']['how'])}; "
+         f"of {rec.get('source', 'what run applied')})")
     if rec.get("note"):
         s += f"; {rec['note']}"
     if rec["returncode"]:
