@@ -25,10 +25,13 @@ each: plain, `doctor --json`, `tune --json --trial-steps 4 --trial-seconds 3 --o
   environment; configurator flags appended. The ratio is the median of the three per-pair A/B wall-time ratios.
 
     python bench/public_scripts.py prepare
-    python bench/public_scripts.py run --out bench/results/cpu-2026-12-02d
+    python bench/public_scripts.py run --wait-quiet 600 --out bench/results/cpu-2026-12-02d
     python bench/public_scripts.py run --cases chargpt --verbs plain,doctor --out ...
     python bench/public_scripts.py run --cases chargpt --verbs ab --out ...    # A/B from the recorded run
     python bench/public_scripts.py table --out bench/results/cpu-2026-12-02d
+
+--wait-quiet S waits, before each command, up to S seconds for other processes to leave the CPUs (under 0.25 of a
+core busy); each record holds the load around it and the commit saturate's src/ was at.
 
 Logs: OUT/<case>-<verb>.stdout|.stderr (cut to their first and last 100 kB past 200 kB), OUT/<case>-ab-<n><A|B>.*;
 OUT/results.json (merged across invocations); OUT/table.md.
@@ -267,14 +270,25 @@ def wait_quiet(limit_s: float) -> dict[str, Any]:
 WAIT_S = 0.0  # set by --wait-quiet
 
 
+def src_commit(here: Path) -> str:
+    """The commit saturate's src/ was at (editable install: each command runs the tree as it is then)."""
+    with contextlib.suppress(Exception):
+        head = rs.sh(["git", "log", "-1", "--format=%h", "--", "src"], cwd=here).strip()
+        dirty = rs.sh(["git", "status", "--porcelain", "src"], cwd=here).strip()
+        return head + (" + uncommitted src changes" if dirty else "")
+    return "?"
+
+
 def run_verb(case: Case, verb: str, folder: Path, out: Path, timeout: float) -> dict[str, Any]:
     quiet = wait_quiet(WAIT_S) if WAIT_S else {}
+    src = src_commit(Path(__file__).resolve().parent.parent)
     before, load0, others = tmp_entries(), os.getloadavg(), busy_others()
     rec = rs.run_one(case, verb, folder, out, timeout)
     after = tmp_entries()
     rec["tmp_new"], rec["tmp_gone"] = sorted(after - before), sorted(before - after)
     rec["load"] = {"loadavg_before": load0, "loadavg_after": os.getloadavg(), "others_before": others,
                    "others_after": busy_others(), **quiet}
+    rec["saturate_src"] = {"before": src, "after": src_commit(Path(__file__).resolve().parent.parent)}
     for s in ("stdout", "stderr"):
         truncate(out / f"{case.name}-{verb}.{s}")
     return rec
@@ -479,7 +493,8 @@ def ab_cell(rec: dict[str, Any] | None) -> str:
     if rec is None:
         return "not run"
     if rec.get("skipped"):
-        return "— (" + rec["skipped"] + ")"
+        return "— (" + rec["skipped"].split(";")[0] + (")" if "(" in rec["skipped"].split(";")[0] else "") + (
+            "; tune kept nothing)" if rec["skipped"].endswith("tune kept nothing") else ")")
     ab = rec["ab"]
     s = (f"{ab['median']:.2f}× [{ab['min']:.2f}, {ab['max']:.2f}] (A/B per pair {rec['ratios']}; A "
          f"{[r['wall_s'] for r in rec['rounds'] if r['kind'] == 'A']} s, B "
@@ -493,7 +508,11 @@ def ab_cell(rec: dict[str, Any] | None) -> str:
 
 
 def tmp_cell(rec: dict[str, Any]) -> str:
-    return "clean" if not rec.get("tmp_new") else "NEW: " + ", ".join(rec["tmp_new"])
+    new = rec.get("tmp_new") or []
+    if not new:
+        return "clean"
+    logs = all(x.startswith("saturate-trials-") for x in new)
+    return "NEW: " + ", ".join(new) + (" (its trial logs, kept by design: script/scratch.py)" if logs else "")
 
 
 def load_cell(rec: dict[str, Any]) -> str:
@@ -523,13 +542,19 @@ def table(out: Path) -> str:
              "A/B by hand | folder | /tmp | load (1-min average) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in CASES:
         plain = runs.get(f"{name}/plain")
-        for verb in VERBS[:4]:
-            rec = runs.get(f"{name}/{verb}")
+        keys = [f"{name}/{v}" for v in VERBS[:4]] + sorted((k for k in runs if k.startswith(f"{name}/") and "@" in k
+                                                             and not k.split("/")[1].startswith("ab")),
+                                                            key=lambda k: VERBS.index(k.split("/")[1].split("@")[0]))
+        for key in keys:
+            verb = key.split("/", 1)[1]
+            rec = runs.get(key)
             if rec is None:
                 lines.append(f"| {name} | {verb} | not run | | | | | | | | |")
                 continue
             s = rs.summarize(rec)
             ab = ab_cell(runs.get(f"{name}/ab")) if verb == "run" else ""
+            if "@" in verb:
+                verb = f"{verb.split('@')[0]} (superseded: {rec.get('note') or 'src ' + verb.split('@')[1]})"
             lines.append(f"| {name} | {verb} | {rec['returncode']}{' (timeout)' if rec['timed_out'] else ''}, "
                          f"{rec['wall_s']} s | {rs.cell(s['outcome'], 400)} | {rs.cell(s['fix'], 300)} | "
                          f"{rs.cell(s['overrides'])} | {rs.cell(s['ratio'])} | {rs.cell(ab, 600)} | "
