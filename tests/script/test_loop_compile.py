@@ -38,7 +38,7 @@ def test_the_planned_steps_are_read_where_the_script_keeps_them():
     both = planned_steps(report({"steps": {"args.max_steps": 10, "args.num_steps": 20}, "epochs": {}}))
     assert both == "the names that say how long it trains do not give one length: args.max_steps = 10, " \
                    "args.num_steps = 20"
-    assert planned_steps(report()).startswith("no setting beside its batch size says how long it trains")
+    assert planned_steps(report()).startswith("no setting beside its batch size or flag says how long it trains")
 
 
 def test_the_names_that_say_how_long_a_script_trains():
@@ -138,8 +138,8 @@ def test_a_loop_is_compiled_from_outside_where_its_planned_steps_pay_the_compila
      "compile: torch.compile not kept: 50.0 % faster a step, but the 50 planned steps (cfg.max_steps = 50) would "
      "save 1.7 s at 33.33 ms a step, less than the 3.0 s its compilation cost"),
     ({"steps": {}, "epochs": {}},
-     "compile: not tried (no setting beside its batch size says how long it trains (max_steps, max_iters, epochs): a "
-     "compilation pays back only over a length saturate knows)"),
+     "compile: not tried (no setting beside its batch size or flag says how long it trains (max_steps, max_iters, "
+     "epochs): a compilation pays back only over a length saturate knows)"),
     ({"steps": {"cfg.max_steps": 20}, "epochs": {}},  # 20 steps of 0.1 s: 2 s of training, under the least compile
      "compile: not tried (the 20 planned steps (cfg.max_steps = 20) take about 2.0 s at the best speed so far, less "
      "than the 5 s a compilation costs at the least)"),

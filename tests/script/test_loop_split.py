@@ -337,8 +337,8 @@ def test_a_configurator_scripts_split_is_tried_as_its_flags_and_handed_over_as_t
     assert Overrides.from_dict(over.to_dict()) == over
     tuning = types.SimpleNamespace(trainer=None, lightning=None, loaders=[], optimizer=None,
                                    best=types.SimpleNamespace(overrides=over))
-    assert edits(tuning) == ["on its command line: --batch_size=16 --gradient_accumulation_steps=1 (its "
-                             "configurator reads them)"]
+    assert edits(tuning) == ["on its command line: --batch_size=16 --gradient_accumulation_steps=1 (after its own "
+                             "flags: the last of each wins)"]
     assert LoopSplit({**report, "world_size": 2}).split().startswith("not tried (a command of 2 processes")
     one = {**report, "configurator": {**report["configurator"], "backwards": 1}}
     assert LoopSplit(one).split() == NO_ACCUMULATION
@@ -346,9 +346,62 @@ def test_a_configurator_scripts_split_is_tried_as_its_flags_and_handed_over_as_t
     assert LoopSplit(two).split().startswith("not tried (the loop ran micro-batches of 2 and 8 backward passes")
 
 
-@pytest.mark.parametrize("flags", [{"x": 0}, {"x.y": 2}, {"x": True}, ["x"]])
-def test_overrides_refuse_a_bad_configurator_flag(flags):
-    with pytest.raises(ConfigError, match="configurator"):
+def test_the_flags_a_script_parses_from_its_command_line_are_named_and_checked(monkeypatch):
+    monkeypatch.setattr(split_source, "PARSED", {})
+    monkeypatch.setattr(sys, "argv", ["train.py", "--per_device_train_batch_size", "2", "--max_train_steps=50"])
+    script = hooked()
+    try:
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--per_device_train_batch_size", type=int, default=8)
+        parser.add_argument("--gradient-accumulation-steps", type=int, default=4)
+        parser.add_argument("--max_train_steps", type=int)
+        parser.add_argument("--num_warmup_steps", type=int, default=0)
+        parser.add_argument("--lr", type=float, default=1e-3)
+        parser.parse_args(["--per_device_train_batch_size", "99"])  # a list of its own: not the command line
+        assert split_source.parsed() is None
+        parser.parse_args()
+    finally:
+        script.patches.detach()
+    assert split_source.parsed() == {"micro": {"per_device_train_batch_size": 2},
+                                     "accum": {"gradient-accumulation-steps": 4},
+                                     "length": {"steps": {"--max_train_steps": 50}, "epochs": {}}}
+    asked = {"per_device_train_batch_size": 2, "gradient-accumulation-steps": 4}
+    assert set(split_source.flags_set(asked, 2, 4).values()) == {"set"}
+    held = split_source.flags_set({**asked, "per_device_train_batch_size": 8}, 2, 4)
+    assert held["per_device_train_batch_size"].startswith("not set (the script holds 2 at its first optimizer step")
+
+
+def test_a_split_in_argparse_flags_is_tried_as_them_before_the_loaders_names():
+    # accelerate's prepared loader is not the script's: no batch_size= of its own fed the steps
+    report = {"measurements": {"grad_accum": 8}, "world_size": 1,
+              "loaders": [{"batch_size": 1, "sets_batch_size": False, "site": None}],
+              "argparse": {"micro": {"per_device_train_batch_size": 1, "per_device_eval_batch_size": 8},
+                           "accum": {"gradient_accumulation_steps": 8}, "rows": 1, "backwards": 8}}
+    loop = LoopSplit(report)
+    assert loop.split() == (1, 8)
+    over = loop.split_overrides(8, 1)
+    assert over.argv() == ["--per_device_train_batch_size=8", "--gradient_accumulation_steps=1"]
+    tuning = types.SimpleNamespace(best=types.SimpleNamespace(overrides=over), loaders=[], optimizer=None)
+    from saturate.script.patch_edit import tuned_patch
+
+    assert tuned_patch(tuning).left == ["on its command line: --per_device_train_batch_size=8 "
+                                        "--gradient_accumulation_steps=1 (flags, not a file's text)"]
+    from saturate.doctor.findings import Fix, Prediction
+    from saturate.script.doctor_script import in_your_script
+
+    fix = Fix("micro-batch 1 → 8, accumulation 8 → 1", {"micro_batch": 8, "grad_accum": 1},
+              Prediction("step_s", 1.0, 0.5, "test"), "")
+    assert in_your_script(fix, report, "cpu") == ["on its command line: --per_device_train_batch_size=8 "
+                                                  "--gradient_accumulation_steps=1 (the flags that hold its split)"]
+    # where no one flag of each holds the run's split, the DataLoader's own names are looked at
+    two = {**report, "argparse": {**report["argparse"], "accum": {}}}
+    assert LoopSplit(two).split() == "not tried (no training DataLoader with a batch_size= of its own fed the " \
+                                     "timed steps)"
+
+
+@pytest.mark.parametrize("flags", [{"x": 0}, {"-x": 2}, {"x y": 2}, {"x": True}, ["x"]])
+def test_overrides_refuse_a_bad_command_line_flag(flags):
+    with pytest.raises(ConfigError, match="command-line flags"):
         Overrides(flags=flags)
 
 
@@ -375,4 +428,67 @@ def test_a_configurator_scripts_flags_reach_its_globals_and_keep_its_effective_b
                                                "set")
     assert trial["configurator"]["rows"] == 8 and trial["configurator"]["backwards"] == 2
     a, b = written["loop"]["losses"], trial["loop"]["losses"]  # the same samples drawn, in 8 x 2 as in 2 x 8
+    assert len(a) >= 3 and b[:3] == pytest.approx(a[:3], rel=1e-5)
+
+
+ACCELERATE_LOOP = """
+import argparse
+
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader, TensorDataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--per_device_train_batch_size", type=int, default=1)
+parser.add_argument("--gradient_accumulation_steps", type=int, default=8)
+parser.add_argument("--max_train_steps", type=int, default=40)
+args = parser.parse_args()
+# the accumulation is read here, before the DataLoader is made, and the loader feeding the steps is accelerate's
+accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps, cpu=True)
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(1024, 8), torch.randn(1024, 1))
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = DataLoader(data, batch_size=args.per_device_train_batch_size, shuffle=True,
+                    generator=torch.Generator().manual_seed(0))
+model, opt, loader = accelerator.prepare(model, opt, loader)
+step = 0
+for x, y in loader:
+    with accelerator.accumulate(model):
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        opt.step()
+        opt.zero_grad()
+    step += accelerator.sync_gradients
+    if step == args.max_train_steps:
+        break
+"""
+
+
+@pytest.mark.slow
+def test_a_split_in_argparse_flags_read_before_the_loader_is_made_is_tried_as_its_flags(tmp_path, monkeypatch):
+    """run_clm_no_trainer's shape: `Accelerator(gradient_accumulation_steps=args...)` before the DataLoader, and
+    accelerate's prepared loader feeding the steps; the flags appended reach it, at the same effective batch."""
+    pytest.importorskip("accelerate")
+    from saturate.script.boundary import ChildSettings
+    from saturate.script.command import run_instrumented
+    from saturate.script.compile_stage import planned_steps
+
+    (tmp_path / "train.py").write_text(ACCELERATE_LOOP)
+    monkeypatch.chdir(tmp_path)
+    command = [sys.executable, "train.py", "--per_device_train_batch_size", "1"]
+    settings = ChildSettings(mode="trial", warmup=1, count_steps=0, steps=2)
+    written = run_instrumented(command, settings, quiet_stdout=True).report
+    assert written["argparse"] == {"micro": {"per_device_train_batch_size": 1},
+                                   "accum": {"gradient_accumulation_steps": 8},
+                                   "length": {"steps": {"--max_train_steps": 40}, "epochs": {}},
+                                   "rows": 1, "backwards": 8}
+    assert planned_steps(written) == (40, "--max_train_steps = 40")
+    loop = LoopSplit(written)
+    assert loop.split() == (1, 8)
+    over = loop.split_overrides(4, 2)
+    trial = run_instrumented(command, dataclasses.replace(settings, overrides=over), quiet_stdout=True).report
+    assert trial["split_set"] == dict.fromkeys(
+        ("per_device_train_batch_size", "gradient_accumulation_steps", "the effective batch"), "set")
+    assert trial["argparse"]["rows"] == 4 and trial["argparse"]["backwards"] == 2
+    a, b = written["loop"]["losses"], trial["loop"]["losses"]  # the same samples, in 4 x 2 as in 1 x 8
     assert len(a) >= 3 and b[:3] == pytest.approx(a[:3], rel=1e-5)

@@ -2,7 +2,8 @@
 the script plans could pay a compilation back, kept only when measured faster and when it does.
 
 How long the script trains is read where it keeps it, as its split is (`child/split_source.length`): a name beside
-the training DataLoader's batch size, or among a configurator script's globals, that says optimizer steps
+the training DataLoader's batch size, among a configurator script's globals, or among the integer flags it parsed
+from its command line with argparse (`--max_train_steps`), that says optimizer steps
 (`cfg.max_steps`, nanoGPT's `max_iters`) gives the planned steps; else one that says epochs, times the optimizer
 steps one pass over the training loader makes (its batches over the accumulation). With neither, compile is not
 tried, and the decision says so: a compilation costs seconds to minutes before its first step, and pays back only
@@ -28,7 +29,8 @@ from saturate.stats.comparison import Verdict
 def planned_steps(report: dict[str, Any]) -> tuple[int, str] | str:
     """(the optimizer steps the script plans, what they were read from), or why they could not be read."""
     loader = (report.get("loaders") or [{}])[0]
-    length = (report.get("configurator") or {}).get("length") or (loader.get("split") or {}).get("length") or {}
+    places = (report.get("configurator"), loader.get("split"), report.get("argparse"))
+    length = next((found["length"] for found in places if found and any((found.get("length") or {}).values())), {})
     steps, epochs = length.get("steps") or {}, length.get("epochs") or {}
     if len(steps) == 1:
         (name, value), = steps.items()
@@ -44,7 +46,7 @@ def planned_steps(report: dict[str, Any]) -> tuple[int, str] | str:
     seen = ", ".join(f"{k} = {v}" for k, v in {**steps, **epochs}.items())
     if seen:
         return f"the names that say how long it trains do not give one length: {seen}"
-    return "no setting beside its batch size says how long it trains (max_steps, max_iters, epochs)"
+    return "no setting beside its batch size or flag says how long it trains (max_steps, max_iters, epochs)"
 
 
 def compile_stage(search: Any, report: dict[str, Any], try_compile: bool = True) -> None:

@@ -27,6 +27,7 @@ from saturate.policy import POLICY
 from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
 from saturate.script.isolation import notice
+from saturate.script.loop_split import split_flags
 
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
 # a fix's knob -> the TrainingArguments field of a Transformers Trainer (the rest: `trainer_arguments`)
@@ -230,6 +231,10 @@ def in_your_script(fix: Fix, report: dict[str, Any], device_type: str) -> list[s
             site = f"{lightning['site']}: " if lightning.get("site") else ""
             lines.append(f"{site}{lightning.get('class') or 'Trainer'}(..., "
                          f"{', '.join(f'{k}={v!r}' for k, v in fields.items())})")
+    if {"micro_batch", "grad_accum"} <= set(changes) and (
+            flags := split_flags(report, changes["micro_batch"], changes["grad_accum"])):
+        del changes["micro_batch"], changes["grad_accum"]
+        lines.append(f"on its command line: {flags} (the flags that hold its split)")
     loader = report["loaders"][0] if report["loaders"] else None
     loader_args = {k: changes.pop(k) for k in LOADER_KNOBS if k in changes}
     if "micro_batch" in changes:

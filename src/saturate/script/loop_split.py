@@ -11,7 +11,11 @@ exact split of the effective batch can be climbed as a Trainer's is (`trainer_st
 A loop without a DataLoader whose command line sets its globals through nanoGPT's configurator has its split
 found there instead: the global that says batch holding the first forward's leading dimension, the one that says
 accumulation holding the backward passes before the first optimizer step; a trial gives both as `--name=value`
-flags appended to its command line (`Overrides.flags`), and the child says whether the globals took them.
+flags appended to its command line (`Overrides.flags`), and the child says whether the globals took them. A
+script that parses its command line with argparse has its split found among its flags the same way, and that
+route comes first: the flag is what a user would change, and it reaches code that reads the accumulation before
+the DataLoader is made (`accelerate`'s `Accelerator(gradient_accumulation_steps=...)`, whose prepared loader is
+not the script's own) — where no one flag of each holds the run's split, the DataLoader's names are tried.
 
 A split is kept only when the child's run shows it trained as written (script/same_training.py: the same samples
 per optimizer step, the same samples in the same order, and its first losses within tolerance of the script's
@@ -37,16 +41,21 @@ class LoopSplit:
 
     def __init__(self, report: dict[str, Any]) -> None:
         self.loader = (report.get("loaders") or [{}])[0]
-        self.accum = int(round(report["measurements"].get("grad_accum") or 1))
+        self.accum = int(round((report.get("measurements") or {}).get("grad_accum") or 1))
         self.source = self.loader.get("split") or {}
         self.accum_name: str | None = None
         self.globals = report.get("configurator") if not report.get("loaders") else None
+        self.parsed = report.get("argparse")  # its argparse flags that say batch or accumulation
         self.world = int(report.get("world_size") or 1)
         self.micro_name: str | None = None
 
     def split(self) -> tuple[int, int] | str:
         if self.globals:
-            return self._flags_split()
+            return self._flags_split(self.globals, "its configurator's settings")
+        if self.parsed and self.world == 1:
+            found = self._flags_split(self.parsed, "its command-line flags", self.loader.get("batch_size"))
+            if not isinstance(found, str):
+                return found
         loader, source = self.loader, self.source
         micro = loader.get("batch_size")
         if not loader or not micro or not loader.get("sets_batch_size", True):
@@ -65,23 +74,25 @@ class LoopSplit:
         return (f"not tried (the loop accumulates {self.accum} micro-batches a step, and no one setting saturate can "
                 f"change from outside holds that number: {said})")
 
-    def _flags_split(self) -> tuple[int, int] | str:
-        """A configurator script's split: its globals that hold the micro-batch and the accumulation the run had."""
-        g, micro, accum = self.globals or {}, self.globals.get("rows"), int(self.globals.get("backwards") or 1)
+    def _flags_split(self, g: dict[str, Any], what: str, batch: int | None = None) -> tuple[int, int] | str:
+        """A split held on the command line: the configurator's globals or argparse flags (`g`) that hold the
+        micro-batch (the first forward's leading dimension, or the loader's `batch` size) and the accumulation the
+        run had."""
+        micro, accum = g.get("rows"), int(g.get("backwards") or 1)
         if self.world > 1:
-            return (f"not tried (a command of {self.world} processes: its configurator's accumulation is divided among "
+            return (f"not tried (a command of {self.world} processes: a configurator's accumulation is divided among "
                     "them; run it on one to have the split tried)")
         if accum == 1:
             return NO_ACCUMULATION
-        micros = [k for k, v in g.get("micro", {}).items() if v == micro]
+        micros = {k: v for k, v in g.get("micro", {}).items() if v in (micro, batch)}
         accums = [k for k, v in g.get("accum", {}).items() if v == accum]
         if len(micros) == 1 and len(accums) == 1:
-            self.micro_name, self.accum_name = micros[0], accums[0]
-            self.accum = accum
+            (self.micro_name, micro), = micros.items()
+            self.accum_name, self.accum = accums[0], accum
             return int(micro), accum
         seen = ", ".join(f"{k} = {v}" for k, v in {**g.get("micro", {}), **g.get("accum", {})}.items()) or "none"
-        return (f"not tried (the loop ran micro-batches of {micro} and {accum} backward passes a step, and its "
-                f"configurator's settings do not name exactly one of each: {seen})")
+        return (f"not tried (the loop ran micro-batches of {micro} and {accum} backward passes a step, and "
+                f"{what} do not name exactly one of each: {seen})")
 
     def split_overrides(self, micro: int, accum: int) -> Overrides:
         if self.micro_name and self.accum_name:
@@ -90,6 +101,17 @@ class LoopSplit:
         if self.source.get("micro"):
             names[self.source["micro"]] = micro
         return Overrides(train_loader={"site": self.loader["site"], "batch_size": micro, "set": names})
+
+
+def split_flags(report: dict[str, Any], micro: int, accum: int) -> str | None:
+    """A split of `micro` × `accum` as the flags of the script's command line that hold its split (its argparse
+    flags or configurator's), or None where no one flag of each holds it (the doctor's fix, in the script's terms)."""
+    if not (report.get("argparse") or report.get("configurator")):
+        return None
+    loop = LoopSplit(report)
+    if isinstance(loop.split(), str) or not loop.micro_name:
+        return None
+    return " ".join(loop.split_overrides(micro, accum).argv())
 
 
 def loop_split_stage(search: Any, report: dict[str, Any], allow_change: bool) -> None:

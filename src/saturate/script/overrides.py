@@ -9,9 +9,10 @@ Each section is optional; together they are `overrides.json`:
   script whose trainer accumulates (a Lightning `Trainer`); with `"set": {"cfg.grad_accum": 4, …}` for a loop of
   its own, names (`NAME` or `NAME.attr`) set to these values where that DataLoader is made (its split of the
   effective batch: `child/split_source.py`);
-- `flags`: `{"batch_size": 32, "gradient_accumulation_steps": 1}`, given to a script that reads `--name=value`
-  overrides into its globals through nanoGPT's `configurator.py`, as flags appended to its command line (its
-  split of the effective batch, where no DataLoader holds it: `child/split_source.configurator`);
+- `flags`: `{"batch_size": 32, "gradient_accumulation_steps": 1}`, appended to the script's command line as
+  `--name=value`: for a script that reads such overrides into its globals through nanoGPT's `configurator.py`, or
+  parses them with argparse (the last of a flag wins) — its split of the effective batch where its command line
+  holds it (`child/split_source.configurator`, `child/split_source.parsed`);
 - `trainer`: a Transformers `Trainer`'s `TrainingArguments` fields (`TRAINER_TUNABLE`);
 - `lightning`: a Lightning `Trainer`'s arguments (`LIGHTNING_TUNABLE`);
 - `optimizer`: `{"fused": true}`, for the script's `Adam`/`AdamW` (a keyword their constructors take);
@@ -51,6 +52,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {"loader": LOADER_KNOBS, "trainer": TRAIN
                                         "lightning": LIGHTNING_TUNABLE, "optimizer": ("fused",),
                                         "train_loader": ("site", "batch_size", "set")}
 SET_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)?$")  # a name `train_loader.set` may change
+FLAG_NAME = re.compile(r"^[A-Za-z_][\w.-]*$")  # a flag `flags` may give (`batch_size`, `batch-size`, `a.b`)
 AUTOCAST_DEVICES = ("cuda", "cpu")  # device types `bf16_autocast` may name
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # the torch.compile modes `compile` may name
 _KINDS = {"trainer": "TrainingArguments fields", "lightning": "Lightning Trainer arguments"}
@@ -63,7 +65,7 @@ class Overrides:
 
     loader: Mapping[str, Any] = field(default_factory=dict)
     train_loader: Mapping[str, Any] = field(default_factory=dict)  # {"site", "batch_size"} or {}
-    flags: Mapping[str, int] = field(default_factory=dict)  # a configurator's `--name=value`, appended
+    flags: Mapping[str, int] = field(default_factory=dict)  # `--name=value`, appended to its command line
     trainer: Mapping[str, Any] = field(default_factory=dict)
     lightning: Mapping[str, Any] = field(default_factory=dict)
     optimizer: Mapping[str, Any] = field(default_factory=dict)
@@ -92,9 +94,9 @@ class Overrides:
                 for k, v in names.items()):
             raise ConfigError("\"train_loader\".\"set\" maps names (NAME or NAME.attr) to positive integers")
         if not isinstance(self.flags, Mapping) or not all(
-                isinstance(k, str) and k.isidentifier() and isinstance(v, int) and not isinstance(v, bool) and v > 0
+                isinstance(k, str) and FLAG_NAME.match(k) and isinstance(v, int) and not isinstance(v, bool) and v > 0
                 for k, v in self.flags.items()):
-            raise ConfigError("\"flags\" maps a configurator's names (NAME) to positive integers")
+            raise ConfigError("\"flags\" maps command-line flags (NAME, without their dashes) to positive integers")
         object.__setattr__(self, "flags", dict(self.flags))
         for name in ("tf32", "host_alloc"):
             if not isinstance(getattr(self, name), bool):
@@ -168,7 +170,7 @@ class Overrides:
                          compile=other.compile or self.compile)
 
     def argv(self) -> list[str]:
-        """The `flags` as the command-line arguments a configurator reads (`--name=value`)."""
+        """The `flags` as the command-line arguments appended to the script's (`--name=value`)."""
         return [f"--{k}={v}" for k, v in self.flags.items()]
 
     def loader_changes(self, bound: Any, resized: bool) -> dict[str, Any]:

@@ -200,6 +200,8 @@ def tuned_patch(tuning: Any, root: Path | None = None) -> Patch:
                 left.append(f"{name}: where the script keeps it was not read, so it is not in the patch")
             else:
                 add(value_change(at[0].parent, name, int(written[name]), int(value)))
+    if over.flags:
+        left.append(f"on its command line: {' '.join(over.argv())} (flags, not a file's text)")
     if over.optimizer and tuning.optimizer:
         at = _at(tuning.optimizer.get("site"), root)
         cls = tuning.optimizer.get("class") or "Adam"

@@ -246,8 +246,7 @@ def run_script(command: Sequence[str], options: TrialOptions, console: Console, 
             on_round=on_round)
         applied, withheld = confirmed(Ratio.between([a.step_s for a in written], [t.step_s for t in tuned]), given,
                                       overrides_file)
-        flags = f" (its configurator given {' '.join(overrides.argv())} after the command's own)" \
-            if overrides.flags else ""
+        flags = f" (the command that runs: {shlex.join([*command, *overrides.argv()])})" if overrides.flags else ""
         console.print(f"[dim]run: the whole script with the tuned settings applied from outside{flags} …[/]"
                       if applied else
                       "[dim]run: the tuned settings were not confirmed; the whole script as written …[/]")

@@ -112,7 +112,7 @@ def edits(tuning: ScriptTuning) -> list[str]:
     site = (tuning.loaders[0] if tuning.loaders else {}).get("site") or "your DataLoader"
     calls: dict[str, dict[str, Any]] = {}  # DataLoader(...) call -> its arguments to change
     if over.flags:
-        lines.append(f"on its command line: {' '.join(over.argv())} (its configurator reads them)")
+        lines.append(f"on its command line: {' '.join(over.argv())} (after its own flags: the last of each wins)")
     if names := (train := over.train_loader).get("set"):
         lines.append(split_edit(train, (tuning.loaders[0] if tuning.loaders else {}).get("split") or {}))
     if "batch_size" in train and not (names and (tuning.loaders[0].get("split") or {}).get("micro") in names):

@@ -114,6 +114,7 @@ class Script:
         self.split_set: dict[str, str] | None = None  # a trial's split: each name set where the loop keeps it, or not
         self.first_rows: int | None = None  # the first top-level forward's leading dimension (a loop's micro-batch)
         self.configurator: dict[str, Any] | None = None  # a configurator script's split (split_source.configurator)
+        self.parsed: dict[str, Any] | None = None  # its argparse flags that say batch or accumulation (the same)
         self.roots: list[weakref.ref] = []  # modules whose forward ran at the top level before the first step
         self._depth = 0
         self._forward_hooks: list[Any] = []
@@ -185,7 +186,7 @@ class Script:
 
         loader_hooks.install(self)
         split_source.install(self.patches)
-        sys.argv.extend(self.overrides.argv())  # a configurator's flags, read after torch is imported (nanoGPT)
+        sys.argv.extend(self.overrides.argv())  # flags for its configurator or argparse, read after torch is imported
         patched = [(torch.optim.Optimizer, "__init__", optimizer_created)]
         if self.mode != "apply":  # a doctor run or a trial: nothing on a full run's backward pass
             patched.append((torch.autograd, "backward", backward))  # Tensor.backward calls it
@@ -228,6 +229,7 @@ class Script:
         if self.first_step_s is None:
             self.first_step_s = time.perf_counter() - self.started
             self.configurator = split_source.configurator()
+            self.parsed = split_source.parsed()
             if self.overrides.flags:
                 self.split_set = split_source.flags_set(dict(self.overrides.flags), self.first_rows, self.backwards)
         self.trainer.end_step()
@@ -318,6 +320,7 @@ class Script:
             "split_set": self.split_set,
             "configurator": self.configurator and {**self.configurator, "rows": self.first_rows,
                                                    "backwards": self.backwards},
+            "argparse": self.parsed and {**self.parsed, "rows": self.first_rows, "backwards": self.backwards},
             "trainer": self.trainer.report(),
             "lightning": self.lightning.report(),
             "loop": self.loop.report(),

@@ -15,6 +15,12 @@ which it lets its command line override through `exec(open('configurator.py').re
 (`Overrides.flags`, `--name=value`) to the script's `sys.argv` as torch is imported, before its configurator reads
 it; `flags_set` says, at the first optimizer step, whether the globals took them.
 
+A script that parses its command line with argparse (a `HfArgumentParser` too) may hold its split in flags
+(`--per_device_train_batch_size 1 --gradient_accumulation_steps 8`): `parsed()` names the integer flags it parsed
+from `sys.argv` whose names say batch or accumulation, and a trial appends `--flag=value` the same way — the last
+of a flag wins in argparse — so a split read before the DataLoader is made (an `Accelerator(
+gradient_accumulation_steps=...)`) changes too; `flags_set` then reads the values the parser gave.
+
 For a trial (`Overrides.train_loader["set"]`), the names are set to their new values in the caller's frame just
 before the DataLoader is made — an attribute on its object, a global in its module — and the loader gets the new
 micro-batch. The script reads its accumulation where it reads it; the child's checks (samples per optimizer step,
@@ -41,6 +47,7 @@ STEPS = re.compile(r"^(max_|num_|total_|train_|n_)*(steps|iters|iterations)$", r
 EPOCHS = re.compile(r"^(max_|num_|total_|train_|n_)*epochs$", re.IGNORECASE)
 _trees: dict[str, ast.Module | None] = {}
 OPTIONS: dict[str, str] = {}  # an argparse dest -> its command-line flag, as the script's parsers defined them
+PARSED: dict[str, Any] = {}  # a command-line flag (without its dashes) -> the value the script's parser gave it
 
 
 def install(patches: Any) -> None:
@@ -51,11 +58,18 @@ def install(patches: Any) -> None:
     parse = argparse.ArgumentParser.parse_known_args
 
     def parse_known_args(parser: Any, *args: Any, **kwargs: Any) -> Any:
+        longest = {}
         for action in parser._actions:
-            longest = max(action.option_strings, key=len, default=None)
-            if longest is not None and longest.startswith("--"):
-                OPTIONS.setdefault(action.dest, longest)
-        return parse(parser, *args, **kwargs)
+            flag = max(action.option_strings, key=len, default=None)
+            if flag is not None and flag.startswith("--"):
+                OPTIONS.setdefault(action.dest, flag)
+                longest[action.dest] = flag[2:]
+        result = parse(parser, *args, **kwargs)
+        if (args[0] if args else kwargs.get("args")) is None:  # the command line itself, not a list of its own
+            namespace = result[0] if isinstance(result, tuple) else result
+            PARSED.update({flag: getattr(namespace, dest) for dest, flag in longest.items()
+                           if hasattr(namespace, dest)})
+        return result
 
     patches.replace(argparse.ArgumentParser, "parse_known_args", parse_known_args)
 
@@ -139,6 +153,19 @@ def configurator() -> dict[str, Any] | None:
             "accum": {k: v for k, v in ints.items() if ACCUM.search(k)}, "length": length(ints)}
 
 
+def parsed() -> dict[str, Any] | None:
+    """The integer flags the script parsed from its command line with argparse: {"micro": {flag: value} (names that
+    say batch), "accum": {flag: value}, "length": {"steps": {"--flag": value}, "epochs": …}} — or None (no argparse
+    parse of `sys.argv`, or none of these)."""
+    ints = {flag: v for flag, v in PARSED.items() if _is_int(v)}
+    said = length({flag.replace("-", "_"): v for flag, v in ints.items()})
+    found = {"micro": {k: v for k, v in ints.items() if BATCH.search(k) and not ACCUM.search(k)},
+             "accum": {k: v for k, v in ints.items() if ACCUM.search(k)},
+             "length": {kind: {f"--{k}": v for k, v in ints.items() if k.replace("-", "_") in names}
+                        for kind, names in said.items()}}
+    return found if found["micro"] or found["accum"] or any(found["length"].values()) else None
+
+
 def length(names: dict[str, Any]) -> dict[str, dict[str, int]]:
     """Of `names` (name -> value), the integers whose names say how long the script trains: {"steps": {name: value}
     (max_steps, max_iters, num_iterations, …), "epochs": {name: value} (epochs, num_epochs, …)}."""
@@ -158,6 +185,7 @@ def flags_set(asked: dict[str, int], rows: int | None, backwards: int) -> dict[s
     or what they hold instead; and whether the first step's micro-batches (`rows` each, `backwards` of them) make
     the effective batch the flags multiply to."""
     held = vars(sys.modules["__main__"]) if "__main__" in sys.modules else {}
+    held = {**held, **PARSED} if any(k in PARSED for k in asked) else held  # argparse's flags, or the globals
     done = {k: "set" if held.get(k) == v else f"not set (the script holds {held.get(k)!r} at its first optimizer "
             f"step, not the --{k}={v} appended to its command line)" for k, v in asked.items()}
     effective = math.prod(asked.values())
