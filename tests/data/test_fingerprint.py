@@ -54,7 +54,7 @@ def prints(make, epochs: bool = False, seed: int = 0, passes: int = 1, whole: bo
     path: no Profiler): its first batches, or (`epochs`) all of them, `passes` times; `whole`: all the hooks
     recorded of the loader, not only its fingerprint."""
     script = types.SimpleNamespace(overrides=Overrides(), loaders={}, patches=Patches(), profile=False,
-                                   profiler=None, samples=0, done=False)
+                                   profiler=None, samples=0, done=False, optimizer_steps=0, batch_rows=None)
     loader_hooks.install(script)
     try:
         torch.manual_seed(seed)

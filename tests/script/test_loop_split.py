@@ -34,7 +34,8 @@ class Config:
 
 def hooked(overrides: Overrides = NONE) -> types.SimpleNamespace:
     script = types.SimpleNamespace(overrides=overrides, loaders={}, patches=Patches(), profile=False, profiler=None,
-                                   samples=0, done=False, split_set=None)
+                                   samples=0, done=False, split_set=None, optimizer_steps=0,
+                                   batch_rows=None)
     loader_hooks.install(script)
     split_source.install(script.patches)
     return script
@@ -455,7 +456,7 @@ model, opt, loader = accelerator.prepare(model, opt, loader)
 step = 0
 for x, y in loader:
     with accelerator.accumulate(model):
-        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        accelerator.backward(torch.nn.functional.mse_loss(model(input=x), y))  # keywords only, as model(**batch)
         opt.step()
         opt.zero_grad()
     step += accelerator.sync_gradients

@@ -113,6 +113,7 @@ class Script:
         self.threads_asked: int | None = None  # what the script gave torch.set_num_threads under a threads override
         self.split_set: dict[str, str] | None = None  # a trial's split: each name set where the loop keeps it, or not
         self.first_rows: int | None = None  # the first top-level forward's leading dimension (a loop's micro-batch)
+        self.batch_rows: int | None = None  # the samples in the last batch a DataLoader gave before the first step
         self.configurator: dict[str, Any] | None = None  # a configurator script's split (split_source.configurator)
         self.parsed: dict[str, Any] | None = None  # its argparse flags that say batch or accumulation (the same)
         self.roots: list[weakref.ref] = []  # modules whose forward ran at the top level before the first step
@@ -207,6 +208,12 @@ class Script:
 
             cls.__init__ = init  # type: ignore[method-assign]
 
+    @property
+    def rows(self) -> int | None:
+        """A micro-batch's samples: the first forward's leading dimension, else (a forward given only keywords,
+        `model(**batch)`) the last DataLoader batch before the first optimizer step."""
+        return self.first_rows if self.first_rows is not None else self.batch_rows
+
     # --- hooks --------------------------------------------------------------------------------
 
     def _forward_pre(self, module: Any, args: Any) -> None:
@@ -231,7 +238,7 @@ class Script:
             self.configurator = split_source.configurator()
             self.parsed = split_source.parsed()
             if self.overrides.flags:
-                self.split_set = split_source.flags_set(dict(self.overrides.flags), self.first_rows, self.backwards)
+                self.split_set = split_source.flags_set(dict(self.overrides.flags), self.rows, self.backwards)
         self.trainer.end_step()
         self.lightning.end_step()
         self.loop.end_step()
@@ -318,9 +325,8 @@ class Script:
             "first_step_s": self.first_step_s, "windows": self.windows.record(),
             "threads": {"in_force": found.torch_threads(), "asked_by_script": self.threads_asked},
             "split_set": self.split_set,
-            "configurator": self.configurator and {**self.configurator, "rows": self.first_rows,
-                                                   "backwards": self.backwards},
-            "argparse": self.parsed and {**self.parsed, "rows": self.first_rows, "backwards": self.backwards},
+            "configurator": self.configurator and {**self.configurator, "rows": self.rows, "backwards": self.backwards},
+            "argparse": self.parsed and {**self.parsed, "rows": self.rows, "backwards": self.backwards},
             "trainer": self.trainer.report(),
             "lightning": self.lightning.report(),
             "loop": self.loop.report(),

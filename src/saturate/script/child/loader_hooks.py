@@ -99,6 +99,12 @@ def install(script: Any) -> None:
         return batch
 
     def next_batch(it: Any) -> Any:
+        batch = fetch_batch(it)
+        if script.optimizer_steps == 0:  # the micro-batch a step is made of, where its forward takes only keywords
+            script.batch_rows = batch_len(batch) or script.batch_rows
+        return batch
+
+    def fetch_batch(it: Any) -> Any:
         loader = getattr(it, "_saturate_loader", None)
         prof = script.profiler
         if not script.profile and loader is not None:
