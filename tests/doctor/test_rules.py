@@ -615,3 +615,22 @@ def test_on_a_busy_cpu_one_thread_measured_faster_under_the_load_is_the_fix():
     assert quiet.verdict == "compute-bound" and all(f.changes != {"threads": 1} for f in quiet.fixes)
     back = Measurements.from_dict(json.loads(json.dumps(measured(threads_ratios=(2.0, 3.0, 4.0)).to_dict())))
     assert back.threads_ratios == (2.0, 3.0, 4.0)
+
+
+def test_a_loop_mostly_in_its_own_code_is_own_code_bound_and_the_fix_is_the_scripts():
+    # reinforce.py's shape: 59 % of the step between the phases (CartPole stepped one action at a time)
+    phases = {"data": 0.0, "forward": 0.0063, "backward": 0.0082, "optimizer": 0.0007, "other": 0.022}
+    sites = {"reinforce.py:57": 26.0, "reinforce.py:59": 26.0}
+    m = measured(context="loop", step_s=0.0372, phases=phases, syncs_per_step=52.0, syncs_by_site=sites,
+                 window_shares=[{**{k: v / 0.0372 for k, v in phases.items()}, "other": s} for s in (0.55, 0.6, 0.62)])
+    d = decide(m)
+    assert d.verdict == "own-code-bound" and d.label.startswith("bound by its own code")
+    assert d.evidence[0].startswith("59 % of each step (22.0 ms of 37.2 ms) is spent outside the data wait")
+    assert "reinforce.py:57" in d.evidence[1]
+    fix = d.fixes[0]
+    assert fix.changes == {} and fix.prediction.after == pytest.approx(0.0152)
+    assert decide(measured(step_s=0.0372, phases=phases)).verdict == "compute-bound"  # a preset's step: not called
+    within = measured(context="loop", step_s=0.0372, phases=phases,
+                      window_shares=[{"other": s} for s in (0.3, 0.45, 0.5)])
+    assert decide(within).verdict == "compute-bound"
+    assert any("the time outside the timed phases is" in e for f in decide(within).findings for e in f.evidence)

@@ -22,6 +22,7 @@ VERDICTS = {
     "sync-bound": "synchronisation-bound",
     "overhead-bound": "launch/overhead-bound",
     "device-memory-underused": "device memory under-used",
+    "own-code-bound": "bound by its own code (outside the phases saturate times)",
     "compute-bound": "compute-bound (healthy)",
     # Other processes kept our cores (or GPU) busy while we measured: the timings say more about the
     # neighbours than about the workload, so no verdict blames it (hardware.contention).

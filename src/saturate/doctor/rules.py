@@ -19,9 +19,11 @@ The rules, each threshold a field of `POLICY.doctor` (policy/doctor_rules.py), i
                          probe, the device is idle ≥ idle_no_probe (40 %) with no data wait or sync
 6. device memory under-used  peak < memory_low (50 %) of the device and a larger micro-batch that
                          fits is predicted gain_min (1.10×) as fast
-7. compute-bound (healthy), when none of the above holds; bf16 where the device has it, unless forward and
-                         backward are too small a share of the step for it to gain gain_min
-8. contended             other processes kept a significant share of our cores busy (or held our
+7. own-code-bound        a script's own loop spends ≥ own_code_share (40 %) of the step outside the
+                         data wait, forward, backward and optimizer (doctor/own_code.py)
+8. compute-bound (healthy), when none of the above holds; bf16 where the device has it, unless forward
+                         and backward are too small a share of the step for it to gain gain_min
+9. contended             other processes kept a significant share of our cores busy (or held our
                          GPU) while we measured (hardware.contention): the timings are partly the
                          neighbours', so no fix is proposed from a finding their load could have
                          produced (a fixed-cost share, a predicted micro-batch gain, workers racing
@@ -91,6 +93,7 @@ from saturate.doctor.fixes import (
     step_at,
     worker_fix,
 )
+from saturate.doctor.own_code import check_own_code
 from saturate.policy import POLICY
 
 
@@ -356,7 +359,7 @@ def _compute_bound(m: Measurements) -> Finding:
 def decide(m: Measurements) -> Diagnosis:
     """One verdict from the measurements, with its evidence and fixes ranked by predicted gain."""
     checks = (_check_oom, _check_host_memory, _check_input, _check_sync, _check_overhead, _check_memory_underused,
-              check_contention)
+              check_own_code, check_contention)
     findings = [f for check in checks if (f := check(m)) is not None]
     verdicts = [f for f in findings if f.verdict != "note"]
     notes = [f for f in findings if f.verdict == "note"]

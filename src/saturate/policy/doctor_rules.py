@@ -32,6 +32,9 @@ class DoctorRules:
                               "the batch-scaling probe allows (a range across it is a note)", _VERDICTS)
     idle_no_probe: float = rule(0.40, "overhead-bound without a probe: the device idle this share with no data wait "
                                 "and no sync to blame", _VERDICTS)
+    own_code_share: float = rule(0.40, "own-code-bound: a script's own loop spends this share of the step outside "
+                                 "the data wait, forward, backward and optimizer, over its whole range across the "
+                                 "windows (no knob of saturate's reaches it)", _VERDICTS)
     memory_low: float = rule(0.50, "device memory under-used: a peak under this share of the device (and a larger "
                              "micro-batch predicted gain_min as fast)", _VERDICTS)
     memory_target: float = rule(0.80, "a larger micro-batch is proposed only while its predicted device memory peak "
