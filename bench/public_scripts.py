@@ -146,6 +146,11 @@ def prep_reinforce(dest: Path, a: argparse.Namespace) -> str:
 # the five
 
 
+# 100 in cpu-2026-12-02d; 400 from cpu-2026-12-02f: once its split is tried, a trial at 8 x 1 ran the 100 steps out
+# before its pairs of windows (the script's startup is ~20 s of a 34-s plain run)
+CLM_STEPS = os.environ.get("CLM_STEPS", "400")
+
+
 @dataclass
 class Case(rs.Case):
     entry: str = ""  # the file that trains (where B's torch.set_num_threads goes)
@@ -186,8 +191,8 @@ CASES = {c.name: c for c in [
          "(accelerate launch, 1 × 8 accumulation)",
          [ACCELERATE, "launch", "--num_processes", "1", "--cpu", "run_clm_no_trainer.py", "--config_name",
           "tiny-gpt2", "--tokenizer_name", "tiny-gpt2", "--train_file", "train.txt", "--per_device_train_batch_size",
-          "1", "--gradient_accumulation_steps", "8", "--max_train_steps", "100", "--block_size", "64", "--output_dir",
-          "out"],
+          "1", "--gradient_accumulation_steps", "8", "--max_train_steps", CLM_STEPS, "--block_size", "64",
+          "--output_dir", "out"],
          prep_clm_no_trainer, env=HF_OFFLINE, entry="run_clm_no_trainer.py",
          notes="one line changed: `DistributedType.TPU` to `DistributedType.XLA` (accelerate 1.16 has no TPU member: "
                "AttributeError at that line as written), else transformers commit 0419ff881d's (the run_clm.py "
@@ -195,7 +200,7 @@ CASES = {c.name: c for c in [
                "--num_processes 1 --cpu` (accelerate 1.16.0, its console script); model from scratch from a local "
                "GPT2Config(n_layer=2, n_embd=64, n_head=2) and a 2000-token byte-level BPE trained locally "
                "(real_scripts.gpt2_folder_code), --train_file 400 kB of stdlib docstrings, --block_size 64, "
-               "--max_train_steps 100 of 1 × 8 micro-batches, --output_dir out; HF_HUB_OFFLINE=1 "
+               f"--max_train_steps {CLM_STEPS} of 1 × 8 micro-batches, --output_dir out; HF_HUB_OFFLINE=1 "
                "HF_DATASETS_OFFLINE=1; datasets 5.2.0 installed from PyPI; its cache is in ~/.cache (outside the "
                "folder)"),
     Case("time_seq", "pytorch/examples time_sequence_prediction/train.py (LBFGS with a closure)",
