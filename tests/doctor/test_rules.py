@@ -634,3 +634,11 @@ def test_a_loop_mostly_in_its_own_code_is_own_code_bound_and_the_fix_is_the_scri
                       window_shares=[{"other": s} for s in (0.3, 0.45, 0.5)])
     assert decide(within).verdict == "compute-bound"
     assert any("the time outside the timed phases is" in e for f in decide(within).findings for e in f.evidence)
+
+
+def test_own_code_is_the_verdict_only_where_no_other_rule_holds():
+    # waiting for data and 45 % outside the phases: input-bound is the verdict, own-code-bound listed beside it
+    m = measured(context="loop", phases={"data": 0.040, "forward": 0.007, "backward": 0.007, "optimizer": 0.001,
+                                         "other": 0.045}, data_cpu_share=0.05)
+    d = decide(m)
+    assert d.verdict == "input-bound" and "own-code-bound" in [f.verdict for f in d.findings]

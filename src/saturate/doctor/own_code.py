@@ -7,6 +7,8 @@ When that rest is `POLICY.doctor.own_code_share` (40 %) of the step or more over
 timed windows, no knob saturate turns reaches it (each speeds up the phases), so the verdict says where the time
 goes, names the host reads made in it (the lines that call `.item()`, on a GPU each a wait), and its fix is the
 script's to make, with an upper bound: the step shrunk to its phases. A range that holds the threshold is a note.
+It is the verdict only where no other rule holds (rules.decide), else a further finding: a fix inside the phases (a
+larger micro-batch) may shrink that time too, and its bound counts all of it.
 Only for a script's own loop (`Measurements.context == "loop"`): a preset's steps are saturate's code.
 """
 

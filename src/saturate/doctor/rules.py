@@ -20,7 +20,8 @@ The rules, each threshold a field of `POLICY.doctor` (policy/doctor_rules.py), i
 6. device memory under-used  peak < memory_low (50 %) of the device and a larger micro-batch that
                          fits is predicted gain_min (1.10×) as fast
 7. own-code-bound        a script's own loop spends ≥ own_code_share (40 %) of the step outside the
-                         data wait, forward, backward and optimizer (doctor/own_code.py)
+                         data wait, forward, backward and optimizer (doctor/own_code.py); the verdict
+                         only where no rule above holds (else a further finding)
 8. compute-bound (healthy), when none of the above holds; bf16 where the device has it, unless forward
                          and backward are too small a share of the step for it to gain gain_min
 9. contended             other processes kept a significant share of our cores busy (or held our
@@ -380,8 +381,11 @@ def decide(m: Measurements) -> Diagnosis:
     elif contended:
         main = contended[0]
     elif verdicts:
-        order = {f.verdict: i for i, f in enumerate(verdicts)}
-        main = max(verdicts, key=lambda f: (best_gain(f), -order[f.verdict]))
+        # the time outside the phases is the verdict only where nothing in them is (else listed beside it): its
+        # bound counts all of that time, which a fix in the phases (a larger micro-batch) may also shrink
+        ranked = [f for f in verdicts if f.verdict != "own-code-bound"] or verdicts
+        order = {f.verdict: i for i, f in enumerate(ranked)}
+        main = max(ranked, key=lambda f: (best_gain(f), -order[f.verdict]))
     else:
         main = _compute_bound(m)
     others = [f for f in verdicts if f is not main]
