@@ -14,22 +14,35 @@ Only for a script's own loop (`Measurements.context == "loop"`): a preset's step
 
 from __future__ import annotations
 
-from saturate.doctor.findings import Finding, Fix, Measurements, Prediction, sites_line
+from saturate.doctor.busy import UNDECIDED
+from saturate.doctor.findings import VERDICTS, Finding, Fix, Measurements, Prediction, sites_line
 from saturate.doctor.fixes import ms, pct
 from saturate.policy import POLICY
+
+
+def past(low: float, high: float, threshold: float) -> bool | None:
+    """Whether a measured range is past a threshold: True when all of it is, False when none of it is, None when
+    the threshold lies inside it (within the measurement's noise)."""
+    return True if low >= threshold else False if high < threshold else None
+
+
+def within_noise(what: str, low: float, high: float, threshold: float, verdict: str) -> Finding:
+    """The note for a figure whose range straddles a threshold: nothing is called from it, no fix proposed."""
+    return Finding("note", [
+        f"{what} is {UNDECIDED} ({100 * low:.0f}..{100 * high:.0f} % vs {pct(threshold)}) of "
+        f"{VERDICTS[verdict]} over the timed windows: not called either way and no fix proposed from it (a "
+        "quieter machine or a longer measurement would decide)"])
 
 
 def check_own_code(m: Measurements) -> Finding | None:
     """The finding when the step's "other" time is past `own_code_share` (module docstring), a note when within
     noise of it, else None."""
-    from saturate.doctor.rules import _past, _within_noise
-
     if m.context != "loop" or not m.step_s:
         return None
     low, high = m.share_range("other")
     threshold = POLICY.doctor.own_code_share
-    if (past := _past(low, high, threshold)) is not True:
-        return None if past is False else _within_noise("the time outside the timed phases", low, high, threshold,
+    if (crossed := past(low, high, threshold)) is not True:
+        return None if crossed is False else within_noise("the time outside the timed phases", low, high, threshold,
                                                         "own-code-bound")
     other = m.phases.get("other", 0.0)
     timed = ", ".join(f"{p} {pct(m.share(p))}" for p in ("data", "forward", "backward", "optimizer")

@@ -60,7 +60,6 @@ from __future__ import annotations
 import math
 
 from saturate.doctor.busy import (
-    UNDECIDED,
     check_contention,
     compute_under_load,
     fixed_cost_line,
@@ -72,7 +71,6 @@ from saturate.doctor.busy import (
     under_load,
 )
 from saturate.doctor.findings import (
-    VERDICTS,
     Diagnosis,
     Finding,
     Fix,
@@ -95,21 +93,9 @@ from saturate.doctor.fixes import (
     worker_fix,
 )
 from saturate.doctor.own_code import check_own_code
+from saturate.doctor.own_code import past as _past
+from saturate.doctor.own_code import within_noise as _within_noise
 from saturate.policy import POLICY
-
-
-def _past(low: float, high: float, threshold: float) -> bool | None:
-    """Whether a measured range is past a threshold: True when all of it is, False when none of it is, None when
-    the threshold lies inside it (within the measurement's noise)."""
-    return True if low >= threshold else False if high < threshold else None
-
-
-def _within_noise(what: str, low: float, high: float, threshold: float, verdict: str) -> Finding:
-    """The note for a figure whose range straddles a threshold: nothing is called from it, no fix proposed."""
-    return Finding("note", [
-        f"{what} is {UNDECIDED} ({100 * low:.0f}..{100 * high:.0f} % vs {pct(threshold)}) of "
-        f"{VERDICTS[verdict]} over the timed windows: not called either way and no fix proposed from it (a "
-        "quieter machine or a longer measurement would decide)"])
 
 
 def _check_oom(m: Measurements) -> Finding | None:
