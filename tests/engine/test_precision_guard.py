@@ -15,6 +15,7 @@ from saturate.engine.trainer import RunConfig, train
 from saturate.plan import INFORMED, Plan
 from saturate.policy import POLICY
 from saturate.provenance import KEY, Origin, mark
+from saturate.run.job_window import JobWindows
 from saturate.workloads import build_workload
 
 CHOSEN = {"informed": INFORMED, "precision": f"bf16: native here ({INFORMED})", KEY: {"precision": "hardware"}}
@@ -85,16 +86,27 @@ def test_a_chosen_bf16_that_disagrees_with_fp32_goes_on_in_fp32_and_the_plan_say
     assert load_checkpoint(result.checkpoint)["plan"]["precision"] == "fp32"
 
 
-def test_the_job_is_timed_after_its_first_steps_and_a_reason_pauses_it_to_be_continued(tmp_path, small_corpus, cpu):
+def test_the_job_is_timed_after_its_first_steps_and_a_reason_pauses_it_to_be_continued(tmp_path, small_corpus, cpu,
+                                                                                       monkeypatch):
+    from saturate.run import job_window
+
+    class Quiet:  # other processes' load read as none: a busy host would have the job timed again (size_tries)
+        def start(self):
+            return self
+
+        def stop(self):
+            return type("Seen", (), {"significant": lambda self: False})()
+
+    monkeypatch.setattr(job_window, "ContentionMeter", Quiet)
     calls = []
     at = POLICY.job.size_after + POLICY.job.size_steps
     workload = tiny(small_corpus)
     goes_on = train(workload, Plan(micro_batch=8), config(tmp_path, "on", steps=at + 2), hardware=cpu,
-                    on_sized=lambda done, step_s: calls.append((done, step_s)))
+                    on_window=JobWindows(lambda done, step_s: calls.append((done, step_s))))
     assert [c[0] for c in calls] == [at] and calls[0][1] > 0 and goes_on.finished and goes_on.steps == at + 2
 
     paused = train(workload, Plan(micro_batch=8), config(tmp_path, steps=40), hardware=cpu,
-                   on_sized=lambda done, step_s: "tuning: long enough")
+                   on_window=JobWindows(lambda done, step_s: "tuning: long enough"))
     assert paused.steps == at and not paused.finished and paused.stop_reason == "tuning: long enough"
     assert paused.weights is None and not (tmp_path / "run" / "model.safetensors").exists()
     assert load_checkpoint(paused.checkpoint)["step"] == at
@@ -104,5 +116,5 @@ def test_the_job_is_timed_after_its_first_steps_and_a_reason_pauses_it_to_be_con
     assert rest.finished and rest.steps == 40 and rest.plan.micro_batch == 4 and rest.weights is not None
 
     short = train(workload, Plan(micro_batch=8), config(tmp_path, "short", steps=at - 1), hardware=cpu,
-                  on_sized=lambda *a: pytest.fail("timed a job that ended first"))
+                  on_window=JobWindows(lambda *a: pytest.fail("timed a job that ended first")))
     assert short.finished

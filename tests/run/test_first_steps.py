@@ -10,7 +10,8 @@ import pytest
 from rich.console import Console
 
 from saturate.plan import Plan
-from saturate.run import first_steps
+from saturate.policy import POLICY
+from saturate.run import first_steps, job_window
 from saturate.run import flow as run_module
 from saturate.run.sizing import Sizing
 from saturate.workloads import build_workload
@@ -35,9 +36,24 @@ def fake_meter(busy):
 def quiet_machine(monkeypatch):
     """Other processes' load as a quiet machine reads (the suite's own subprocesses and a busy CI host would have
     the job timed again: `POLICY.job.size_tries`); the tests of that patch their own."""
-    from saturate.engine import trainer
+    monkeypatch.setattr(job_window, "ContentionMeter", fake_meter(lambda: False))
 
-    monkeypatch.setattr(trainer, "ContentionMeter", fake_meter(lambda: False))
+
+def test_the_timed_window_counts_every_step_in_it_whatever_windows_the_loop_closes_inside():
+    """Logs or a validation inside the timed steps close windows of their own: the job's figure is the sum over
+    them, and the watch asks for its window's end, not for theirs."""
+    from saturate.engine.trainer import Window
+    from saturate.run.job_window import JobWindows
+
+    decided = []
+    watch = JobWindows(lambda step, per_step: decided.append((step, per_step)) or "pause")
+    start = watch.first(0)
+    end = start + POLICY.job.size_steps
+    assert start == POLICY.job.size_after
+    assert watch.closed(Window(start, start, 99.0, 100)) == (end, None)  # the cold steps before: not counted
+    assert watch.closed(Window(start + 1, 1, 4.0, 100)) == (end, None)  # a log window inside: counted, no answer
+    assert watch.closed(Window(end, end - start - 1, 1.0 * (end - start - 1), 100)) == (None, "pause")
+    assert decided == [(end, (4.0 + end - start - 1) / (end - start))]
 
 
 def tiny(corpus):
@@ -156,15 +172,17 @@ def test_the_job_is_timed_again_while_the_machine_is_busy_and_the_fastest_window
         tmp_path, small_corpus, cpu, monkeypatch, busy_windows, called_at):
     from saturate.engine import trainer
     from saturate.engine.trainer import RunConfig, train
+    from saturate.run.job_window import JobWindows
 
     stops = []  # other processes' load over each window: busy for the first `busy_windows`
-    monkeypatch.setattr(trainer, "ContentionMeter", fake_meter(lambda: stops.append(1) or len(stops) <= busy_windows))
+    monkeypatch.setattr(job_window, "ContentionMeter",
+                        fake_meter(lambda: stops.append(1) or len(stops) <= busy_windows))
     monkeypatch.setattr(trainer, "_log_window", lambda t, real=trainer._log_window:
                         real(t) + (100.0 if t.step == 9 else 0.0))  # the first window read slow (a burst)
     sized = []
     result = train(tiny(small_corpus), Plan(micro_batch=8), RunConfig(run_dir=tmp_path / "r", steps=20, progress=False,
                                                                       tensorboard=False), hardware=cpu,
-                   on_sized=lambda done, step_s: sized.append((done, step_s)))
+                   on_window=JobWindows(lambda done, step_s: sized.append((done, step_s))))
     assert result.finished and [d for d, _ in sized] == [called_at] and len(stops) == min(busy_windows + 1, 3)
     assert (sized[0][1] > 10) == (busy_windows == 0)  # a slow window counts only when nothing was busy
 
@@ -173,12 +191,13 @@ def test_the_job_is_timed_again_while_the_machine_is_busy_and_the_fastest_window
 def test_a_steady_load_is_timed_once_more_not_three_times(tmp_path, small_corpus, cpu, monkeypatch):
     from saturate.engine import trainer
     from saturate.engine.trainer import RunConfig, train
+    from saturate.run.job_window import JobWindows
 
-    monkeypatch.setattr(trainer, "ContentionMeter", fake_meter(lambda: True))
-    monkeypatch.setattr(trainer, "_log_window", lambda t, real=trainer._log_window: (lambda n: real(t) + (
-        10.0 * n if t.step in (9, 14, 19) else 0.0))(t.window_steps))  # every window ~10 s/step: a steady load
+    monkeypatch.setattr(job_window, "ContentionMeter", fake_meter(lambda: True))
+    monkeypatch.setattr(trainer, "_log_window", lambda t, real=trainer._log_window: (lambda n: real(t) + 10.0 * n)(
+        t.window_steps))  # every window ~10 s/step, the log windows inside the timed ones too: a steady load
     sized = []
     train(tiny(small_corpus), Plan(micro_batch=8), RunConfig(run_dir=tmp_path / "r", steps=20, progress=False,
                                                              tensorboard=False), hardware=cpu,
-          on_sized=lambda done, step_s: sized.append(done))
+          on_window=JobWindows(lambda done, step_s: sized.append(done)))
     assert sized == [14]  # two windows that agree: the load is the job's speed while it lasts

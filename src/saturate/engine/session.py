@@ -150,9 +150,9 @@ class Training:
     on_log: Callable[[dict[str, Any]], Any] | None = None  # train()'s callbacks (rank 0)
     on_validation: Callable[[dict[str, Any]], Any] | None = None
     stop_reason: str | None = None  # why the run stopped before its schedule's end (early stop, a callback)
-    # train(on_sized=…): the steps that open and close the window that times the job, and the callback
-    size_job: Any = None  # trainer.JobSizing
-    paused: str | None = None  # why the run stopped to be continued (on_sized): not done, no export
+    on_window: Any = None  # train(on_window=…): a trainer.WindowWatch, told of every timing window (rank 0)
+    window_due: int | None = None  # the step at which it asked for a window to close (every rank)
+    paused: str | None = None  # why the run stopped to be continued (on_window): not done, no export
     window_steps: int = 0
     window_start: float = 0.0
     train_seconds: float = 0.0  # this session's time in steps (validation and checkpoints excluded)

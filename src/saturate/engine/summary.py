@@ -48,7 +48,7 @@ class RunResult:
     mfu_note: str | None = None  # the MFU line (hardware.mfu): the figure and its peak, or why there is none
     notes: list[str] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)  # the workload's own end-of-run metrics (evaluate)
-    paused: bool = False  # train(on_sized=…) paused it to be continued (stop_reason says why)
+    paused: bool = False  # train(on_window=…) paused it to be continued (stop_reason says why)
 
 
 def peak_dtype(hw: Any, plan: Plan) -> str:

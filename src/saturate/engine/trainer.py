@@ -17,7 +17,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
@@ -50,33 +50,42 @@ from saturate.engine.summary import (
     steps_for_budget,
 )
 from saturate.errors import ConfigError, SaturateError
-from saturate.hardware.contention import ContentionMeter
 from saturate.plan import Plan
 from saturate.policy import POLICY
 from saturate.workloads.base import Workload
 
-__all__ = ["RunConfig", "RunResult", "train"]
+__all__ = ["RunConfig", "RunResult", "Window", "WindowWatch", "train"]
 
 
 Callback = Callable[[dict[str, Any]], Any]
 
 
-@dataclass
-class JobSizing:
-    """train(on_sized=…): the window of steps that times the job, timed again while the machine is busy."""
+@dataclass(frozen=True)
+class Window:
+    """A timing window the loop closed (train(on_window=…)): its last step, its steps and their seconds."""
 
-    start: int
-    end: int
-    callback: Callable[[int, float], str | None]
-    best: float = math.inf  # seconds per step, the fastest window so far
-    last: float | None = None  # the window before's
-    tries: int = 0
-    meter: ContentionMeter | None = None  # other processes' load over the window
+    step: int
+    steps: int
+    seconds: float
+    total_steps: int  # the schedule's length at that step
+
+
+class WindowWatch(Protocol):
+    """train(on_window=…): told, in rank 0, of every timing window the loop closes while it has asked for one; it
+    names the step at which it wants the next closed and, there, may pause the run (run/job_window.py times the job
+    this way)."""
+
+    def first(self, step: int) -> int | None:
+        """The first step at which to close a window, for a session starting at `step` (None: none)."""
+
+    def closed(self, window: Window) -> tuple[int | None, str | None]:
+        """After each window: the next step to close one at (None: no more) and a reason to pause the run there (None:
+        go on). The answer counts only for a window closed at the step asked for; every rank learns rank 0's."""
 
 
 def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None = None,
           hardware: Any = None, *, on_log: Callback | None = None, on_validation: Callback | None = None,
-          on_sized: Callable[[int, float], str | None] | None = None,
+          on_window: WindowWatch | None = None,
           on_stopped: Callable[[RunResult], None] | None = None) -> RunResult:
     """Train `workload` with `plan`; resume from the run folder when config.resume is set.
 
@@ -85,10 +94,9 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     workload's end-of-run metrics); on_validation(record) after each validation ({"step": N, "val/loss": …}),
     and returning True stops the run there, with a checkpoint. Both run in rank 0 only; an exception from
     either ends the run (unlike a failing sink).
-    on_sized(steps_done, seconds_per_step) is called once, in rank 0, with the time of `POLICY.job.size_steps`
-    steps after this session's first `size_after` (warm, the precision guard's checks behind them); a reason
-    returned pauses the run there, with a checkpoint and without exporting anything (`RunResult.stop_reason` says
-    it), to be continued with `resume` (with another plan of the same effective batch, say). on_stopped(result) on
+    on_window is told of the timing windows the loop closes (`WindowWatch`, rank 0) and closes one where it asks; a
+    reason it returns pauses the run there, with a checkpoint and without exporting anything (`RunResult.stop_reason`
+    says it), to be continued with `resume` (with another plan of the same effective batch, say). on_stopped(result) on
     every rank when a signal stopped the run, then a barrier (torchrun stops every rank once the first exits).
     Under torchrun, joins the process group and, if it made it, destroys it at the end (after an
     error, `saturate.engine.distributed.teardown_distributed()` does, once the error is handled).
@@ -106,9 +114,9 @@ def train(workload: Workload, plan: Plan | None = None, config: RunConfig | None
     try:
         t = prepare(workload, plan, cfg, hw, dist)
         t.on_log, t.on_validation = on_log, on_validation
-        if on_sized is not None:
-            first = t.step + POLICY.job.size_after  # the job's steps timed: the first window
-            t.size_job = JobSizing(first, first + POLICY.job.size_steps, on_sized)
+        if on_window is not None:
+            t.on_window = on_window
+            t.window_due = broadcast_object(on_window.first(t.step) if t.dist.is_main else None)
         result = _loop(t)
         if result.interrupted and on_stopped is not None:
             on_stopped(result)
@@ -147,17 +155,15 @@ def _loop(t: Training) -> RunResult:
             ckpt_due = step % t.ckpt_every == 0 or step == t.total_steps or stopping
             # Log before every validation and checkpoint too: the timing window then never spans
             # them, and no checkpoint is written for a step whose loss was not checked.
-            sizing = t.size_job is not None and step in (t.size_job.start, t.size_job.end)
-            if step % t.cfg.log_every == 0 or step == t.size_schedule_at or eval_due or ckpt_due or sizing:
+            asked = step == t.window_due
+            if step % t.cfg.log_every == 0 or step == t.size_schedule_at or eval_due or ckpt_due or asked:
                 steps_in_window = t.window_steps
                 seconds = _log_window(t)
                 if step == t.size_schedule_at:
                     _size_schedule(t, seconds / 5)
-                if sizing and step == t.size_job.end:  # type: ignore[union-attr]
-                    stopping = _size_job(t, seconds / steps_in_window) or stopping
-                    ckpt_due = ckpt_due or stopping
-                elif sizing:  # the window opens
-                    t.size_job.meter = ContentionMeter().start()  # type: ignore[union-attr]
+                if t.window_due is not None and _window_closed(t, Window(step, steps_in_window, seconds,
+                                                                        t.total_steps), asked):
+                    stopping = ckpt_due = True
                 _relieve_host_memory(t)
             if eval_due:
                 stopping = _validate(t) or stopping  # early stopping, or the on_validation callback
@@ -223,22 +229,13 @@ def _log_window(t: Training) -> float:
     return seconds
 
 
-def _size_job(t: Training, seconds_per_step: float) -> bool:
-    """train(on_sized=…): at the window's end, another window while the machine was busy and the windows disagree
-    (`POLICY.job.size_tries` at most), else the callback's decision on the fastest window (rank 0's, for every
-    rank); whether to pause here."""
-    sizing: JobSizing = t.size_job  # type: ignore[assignment]
-    p = POLICY.job
-    steady = sizing.last is not None and abs(seconds_per_step - sizing.last) <= p.size_agree * min(seconds_per_step,
-                                                                                                   sizing.last)
-    sizing.best, sizing.last, sizing.tries = min(sizing.best, seconds_per_step), seconds_per_step, sizing.tries + 1
-    busy = sizing.meter is not None and sizing.meter.stop().significant() and not steady
-    if broadcast_object(busy if t.dist.is_main else None) and sizing.tries < p.size_tries \
-            and t.step + p.size_steps <= t.total_steps:
-        sizing.start, sizing.end, sizing.meter = t.step, t.step + p.size_steps, ContentionMeter().start()
+def _window_closed(t: Training, window: Window, asked: bool) -> bool:
+    """train(on_window=…): rank 0's watch told of the window; at a step it asked for, its answer for every rank.
+    Whether to pause here."""
+    answer = t.on_window.closed(window) if t.dist.is_main else None  # type: ignore[union-attr]
+    if not asked:
         return False
-    t.size_job = None
-    t.paused = broadcast_object(sizing.callback(t.step, sizing.best) if t.dist.is_main else None)
+    t.window_due, t.paused = broadcast_object(answer)
     return t.paused is not None
 
 

@@ -12,10 +12,10 @@ from saturate.policy.fields import rule
 class JobRules:
     """How a job's first steps are timed and checked before anything is spent on it, and how it is watched."""
 
-    # --- the job's first steps, timed to size it (engine/trainer.py train(on_sized=...)) ----------------------
+    # --- the job's first steps, timed to size it (run/job_window.py, on train's windows) ----------------------
     size_after: int = rule(4, "steps of a session left out of timing the job: cold, and the precision guard "
-                           "checks them", "engine/trainer.py; run/first_steps.py")
-    size_steps: int = rule(5, "the steps timed to size the job (one window)", "engine/trainer.py; run/first_steps.py")
+                           "checks them", "run/job_window.py; run/first_steps.py")
+    size_steps: int = rule(5, "the steps timed to size the job (one window)", "run/job_window.py; run/first_steps.py")
     size_tries: int = rule(3, "windows at most while other processes keep the machine busy: a neighbour only slows "
                            "steps, so the fastest is nearest the job's speed (a burst over steps 5-9 read 1.81 s/step "
                            "for a 0.78 s/step job: a 543-s prediction sized an 87-s search for a 230-s job)",

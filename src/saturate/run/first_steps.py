@@ -9,9 +9,9 @@ and its own first steps do both jobs:
 - its lower precision is checked against fp32 at the same weights over the first steps
   (`engine/precision_guard.py`), going on in fp32 from there when they disagree;
 - `size_steps` of its steps after the first `size_after` are timed (again, up to `size_tries` windows, while other
-  processes keep the machine busy: the fastest window counts; `POLICY.payback`), and the whole job predicted at
-  that speed. Too short for a search (`sizing.tuning_budget`: `informed_share` of it under `informed_floor_s`) —
-  it trains on, nothing else run.
+  processes keep the machine busy: the fastest window counts; `POLICY.job`, job_window.py), and the whole job
+  predicted at that speed. Too short for a search (`sizing.tuning_budget`: `informed_share` of it under
+  `informed_floor_s`) — it trains on, nothing else run.
   Long enough — it pauses there with a checkpoint; the tuning (its budget sized by that prediction: naive is not
   measured for it), the side-by-side and the rest of the training follow, the training resuming from that
   checkpoint with the plan found (the same effective batch: its first steps are not thrown away).
@@ -35,6 +35,7 @@ from saturate.engine.trainer import RunConfig, RunResult, train
 from saturate.plan import Plan, informed_summary
 from saturate.policy import POLICY
 from saturate.run.informed import informed_plan
+from saturate.run.job_window import JobWindows
 from saturate.run.sizing import budget_rule, tuning_budget
 from saturate.workloads.base import Workload
 
@@ -69,7 +70,7 @@ class FirstSteps:
 def train_first(workload: Workload, hw: Any, dist: DistInfo, steps: int, config: RunConfig,
                 console: Console) -> FirstSteps:
     """Train the default plan for `steps`, pausing after its first steps when they predict a job long enough to
-    tune (module docstring). Under torchrun rank 0 decides (train's on_sized), and every rank learns it."""
+    tune (module docstring). Under torchrun rank 0 decides (train's on_window: job_window.py), every rank learns it."""
     plan = informed_plan(workload, hw, dist.world_size, None).replace(name="default")
     console.print(f"no plan cached for this job: training the default plan at once, {informed_summary(plan)}; its "
                   f"first steps check its precision and predict the job", highlight=False)
@@ -96,7 +97,7 @@ def train_first(workload: Workload, hw: Any, dist: DistInfo, steps: int, config:
 
     started = time.monotonic()
     out.result = train(workload, plan, dataclasses.replace(config, guard_precision=True), hardware=hw,
-                       on_sized=sized, on_stopped=say_stopped)
+                       on_window=JobWindows(sized), on_stopped=say_stopped)
     out.seconds = time.monotonic() - started
     out.step_s, out.predicted_s, out.why, out.to_tune = broadcast_object(
         (out.step_s, out.predicted_s, out.why, out.to_tune) if dist.is_main else None)
