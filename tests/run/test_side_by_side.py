@@ -92,7 +92,7 @@ def test_a_busy_machine_gets_one_more_round_and_is_said(cpu, meter):
 
 def test_a_tuned_plan_slower_than_naive_in_every_round_is_not_trained(cpu, meter):
     cmp, _ = measure({"naive": 100.0, "tuned": 47.0}, cpu)
-    trained, lines, notes = run_module._choose(cmp)
+    trained, lines, notes = run_module.choose_trained(cmp)
     assert trained == "naive"
     assert lines == ["tuned vs naive: 0.47× (0.47–0.47), median of 3 interleaved rounds (range)"]
     assert notes and "slower than naive in every round" in notes[0] and "training with naive instead" in notes[0]
@@ -115,15 +115,15 @@ def test_a_cached_plan_beaten_in_every_round_is_replaced_in_the_cache(cpu, meter
 
 def test_within_noise_is_no_measurable_gain_and_tuned_still_trains(cpu, meter):
     cmp, _ = measure({"naive": 100.0, "tuned": 101.0}, cpu, load=[1, 1, 1, 1.05, 1, 1])  # naive ran fast once
-    trained, lines, notes = run_module._choose(cmp)
+    trained, lines, notes = run_module.choose_trained(cmp)
     assert trained == "tuned" and not notes
     assert lines[0].startswith("tuned vs naive: no measurable gain (") and "too short" not in lines[0]
     cmp.measure_s = 0.6  # measurements sized to a short job: said
-    assert run_module._choose(cmp)[1][0].endswith("each measurement was 0.6 s, sized to the job: too short to "
+    assert run_module.choose_trained(cmp)[1][0].endswith("each measurement was 0.6 s, sized to the job: too short to "
                                                   "resolve a gain this small")
     cmp, _ = measure({"naive": 100.0, "tuned": 150.0}, cpu)
     cmp.measure_s = 0.6  # a gain resolved however briefly measured: nothing to excuse
-    assert "too short" not in run_module._choose(cmp)[1][0]
+    assert "too short" not in run_module.choose_trained(cmp)[1][0]
 
 
 def test_the_before_after_table_fits_80_columns(cpu, meter):
@@ -273,6 +273,6 @@ def test_a_plan_with_the_same_settings_as_another_is_measured_once_and_not_calle
     assert [r.label for r in cmp.rows] == ["naive", "tuned"] and tuned.rounds == cmp.row("naive").rounds
     assert tuned.vs_naive is None and tuned.note == "the same settings as naive: measured once"
     assert tuned.twin == "naive" and cmp.row("naive").twin is None and tuned.to_dict()["twin"] == "naive"
-    trained, lines, notes = run_module._choose(cmp)
+    trained, lines, notes = run_module.choose_trained(cmp)
     assert trained == "tuned" and not notes
     assert lines == ["tuned: the same settings as naive: measured once (nothing to compare)"]

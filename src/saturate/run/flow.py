@@ -47,6 +47,7 @@ from saturate.run.side_by_side import (  # noqa: F401 - Row, compare: the side-b
     Comparison,
     Row,
     at_effective_batch,
+    choose_trained,
     compare,
     row_mfu,
     runner_up,
@@ -112,6 +113,21 @@ class RunReport:
     timing: dict[str, float | None] = field(default_factory=dict)  # seconds measured, and predictions (predicted_…)
 
 
+@dataclass
+class _Trained:
+    """What run() reports of the plan it chose and trained: the tuning, the side-by-side, the training."""
+
+    tuning: Tuning
+    cmp: Comparison | None
+    sizing: Sizing
+    trained: str  # the label of the plan trained
+    verdicts: list[str]  # the lines under the table
+    notes: list[str]  # said before training
+    timing: dict[str, float | None]
+    training: RunResult
+    training_started: float  # time.monotonic() when the training run started
+
+
 def reference_plans(workload: Workload, device_type: str, world_size: int = 1) -> list[tuple[str, Plan]]:
     """The plans the tuned one is compared with, at the workload's effective batch over `world_size`
     processes (DDP when there are several, as the guides ran them)."""
@@ -155,20 +171,18 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
                 cache_holds(workload, hw, dist.world_size, try_compile) if dist.is_main else None):
             first = train_first(workload, hw, dist, n_steps, config, console)  # first_steps.py
         if first is not None and not first.paused:  # the whole job (too short to tune), or stopped by a signal
-            tuning, cmp, sizing, trained, verdicts, notes = _untuned_first(first)
-            timing = {"tuning_s": 0.0, "side_by_side_s": 0.0, "setup_s": tuning_started - started,
-                      "predicted_training_s": first.predicted_s, "before_training_s": 0.0}
-            training_started, training, first = tuning_started, first.result, None
+            done, first = _untuned_first(first, setup_s=tuning_started - started, started=tuning_started), None
         else:
-            tuning, cmp, sizing, trained, verdicts, notes, timing, training, training_started = _tuned(
-                workload, hw, dist, refs, first, config, budget_s=budget_s, minutes=minutes,
-                allow_batch_change=allow_batch_change, seed=seed, console=console, try_compile=try_compile,
-                allow_micro_batch_change=allow_micro_batch_change, started=started, tuning_started=tuning_started)
+            done = _tuned(workload, hw, dist, refs, first, config, budget_s=budget_s, minutes=minutes,
+                          allow_batch_change=allow_batch_change, seed=seed, console=console, try_compile=try_compile,
+                          allow_micro_batch_change=allow_micro_batch_change, started=started,
+                          tuning_started=tuning_started)
+    tuning, cmp, training, trained, timing = done.tuning, done.cmp, done.training, done.trained, done.timing
     session_from = first.result.steps if first is not None else 0  # the steps trained before this session
     rows = list(cmp.rows) if cmp is not None else measured_once(workload, hw, tuning.naive, dist.world_size)
     report = RunReport(rows=rows, tuned=tuning.result, training=training, run_dir=run_dir,
-                       notes=notes, comparison=cmp, trained=trained, tuning=tuning, timing=timing)
-    report.timing.update(training_s=time.monotonic() - training_started + timing.get("first_steps_s", 0.0),
+                       notes=list(done.notes), comparison=cmp, trained=trained, tuning=tuning, timing=timing)
+    report.timing.update(training_s=time.monotonic() - done.training_started + timing.get("first_steps_s", 0.0),
                          training_steps_s=training.train_seconds,
                          total_s=time.monotonic() - started)
     report.rows.append(Row("training run", training.plan, training.samples_per_s, training.tokens_per_s,
@@ -185,11 +199,11 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
         console.print(f"[yellow]{cmp.contention.line()}[/yellow] — absolute figures are low; the ratios, measured "
                       f"in {cmp.rounds} interleaved rounds, are fair", highlight=False)
     console.print(comparison_table(report.rows, workload, training.memory_kind, side_by_side=cmp is not None))
-    verdicts = verdicts if cmp is not None or verdicts else once_verdict(report.rows, trained)
+    verdicts = done.verdicts if cmp is not None or done.verdicts else once_verdict(report.rows, trained)
     for line in verdicts:
         console.print(line, highlight=False, markup=False)
     report.notes += [f"{r.label}: {r.mfu.text()}" for r in report.rows if r.mfu and r.mfu.exceeds_peak]
-    for n in report.notes[len(notes):]:  # those about the plan trained were said before training
+    for n in report.notes[len(done.notes):]:  # those about the plan trained were said before training
         console.print(Text.assemble(("note:", "yellow"), f" {n}"))  # a peak's source may hold "[/proc/…]"
     t = report.timing
     console.print(f"measured total: {t['total_s']:.0f} s (tuning {tuning.seconds:.0f} s, side by side "
@@ -200,7 +214,8 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
         atomic_write_bytes(run_dir / "comparison.json", (json.dumps(
             {"workload": workload.name, "hardware": hw.to_dict(), "processes": dist.world_size,
              "rows": [r.to_dict() for r in report.rows], **(cmp.to_dict() if cmp else {}),
-             "side_by_side": cmp.to_dict() if cmp else None, "reason": sizing.skipped, "sizing": sizing.to_dict(),
+             "side_by_side": cmp.to_dict() if cmp else None, "reason": done.sizing.skipped,
+             "sizing": done.sizing.to_dict(),
              "verdicts": verdicts, "trained": report.trained, "tuning": tuning.to_dict(), "timing": report.timing,
              "plots": [str(p) for p in tuning.result.plots] if tuning.result else [],
              "tuned_plan": str(tuning.result.plan_path) if tuning.result else None}, indent=2, default=str)
@@ -217,7 +232,7 @@ def run(workload: Workload, hardware: Any = None, *, budget_s: float | None = No
 def _tuned(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Plan]], first: FirstSteps | None,
            config: RunConfig, *, budget_s: float | None, minutes: float | None, allow_batch_change: bool, seed: int,
            console: Console, try_compile: bool, allow_micro_batch_change: bool, started: float,
-           tuning_started: float) -> tuple[Any, ...]:
+           tuning_started: float) -> _Trained:
     """Tune (or reuse the cached plan), measure side by side, train the fastest — from `first`'s checkpoint when the
     default plan's first steps paused to be tuned (first_steps.py)."""
     run_dir, n_steps = Path(config.run_dir), config.steps or workload.optim.steps  # type: ignore[arg-type]
@@ -233,7 +248,7 @@ def _tuned(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pl
     plans.append((tuning.label, tuning.plan))
     predicted = tuning.predicted_training_s or (minutes * 60 if minutes else None)
     cmp, sizing = side_by_side(workload, hw, dist, tuning, plans, predicted, seed, console, first and first.build_s)
-    trained, verdicts, notes = _choose(cmp, tuning.label) if cmp is not None else (tuning.label, [], [])
+    trained, verdicts, notes = choose_trained(cmp, tuning.label) if cmp is not None else (tuning.label, [], [])
     if cmp is not None and dist.is_main and trained != tuning.label and tuning.label == "tuned":
         notes.append(recache(workload, hw, dist.world_size, tuning.plan, cmp.row(trained)))
     for n in notes:
@@ -247,17 +262,20 @@ def _tuned(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Pl
                   - tuning.seconds - timing["side_by_side_s"])
     training = train(workload, cmp.row(trained).plan if cmp else tuning.plan,  # type: ignore[union-attr]
                      dataclasses.replace(config, resume=first is not None), hardware=hw, on_stopped=say_stopped)
-    return tuning, cmp, sizing, trained, verdicts, notes, timing, training, training_started
+    return _Trained(tuning, cmp, sizing, trained, verdicts, notes, timing, training, training_started)
 
 
-def _untuned_first(first: FirstSteps) -> tuple[Any, ...]:
+def _untuned_first(first: FirstSteps, setup_s: float, started: float) -> _Trained:
     """What the report needs of a job the default plan trained whole (first_steps.py): nothing tuned, nothing
     measured side by side (naive was not measured: the job could not pay for it)."""
     tuning = Tuning(first.result.plan, None, 0.0, None, first.why, first.predicted_s, label="default")
     why = ("no side-by-side: the job is too short to pay for measuring naive beside the default plan"
            if first.step_s is not None else "no side-by-side: " + first.why.removeprefix("not tuned: "))
     sizing = Sizing([], 0, 0.0, False, 0.0, None, skipped=why)
-    return tuning, None, sizing, "default", [f"no before/after: {why.removeprefix('no side-by-side: ')}"], []
+    timing: dict[str, float | None] = {"tuning_s": 0.0, "side_by_side_s": 0.0, "setup_s": setup_s,
+                                       "predicted_training_s": first.predicted_s, "before_training_s": 0.0}
+    return _Trained(tuning, None, sizing, "default", [f"no before/after: {why.removeprefix('no side-by-side: ')}"],
+                    [], timing, first.result, started)
 
 
 def _tune(workload: Workload, hw: Any, dist: DistInfo, refs: list[tuple[str, Plan]], *, budget_s: float | None,
@@ -356,34 +374,6 @@ def _untuned(workload: Workload, hw: Any, dist: DistInfo, started: float, predic
     plan = informed_plan(workload, hw, dist.world_size, naive, measurer, console)
     return Tuning(plan.replace(name="default"), None, time.monotonic() - started, budget_s, why, predicted,
                   label="default", naive=naive, naive_s=naive_s)
-
-
-def _choose(cmp: Comparison, label: str = "tuned") -> tuple[str, list[str], list[str]]:
-    """Which plan trains (the `label` plan, tuned or default, unless another plan was measured faster than it in
-    every round), the verdict lines under the table, and a note when it is not that plan."""
-    lines, notes, trained = [], [], label
-    for r in cmp.rows:
-        if r.label != "naive" and r.vs_naive is not None:
-            short = (not (r.vs_naive.faster or r.vs_naive.slower) and cmp.measure_s is not None
-                     and cmp.measure_s < POLICY.payback.full_measure_s)
-            lines.append(f"{r.label} vs naive: {r.vs_naive.verdict()}, median of {r.vs_naive.rounds} interleaved "
-                         "rounds (range)" + (f"; each measurement was {cmp.measure_s:.1f} s, sized to the job: too "
-                                             "short to resolve a gain this small" if short else ""))
-        elif r.twin is not None:
-            lines.append(f"{r.label}: {r.note} (nothing to compare)")
-    tuned = cmp.row(label)
-    beaten = cmp.faster_than(label)
-    if tuned is not None and tuned.status != "ok":
-        ok = [r for r in cmp.rows if r.status == "ok" and r.samples_per_s]
-        if ok:
-            trained = max(ok, key=lambda r: r.samples_per_s or 0.0).label
-            notes.append(f"the {label} plan failed when measured here ({tuned.note}); training with {trained} "
-                         "instead")
-    elif beaten is not None:
-        trained = beaten[0].label
-        notes.append(f"the {label} plan was measured slower than {trained} in every round ({trained} "
-                     f"{beaten[1].fmt()} of {label}, beyond the noise); training with {trained} instead")
-    return trained, lines, notes
 
 
 def _choose_run_dir(run_dir: Path | None, workload: Workload) -> tuple[str, str | None]:

@@ -313,3 +313,31 @@ class _GpuBusy:
         self._stop.set()
         self._thread.join(timeout=2)
         return sum(self.samples) / len(self.samples) / 100 if self.samples else None
+
+
+def choose_trained(cmp: Comparison, label: str = "tuned") -> tuple[str, list[str], list[str]]:
+    """Which plan trains (the `label` plan, tuned or default, unless another plan was measured faster than it in
+    every round), the verdict lines under the table, and a note when it is not that plan."""
+    lines, notes, trained = [], [], label
+    for r in cmp.rows:
+        if r.label != "naive" and r.vs_naive is not None:
+            short = (not (r.vs_naive.faster or r.vs_naive.slower) and cmp.measure_s is not None
+                     and cmp.measure_s < POLICY.payback.full_measure_s)
+            lines.append(f"{r.label} vs naive: {r.vs_naive.verdict()}, median of {r.vs_naive.rounds} interleaved "
+                         "rounds (range)" + (f"; each measurement was {cmp.measure_s:.1f} s, sized to the job: too "
+                                             "short to resolve a gain this small" if short else ""))
+        elif r.twin is not None:
+            lines.append(f"{r.label}: {r.note} (nothing to compare)")
+    tuned = cmp.row(label)
+    beaten = cmp.faster_than(label)
+    if tuned is not None and tuned.status != "ok":
+        ok = [r for r in cmp.rows if r.status == "ok" and r.samples_per_s]
+        if ok:
+            trained = max(ok, key=lambda r: r.samples_per_s or 0.0).label
+            notes.append(f"the {label} plan failed when measured here ({tuned.note}); training with {trained} "
+                         "instead")
+    elif beaten is not None:
+        trained = beaten[0].label
+        notes.append(f"the {label} plan was measured slower than {trained} in every round ({trained} "
+                     f"{beaten[1].fmt()} of {label}, beyond the noise); training with {trained} instead")
+    return trained, lines, notes
