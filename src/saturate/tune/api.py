@@ -153,10 +153,24 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
     if dist.is_main:  # only now: a failed or interrupted search leaves no empty folder behind
         out_dir.mkdir(parents=True, exist_ok=True)
 
-    hw_fp = hw.fingerprint()
-    plan = result.plan.replace(name="tuned", provenance={
+    plan = result.plan = result.plan.replace(name="tuned", provenance=_provenance(
+        result, workload, hw, world, out_dir, verify=verify, memory_kind=measurer.memory_kind))
+    json_path, plan_path = out_dir / "tune.json", out_dir / "plan.toml"
+    plots, notes, cached = (_record(result, workload, hw, s, before, out_dir, console, memory_kind=measurer.memory_kind,
+                                    wide=wide, use_cache=use_cache, world=world) if dist.is_main else ([], [], None))
+    barrier()  # the plan is on disk before any rank goes on to use it
+    if made_group:
+        teardown_distributed()
+    return TuneResult(plan=plan, search=result, out_dir=out_dir, plan_path=plan_path, json_path=json_path,
+                      plots=plots, cached_path=cached, notes=notes)
+
+
+def _provenance(result: SearchResult, workload: Workload, hw: Any, world: int, out_dir: Path, *, verify: bool,
+                memory_kind: str) -> dict[str, Any]:
+    """The tuned plan's provenance: where, when and for what it was tuned, its figure, and each knob's origin."""
+    return {
         "tuned_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "hardware": hw_fp,
+        "hardware": hw.fingerprint(),
         "hardware_description": _describe(hw),
         "workload": workload.name,
         "workload_key": plan_cache.workload_key(workload),
@@ -166,7 +180,7 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
         "measured_samples_per_s": result.chosen.samples_per_s,  # the verification's, or the model trial's
         **({"verified_samples_per_s": result.chosen.samples_per_s,
             "verified_peak_memory_bytes": result.chosen.peak_memory_bytes} if verify else {}),
-        "memory_kind": measurer.memory_kind,
+        "memory_kind": memory_kind,
         "evidence": str(out_dir / "tune.json"),  # the trials and decisions; plan.toml keeps the settings short
         # Why fewer threads (a busy machine); where the search started and, for each knob the informed plan sets,
         # its reason where no trial measured it ("chosen from the hardware, not measured"), else "measured" (the
@@ -175,35 +189,34 @@ def tune(workload: Workload, hardware: Any = None, *, budget_s: float | None = N
         **({"start": result.choices["start"]} if "start" in result.choices else {}),
         **{k: result.choices[k] if k in result.unmeasured else "measured (tune.json: choices)"
            for k in INFORMED_KNOBS if k in result.choices},
-    })
-    result.plan = plan
+    }
+
+
+def _record(result: SearchResult, workload: Workload, hw: Any, s: SearchSettings, before: Any, out_dir: Path,
+            console: Console, *, memory_kind: str, wide: bool, use_cache: bool,
+            world: int) -> tuple[list[Path], list[str], Path | None]:
+    """Rank 0, after the search: the report, the plots, tune.json and plan.toml, and the plan cached (unless the
+    cached one stays: `cached_plan_stays`). Returns the plots, the notes said, and where the plan was cached."""
+    plan, hw_fp = result.plan, hw.fingerprint()
     json_path, plan_path = out_dir / "tune.json", out_dir / "plan.toml"
-    plots: list[Path] = []
-    notes: list[str] = []
-    cached = None
-    if dist.is_main:
-        print_report(console, result, workload.tokens_per_sample, measurer.memory_kind, wide=wide)
-        plots, plot_note = plot(result, out_dir, s.loader_margin)
-        notes = [plot_note] if plot_note else []
-        atomic_write_bytes(json_path, (json.dumps({
-            "workload": workload.name, "info": workload.info, "hardware": hw.to_dict(), "settings": s.__dict__,
-            **result_dict(result), "plan": plan.to_dict() | {"provenance": None},
-            "plots": [str(p) for p in plots], "contention_before": before.to_dict(), **policy_record(),
-        }, indent=2, default=str) + "\n").encode())
-        plan.save(plan_path)
-        kept = cached_plan_stays(plan, result, workload, hw_fp, world) if use_cache else None
-        if kept:
-            notes.append(kept)
-        cached = plan_cache.store(plan, workload, hw_fp, world) if use_cache and not kept else None
-        console.print(f"tuned plan: {plan_path} (evidence: {json_path}"
-                      + (f"; plots: {', '.join(str(p) for p in plots)}" if plots else "") + ")")
-        for n in notes:
-            console.print(f"[yellow]{n}[/yellow]")
-    barrier()  # the plan is on disk before any rank goes on to use it
-    if made_group:
-        teardown_distributed()
-    return TuneResult(plan=plan, search=result, out_dir=out_dir, plan_path=plan_path, json_path=json_path,
-                      plots=plots, cached_path=cached, notes=notes)
+    print_report(console, result, workload.tokens_per_sample, memory_kind, wide=wide)
+    plots, plot_note = plot(result, out_dir, s.loader_margin)
+    notes = [plot_note] if plot_note else []
+    atomic_write_bytes(json_path, (json.dumps({
+        "workload": workload.name, "info": workload.info, "hardware": hw.to_dict(), "settings": s.__dict__,
+        **result_dict(result), "plan": plan.to_dict() | {"provenance": None},
+        "plots": [str(p) for p in plots], "contention_before": before.to_dict(), **policy_record(),
+    }, indent=2, default=str) + "\n").encode())
+    plan.save(plan_path)
+    kept = cached_plan_stays(plan, result, workload, hw_fp, world) if use_cache else None
+    if kept:
+        notes.append(kept)
+    cached = plan_cache.store(plan, workload, hw_fp, world) if use_cache and not kept else None
+    console.print(f"tuned plan: {plan_path} (evidence: {json_path}"
+                  + (f"; plots: {', '.join(str(p) for p in plots)}" if plots else "") + ")")
+    for n in notes:
+        console.print(f"[yellow]{n}[/yellow]")
+    return plots, notes, cached
 
 
 def cached_plan_stays(new: Plan, result: SearchResult, workload: Workload, hardware_fingerprint: str,
