@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from saturate.doctor.profiler import is_compiled
+from saturate.doctor.loop_facts import is_compiled
 from saturate.errors import ConfigError
 from saturate.script.child.loop_compile import LoopCompile
 from saturate.script.compile_stage import planned_steps

@@ -138,11 +138,18 @@ dist.destroy_process_group()
 @pytest.mark.dist
 def test_under_torchrun_every_rank_stops_together_and_rank_0_reports(tmp_path):
     (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
-    out = doctor(*FAST, "--json", "--", sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                 "ddp.py", cwd=tmp_path)
+    traces = tmp_path.parent / f"{tmp_path.name}-traces"  # outside the script's folder, which stays as it was
+    out = doctor(*FAST, "--json", "--trace-dir", str(traces), "--", sys.executable, "-m", "torch.distributed.run",
+                 "--nproc_per_node=2", "ddp.py", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["script"]["world_size"] == 2 and d["measurements"]["steps"] == 2
+    # every rank traced the steps after the timed ones, its phases as ranges; rank 0's file is the one named
+    assert d["measurements"]["trace"]["trace"] == str(traces / "rank0_trace.json")
+    assert d["measurements"]["trace"]["ranks"] == 2
+    for rank in (0, 1):
+        events = json.loads((traces / f"rank{rank}_trace.json").read_text())["traceEvents"]
+        assert {"saturate: forward", "saturate: backward", "saturate: step 1"} <= {e.get("name") for e in events}
     assert d["script"]["model"]["class"] == "Sequential"
     assert d["script"]["model"]["wrapped_in"] == ["DistributedDataParallel"]
     assert not list(tmp_path.glob("finished-*")) and not running_in(tmp_path)
@@ -472,6 +479,7 @@ def test_doctor_hooks_a_script_that_looks_torch_up_first_and_leaves_nothing_in_t
         out = subprocess.run(saturate_cmd("doctor", *FAST, "--json", "--", sys.executable, "train.py"), env=env,
                              cwd=work, capture_output=True, text=True, timeout=240)
         left = sorted(p.name for p in tmp.iterdir())
+        traced = [p.name for p in tmp.glob("saturate-doctor-*/*")]  # the trace, by default in a folder of its own
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     assert out.returncode == 0, out.stderr
@@ -479,6 +487,8 @@ def test_doctor_hooks_a_script_that_looks_torch_up_first_and_leaves_nothing_in_t
     assert d["script"]["optimizer"]["class"] == "SGD"
     assert not [name for name in left if name.startswith("pymp-")], left  # the workers' listener folders went too
     assert sorted(p.name for p in work.iterdir()) == ["train.py"]
+    assert traced == ["trace.json"] and d["measurements"]["trace"]["trace"].startswith(str(tmp))
+    assert not [name for name in left if not name.startswith(("saturate-doctor-", "torchinductor_"))], left
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,10 @@ def add_parsers(sub: Any) -> None:
                    help="host RAM the job may use (default: what is available when it starts)")
     p.add_argument("--no-scaling", action="store_true", help="skip the batch-scaling probe")
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    p.add_argument("--trace-dir", type=Path, metavar="DIR",
+                   help="where the trace of a few steps after the measured ones goes, to open in Perfetto (default: "
+                        "a new saturate-doctor-* folder in the temporary folder)")
+    p.add_argument("--no-trace", action="store_true", help="take no trace")
     first = POLICY.windows.first_step_timeout_s
     p.add_argument("--first-step-timeout", type=positive(float, "--first-step-timeout"), default=first,
                    metavar="S", help="with -- CMD: stop the command if no optimizer step came within S seconds "
@@ -71,7 +76,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         raise ConfigError(f"--warmup must be >= 0, got {args.warmup}")
     budget = None if args.host_memory_budget is None else int(args.host_memory_budget * 1024**3)
     config = DoctorConfig(steps=args.steps, warmup=args.warmup, scaling=not args.no_scaling,
-                          host_memory_budget=budget, seed=args.seed)
+                          host_memory_budget=budget, seed=args.seed, trace=_trace_folder(args))
     plan = resolve_plan(args.plan) if args.plan else None
     hw = probe(measure_peaks=False, device=args.device)
     workload = workload_from_args(args)  # a preset, --workload module:function, --hf, --task sft
@@ -109,6 +114,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         with stage(console, "measuring the plan before and after the fix side by side"):
             return gain_between(workload, hw, a, b, seed=config.seed, min_seconds=max(1.0, config.min_seconds))
 
+    config = dataclasses.replace(config, trace=None)  # the plan before the fix is the one traced
     applied = diagnose_and_apply(workload, plan, config, hw, before=before, on_apply=applying,
                                  side_by_side=side_by_side)
     if args.save_plan and applied.plan is not None:
@@ -135,7 +141,8 @@ def _doctor_script(args: argparse.Namespace) -> int:
     say(args, console, f"[dim]doctor: running your command with saturate's hooks: {args.warmup} warm-up steps, "
                        f"then {args.steps} measured steps; then it is stopped …[/]")
     diagnosis, run = doctor_command(args.script, warmup=args.warmup, steps=args.steps,
-                                    first_step_timeout=args.first_step_timeout, quiet_stdout=args.json)
+                                    first_step_timeout=args.first_step_timeout, quiet_stdout=args.json,
+                                    trace=_trace_folder(args))
     if args.json:
         from saturate.script.doctor_script import trainer_syncs
 
@@ -147,6 +154,17 @@ def _doctor_script(args: argparse.Namespace) -> int:
     else:
         render_script(diagnosis, run, console)
     return 0
+
+
+def _trace_folder(args: argparse.Namespace) -> Path | None:
+    """--trace-dir, else a new temporary folder; None with --no-trace (both: refused in one line)."""
+    from saturate.script.scratch import doctor_folder
+
+    if args.no_trace:
+        if args.trace_dir is not None:
+            raise ConfigError("--trace-dir and --no-trace cannot be given together")
+        return None
+    return doctor_folder(args.trace_dir)
 
 
 def cmd_monitor(args: argparse.Namespace) -> int:

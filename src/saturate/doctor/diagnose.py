@@ -4,7 +4,8 @@ The steps are the trainer's own (`engine.step.Stepper`), fed by the plan's DataL
 instrument's timer around each phase. After the timed steps, a batch-scaling probe times one
 forward+backward at the plan's micro-batch and at a larger one, which separates the fixed cost
 of a micro-step (launches, Python, the framework) from the per-sample cost; the overhead,
-memory and micro-batch predictions come from that fit. Nothing is written to disk.
+memory and micro-batch predictions come from that fit. Nothing is written to disk but the trace of a few
+steps after the timed ones, when `DoctorConfig.trace` names a folder (doctor/trace.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +25,7 @@ from saturate.doctor.instrument import Instrument, contention_record, device_fac
 from saturate.doctor.loop_probe import again_on_one_thread, one_thread, probe_of, time_thread_counts, time_two_sizes
 from saturate.doctor.phase_windows import Windows
 from saturate.doctor.rules import decide
+from saturate.doctor.trace import TRACE_STEPS, PhaseTrace
 from saturate.engine.schedule import scaled_lr
 from saturate.engine.step import OutOfMemoryError, Stepper, split_batch, to_device
 from saturate.errors import ConfigError
@@ -48,9 +51,11 @@ class DoctorConfig:
     host_memory_budget: int | None = None  # bytes the job may use on the host (default: what is free)
     interval: float = 0.25  # telemetry sampling period, seconds
     seed: int = 0
+    trace: Path | None = None  # a folder: the steps after the timed ones traced there (doctor/trace.py); None: not
+    trace_steps: int = TRACE_STEPS
 
     def __post_init__(self) -> None:
-        for name, low in (("steps", 1), ("warmup", 0), ("count_steps", 0)):
+        for name, low in (("steps", 1), ("warmup", 0), ("count_steps", 0), ("trace_steps", 1)):
             if getattr(self, name) < low:
                 raise ConfigError(f"doctor {name.replace('_', '-')} must be >= {low}, got {getattr(self, name)}")
         if self.min_seconds < 0:
@@ -111,7 +116,13 @@ def diagnose(workload: Workload, plan: Plan | None = None, config: DoctorConfig 
                 break
         inst.window_ends = windows.ends
         inst.end_timing()
+        if cfg.trace is not None:  # after the timed steps: the profiler colours none of their figures
+            inst.begin_trace(PhaseTrace(dev, cfg.trace, cfg.trace_steps))
+            while inst.mode == "trace":
+                stepper.step(batches, timer=inst.timer)
+                inst.end_step()
     finally:
+        inst.end_trace()  # written, also when a step failed (what was traced)
         inst.close()
         del batches, loader  # stops the loader's workers (persistent ones too) before the probe
         gc.collect()
@@ -125,7 +136,8 @@ def diagnose(workload: Workload, plan: Plan | None = None, config: DoctorConfig 
             with one_thread():
                 single = scaling_probe(stepper, workload, plan, dev, notes, also=lambda step: ratios.extend(
                     time_thread_counts(step, plan.micro_batch, threads, dev)))
-    item_s = time_items(workload, plan, done + warmup + cfg.count_steps) if cfg.scaling else None
+    traced = inst.traced.steps if inst.traced is not None else 0
+    item_s = time_items(workload, plan, done + warmup + cfg.count_steps + traced) if cfg.scaling else None
     contention = meter.stop()
     m = inst.measurements(
         context="plan", device_type=hw.device_type, samples_per_step=float(effective), micro_batch=plan.micro_batch,
@@ -137,6 +149,7 @@ def diagnose(workload: Workload, plan: Plan | None = None, config: DoctorConfig 
     m.item_s = item_s
     m.contention = contention_record(contention)
     m.notes = notes + m.notes
+    m.trace = inst.traced.to_dict() if inst.traced is not None else None
     return decide(m)
 
 

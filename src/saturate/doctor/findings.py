@@ -152,6 +152,8 @@ class Measurements:
     # What other processes used while we measured (hardware.contention.Contention.to_dict() plus its "line")
     contention: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    # The steps traced after the timed ones (doctor/trace.py TraceFiles.to_dict()): no figure above comes from them
+    trace: dict[str, Any] | None = None
 
     @property
     def accelerator(self) -> bool:

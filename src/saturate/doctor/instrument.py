@@ -19,6 +19,7 @@ import torch
 from saturate.doctor.findings import Measurements
 from saturate.doctor.phase_windows import per_window, split
 from saturate.doctor.phases import PHASES, PhaseClock, SyncCounter
+from saturate.doctor.trace import PhaseTrace, TraceFiles
 from saturate.doctor.value_reads import ValueReads
 from saturate.hardware import synchronize
 from saturate.hardware.contention import Contention, ContentionMeter
@@ -36,7 +37,9 @@ class Instrument:
         # Reads every N steps, which the few counted steps miss, seen over the timed steps (not under compile: the
         # wrapped Tensor methods would be traced into the graph)
         self.reads = ValueReads(device, lambda: self.phase) if self.counter.available and not compiled else None
-        self.mode = "idle"  # "idle", "count" or "time"
+        self.mode = "idle"  # "idle", "count", "time" or "trace" (after the timed steps: trace.py)
+        self.trace: PhaseTrace | None = None
+        self.traced: TraceFiles | None = None  # what the trace wrote, once it ended
         self.phase = "other"
         self.interval = interval
         self.host_budget = host_budget
@@ -67,6 +70,8 @@ class Instrument:
             return False
         self.phase = phase
         self.counter.phase = phase
+        if self.trace is not None:
+            self.trace.enter(phase)
         if self.mode == "time":
             self.clock.mark(phase)
             if phase == "data":
@@ -81,6 +86,8 @@ class Instrument:
                 self.data_cpu += time.thread_time() - cpu
                 self._data_start = None
             self.clock.mark("other")
+        if self.trace is not None:
+            self.trace.leave()
         self.phase = "other"
         self.counter.phase = "other"
 
@@ -130,7 +137,19 @@ class Instrument:
         if self.mode == "time":
             self.clock.begin_step()
 
+    def begin_trace(self, trace: PhaseTrace) -> None:
+        """After the timed steps: the next ones under torch.profiler, the phases as ranges, until `trace.steps`."""
+        self.trace, self.mode = trace.start(), "trace"
+
+    def end_trace(self) -> TraceFiles | None:
+        """The trace ended (its steps done, or the run ended first) and written; None when none was taken."""
+        if self.trace is not None:
+            self.traced, self.trace, self.mode = self.trace.stop(), None, "idle"
+        return self.traced
+
     def end_step(self) -> None:
+        if self.mode == "trace" and self.trace is not None and self.trace.end_step():
+            self.end_trace()
         if self.mode == "count":
             self.count_totals.append(self.counter.total())
         if self.mode == "time":

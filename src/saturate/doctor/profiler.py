@@ -6,8 +6,8 @@
         ...                                    # the user's step, unchanged
         prof.step()                            # once per optimizer step
 
-After `warmup + count_steps + steps` steps the diagnosis is printed (and kept as
-`prof.diagnosis`); the hooks are then removed and the loop runs on uninstrumented.
+After `warmup + count_steps + steps` steps (and `trace_steps` more traced, given `trace=FOLDER`: doctor/trace.py)
+the diagnosis is printed (and kept as `prof.diagnosis`); the hooks are then removed and the loop runs on uninstrumented.
 
 What is timed: waiting for the loader (the wrapper), the model's forward (module hooks), its
 backward (a hook on the output's autograd node and an end-of-backward callback), the
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -33,52 +34,14 @@ from torch.utils._pytree import tree_flatten
 from saturate.doctor import selftime
 from saturate.doctor.findings import Diagnosis, Measurements
 from saturate.doctor.instrument import Instrument, device_facts, loader_worker_pids
+from saturate.doctor.loop_facts import batch_len, device_of, grad_nodes, is_compiled, precision_of
 from saturate.doctor.rules import decide
+from saturate.doctor.trace import TRACE_NAME, TRACE_STEPS, PhaseTrace
 from saturate.errors import SaturateError
 from saturate.hardware.contention import ContentionMeter
 from saturate.policy import POLICY
 
 T = TypeVar("T")
-
-
-def _precision(model: nn.Module, device: torch.device) -> str:
-    """"bf16"/"fp16" under autocast or with half-precision weights, else "fp32" (as a Plan names it)."""
-    names = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-    try:
-        if torch.is_autocast_enabled(device.type):
-            return names.get(torch.get_autocast_dtype(device.type), "fp32")
-    except (TypeError, RuntimeError):  # a device type autocast does not know
-        pass
-    weight = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    return names.get(weight, "fp32")
-
-
-def _device_of(model: nn.Module | None, device: str | torch.device | None) -> torch.device:
-    if device is not None:
-        return torch.device(device)
-    if model is not None:
-        for p in model.parameters():
-            return p.device
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def _grad_nodes(value: Any, found: list[Any]) -> None:
-    if isinstance(value, torch.Tensor):
-        if value.grad_fn is not None:
-            found.append(value.grad_fn)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _grad_nodes(v, found)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _grad_nodes(v, found)
-
-
-def is_compiled(model: nn.Module) -> bool:
-    """Whether `model` runs compiled: `torch.compile(model)` (an `OptimizedModule`), `model.compile()` (its compiled
-    call), or its `forward` compiled in place (`torch.compile(model.forward)`, as `saturate tune -- CMD` does)."""
-    return (type(model).__name__ == "OptimizedModule" or getattr(model, "_compiled_call_impl", None) is not None
-            or hasattr(getattr(model, "forward", None), "_torchdynamo_orig_callable"))
 
 
 class Profiler:
@@ -87,14 +50,18 @@ class Profiler:
     def __init__(self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, *,
                  warmup: int = 3, count_steps: int = 2, steps: int = 20, device: str | torch.device | None = None,
                  report: bool = True, host_memory_budget: int | None = None, interval: float = 0.25,
-                 probe_scaling: bool = False) -> None:
-        for name, v, low in (("warmup", warmup, 0), ("count_steps", count_steps, 0), ("steps", steps, 1)):
+                 probe_scaling: bool = False, trace: str | Path | None = None, trace_steps: int = TRACE_STEPS,
+                 trace_name: str = TRACE_NAME) -> None:
+        for name, v, low in (("warmup", warmup, 0), ("count_steps", count_steps, 0), ("steps", steps, 1),
+                             ("trace_steps", trace_steps, 1)):
             if v < low:
                 raise SaturateError(f"Profiler: {name} must be >= {low}, got {v}")
         self.warmup, self.count_steps, self.steps = warmup, count_steps, steps
+        # a folder: the `trace_steps` steps after the timed ones traced there (doctor/trace.py), then the diagnosis
+        self.trace, self.trace_steps, self.trace_name = (Path(trace) if trace else None), trace_steps, trace_name
         self.report = report
         self.model = model
-        self.device = _device_of(model, device)
+        self.device = device_of(model, device)
         compiled = model is not None and is_compiled(model)
         self.instrument = Instrument(self.device, compiled=compiled, interval=interval, host_budget=host_memory_budget,
                                      optimizer_phase=optimizer is not None)
@@ -167,7 +134,15 @@ class Profiler:
             self._own.append(selftime.mark())
         self.instrument.end_step()
         self._step += 1
+        if self.diagnosis is not None:  # the steps traced after the timed ones
+            if self.instrument.traced is not None:
+                self.finish()
+            return
         self._stage_for(self._step)
+
+    @property
+    def finished(self) -> bool:  # the diagnosis made and, where asked, the steps after it traced: the hooks gone
+        return self._done
 
     # --- stages -------------------------------------------------------------------------------
 
@@ -182,19 +157,40 @@ class Profiler:
             inst.begin_timing()
             self._own = [selftime.mark()]
         if step == timing_from + self.steps:
-            self.finish()
+            if self.trace is None:
+                self.finish()
+                return
+            self._diagnose()  # the hooks stay for the steps traced next
+            inst.begin_trace(PhaseTrace(self.device, self.trace, self.trace_steps, self.trace_name))
             return
         inst.begin_step()
 
     def finish(self) -> Diagnosis:
-        """The diagnosis from the steps timed so far (called by itself when the window is complete)."""
-        if self.diagnosis is not None:
+        """The diagnosis from the steps timed so far (called by itself when the window, and the trace after it where
+        one was asked for, are complete); a trace cut short by the loop's end is written as far as it got."""
+        if self._done:
+            assert self.diagnosis is not None
             return self.diagnosis
+        try:
+            diagnosis = self.diagnosis or self._diagnose()
+            if (files := self.instrument.end_trace()) is not None:
+                diagnosis.measurements.trace = files.to_dict()
+        finally:
+            self._done = True
+            self._remove_hooks()  # a no-op when _diagnose removed them
+        if self.report:
+            from saturate.doctor.report import render
+
+            render(diagnosis)
+        return diagnosis
+
+    def _diagnose(self) -> Diagnosis:
         inst = self.instrument
+        if self.trace is None:  # the hooks off before the probe's passes, as the loop runs on without them
+            self._done = True
+            self._remove_hooks()
         if inst.mode == "time":
             inst.end_timing()
-        self._done = True
-        self._remove_hooks()
         inst.close()
         if inst.timed_steps < 1:
             raise SaturateError(f"Profiler: only {self._step} step(s) ran; the diagnosis needs at least "
@@ -221,10 +217,6 @@ class Profiler:
         if self.probe_scaling:
             self._probe(m)
         self.diagnosis = decide(m)
-        if self.report:
-            from saturate.doctor.report import render
-
-            render(self.diagnosis)
         return self.diagnosis
 
     # --- hooks --------------------------------------------------------------------------------
@@ -330,7 +322,7 @@ class Profiler:
     @selftime.own
     def _forward_begin(self, module: nn.Module, args: Any) -> None:
         if self._precision is None:
-            self._precision = _precision(module, self.device)
+            self._precision = precision_of(module, self.device)
         self._enter("forward")  # ignored inside backward (activation checkpointing re-runs forward there)
 
     @selftime.own
@@ -341,7 +333,7 @@ class Profiler:
         if self.instrument.mode == "idle":
             return
         nodes: list[Any] = []
-        _grad_nodes(output, nodes)
+        grad_nodes(output, nodes)
         if nodes:
             fired = [False]
 
@@ -364,16 +356,3 @@ class Profiler:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-
-
-def batch_len(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor (a tensor, or a tuple, list or dict of them)."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)):
-        for b in batch:
-            if isinstance(b, torch.Tensor) and b.dim():
-                return int(b.shape[0])
-    return 0

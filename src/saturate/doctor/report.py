@@ -8,6 +8,7 @@ from rich.text import Text
 
 from saturate.doctor.findings import Diagnosis, Fix, Measurements, Prediction, sites_line
 from saturate.doctor.phases import PHASES
+from saturate.doctor.trace import TraceFiles
 from saturate.engine.console import tidy_console
 from saturate.telemetry import Stat
 
@@ -136,3 +137,6 @@ def render(d: Diagnosis, console: Console | None = None, title: str = "saturate 
         console.print("no fix to suggest")
     for n in m.notes:
         console.print(Text(f"note: {n}", style="yellow"))
+    if (files := TraceFiles.from_dict(m.trace)) is not None:
+        for line in files.lines():
+            console.print(Text(line, style="dim"), soft_wrap=True)  # a path broken over lines cannot be copied

@@ -18,7 +18,7 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
-from saturate.doctor.profiler import batch_len
+from saturate.doctor.loop_facts import batch_len
 from saturate.integrations.callback import RunWatch, Watched, peak_dtype
 
 

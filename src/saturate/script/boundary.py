@@ -49,6 +49,7 @@ SUMMARY = "summary.json"
 STATUS = "status-{pid}.json"
 ERRORS = "error-*.txt"
 ERROR = "error-{pid}.txt"  # one process's error line (matches ERRORS)
+TRACE_DIR = "trace"  # a doctor run's trace of the steps after the timed ones (doctor/trace.py), one per rank
 # A gated trial's socket (`gated.py`, `child/trial_windows.py`): the child says GATE_READY (then, after each window,
 # "<steps/s> <steps>") and waits for GATE_GO (one more window) or GATE_STOP.
 GATE = "gate.sock"
@@ -76,11 +77,12 @@ class ChildSettings:
     profile: bool = True
     overrides: Overrides = field(default_factory=Overrides)
     windows: Mapping[str, Any] | None = None
+    trace_steps: int = 0  # a doctor run: the steps after the timed ones traced into `TRACE_DIR` (0: none)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
-        for name in ("warmup", "count_steps", "steps"):
+        for name in ("warmup", "count_steps", "steps", "trace_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")

@@ -37,6 +37,7 @@ from saturate.script.boundary import (
     FIRST_STEP,
     REPORT,
     SUMMARY,
+    TRACE_DIR,
     ChildSettings,
     child_error,
     environment,
@@ -116,8 +117,10 @@ def check_command(command: Sequence[str]) -> list[str]:
 
 def run_instrumented(command: Sequence[str], settings: ChildSettings, *,
                      first_step_timeout: float = POLICY.windows.first_step_timeout_s,
-                     timeout: float | None = None, quiet_stdout: bool = False) -> ScriptRun:
-    """Run `command` with the hooks; wait until it ends (or is stopped); return what it measured.
+                     timeout: float | None = None, quiet_stdout: bool = False,
+                     trace_to: Path | None = None) -> ScriptRun:
+    """Run `command` with the hooks; wait until it ends (or is stopped); return what it measured; the trace a
+    doctor run took (`settings.trace_steps`) moved into `trace_to`.
 
     The script's stdout is the terminal's, or with `quiet_stdout` goes to stderr (saturate's own stdout
     then carries one JSON document).
@@ -128,7 +131,12 @@ def run_instrumented(command: Sequence[str], settings: ChildSettings, *,
     cmd = check_command(command)
     folder = run_folder("saturate-script-", cmd)
     try:
-        return _run(cmd, settings, folder, first_step_timeout, timeout, quiet_stdout)
+        run = _run(cmd, settings, folder, first_step_timeout, timeout, quiet_stdout)
+        if trace_to is not None and (folder / TRACE_DIR).is_dir():
+            trace_to.mkdir(parents=True, exist_ok=True)
+            for f in (folder / TRACE_DIR).iterdir():
+                shutil.move(f, trace_to / f.name)
+        return run
     finally:
         remove(folder)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -22,6 +23,7 @@ from saturate.data.fingerprint import replayed, shard_edit
 from saturate.doctor.findings import Diagnosis, Fix, Measurements
 from saturate.doctor.report import render
 from saturate.doctor.rules import decide
+from saturate.doctor.trace import TRACE_STEPS, TraceFiles
 from saturate.engine.console import tidy_console
 from saturate.policy import POLICY
 from saturate.script.boundary import ChildSettings
@@ -40,12 +42,17 @@ TRAINER_TERMS = {"num_workers": "dataloader_num_workers", "pin_memory": "dataloa
 
 def doctor_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, count_steps: int = 2,
                    first_step_timeout: float = POLICY.windows.first_step_timeout_s,
-                   quiet_stdout: bool = False) -> tuple[Diagnosis, ScriptRun]:
-    """Run `command` instrumented, stop it after its measured steps, and diagnose what was measured."""
-    settings = ChildSettings(mode="doctor", warmup=warmup, count_steps=count_steps, steps=steps, stop=True)
-    run = run_instrumented(command, settings, first_step_timeout=first_step_timeout, quiet_stdout=quiet_stdout)
+                   quiet_stdout: bool = False, trace: Path | None = None) -> tuple[Diagnosis, ScriptRun]:
+    """Run `command` instrumented, stop it after its measured steps, and diagnose what was measured; with `trace`
+    (a folder), the few steps after the timed ones traced there (doctor/trace.py), every rank."""
+    settings = ChildSettings(mode="doctor", warmup=warmup, count_steps=count_steps, steps=steps, stop=True,
+                             trace_steps=TRACE_STEPS if trace is not None else 0)
+    run = run_instrumented(command, settings, first_step_timeout=first_step_timeout, quiet_stdout=quiet_stdout,
+                           trace_to=trace)
     assert run.report is not None  # run_instrumented raises without one
     m = Measurements.from_dict(run.report["measurements"])
+    if trace is not None and (files := TraceFiles.from_dict(m.trace)) is not None:
+        m.trace = files.moved(trace, run.report.get("world_size", 1)).to_dict()  # from the removed run folder
     if not run.report["loaders"]:
         m.notes.append("no DataLoader was iterated in the timed steps: loader settings do not apply, and "
                        "preparing batches (a get_batch() of your own) is part of \"everything else\", the "

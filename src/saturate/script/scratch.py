@@ -1,5 +1,6 @@
 """Where the runs of a user's command put what is not the user's: the trial logs (`trial_logs`: one folder per
-saturate process, the older ones pruned) and the temporary files of a run saturate stops (`scratch_tmp`).
+saturate process, the older ones pruned), a doctor run's trace (`doctor_folder`) and the temporary files of a run
+saturate stops (`scratch_tmp`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from saturate.errors import ConfigError, file_not_folder
+
 ENV_TRIAL_LOGS = "SATURATE_TRIAL_LOGS"  # where trials' own output goes (default: a fresh temporary folder)
 TRIALS_PREFIX = "saturate-trials-"
+DOCTOR_PREFIX = "saturate-doctor-"  # a doctor run's trace folder (doctor_folder)
 KEEP_TRIAL_LOGS = 10  # the temporary trial-log folders kept: this run's and the newest earlier ones
 
 # a Unix socket's path is at most 107 bytes (sun_path, Linux): a DataLoader worker shares a tensor through a listener
@@ -38,12 +42,26 @@ def trial_logs() -> Path:
     return _made[given]
 
 
-def prune_trial_logs(folder: Path, keep: Path, newest: int = KEEP_TRIAL_LOGS, idle_s: float = 3600.0) -> list[Path]:
+def doctor_folder(given: Path | None) -> Path:
+    """Where a doctor run's trace goes (doctor/trace.py): `given`, else a fresh `saturate-doctor-…` folder in the
+    system's temporary folder — not the working folder, which a doctor run leaves as it was —, the older ones pruned
+    as the trial logs are (the newest `KEEP_TRIAL_LOGS`, idle for an hour)."""
+    if given is not None:
+        if (why := file_not_folder(given, "trace folder", "--trace-dir")) is not None:
+            raise ConfigError(why)
+        return Path(given)
+    made = Path(tempfile.mkdtemp(prefix=DOCTOR_PREFIX))
+    prune_trial_logs(made.parent, keep=made, prefix=DOCTOR_PREFIX)
+    return made
+
+
+def prune_trial_logs(folder: Path, keep: Path, newest: int = KEEP_TRIAL_LOGS, idle_s: float = 3600.0,
+                     prefix: str = TRIALS_PREFIX) -> list[Path]:
     """Remove this user's `saturate-trials-…` folders in `folder` beyond the `newest` few, those untouched for
     `idle_s` only (another saturate may still be writing to a recent one); `keep` is never removed. Returns what
     was removed. The folders a user asked for (`SATURATE_TRIAL_LOGS`) are never pruned."""
     found = []
-    for path in folder.glob(TRIALS_PREFIX + "*"):
+    for path in folder.glob(prefix + "*"):
         with contextlib.suppress(OSError):
             if path != keep and path.is_dir() and not path.is_symlink() and path.stat().st_uid == os.getuid():
                 found.append((max([path.stat().st_mtime, *(f.stat().st_mtime for f in path.iterdir())]), path))

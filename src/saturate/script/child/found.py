@@ -33,7 +33,7 @@ def model_of(optimizer: Any, roots: list[weakref.ref]) -> tuple[Any, dict[str, A
     while isinstance(getattr(inner, "module", getattr(inner, "_orig_mod", None)), torch.nn.Module):
         wrappers.append(type(inner).__name__)  # DistributedDataParallel, OptimizedModule (compile)
         inner = getattr(inner, "module", getattr(inner, "_orig_mod", None))
-    from saturate.doctor.profiler import is_compiled
+    from saturate.doctor.loop_facts import is_compiled
 
     return best, {"class": type(inner).__name__, "wrapped_in": wrappers, "compiled": is_compiled(best),
                   "parameters": sum(p.numel() for p in best.parameters()), **coupled.record(inner)}

@@ -53,6 +53,7 @@ from saturate.script.boundary import (
     REPORT,
     STATUS,
     SUMMARY,
+    TRACE_DIR,
     ChildSettings,
 )
 from saturate.script.child import found, lightning_hooks, loader_hooks, split_source
@@ -97,6 +98,7 @@ class Script:
         self.folder = folder
         self.warmup, self.count_steps, self.steps = settings.warmup, settings.count_steps, settings.steps
         self.stop = settings.stop
+        self.trace_steps = settings.trace_steps  # a doctor run's steps traced after the timed ones (0: none)
         self.profile = settings.profile  # False: only count steps and samples (a full run)
         self.overrides = settings.overrides  # what `tune -- CMD` tries or found
         self.step_times: list[float] = []  # without the Profiler: when each optimizer step ended
@@ -255,7 +257,7 @@ class Script:
             self._start(optimizer)
             return
         self.profiler.step()
-        if self.profiler.diagnosis is not None and self.windows.step():  # then a trial's windows, if asked
+        if self.profiler.finished and self.windows.step():  # then a trial's windows, if asked
             self._report()
             self._exit() if self.stop else self.patches.detach(self.profiler.model)  # nothing of saturate stays
 
@@ -299,7 +301,10 @@ class Script:
         model, self.model_info = found.model_of(optimizer, self.roots)
         self.compiler.apply(model)  # before the Profiler, which must know whether the model is compiled
         self.profiler = Profiler(model, optimizer, warmup=self.warmup, count_steps=self.count_steps,
-                                 steps=self.steps, report=False, probe_scaling=self.mode == "doctor" and self.stop)
+                                 steps=self.steps, report=False, probe_scaling=self.mode == "doctor" and self.stop,
+                                 trace=self.folder / TRACE_DIR if self.trace_steps else None,
+                                 trace_steps=max(1, self.trace_steps),
+                                 trace_name="trace" if self.world == 1 else f"rank{self.rank}_trace")
         self._write(FIRST_STEP, "")
 
     # --- what is written ----------------------------------------------------------------------

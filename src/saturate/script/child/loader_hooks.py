@@ -26,7 +26,7 @@ def install(script: Any) -> None:
     """Wrap the DataLoader's construction, its iterators' construction, their next index and next batch."""
     import torch.utils.data.dataloader as dl
 
-    from saturate.doctor.profiler import batch_len
+    from saturate.doctor.loop_facts import batch_len
 
     loader_init, loader_iter = dl.DataLoader.__init__, dl.DataLoader.__iter__
     iter_init, iter_next, next_index = (dl._BaseDataLoaderIter.__init__, dl._BaseDataLoaderIter.__next__,

@@ -34,7 +34,7 @@ class LoopCompile:
         """At the first optimizer step: compile `model`'s forward in place, when asked and it can be."""
         if self.mode is None:
             return
-        from saturate.doctor.profiler import is_compiled
+        from saturate.doctor.loop_facts import is_compiled
 
         if model is None:
             self.why = "no model owning the optimizer's parameters was called"
