@@ -442,9 +442,61 @@ def test_a_read_inside_a_library_is_placed_at_the_librarys_line_and_the_users_ca
 def test_a_fix_no_model_predicts_says_what_measures_it_for_a_command():
     from saturate.script.doctor_script import trial_for
 
-    assert trial_for({"precision": "bf16"}, framework=False) == "(`saturate tune -- CMD` measures it)"
+    tune = "(`saturate tune -- CMD` measures it)"
+    assert trial_for({"precision": "bf16"}, framework=False, device_type="mps") == tune
+    assert trial_for({"precision": "bf16"}, framework=False) == "(--apply measures it)"  # bf16 autocast from outside
     assert trial_for({"compile": "default"}, framework=True) == "(`saturate tune -- CMD` measures it)"
-    assert "needs your training code" in trial_for({"compile": "default"}, framework=False)
+    assert trial_for({"compile": "default"}, framework=False) == "(--apply measures it)"  # compiled in place
+    assert "needs your training code" in trial_for({"activation_checkpointing": True}, framework=False)
+
+
+def test_a_fix_is_applied_from_outside_only_where_every_change_it_makes_can_be():
+    from saturate.script.overrides import Overrides, from_changes
+
+    assert from_changes({"num_workers": 4, "prefetch_factor": 2, "persistent_workers": True}, False, "cpu") == \
+        Overrides(loader={"num_workers": 4, "prefetch_factor": 2, "persistent_workers": True})
+    pinned = Overrides(loader={"pin_memory": True})
+    assert from_changes({"pin_memory": True, "non_blocking": True}, True, "cuda") == pinned
+    assert from_changes({"threads": 1}, True, "cpu") == Overrides(threads=1)
+    assert from_changes({"precision": "bf16"}, False, "cuda") == Overrides(bf16_autocast="cuda")
+    assert from_changes({"compile": "default"}, False, "cpu") == Overrides(compile="default")
+    for changes, framework in (({"precision": "bf16"}, True), ({"compile": "default"}, True), ({}, False),
+                               ({"micro_batch": 8, "grad_accum": 1}, False),
+                               ({"num_workers": 2, "micro_batch": 8}, False)):
+        assert from_changes(changes, framework, "cpu") is None, changes  # an edit, a Trainer's own knob, or nothing
+
+
+# Each sample waits 2 ms (a slow decode): the script is input-bound at num_workers=0
+SLOW_SAMPLES = """
+import time, torch, torch.nn as nn
+from torch.utils.data import DataLoader, Dataset
+class Slow(Dataset):
+    def __len__(self): return 100000
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(16, generator=g), torch.randn(1, generator=g)
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for x, y in DataLoader(Slow(), batch_size=8, shuffle=True):
+    nn.functional.mse_loss(model(x), y).backward(); opt.step(); opt.zero_grad()
+"""
+
+
+@pytest.mark.slow
+def test_apply_measures_the_top_fix_it_can_set_against_the_script_as_written(tmp_path):
+    (tmp_path / "slow.py").write_text(SLOW_SAMPLES)
+    out = doctor("--apply", "--warmup", "1", "--steps", "4", "--no-trace", "--json", "--", sys.executable, "slow.py",
+                 cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    d = json.loads(out.stdout)
+    assert d["verdict"] == "input-bound"
+    a = d["applied"]
+    assert a["fix"] == d["fixes"][0]["title"] and a["overrides"]["loader"]["num_workers"] >= 2
+    assert a["paired"] and a["verdict"] == "faster" and a["measured_gain"] > 1.2 and a["predicted_gain"] > 1.2
+    assert a["trial"]["same"]["same"] is not None  # checked against the script as written's samples
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["slow.py"]
 
 
 # torch looked up before it is imported (as `datasets` does), and loader workers that pass tensors: each worker then

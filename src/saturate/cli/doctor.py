@@ -32,7 +32,8 @@ def add_parsers(sub: Any) -> None:
                         "and at least 2 s)")
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="untimed steps first (default 2)")
     p.add_argument("--apply", action="store_true",
-                   help="turn the top plan fix into a plan, run it the same way, print predicted against measured")
+                   help="turn the top plan fix into a plan (with -- CMD: the top fix saturate can set from outside), "
+                        "measure it against the plan (the command as written), print predicted against measured")
     p.add_argument("--save-plan", type=Path, metavar="FILE", help="with --apply: write the new plan as TOML")
     p.add_argument("--host-memory-budget", type=positive(float, "--host-memory-budget"), metavar="GIB",
                    help="host RAM the job may use (default: what is available when it starts)")
@@ -131,7 +132,7 @@ def _doctor_script(args: argparse.Namespace) -> int:
 
     from saturate.script.doctor_script import doctor_command, render_script
 
-    for flag, given in (("--apply", args.apply), ("--plan", args.plan), ("--save-plan", args.save_plan),
+    for flag, given in (("--plan", args.plan), ("--save-plan", args.save_plan),
                         ("--workload", args.workload), ("--hf", args.hf)):
         if given:
             raise ConfigError(f"{flag} applies to a preset or --workload, not to a command after --")
@@ -143,6 +144,18 @@ def _doctor_script(args: argparse.Namespace) -> int:
     diagnosis, run = doctor_command(args.script, warmup=args.warmup, steps=args.steps,
                                     first_step_timeout=args.first_step_timeout, quiet_stdout=args.json,
                                     trace=_trace_folder(args))
+    if not args.json:
+        render_script(diagnosis, run, console)
+    applied = None
+    if args.apply:  # the top fix saturate can set from outside, measured against the script as written
+        from saturate.engine.live import stage
+        from saturate.script.apply_script import apply_command, render_command_applied
+
+        with stage(console, "measuring the top fix against your command as written, in alternating windows"):
+            applied = apply_command(args.script, diagnosis, run.report or {}, warmup=args.warmup, steps=args.steps,
+                                    first_step_timeout=args.first_step_timeout, quiet_stdout=args.json)
+        if not args.json:
+            render_command_applied(applied, console)
     if args.json:
         from saturate.script.doctor_script import trainer_syncs
 
@@ -150,9 +163,8 @@ def _doctor_script(args: argparse.Namespace) -> int:
         print(json.dumps({**diagnosis.to_dict(), "script": {
             **report, "written": run.written,
             "trainer_syncs": trainer_syncs(diagnosis.measurements, report.get("trainer"))},
-            "command": run.command}, indent=2, default=str))
-    else:
-        render_script(diagnosis, run, console)
+            "command": run.command, **({"applied": applied.to_dict()} if applied is not None else {})},
+            indent=2, default=str))
     return 0
 
 

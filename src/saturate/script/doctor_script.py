@@ -30,6 +30,7 @@ from saturate.script.boundary import ChildSettings
 from saturate.script.command import ScriptRun, run_instrumented
 from saturate.script.isolation import notice
 from saturate.script.loop_split import split_flags
+from saturate.script.overrides import from_changes
 
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
 # a fix's knob -> the TrainingArguments field of a Transformers Trainer (the rest: `trainer_arguments`)
@@ -67,8 +68,8 @@ def doctor_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, 
     framework = bool(run.report.get("trainer") or run.report.get("lightning"))
     for fix in d.fixes:
         fix.title = in_your_terms(fix, run.report, m.device_type)
-        fix.prediction.basis = fix.prediction.basis.replace(  # a command has no --apply: say what measures it
-            "(--apply measures it)", trial_for(fix.changes, framework))
+        fix.prediction.basis = fix.prediction.basis.replace(  # what measures it, for a command
+            "(--apply measures it)", trial_for(fix.changes, framework, m.device_type))
     return d, run
 
 
@@ -109,9 +110,12 @@ def loader_starts(report: dict[str, Any], m: Measurements) -> str | None:
     return None
 
 
-def trial_for(changes: dict[str, Any], framework: bool) -> str:
-    """What measures a fix no model predicts, for a command: `saturate tune -- CMD` where it sets the knob from
-    outside (precision always; the rest for a Transformers or a Lightning Trainer), else a run of your own."""
+def trial_for(changes: dict[str, Any], framework: bool, device_type: str = "cpu") -> str:
+    """What measures a fix no model predicts, for a command: `--apply` where saturate sets it from outside
+    (`overrides.from_changes`), else `saturate tune -- CMD` where that tries it (precision; a Trainer's knobs), else
+    a run of your own."""
+    if from_changes(changes, framework, device_type) is not None:
+        return "(--apply measures it)"
     if "precision" in changes or framework:
         return "(`saturate tune -- CMD` measures it)"
     return "(a run of your own with the change measures it: it needs your training code)"

@@ -195,3 +195,21 @@ class Overrides:
 
 
 NONE = Overrides()  # the script as written
+
+
+def from_changes(changes: Mapping[str, Any], framework: bool, device_type: str) -> Overrides | None:
+    """The settings that make a doctor's fix (its plan `changes`) from outside the script, or None when it needs an
+    edit or sets nothing: loader keywords, torch threads and, for a loop of its own (not a `framework`'s Trainer),
+    compile and bf16 autocast (`doctor -- CMD --apply`)."""
+    rest = dict(changes)
+    loader = {k: rest.pop(k) for k in list(rest) if k in LOADER_KNOBS}
+    over = Overrides(loader=loader)
+    if "threads" in rest:
+        over = over.merged(Overrides(threads=int(rest.pop("threads"))))
+    if not framework and rest.get("compile") in COMPILE_MODES:
+        over = over.merged(Overrides(compile=rest.pop("compile")))
+    if not framework and rest.get("precision") == "bf16" and device_type in AUTOCAST_DEVICES:
+        rest.pop("precision")
+        over = over.merged(Overrides(bf16_autocast=device_type))
+    rest.pop("non_blocking", None)  # the copy's own flag: with pinned memory, a copy that is not async still works
+    return None if rest or not over else over

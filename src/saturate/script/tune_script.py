@@ -1,13 +1,12 @@
 """`saturate tune -- CMD`: the settings a user's own script can take from outside, found by measurement.
 
-Each trial is the script's first optimizer steps run with saturate's hooks, some settings applied
-from outside (`hooks`: DataLoader arguments at construction, TF32 at start-up, a Transformers
-`Trainer`'s `TrainingArguments` before the Trainer reads them), then stopped. The doctor's Profiler
-splits its first timed steps into phases (the share spent waiting for data); then, detached, the
-script's own steps are timed in windows until they agree or a cap (`child/trial_windows.py`, with the preset
-tuner's `stats.noise.WindowRule`), so a trial's step time is a median with a spread. What is tried, in
-order, each kept only when faster than the best so far beyond both trials' spreads added and by at
-least `POLICY.gains.min_gain` (`stats.comparison.compare`; otherwise "within noise (±x %)"):
+Each trial is the script's first optimizer steps run with saturate's hooks, some settings applied from outside
+(`hooks`: DataLoader arguments at construction, TF32 at start-up, a Transformers `Trainer`'s `TrainingArguments`
+before the Trainer reads them), then stopped. The doctor's Profiler splits its first timed steps into phases (the
+share spent waiting for data); then, detached, the script's own steps are timed in windows until they agree or a cap
+(`child/trial_windows.py`, with the preset tuner's `stats.noise.WindowRule`), so a trial's step time is a median with
+a spread. What is tried, in order, each kept only when faster than the best so far beyond both trials' spreads added
+and by at least `POLICY.gains.min_gain` (`stats.comparison.compare`; otherwise "within noise (±x %)"):
 
 For a command of one process, on a CPU and on a GPU where two runs fit in its memory (`gated.can_gate`), every such
 comparison is paired (`gated.py`): the best run so far and the candidate are alive at once and timed in alternating
@@ -71,7 +70,7 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
                  supports: dict[str, bool] | None = None, rule: WindowRule | None = None,
                  window_s: float = POLICY.windows.window_s, allow_micro_batch_change: bool = False,
                  paired: bool | None = None, confirm: bool = True, short_jobs: bool = False,
-                 try_compile: bool = True) -> ScriptTuning:
+                 try_compile: bool = True, stages: Callable[[_Search], Any] | None = None) -> ScriptTuning:
     """Measure the script as written, then the settings above one family at a time; the fastest wins.
 
     `steps`: the Profiler's timed steps per trial (and with several processes, each window's steps); then
@@ -82,7 +81,8 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
     `confirm`: end with the best against the script as written, paired (`run -- CMD` measures that side by side
     itself). `short_jobs` (`run -- CMD`): a job too short to pay back its tuning (`too_short`) is not tuned past
     its first trial; `result.short` says why and `result.prior` holds the risk-free settings `prior_overrides`
-    takes from the hardware and that trial. `try_compile` False (`--no-compile`): no compile trial."""
+    takes from the hardware and that trial. `try_compile` False (`--no-compile`): no compile trial. `stages`: these
+    trials instead (`doctor -- CMD --apply`: the doctor's fix)."""
     rule = rule or window_rule()
     search = _Search(list(command), warmup, steps, first_step_timeout, quiet_stdout, on_trial, runner, rule, window_s)
     try:
@@ -108,8 +108,8 @@ def tune_command(command: Sequence[str], *, warmup: int = 2, steps: int = 10, co
         result.prior, result.prior_said = prior_overrides(result, cores)
         return result
     try:
-        _stages(search, result, framework_of(report), report, supports, cores, allow_micro_batch_change,
-                try_compile)
+        stages(search) if stages is not None else _stages(  # those asked for, else every stage
+            search, result, framework_of(report), report, supports, cores, allow_micro_batch_change, try_compile)
         if confirm:
             search.confirm()
     finally:
