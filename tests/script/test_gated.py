@@ -604,3 +604,32 @@ def test_pairs_the_load_changed_within_get_more_time_to_gather_even_ones():
     p = time_pairs(_Run(a, [0.0] * n), _Run(b, load_b), 0.03, cap_s=6.0)
     assert len(p.ratios) == 6 and all(r == pytest.approx(2.0) for r in p.ratios)  # the even pairs decide
     assert len(p.uneven) == 5 and p.comparison.faster and "5 pair(s) left out" in p.comparison.text()
+
+
+STUCK = """
+import time, torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(100):
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    time.sleep(60)  # a step that never ends within the trial's limit: as a compilation running for minutes
+"""
+
+
+def test_a_candidate_not_at_its_gate_within_its_limit_is_stopped_and_says_so(tmp_path):
+    from saturate.script.command import ScriptFailed
+    from saturate.script.gated import Gated
+    from saturate.script.script_trial import trial_settings, window_rule
+
+    (tmp_path / "stuck.py").write_text(STUCK)
+    rule = window_rule()
+    run = Gated("stuck", NONE, [sys.executable, str(tmp_path / "stuck.py")], trial_settings(NONE, 1, 2, rule), rule,
+                timeout=4.0)
+    started = time.monotonic()
+    with pytest.raises(ScriptFailed, match="did not finish its measured steps within 4 s") as e:
+        run.open()
+    run.close()
+    assert e.value.timed_out and time.monotonic() - started < 30  # stopped at its limit, not after the script
+    assert not run.child.alive()

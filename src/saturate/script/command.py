@@ -59,9 +59,9 @@ class ScriptFailed(SaturateError):
     """The command failed or ended before saturate had its measurements; `out_of_memory` when the script's last
     error lines were torch's out-of-memory error."""
 
-    def __init__(self, message: str, out_of_memory: bool = False) -> None:
+    def __init__(self, message: str, out_of_memory: bool = False, timed_out: bool = False) -> None:
         super().__init__(message)
-        self.out_of_memory = out_of_memory
+        self.out_of_memory, self.timed_out = out_of_memory, timed_out  # timed_out: stopped at its time limit
 
 
 class NotTunable(SaturateError):
@@ -267,8 +267,8 @@ class Child:
                                 f"the script reach one?{self.its_output()}")
         if timeout is not None and waited > timeout:
             self.stop()
-            raise SaturateError(f"the script did not finish its measured steps within {timeout:g} s; "
-                                f"it was stopped{self.its_output()}")
+            raise ScriptFailed(f"the script did not finish its measured steps within {timeout:.0f} s; "
+                               f"it was stopped{self.its_output()}", timed_out=True)
 
     def its_output(self) -> str:
         """Where a trial's own output went, for its error message: what printing it would have shown."""

@@ -52,8 +52,6 @@ def planned_steps(report: dict[str, Any]) -> tuple[int, str] | str:
 def compile_stage(search: Any, report: dict[str, Any], try_compile: bool = True) -> None:
     """The compile trial of a plain loop (module docstring), or why it is not tried (`try_compile` False:
     `--no-compile`); a decision line either way."""
-    from saturate.script.trainer_stages import stage
-
     result = search.result
     model = report.get("model") or {}
     world = int(report.get("world_size") or 1)
@@ -79,8 +77,19 @@ def compile_stage(search: Any, report: dict[str, Any], try_compile: bool = True)
             why = (f"the {steps} planned steps ({said}) take about {steps * best.step_s:.1f} s at the best speed so "
                    f"far, less than the {least:.0f} s a compilation costs at the least")
         else:
-            stage(search, "compile", ("torch.compile", Overrides(compile="default")),
-                  lambda t: pays_back(t, steps, said))
+            over = search.with_overrides(Overrides(compile="default"))
+            # a compilation still running past the planned training at the best speed (and the trial's own steps)
+            # cannot pay back: its runs are stopped there, not waited for (a 200-step LSTM loop compiled for minutes)
+            limit = (best.first_step_s or 0.0) + (steps + search.warmup + search.steps + 2) * best.step_s
+            search.limit = (over, limit)
+            try:
+                t = search.consider("torch.compile", over, lambda t: pays_back(t, steps, said))
+            finally:
+                search.limit = None
+            stopped = "" if not t.timed_out else (
+                f" (stopped at {limit:.0f} s: a compilation not done by then, the {steps} planned steps ({said}) at "
+                f"the best speed and the trial's own, cannot pay back)")
+            result.decisions.append(f"compile: torch.compile {t.outcome}{stopped}")
             return
     result.decisions.append(f"compile: not tried ({why})")
 

@@ -96,9 +96,10 @@ class Gated:
 
     def __init__(self, name: str, overrides: Overrides, command: Sequence[str], settings: ChildSettings,
                  rule: WindowRule, *, first_step_timeout: float = POLICY.windows.first_step_timeout_s,
-                 quiet_stdout: bool = False) -> None:
+                 quiet_stdout: bool = False, timeout: float | None = None) -> None:
         self.name, self.overrides, self.rule = name, overrides, rule
         self.first_step_timeout = first_step_timeout
+        self.timeout = timeout  # stopped (SaturateError) when it has not reached its gate within these seconds
         self.folder = run_folder("saturate-gated-", command)
         self.path = self.folder / GATE
         windows = dict(settings.windows or {})
@@ -129,7 +130,7 @@ class Gated:
             except TimeoutError:
                 if not self.child.alive():
                     return self._ended_before_gate()
-                self.child.check(self.first_step_timeout)
+                self.child.check(self.first_step_timeout, self.timeout)
         self._conn.settimeout(self.first_step_timeout)
         self._file = self._conn.makefile("rw")
         if self._read() != GATE_READY:

@@ -69,6 +69,7 @@ class ScriptTrial:
     busy: bool | None = None  # other processes kept the machine busy (read when the windows hit the cap)
     ran_to_end: bool = False  # the script finished during the trial's windows (its own end-of-run code ran)
     out_of_memory: bool = False  # it failed with torch's out-of-memory error (`command.ScriptFailed`)
+    timed_out: bool = False  # it was stopped at its time limit (`command.ScriptFailed`)
     trainer_error: str | None = None  # the script's Trainer refused the overrides' arguments (its message)
     host_peak: int | None = None  # the training process's host memory at its peak (bytes), from the Profiler
     other_cores: float | None = None  # cores other processes kept busy while it was timed (when read)
@@ -113,8 +114,10 @@ class ScriptTrial:
         return t
 
     @classmethod
-    def failed(cls, name: str, overrides: Overrides, why: str, out_of_memory: bool = False) -> ScriptTrial:
-        return cls(name, overrides, float("inf"), None, 0.0, 0, outcome=f"failed: {why}", out_of_memory=out_of_memory)
+    def failed(cls, name: str, overrides: Overrides, why: str, out_of_memory: bool = False,
+               timed_out: bool = False) -> ScriptTrial:
+        return cls(name, overrides, float("inf"), None, 0.0, 0, outcome=f"failed: {why}", out_of_memory=out_of_memory,
+                   timed_out=timed_out)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field, the overrides as their JSON object, the fingerprint without its digests and indices."""
@@ -195,3 +198,20 @@ def drained(warmup: int, overrides: Overrides) -> int:
     loader = overrides.loader
     workers = loader.get("num_workers") or 0
     return warmup + workers * (loader.get("prefetch_factor") or 2)
+
+
+def refused(t: ScriptTrial, overrides: Overrides) -> str | None:
+    """Why the script refused the overrides (from the trial's report: its Trainer their arguments, its model a
+    compile from outside), or None."""
+    error = t.trainer_error
+    if error and overrides.trainer:
+        return f"the Trainer refused the arguments ({error})"
+    if overrides.compile and t.compiled is not None and not t.compiled.get("applied"):
+        return f"its model could not be compiled from outside ({t.compiled.get('why')})"
+    return None
+
+
+def paired_figures(t: ScriptTrial) -> dict[str, Any]:
+    """A paired trial's figures, for the JSON of the trial it was paired with."""
+    return {"name": t.name, "step_s": t.step_s, "spread": t.spread, "windows": t.windows,
+            "steps_per_s": t.window_steps_per_s}

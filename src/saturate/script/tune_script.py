@@ -53,7 +53,14 @@ from saturate.script.host_stages import alloc_stage, loader_stages, threads_stag
 from saturate.script.loop_split import loop_split_stage
 from saturate.script.overrides import NONE, Overrides
 from saturate.script.same_training import changed_training, loss_noise
-from saturate.script.script_trial import ScriptTrial, judged, trial_settings, window_rule
+from saturate.script.script_trial import (
+    ScriptTrial,
+    judged,
+    paired_figures,
+    refused,
+    trial_settings,
+    window_rule,
+)
 from saturate.script.short_job import prior_overrides, too_short
 from saturate.script.trainer_stages import loop_precision, stage, trainer_stages, worth_fusing
 from saturate.script.tuning import ScriptTuning
@@ -158,12 +165,13 @@ class _Search:
         self.rule = rule  # when a trial's windows are enough, in the child (`windows.StepWindows`) and here
         self.window_s = window_s
         self.incumbent: Gated | None = None  # the best so far, alive and parked at its gate (paired comparisons)
+        self.limit: tuple[Overrides, float] | None = None  # a candidate's runs stopped past these seconds (compile)
 
     def gated(self, name: str, overrides: Overrides) -> Gated:
         """A run of the command with `overrides` that will wait at its gate (`gated.py`), not yet started."""
         settings = trial_settings(overrides, self.warmup, self.steps, self.rule, self.window_s)
         return Gated(name, overrides, self.command, settings, self.rule, first_step_timeout=self.first_step_timeout,
-                     quiet_stdout=self.quiet_stdout)
+                     quiet_stdout=self.quiet_stdout, timeout=self.limit_of(overrides))
 
     def close(self) -> None:
         """End the live run of the best so far, if any."""
@@ -173,11 +181,12 @@ class _Search:
 
     def trial(self, name: str, overrides: Overrides) -> tuple[ScriptTrial, ScriptRun]:
         settings = trial_settings(overrides, self.warmup, self.steps, self.rule, self.window_s)
+        limit_s = self.limit_of(overrides)
         run = self.runner(self.command, settings, first_step_timeout=self.first_step_timeout,
-                          quiet_stdout=self.quiet_stdout)
+                          quiet_stdout=self.quiet_stdout, **({"timeout": limit_s} if limit_s is not None else {}))
         t = ScriptTrial.of(name, overrides, run, self.rule)
-        if refused := _refused(t, overrides):
-            t = ScriptTrial.failed(name, overrides, refused)
+        if why := refused(t, overrides):
+            t = ScriptTrial.failed(name, overrides, why)
         if self.on_trial is not None:
             self.on_trial(t)
         return t, run
@@ -208,7 +217,8 @@ class _Search:
         return self._alone(t, result.best, check)
 
     def _failed(self, name: str, overrides: Overrides, e: SaturateError) -> ScriptTrial:
-        t = ScriptTrial.failed(name, overrides, str(e), out_of_memory=getattr(e, "out_of_memory", False))
+        t = ScriptTrial.failed(name, overrides, str(e), out_of_memory=getattr(e, "out_of_memory", False),
+                               timed_out=getattr(e, "timed_out", False))
         if self.on_trial is not None:
             self.on_trial(t)
         return t
@@ -230,8 +240,8 @@ class _Search:
         candidate = self.gated(name, overrides)
         try:
             t = candidate.open()
-            if refused := _refused(t, overrides):
-                raise SaturateError(refused)
+            if why := refused(t, overrides):
+                raise SaturateError(why)
         except SaturateError as e:  # the script failed with this setting (out of memory, refused)
             candidate.close()
             if getattr(e, "out_of_memory", False) and result.device_type != "cpu":
@@ -268,7 +278,7 @@ class _Search:
             result.trials.append(t)
             return self._alone(t, best, check)
         t = pairs.b
-        t.pair = {"with": best.name, "incumbent": _figures(pairs.a), **pairs.to_dict()}
+        t.pair = {"with": best.name, "incumbent": paired_figures(pairs.a), **pairs.to_dict()}
         if self.on_trial is not None:
             self.on_trial(t)
         result.trials.append(t)
@@ -373,27 +383,12 @@ class _Search:
             t.outcome += f"; {t.note}"
         return t
 
+    def limit_of(self, overrides: Overrides) -> float | None:
+        return self.limit[1] if self.limit is not None and self.limit[0] == overrides else None
+
     def kept(self, t: ScriptTrial) -> bool:
         return self.result.best is t
 
     def with_overrides(self, overrides: Overrides) -> Overrides:
         """The best overrides so far with these added."""
         return self.result.best.overrides.merged(overrides)
-
-
-def _refused(t: ScriptTrial, overrides: Overrides) -> str | None:
-    """Why the script refused the overrides (from the trial's report: its Trainer their arguments, its model a
-    compile from outside), or None."""
-    error = t.trainer_error
-    if error and overrides.trainer:
-        return f"the Trainer refused the arguments ({error})"
-    if overrides.compile and t.compiled is not None and not t.compiled.get("applied"):
-        return f"its model could not be compiled from outside ({t.compiled.get('why')})"
-    return None
-
-
-def _figures(t: ScriptTrial) -> dict[str, Any]:
-    """A paired trial's figures, for the JSON of the trial it was paired with."""
-    return {"name": t.name, "step_s": t.step_s, "spread": t.spread, "windows": t.windows,
-            "steps_per_s": t.window_steps_per_s}
-
