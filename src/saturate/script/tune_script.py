@@ -252,6 +252,9 @@ class _Search:
             t = self._failed(name, overrides, e)
             result.trials.append(t)
             return t
+        except BaseException:  # Ctrl-C or SIGTERM while it starts: its run and its folder go too
+            candidate.close()
+            raise
         try:
             pairs, since = self._with_best(candidate, best_first=True)
             aged = moved(self.incumbent.windows, since)
