@@ -633,3 +633,34 @@ def test_a_candidate_not_at_its_gate_within_its_limit_is_stopped_and_says_so(tmp
     run.close()
     assert e.value.timed_out and time.monotonic() - started < 30  # stopped at its limit, not after the script
     assert not run.child.alive()
+
+
+def test_a_candidate_interrupted_while_it_starts_is_closed_with_its_folder():
+    from types import SimpleNamespace
+
+    from saturate.script import tune_script
+    from saturate.script.overrides import Overrides
+    from saturate.script.script_trial import window_rule
+
+    closed = []
+
+    class Run:  # a Gated run: the candidate is stopped (Ctrl-C, SIGTERM) while it starts
+        parked = True
+
+        def __init__(self, name):
+            self.name = name
+
+        def open(self):
+            raise KeyboardInterrupt
+
+        def close(self):
+            closed.append(self.name)
+
+    search = tune_script._Search([sys.executable, "x.py"], 1, 2, 10.0, False, None, None, window_rule(), 1.0)
+    base = ScriptTrial("as written", NONE, 0.1, 10.0, 0.0, 2)
+    search.result = SimpleNamespace(best=base, baseline=base, loss_noise=0.0, trials=[], device_type="cpu", paired=None)
+    search.incumbent = Run("as written")
+    search.gated = lambda name, overrides: Run(name)
+    with pytest.raises(KeyboardInterrupt):
+        search.consider("1 threads", Overrides(threads=1))
+    assert closed == ["1 threads"]  # its run and folder ended; the incumbent is the search's to close
