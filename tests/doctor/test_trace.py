@@ -100,3 +100,14 @@ def test_the_trace_flags_are_refused_in_one_line(tmp_path, capsys, args, message
     (tmp_path / "file").write_text("")
     out = run_main(capsys, "doctor", "--preset", "gpt-tiny", *[a.format(tmp=tmp_path) for a in args])
     assert out.returncode != 0 and message in out.stderr and not (tmp_path / "x").exists()
+
+
+def test_the_default_trace_folder_is_named_in_the_temporary_folder_and_made_only_when_written(tmp_path, monkeypatch):
+    import tempfile
+
+    from saturate.script.scratch import DOCTOR_PREFIX, doctor_folder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    folder = doctor_folder(None)
+    assert folder.parent == tmp_path and folder.name.startswith(DOCTOR_PREFIX) and not folder.exists()
+    assert doctor_folder(tmp_path / "mine") == tmp_path / "mine"

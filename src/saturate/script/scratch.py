@@ -50,7 +50,8 @@ def doctor_folder(given: Path | None) -> Path:
         if (why := file_not_folder(given, "trace folder", "--trace-dir")) is not None:
             raise ConfigError(why)
         return Path(given)
-    made = Path(tempfile.mkdtemp(prefix=DOCTOR_PREFIX))
+    # named, not made: the trace makes it when written, so a doctor run that fails before leaves no empty folder
+    made = Path(tempfile.gettempdir()) / f"{DOCTOR_PREFIX}{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     prune_trial_logs(made.parent, keep=made, prefix=DOCTOR_PREFIX)
     return made
 
