@@ -94,12 +94,19 @@ class CompileMachine:
         self.length, self.faster, self.compile_s, self.applied = length, faster, compile_s, applied
         self.forward = forward  # the as-written forward's share of the step (None: not split into phases)
         self.compiled_trials = 0
+        self.limits: list[float | None] = []  # each trial's time limit (None: none)
 
     def __call__(self, command, settings, **kw):
         from saturate.script.command import ScriptRun
 
         compiled = settings.overrides.compile is not None
         self.compiled_trials += compiled
+        self.limits.append(kw.get("timeout"))
+        if compiled and kw.get("timeout") is not None and self.compile_s > kw["timeout"]:
+            from saturate.script.command import ScriptFailed
+
+            raise ScriptFailed(f"the script did not finish its measured steps within {kw['timeout']:.0f} s; it was "
+                               "stopped", timed_out=True)  # as Child.check stops a run past its limit
         rate = 10.0 * (self.faster if compiled and self.applied else 1.0)
         phases = {"data": 0.0} if self.forward is None else {"data": 1 / rate - self.forward / rate,
                                                              "forward": self.forward / rate, "backward": 0.0}
@@ -149,6 +156,19 @@ def test_a_compile_that_cannot_pay_back_is_not_kept_or_not_tried(length, said):
     tuning = tuned(machine)
     assert tuning.best is tuning.baseline and said in tuning.decisions, tuning.decisions
     assert machine.compiled_trials == (1 if "not kept" in said else 0)
+
+
+def test_a_compilation_running_past_what_the_planned_training_takes_is_stopped_there():
+    # 500 planned steps of 0.1 s: a compilation still running after ~50 s (the best run's first step, the planned and
+    # the trial's own steps, and its windows) cannot pay back; the fake one takes 600 s
+    machine = CompileMachine({"steps": {"cfg.max_steps": 500}, "epochs": {}}, compile_s=600.0)
+    tuning = tuned(machine)
+    limit = next(x for x in machine.limits if x is not None)
+    assert limit < 600 and machine.limits.count(None) == len(machine.limits) - 1  # only the compile trial is bounded
+    compiled = next(t for t in tuning.trials if t.name == "torch.compile")
+    assert tuning.best is tuning.baseline and compiled.timed_out and not compiled.ok
+    line = next(d for d in tuning.decisions if d.startswith("compile: "))
+    assert f"stopped at {limit:.0f} s, the 500 planned steps (cfg.max_steps = 500)" in line, line
 
 
 def test_a_compile_not_measured_faster_is_not_kept_for_that_not_for_its_pay_back():

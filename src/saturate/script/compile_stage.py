@@ -80,15 +80,16 @@ def compile_stage(search: Any, report: dict[str, Any], try_compile: bool = True)
             over = search.with_overrides(Overrides(compile="default"))
             # a compilation still running past the planned training at the best speed (and the trial's own steps)
             # cannot pay back: its runs are stopped there, not waited for (a 200-step LSTM loop compiled for minutes)
-            limit = (best.first_step_s or 0.0) + (steps + search.warmup + search.steps + 2) * best.step_s
+            limit = ((best.first_step_s or 0.0) + (steps + search.warmup + search.steps + 2) * best.step_s
+                     + search.rule.max_seconds)  # and a trial run alone (not paired) times its windows within it
             search.limit = (over, limit)
             try:
                 t = search.consider("torch.compile", over, lambda t: pays_back(t, steps, said))
             finally:
                 search.limit = None
             stopped = "" if not t.timed_out else (
-                f" (stopped at {limit:.0f} s: a compilation not done by then, the {steps} planned steps ({said}) at "
-                f"the best speed and the trial's own, cannot pay back)")
+                f" (stopped at {limit:.0f} s, the {steps} planned steps ({said}) at the best speed plus the trial's "
+                "own: a compilation not done by then cannot pay back)")
             result.decisions.append(f"compile: torch.compile {t.outcome}{stopped}")
             return
     result.decisions.append(f"compile: not tried ({why})")
