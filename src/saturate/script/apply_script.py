@@ -60,15 +60,22 @@ def apply_command(command: Sequence[str], d: Diagnosis, report: dict[str, Any], 
                   quiet_stdout: bool = False) -> CommandApplied:
     """Measure the first of `d.fixes` saturate can set from outside against the command as written."""
     framework = bool(report.get("trainer") or report.get("lightning"))
+    if not d.fixes:
+        return CommandApplied(None, None, None, "the doctor found no fix to measure")
     for fix in d.fixes:
         if (over := from_changes(fix.changes, framework, d.measurements.device_type)) is not None:
             break
     else:
         return CommandApplied(None, None, None, "no fix the doctor found is a setting saturate can make from outside "
                                                 "the script (each needs an edit of it): nothing was measured")
+
+    def measure(search: Any) -> None:
+        if over.compile:  # a compilation is stopped, not waited for, past the first step's limit (no length known)
+            search.limit = (over, first_step_timeout)
+        search.consider(fix.title, over)
+
     tuning = tune_command(command, warmup=warmup, steps=steps, first_step_timeout=first_step_timeout,
-                         quiet_stdout=quiet_stdout, confirm=False,
-                         stages=lambda search: search.consider(fix.title, over))  # type: ignore[has-type]
+                         quiet_stdout=quiet_stdout, confirm=False, stages=measure)
     trial = next((t for t in tuning.trials if t.overrides == over), None)
     return CommandApplied(fix, over, trial, trial.outcome if trial is not None else "its trial did not run")
 
