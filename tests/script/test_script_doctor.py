@@ -494,9 +494,30 @@ def test_apply_measures_the_top_fix_it_can_set_against_the_script_as_written(tmp
     assert d["verdict"] == "input-bound"
     a = d["applied"]
     assert a["fix"] == d["fixes"][0]["title"] and a["overrides"]["loader"]["num_workers"] >= 2
-    assert a["paired"] and a["verdict"] == "faster" and a["measured_gain"] > 1.2 and a["predicted_gain"] > 1.2
+    assert a["paired"] and a["verdict"] == "faster" and a["kept"]
+    assert a["measured_gain"] > 1.2 and a["predicted_gain"] > 1.2
     assert a["trial"]["same"]["same"] is not None  # checked against the script as written's samples
     assert sorted(p.name for p in tmp_path.iterdir()) == ["slow.py"]
+
+
+@pytest.mark.slow
+def test_apply_says_a_faster_fix_that_changes_the_training_is_not_one_to_make(tmp_path):
+    # the same slow samples as a stream no worker shards: 2 workers each replay it, so every sample trains twice
+    (tmp_path / "stream.py").write_text(SLOW_SAMPLES.replace("DataLoader, Dataset", "DataLoader, IterableDataset")
+                                        .replace("class Slow(Dataset):", "class Slow(IterableDataset):")
+                                        .replace("    def __len__(self): return 100000\n", "")
+                                        .replace("    def __getitem__(self, i):\n        time.sleep(0.002)\n",
+                                                 "    def __iter__(self):\n      for i in range(100000):\n"
+                                                 "        time.sleep(0.002)\n")
+                                        .replace("        return torch.randn", "        yield torch.randn")
+                                        .replace("DataLoader(Slow(), batch_size=8, shuffle=True)",
+                                                 "DataLoader(Slow(), batch_size=8)"))
+    out = doctor("--apply", "--warmup", "1", "--steps", "4", "--no-trace", "--", sys.executable, "stream.py",
+                 cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = " ".join(out.stdout.split())
+    assert "applied from outside: DataLoader num_workers 0 → 2" in text
+    assert "not kept: it changes the training: samples repeated" in text and "get_worker_info()" in text
 
 
 # torch looked up before it is imported (as `datasets` does), and loader workers that pass tensors: each worker then

@@ -32,6 +32,7 @@ class CommandApplied:
     overrides: Overrides | None
     trial: ScriptTrial | None
     why: str = ""  # nothing measured: why; else the trial's outcome
+    kept: bool = False  # the tuner kept it: faster and the same training (same_training.py) — else `why` says why
 
     @property
     def predicted(self) -> float | None:
@@ -51,6 +52,7 @@ class CommandApplied:
                 "predicted_gain": self.predicted, "measured_gain": self.measured,
                 "comparison": (t.pair or {}).get("text") if t is not None else None,
                 "paired": bool(t is not None and t.pair), "verdict": t.verdict if t is not None else None,
+                "kept": self.kept,
                 "outcome": t.outcome if t is not None else None, "why": self.why,
                 "trial": t.to_dict() if t is not None else None}
 
@@ -77,7 +79,8 @@ def apply_command(command: Sequence[str], d: Diagnosis, report: dict[str, Any], 
     tuning = tune_command(command, warmup=warmup, steps=steps, first_step_timeout=first_step_timeout,
                          quiet_stdout=quiet_stdout, confirm=False, stages=measure)
     trial = next((t for t in tuning.trials if t.overrides == over), None)
-    return CommandApplied(fix, over, trial, trial.outcome if trial is not None else "its trial did not run")
+    return CommandApplied(fix, over, trial, trial.outcome if trial is not None else "its trial did not run",
+                          kept=trial is not None and tuning.best is trial)
 
 
 def render_command_applied(a: CommandApplied, console: Console) -> None:
@@ -101,7 +104,7 @@ def render_command_applied(a: CommandApplied, console: Console) -> None:
         measured = (f"{a.measured:.2f}× (timed after the script as written, not paired)" if a.measured
                     else "not measured")
     console.print(f"  predicted {predicted}, measured {measured}", highlight=False)
-    if t.verdict != "faster":
+    if not a.kept:  # slower, within noise, or it changes the training (a stream each worker replays): why
         console.print(Text(f"  {t.outcome}", style="yellow"))
 
 
